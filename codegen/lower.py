@@ -1,0 +1,290 @@
+"""Lowering: (task, sketch, config) -> a loop nest plan that renderers turn into source.
+
+The plan is the loop IR of felixjax: the ordered loop levels ``S0 S1 R0 S2 R1 S3`` (each loop an
+``(axis, level, extent)``), the physical layout of every buffer, and for every buffer the integer
+stride of every loop variable, so that an access's address is ``sum(stride[v] * v)`` over the loop
+variables. Layout decisions (padding copies, channel blocking, packed weight panels) are made here,
+once, and shared by the C renderer, the weight packer and the feature extractor.
+
+Layout rules (DESIGN.md ③):
+
+* weights are packed once at load (untimed): blocked by the ``S3`` tile of ``sketch.weight_axis``,
+  the block index moved to the front (a panel per block) and the block innermost;
+* the data input is copied inside the kernel (timed) when it needs padding, or when it depends on the
+  vector axis with a non-unit stride that blocking can fix (NCHW -> NCHW[x]c);
+* the output accumulates in place when the vector axis is unit-stride in it, else in a blocked
+  scratch buffer that the fused epilogue unpacks into the API layout.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> sp = Space(matmul(64, 64, 64), "gemm_packed", Target.cpu())
+    >>> plan = lower(sp, sp.default())
+    >>> plan.buffers["weight"].size
+    4096
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .ops import Access, Contraction
+from .space import Config, Space
+
+LEVEL_ORDER = (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3))
+ALIGN_FLOATS = 16  # 64-byte alignment of workspace sub-buffers
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of the nest: tile ``level`` of ``axis``; ``var`` is its C variable name."""
+
+    axis: str
+    level: int
+    extent: int
+
+    @property
+    def var(self) -> str:
+        return f"{self.axis}{self.level}"
+
+
+@dataclass(frozen=True)
+class DimLayout:
+    """How one logical dimension maps to memory: ``plain`` (offset = stride * i) or ``block``
+    (offset = stride * (i // block) + (i % block), the block innermost with stride 1)."""
+
+    kind: str
+    stride: int
+    block: int = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Physical layout of a buffer: one :class:`DimLayout` per logical dimension of its access."""
+
+    shape: tuple[int, ...]  # logical shape
+    dims: tuple[DimLayout, ...]
+    size: int  # floats
+
+    def offsets(self) -> np.ndarray:
+        """Physical offset of every logical element (array of the logical shape)."""
+        out = np.zeros(self.shape, dtype=np.int64)
+        for d, (n, dl) in enumerate(zip(self.shape, self.dims)):
+            i = np.arange(n, dtype=np.int64).reshape([-1 if j == d else 1 for j in range(len(self.shape))])
+            out = out + (dl.stride * i if dl.kind == "plain" else dl.stride * (i // dl.block) + i % dl.block)
+        return out
+
+    def pack(self, array: np.ndarray) -> np.ndarray:
+        """Copy a logical-layout array into this layout (flat float32)."""
+        flat = np.zeros(self.size, dtype=np.float32)
+        flat[self.offsets().ravel()] = np.asarray(array, dtype=np.float32).ravel()
+        return flat
+
+    def unpack(self, flat: np.ndarray) -> np.ndarray:
+        return np.asarray(flat)[self.offsets()]
+
+
+def plain_layout(shape: tuple[int, ...]) -> Layout:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return Layout(tuple(shape), tuple(DimLayout("plain", s) for s in strides), math.prod(shape))
+
+
+def blocked_layout(shape: tuple[int, ...], dim: int, block: int, *, front: bool) -> Layout:
+    """Block logical ``dim`` by ``block``: the block index goes first (``front``) or stays in place, the
+    in-block index goes innermost."""
+    if shape[dim] % block:
+        raise ValueError(f"block {block} does not divide dimension {dim} of extent {shape[dim]}")
+    outer = shape[dim] // block
+    # physical order of (logical dim, part) pairs
+    others = [d for d in range(len(shape)) if d != dim]
+    order = ([("o", dim)] + [("p", d) for d in others]) if front else [
+        (("o", d) if d == dim else ("p", d)) for d in range(len(shape))]
+    order.append(("i", dim))
+    sizes = [outer if part == "o" else (block if part == "i" else shape[d]) for part, d in order]
+    strides = [1] * len(order)
+    for j in range(len(order) - 2, -1, -1):
+        strides[j] = strides[j + 1] * sizes[j + 1]
+    dims = []
+    for d in range(len(shape)):
+        if d == dim:
+            dims.append(DimLayout("block", strides[order.index(("o", d))], block))
+        else:
+            dims.append(DimLayout("plain", strides[order.index(("p", d))]))
+    return Layout(tuple(shape), tuple(dims), math.prod(shape))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer of the kernel: its access (index maps), layout, and where it lives."""
+
+    name: str
+    access: Access
+    layout: Layout
+    storage: str  # "arg" (a kernel argument) or "workspace"
+    ws_offset: int = 0  # in floats, for workspace buffers
+    strides: tuple[tuple[str, int], ...] = ()  # loop var -> stride
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    def stride(self, var: str) -> int:
+        return dict(self.strides).get(var, 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The lowered kernel. ``levels[name]`` lists the loops of each level in nest order."""
+
+    space: Space = field(repr=False)
+    config: Config
+    levels: dict[str, tuple[Loop, ...]]
+    parallel: tuple[Loop, ...]  # fused S0 loops run by the OpenMP parallel loop
+    buffers: dict[str, Buffer]
+    args: tuple[str, ...]  # kernel argument buffers in ABI order (inputs, then out)
+    data_copy: bool  # the data input is copied (padded / blocked) inside the kernel
+    acc: str  # buffer the reduction accumulates into ("out" or "scratch")
+    epilogue: bool  # a fused epilogue pass runs after each S1 tile's reduction
+    workspace: int  # floats
+    vector_axis: str
+    vec: int
+    unroll: int
+
+    @property
+    def con(self) -> Contraction:
+        return self.space.con
+
+    def loops(self) -> tuple[Loop, ...]:
+        """All loops in nest order ``S0 S1 R0 S2 R1 S3`` (extent-1 loops included)."""
+        return tuple(lp for name in ("S0", "S1", "R0", "S2", "R1", "S3") for lp in self.levels[name])
+
+    def pack_weight(self, weight: np.ndarray) -> np.ndarray:
+        """Weights in the kernel's packed layout (done once at load, not timed)."""
+        return self.buffers["weight"].layout.pack(weight)
+
+    def kernel_inputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """API-order task inputs -> kernel argument arrays (weights packed, all float32 contiguous)."""
+        out = [np.ascontiguousarray(arrays[0], dtype=np.float32), self.pack_weight(arrays[1])]
+        out += [np.ascontiguousarray(a, dtype=np.float32) for a in arrays[2:]]
+        return out
+
+
+def _var_strides(access: Access, layout: Layout, space: Space, tiles: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Stride of every loop variable in a buffer: address = sum(stride[var] * var)."""
+    ext = {a.name: a.extent for a in space.axes}
+    strides: dict[str, int] = {}
+
+    def add(var: str, v: int) -> None:
+        strides[var] = strides.get(var, 0) + v
+
+    for terms, dl in zip(access.dims, layout.dims):
+        for axis, coeff in terms:
+            t = tiles[axis]
+            if dl.kind == "plain":
+                for lvl in range(len(t)):
+                    add(f"{axis}{lvl}", dl.stride * coeff * math.prod(t[lvl + 1:]))
+            elif ext[axis] == 1:
+                continue
+            elif coeff == 1 and t[-1] == dl.block:
+                # the blocked axis: outer levels index the block, the S3 level the lane
+                for lvl in range(len(t) - 1):
+                    add(f"{axis}{lvl}", dl.stride * math.prod(t[lvl + 1:-1]))
+                add(f"{axis}{len(t) - 1}", 1)
+            elif coeff % dl.block == 0:
+                for lvl in range(len(t)):
+                    add(f"{axis}{lvl}", dl.stride * (coeff // dl.block) * math.prod(t[lvl + 1:]))
+            else:  # pragma: no cover - guarded by _blockable
+                raise AssertionError("unblockable access")
+    return {k: v for k, v in strides.items() if v}
+
+
+def _blockable(access: Access, axis: str, block: int, ext: dict[str, int]) -> int | None:
+    """The logical dim that can be blocked by ``axis``'s S3 tile, or None."""
+    for d, terms in enumerate(access.dims):
+        if not any(a == axis for a, _ in terms):
+            continue
+        ok = all((a == axis and c == 1) or ext[a] == 1 or (a != axis and c % ext[axis] == 0) for a, c in terms)
+        return d if ok and access.shape[d] % block == 0 else None
+    return None
+
+
+def lower(space: Space, config: Config) -> Plan:
+    """Lower one valid config of a space into a :class:`Plan` (validates first)."""
+    space.validate(config)
+    con = space.con
+    tiles = {a.name: t for a, t in zip(space.axes, config.tiles)}
+    ext = {a.name: a.extent for a in space.axes}
+    v = space.sketch.vector_axis
+    wa = space.sketch.weight_axis
+
+    levels: dict[str, tuple[Loop, ...]] = {}
+    for kind, lvl in LEVEL_ORDER:
+        loops = []
+        for a in space.axes:
+            if (kind == "R") == a.reduce:
+                loops.append(Loop(a.name, lvl, tiles[a.name][lvl]))
+        levels[f"{kind}{lvl}"] = tuple(loops)
+    parallel = levels["S0"][: config.parallel]
+
+    buffers: dict[str, Buffer] = {}
+    ws = 0
+
+    def ws_alloc(n: int) -> int:
+        nonlocal ws
+        off = ws
+        ws += -(-n // ALIGN_FLOATS) * ALIGN_FLOATS
+        return off
+
+    def make(name: str, access: Access, layout: Layout, storage: str, off: int = 0) -> Buffer:
+        return Buffer(name, access, layout, storage, off, tuple(sorted(_var_strides(access, layout, space,
+                                                                                      tiles).items())))
+
+    # weights: packed panels blocked by the weight axis's S3 tile (untimed)
+    wdim = _blockable(con.weight, wa, tiles[wa][-1], ext)
+    wl = (blocked_layout(con.weight.shape, wdim, tiles[wa][-1], front=True) if wdim is not None
+          else plain_layout(con.weight.shape))
+    buffers["weight"] = make("weight", con.weight, wl, "arg")
+
+    # data: copied (timed) when padded, or blocked when the vector axis is strided in it
+    padded = any(b or a for b, a in con.pad)
+    data_l = plain_layout(con.data.shape)
+    probe = make("data", con.data, data_l, "arg")
+    data_block = None
+    if con.data.depends_on(v) and probe.stride(f"{v}3") != 1:
+        data_block = _blockable(con.data, v, tiles[v][-1], ext)
+    if data_block is not None:
+        data_l = blocked_layout(con.data.shape, data_block, tiles[v][-1], front=False)
+    data_copy = padded or data_block is not None
+    buffers["data"] = (make("data", con.data, data_l, "workspace", ws_alloc(data_l.size)) if data_copy
+                       else probe)
+    if data_copy:
+        buffers["data_in"] = Buffer("data_in", Access("data_in", con.data_api_shape, ()),
+                                    plain_layout(con.data_api_shape), "arg")
+
+    # output: accumulate in place when the vector axis is unit-stride, else in a blocked scratch
+    out = make("out", con.out, plain_layout(con.out.shape), "arg")
+    buffers["out"] = out
+    acc = "out"
+    if out.stride(f"{v}3") != 1 and tiles[v][-1] > 1:
+        d = _blockable(con.out, v, tiles[v][-1], ext)
+        if d is not None:
+            sl = blocked_layout(con.out.shape, d, tiles[v][-1], front=False)
+            buffers["scratch"] = make("scratch", Access("scratch", con.out.shape, con.out.dims), sl, "workspace",
+                                      ws_alloc(sl.size))
+            acc = "scratch"
+    if con.bias is not None:
+        buffers["bias"] = make("bias", con.bias, plain_layout(con.bias.shape), "arg")
+    if space.task.residual:
+        buffers["residual"] = make("residual", Access("residual", con.out.shape, con.out.dims),
+                                   plain_layout(con.out.shape), "arg")
+
+    args = ("data_in" if data_copy else "data", "weight") + (("bias",) if con.bias is not None else ()) + (
+        ("residual",) if space.task.residual else ()) + ("out",)
+    epilogue = acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
+    return Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
+                config.unroll)

@@ -1,0 +1,339 @@
+"""The CPU schedule space (DESIGN.md ③): sketches, integer configs, validation, sampling.
+
+A :class:`Sketch` fixes the loop structure and data layouts; a :class:`Config` holds its integer knobs:
+
+* ``tiles``: per task axis (in ``Contraction.axes`` order), the tile size of every level, outermost
+  first. Spatial axes have 4 levels ``S0 S1 S2 S3``, reduction axes 2 levels ``R0 R1``; the product of
+  an axis's tiles is its extent (level 0 is the quotient). Loop order: ``S0 S1 R0 S2 R1 S3``.
+* ``parallel``: how many outer ``S0`` loops are fused into one OpenMP parallel loop (0 = serial).
+* ``vec``: SIMD width in {1, 4, 8, 16} (fp32 lanes, at most the target's); divides the ``S3`` tile of
+  the sketch's vector axis.
+* ``unroll``: max unroll step of the innermost reduction loop, in {1, 2, 4, ..., 512}.
+
+The ``S3`` tiles form a register block: ``prod(S3) / vec`` vector accumulators that stay in registers
+across the ``R1`` loop; their count is bounded by the target's register file.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.target import Target
+    >>> sp = Space(matmul(64, 64, 64), "gemm_packed", Target.cpu())
+    >>> cfg = sp.sample(np.random.default_rng(0))
+    >>> sp.validate(cfg) is None
+    True
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterator
+
+import numpy as np
+
+from .ops import Contraction, Task
+from .target import Target
+
+SPATIAL_LEVELS = 4
+REDUCE_LEVELS = 2
+VEC_CHOICES = (1, 4, 8, 16)
+UNROLL_CHOICES = tuple(2 ** i for i in range(10))  # 1 .. 512
+REGISTER_RESERVE = 4  # vector registers left for operand loads and broadcasts
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """One loop structure / layout choice of a task.
+
+    Attributes:
+        name: ``gemm_packed`` (packed weight panels), ``conv_direct`` (NCHW, vectorized along output
+            width) or ``conv_spatial_pack`` (NCHW[x]c: channel-blocked output and pre-packed weights,
+            vectorized along output channels).
+        vector_axis: the spatial axis whose ``S3`` tile is the SIMD dimension.
+        weight_axis: the spatial axis the packed weights are blocked by (its ``S3`` tile is the block):
+            the vector axis when the weights depend on it, else the output-channel axis, so the
+            register block's broadcast weights are contiguous.
+    """
+
+    name: str
+    vector_axis: str
+    weight_axis: str
+
+
+def sketches_for(task: Task) -> tuple[Sketch, ...]:
+    """The sketches that apply to a task, in a fixed order.
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> [s.name for s in sketches_for(conv2d(1, 8, 8, 8, out_channels=8))]
+        ['conv_direct', 'conv_spatial_pack']
+    """
+    if task.op in ("matmul", "dense"):
+        return (Sketch("gemm_packed", "n", "n"),)
+    con = task.contraction()
+    channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
+    return (Sketch("conv_direct", "x", channel), Sketch("conv_spatial_pack", channel, channel))
+
+
+def get_sketch(task: Task, name: str | Sketch) -> Sketch:
+    if isinstance(name, Sketch):
+        return name
+    for s in sketches_for(task):
+        if s.name == name:
+            return s
+    raise ValueError(f"sketch {name!r} does not apply to {task.name}; valid: "
+                     f"{', '.join(s.name for s in sketches_for(task))}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Integer knobs of one sketch (see module docstring). Frozen, hashable, JSON round-trip."""
+
+    sketch: str
+    tiles: tuple[tuple[int, ...], ...]
+    parallel: int
+    vec: int
+    unroll: int
+
+    def to_json(self) -> dict:
+        return {"sketch": self.sketch, "tiles": [list(t) for t in self.tiles], "parallel": self.parallel,
+                "vec": self.vec, "unroll": self.unroll}
+
+    @staticmethod
+    def from_json(d: dict | str) -> "Config":
+        if isinstance(d, str):
+            d = json.loads(d)
+        return Config(str(d["sketch"]), tuple(tuple(int(x) for x in t) for t in d["tiles"]), int(d["parallel"]),
+                      int(d["vec"]), int(d["unroll"]))
+
+    def dumps(self) -> str:
+        """Canonical JSON string (a database key)."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------------------------
+# number theory helpers
+# ----------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=4096)
+def factorize(n: int) -> tuple[tuple[int, int], ...]:
+    """Prime factorization as ``((p, e), ...)`` ascending. ``factorize(1) == ()``."""
+    out = []
+    d = 2
+    while d * d <= n:
+        e = 0
+        while n % d == 0:
+            n //= d
+            e += 1
+        if e:
+            out.append((d, e))
+        d += 1
+    if n > 1:
+        out.append((n, 1))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@lru_cache(maxsize=4096)
+def count_factorizations(n: int, levels: int) -> int:
+    """Number of ordered ways to write ``n`` as a product of ``levels`` positive integers."""
+    return math.prod(math.comb(e + levels - 1, levels - 1) for _, e in factorize(n))
+
+
+def _compositions(e: int, parts: int) -> Iterator[tuple[int, ...]]:
+    if parts == 1:
+        yield (e,)
+        return
+    for first in range(e + 1):
+        for rest in _compositions(e - first, parts - 1):
+            yield (first,) + rest
+
+
+def factorizations(n: int, levels: int) -> Iterator[tuple[int, ...]]:
+    """All ordered factorizations of ``n`` into ``levels`` factors."""
+    per_prime = [[tuple(p ** x for x in comp) for comp in _compositions(e, levels)] for p, e in factorize(n)]
+
+    def rec(i: int, acc: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        if i == len(per_prime):
+            yield acc
+            return
+        for f in per_prime[i]:
+            yield from rec(i + 1, tuple(a * b for a, b in zip(acc, f)))
+
+    yield from rec(0, (1,) * levels)
+
+
+def _random_composition(rng: np.random.Generator, e: int, parts: int) -> list[int]:
+    # stars and bars: a uniform random composition of e into `parts` non-negative parts
+    bars = np.sort(rng.choice(e + parts - 1, size=parts - 1, replace=False))
+    edges = np.concatenate([[-1], bars, [e + parts - 1]])
+    return list(np.diff(edges) - 1)
+
+
+def random_factorization(rng: np.random.Generator, n: int, levels: int) -> tuple[int, ...]:
+    """A uniformly random ordered factorization of ``n`` into ``levels`` factors."""
+    out = [1] * levels
+    for p, e in factorize(n):
+        for lvl, x in enumerate(_random_composition(rng, e, levels)):
+            out[lvl] *= p ** int(x)
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# The space
+# ----------------------------------------------------------------------------------------------
+
+class Space:
+    """Valid configs of one (task, sketch, target): validation, uniform sampling, enumeration."""
+
+    def __init__(self, task: Task, sketch: str | Sketch, target: Target):
+        self.task = task
+        self.sketch = get_sketch(task, sketch)
+        self.target = target
+        self.con: Contraction = task.contraction()
+        self.axes = self.con.axes
+        self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
+        self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
+        self.n_spatial = len(self.con.spatial)
+        simd = max(1, int(target.simd_lanes))
+        self.vec_choices = tuple(v for v in VEC_CHOICES if v <= simd)
+        self.max_accumulators = int(target.vector_registers) - REGISTER_RESERVE
+
+    def __repr__(self) -> str:
+        return f"Space({self.task.name}, {self.sketch.name})"
+
+    # ---- constraints ---------------------------------------------------------------------------
+    def accumulators(self, cfg: Config) -> int:
+        """Register-block size in vector registers: ``prod(S3 tiles) / vec``."""
+        s3 = math.prod(t[-1] for t, a in zip(cfg.tiles, self.axes) if not a.reduce)
+        return s3 // cfg.vec
+
+    def validate(self, cfg: Config) -> None:
+        """Raise ``ValueError`` naming the knob and its valid range if ``cfg`` is not in the space."""
+        if cfg.sketch != self.sketch.name:
+            raise ValueError(f"config is for sketch {cfg.sketch!r}, space is {self.sketch.name!r}")
+        if len(cfg.tiles) != len(self.axes):
+            raise ValueError(f"tiles: expected {len(self.axes)} axes ({', '.join(a.name for a in self.axes)}), "
+                             f"got {len(cfg.tiles)}")
+        for a, lv, t in zip(self.axes, self.levels, cfg.tiles):
+            if len(t) != lv:
+                raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
+            if any(x < 1 for x in t) or math.prod(t) != a.extent:
+                raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
+                                 f"extent {a.extent}")
+        if not 0 <= cfg.parallel <= self.n_spatial:
+            raise ValueError(f"parallel={cfg.parallel}: valid range is 0..{self.n_spatial} (fused outer loops)")
+        if cfg.vec not in self.vec_choices:
+            raise ValueError(f"vec={cfg.vec}: valid values are {self.vec_choices}")
+        inner = cfg.tiles[self.vector_index][-1]
+        if inner % cfg.vec:
+            raise ValueError(f"vec={cfg.vec} must divide the innermost tile of vector axis "
+                             f"{self.sketch.vector_axis!r} ({inner})")
+        if cfg.unroll not in UNROLL_CHOICES:
+            raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
+        acc = self.accumulators(cfg)
+        if acc > self.max_accumulators:
+            raise ValueError(f"register block: {acc} accumulators (prod of S3 tiles / vec) exceed the "
+                             f"register file budget {self.max_accumulators}")
+
+    def is_valid(self, cfg: Config) -> bool:
+        try:
+            self.validate(cfg)
+            return True
+        except ValueError:
+            return False
+
+    # ---- sampling ------------------------------------------------------------------------------
+    def _draw(self, rng: np.random.Generator) -> Config:
+        tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(self.axes, self.levels))
+        return Config(self.sketch.name, tiles, int(rng.integers(0, self.n_spatial + 1)),
+                      int(rng.choice(self.vec_choices)), int(rng.choice(UNROLL_CHOICES)))
+
+    def sample(self, rng: np.random.Generator, *, max_tries: int = 100_000) -> Config:
+        """A uniformly random valid config (rejection sampling over the product of knob domains)."""
+        for _ in range(max_tries):
+            cfg = self._draw(rng)
+            if self.is_valid(cfg):
+                return cfg
+        raise RuntimeError(f"{self}: no valid config found in {max_tries} draws")
+
+    def sample_many(self, rng: np.random.Generator, n: int) -> list[Config]:
+        return [self.sample(rng) for _ in range(n)]
+
+    def size(self) -> int:
+        """Number of configs in the unconstrained product of knob domains (an upper bound)."""
+        tiles = math.prod(count_factorizations(a.extent, lv) for a, lv in zip(self.axes, self.levels))
+        return tiles * (self.n_spatial + 1) * len(self.vec_choices) * len(UNROLL_CHOICES)
+
+    def enumerate(self) -> Iterator[Config]:
+        """Every valid config (only sensible for small tasks)."""
+        import itertools
+
+        per_axis = [list(factorizations(a.extent, lv)) for a, lv in zip(self.axes, self.levels)]
+        for tiles in itertools.product(*per_axis):
+            for par in range(self.n_spatial + 1):
+                for vec in self.vec_choices:
+                    for unroll in UNROLL_CHOICES:
+                        cfg = Config(self.sketch.name, tuple(tiles), par, vec, unroll)
+                        if self.is_valid(cfg):
+                            yield cfg
+
+    # ---- a sensible hand-written default ----------------------------------------------------------
+    def default(self) -> Config:
+        """A reasonable untuned schedule: a register block of about 12 accumulators, reduction tiles near
+        256, parallel loops fused until there are enough chunks for every core."""
+        return default_config(self)
+
+
+def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
+    best = 1
+    for d in divisors(n):
+        if d <= cap and d % multiple_of == 0:
+            best = max(best, d)
+    return best
+
+
+def default_config(space: Space) -> Config:
+    axes = space.axes
+    vi = space.vector_index
+    vec_extent = axes[vi].extent
+    vec = max([v for v in space.vec_choices if vec_extent % v == 0] or [1])
+    s3 = {a.name: 1 for a in axes}
+    # vector axis: up to 2 vectors wide
+    s3[axes[vi].name] = _largest_divisor_leq(vec_extent, 2 * vec, vec) if vec > 1 else _largest_divisor_leq(
+        vec_extent, 4)
+    if s3[axes[vi].name] < vec:
+        vec = max(v for v in space.vec_choices if s3[axes[vi].name] % v == 0)
+    budget = max(1, min(12, space.max_accumulators) // max(1, s3[axes[vi].name] // vec))
+    # rows of the register block: the largest spatial axes other than the vector axis
+    for a in sorted((a for a in axes if not a.reduce and a.name != axes[vi].name), key=lambda a: -a.extent):
+        if budget <= 1:
+            break
+        d = _largest_divisor_leq(a.extent, budget)
+        s3[a.name] = d
+        budget //= d
+    tiles = []
+    for a in axes:
+        if a.reduce:
+            inner = _largest_divisor_leq(a.extent, 256 if len(space.con.reduction) == 1 else 64)
+            tiles.append((a.extent // inner, inner))
+        else:
+            rest = a.extent // s3[a.name]
+            # S2: a few register blocks so a tile of outputs stays in L1
+            s2 = _largest_divisor_leq(rest, 4)
+            rest //= s2
+            tiles.append((rest, 1, s2, s3[a.name]))
+    # fuse outer loops until there are at least 2 chunks per core
+    cores = int(getattr(space.target, "cores", 1) or 1)
+    par, chunks = 0, 1
+    for i, a in enumerate(axes[: space.n_spatial]):
+        if chunks >= 2 * cores:
+            break
+        par, chunks = i + 1, chunks * tiles[i][0]
+    cfg = Config(space.sketch.name, tuple(tiles), par, vec, 16)
+    space.validate(cfg)
+    return cfg
