@@ -28,6 +28,7 @@ import itertools
 import math
 
 from .lower import Buffer, Loop, Plan
+from .measure import TIMING_HARNESS_C
 
 C_DIALECT = {
     "prelude": (
@@ -94,17 +95,7 @@ def render(plan: Plan) -> str:
         w(f"typedef float vfu __attribute__((vector_size({4 * plan.vec}), aligned(4)));  /* unaligned */")
     w()
     render_kernel(plan, w)
-    w()
-    w.open("double fj_time(float* const* bufs, long number)")
-    w("struct timespec t0, t1;")
-    w("clock_gettime(CLOCK_MONOTONIC, &t0);")
-    w("for (long i = 0; i < number; ++i) fj_kernel(bufs);")
-    w("clock_gettime(CLOCK_MONOTONIC, &t1);")
-    w("return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);")
-    w.close()
-    w()
-    w("void fj_set_threads(int n) { omp_set_num_threads(n); }")
-    return w.text()
+    return w.text() + TIMING_HARNESS_C
 
 
 def render_kernel(plan: Plan, w: _Writer) -> None:

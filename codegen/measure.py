@@ -1,0 +1,781 @@
+"""Measuring compiled kernels: the timing protocol, result records and the local runner.
+
+Every kernel library exports the kernel ABI:
+
+    void fj_kernel(float* const* bufs);               // one call of the kernel
+    double fj_time(float* const* bufs, long number);  // `number` calls, returns total seconds
+    void fj_set_threads(int n);                       // omp_set_num_threads
+
+`bufs` = the inputs in order (read-only), then the output, then a workspace (possibly of size 0:
+it still gets a valid 64-byte aligned pointer). Appending `TIMING_HARNESS_C` to a source that
+defines `fj_kernel` provides the other two. Optionally a library may also export
+
+    void fj_prepare(float* const* bufs);              // once per request, before any fj_kernel
+
+which the runner calls once, untimed, after the inputs are in place: the place to pack constant
+weights into the workspace (as at inference, where weights are constants).
+
+`LocalRunner` measures in ONE long-lived child process started with `spawn`: whatever a kernel
+does (segfault, hang, out-of-bounds write, wrong answer) is recorded as a status and the child is
+replaced; the parent never runs kernel code. For each request the child allocates guarded,
+64-byte aligned buffers, runs the kernel once, checks the output against the reference, times it
+per the `TimingProtocol` (the loop runs in C, so ctypes overhead is not timed), then checks the
+output, the guard zones and the inputs again.
+
+Example:
+    >>> import numpy as np
+    >>> from codegen.build import build
+    >>> from codegen.measure import LocalRunner, RunRequest, TIMING_HARNESS_C
+    >>> src = '''void fj_kernel(float* const* b) {
+    ...   for (int i = 0; i < 8; ++i) b[1][i] = 2 * b[0][i];
+    ... }''' + TIMING_HARNESS_C
+    >>> x = np.arange(8, dtype=np.float32)
+    >>> with LocalRunner() as runner:
+    ...     res = runner.run(RunRequest(None, [x], (8,), 0, 2 * x), build=build(src))
+    >>> res.status, res.latency_s > 0
+    ('ok', True)
+"""
+
+from __future__ import annotations
+
+import _ctypes
+import collections
+import ctypes
+import ctypes.util
+import dataclasses
+import math
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import types
+from typing import Any, Sequence
+
+import numpy as np
+
+from codegen.build import BuildResult
+
+__all__ = [
+    "STATUSES",
+    "TIMING_HARNESS_C",
+    "LocalRunner",
+    "MeasureResult",
+    "RunRequest",
+    "TimingProtocol",
+    "check_output",
+]
+
+STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
+
+TIMING_HARNESS_C = r"""
+/* felixjax timing harness: append to a source that defines fj_kernel. */
+#include <time.h>
+#include <omp.h>
+void fj_kernel(float* const* bufs);
+double fj_time(float* const* bufs, long number) {
+  /* Called through a volatile pointer so the kernel is not inlined and hoisted out of the loop. */
+  void (*volatile kernel)(float* const*) = fj_kernel;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < number; ++i) {
+    kernel(bufs);
+    __asm__ __volatile__("" ::: "memory");
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+void fj_set_threads(int n) { omp_set_num_threads(n); }
+"""
+
+_EPS32 = float(np.finfo(np.float32).eps)
+_TINY32 = float(np.finfo(np.float32).tiny)
+_ALIGN = 64
+_GUARD_BYTES = 4096  # 1024 floats of canary on each side of every buffer
+_CANARY_WORD = 0x7FA5A5A5  # a signalling-NaN bit pattern: no kernel computes it by chance
+_STEP_FLOOR_S = 5.0  # hang detection after the first call: floor + factor x expected step
+_STEP_FACTOR = 20.0  # (2-thread kernels on a loaded 2-core VM were seen running 80x slower)
+_READY_TIMEOUT_S = 120.0  # child start-up: imports numpy (a loaded machine can be slow)
+_dlclose = getattr(_ctypes, "dlclose", None)  # POSIX only; ctypes itself never unloads
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingProtocol:
+    """How one kernel is timed.
+
+    After a correctness-checked first call: `warmup` untimed calls, then `number` (calls per
+    repeat) is calibrated so that one repeat lasts at least `min_repeat_ms` (capped at
+    `max_number`), then `repeats` repeats of `number` calls are timed in C. Each repeat yields the
+    mean seconds per call; the median over repeats is reported. With the defaults a fast kernel
+    costs about 0.15 s (5 x 20 ms + calibration + checks); a kernel slower than 20 ms per call
+    costs about (repeats + 2) calls. See `estimate_s`.
+
+    Attributes:
+        warmup: untimed calls after the first (checked) call.
+        min_repeat_ms: minimum duration of one repeat; 0 means number = 1.
+        repeats: timed repeats (latencies has one entry per repeat).
+        max_number: cap on calls per repeat.
+        flush_cache: before each repeat, write a buffer of `flush_bytes` to evict caches. This
+            only affects the first call of a repeat: for cold-cache timing use min_repeat_ms=0.
+        flush_bytes: size of the flush buffer; 0 means twice the detected L2.
+    """
+
+    warmup: int = 1
+    min_repeat_ms: float = 20.0
+    repeats: int = 5
+    max_number: int = 100_000
+    flush_cache: bool = False
+    flush_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1 or self.max_number < 1 or self.min_repeat_ms < 0:
+            raise ValueError(f"invalid timing protocol: {self}")
+
+    @classmethod
+    def quick(cls) -> TimingProtocol:
+        """A cheap protocol for tests: 3 repeats of at least 1 ms each."""
+        return cls(warmup=0, min_repeat_ms=1.0, repeats=3, max_number=1000)
+
+    def estimate_s(self, call_s: float) -> float:
+        """Rough wall time of measuring a kernel that takes `call_s` seconds per call.
+
+        Counts kernel calls only (first call, warm-up, calibration, repeats), not start-up,
+        transfers or checks (a few ms for small buffers).
+
+        Example:
+            >>> round(TimingProtocol().estimate_s(1e-4), 2)  # a 0.1 ms kernel
+            0.14
+        """
+        min_s = self.min_repeat_ms / 1e3
+        calibration = 2 * min_s if call_s < min_s else 0.0  # geometric growth to >= min_s
+        return (1 + self.warmup) * call_s + calibration + self.repeats * max(min_s, call_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns a JSON-serializable dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TimingProtocol:
+        """Inverse of `to_json`."""
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureResult:
+    """The outcome of measuring one candidate.
+
+    Attributes:
+        status: one of `STATUSES`.
+        latencies: seconds per kernel call, one per repeat (empty unless ok).
+        error: what went wrong ("" when ok).
+        build_s: seconds spent building (0 when the build was not given to the runner).
+        run_s: wall seconds of the measurement, as seen by the parent.
+        timestamp: Unix time when the result was made.
+
+    Example:
+        >>> r = MeasureResult("ok", (2e-3, 1e-3, 3e-3))
+        >>> r.latency_s
+        0.002
+        >>> MeasureResult.from_json(r.to_json()) == r
+        True
+    """
+
+    status: str
+    latencies: tuple[float, ...] = ()
+    error: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+    timestamp: float = dataclasses.field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+        object.__setattr__(self, "latencies", tuple(float(t) for t in self.latencies))
+
+    @property
+    def ok(self) -> bool:
+        """True when the kernel ran correctly and was timed."""
+        return self.status == "ok" and bool(self.latencies)
+
+    @property
+    def latency_s(self) -> float:
+        """Median latency in seconds, or inf when not ok (a failed kernel is never fast)."""
+        return statistics.median(self.latencies) if self.ok else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns a JSON-serializable dict."""
+        d = dataclasses.asdict(self)
+        d["latencies"] = list(self.latencies)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MeasureResult:
+        """Inverse of `to_json`."""
+        return cls(**{**d, "latencies": tuple(d.get("latencies", ()))})
+
+
+@dataclasses.dataclass
+class RunRequest:
+    """One kernel to measure.
+
+    Attributes:
+        lib_path: the shared library (None when passing `build=` to `LocalRunner.run`).
+        inputs: input arrays in ABI order (read-only to the kernel): float32 for the float*
+            ABI; other dtypes (int8, fp16, ...) are copied byte for byte; float64 is refused.
+        out_shape: shape of the float32 output.
+        workspace_floats: workspace size in floats (0 still yields a valid aligned pointer).
+        expected: numpy reference output (any float dtype), shape `out_shape`.
+        rtol: relative tolerance (see `check_output`).
+        reduction_size: K, the number of terms summed per output element (for the tolerance).
+        threads: OpenMP threads (fj_set_threads).
+        timeout_s: limit for loading and the first call; None = the runner's default.
+        protocol: timing protocol; None = the runner's default.
+    """
+
+    lib_path: str | None
+    inputs: list[np.ndarray]
+    out_shape: tuple[int, ...]
+    workspace_floats: int
+    expected: np.ndarray
+    rtol: float = 1e-4
+    reduction_size: int = 1
+    threads: int = 1
+    timeout_s: float | None = None
+    protocol: TimingProtocol | None = None
+
+
+def check_output(
+    y: np.ndarray, ref: np.ndarray, K: int, rtol: float = 1e-4, *, c: float = 4.0
+) -> tuple[bool, str]:
+    """Checks a kernel output against a reference.
+
+    Passes when every element satisfies |y - ref| <= rtol*|ref| + c*sqrt(K)*max|ref|*eps32: the
+    absolute term scales with the rounding error of a K-term float32 sum, so sums that cancel to
+    near zero do not fail spuriously. Any NaN or inf in `y` fails.
+
+    Args:
+        y: kernel output.
+        ref: reference (computed in float32 or float64).
+        K: reduction size (terms per output element; 1 for elementwise kernels).
+        rtol: relative tolerance.
+        c: safety factor of the absolute term.
+
+    Returns:
+        (ok, message): the message gives the maximum error and where it is.
+
+    Example:
+        >>> ref = np.array([1.0, 0.0, -2.0])
+        >>> check_output(np.float32(ref + 1e-7), ref, K=64)[0]
+        True
+        >>> check_output(np.float32(ref * 1.01), ref, K=64)[0]
+        False
+    """
+    y = np.asarray(y)
+    ref = np.asarray(ref, dtype=np.float64)
+    if y.shape != ref.shape:
+        return False, f"shape {y.shape} != expected {ref.shape}"
+    if y.size == 0:
+        return True, "empty output"
+    finite = np.isfinite(y)
+    if not finite.all():
+        first = np.unravel_index(int(np.argmin(finite)), y.shape)
+        return False, (
+            f"{int(y.size - finite.sum())} of {y.size} outputs are NaN/inf "
+            f"(first at {_fmt_index(first)}: {y[first]})"
+        )
+    y64 = y.astype(np.float64)
+    err = np.abs(y64 - ref)
+    tol = rtol * np.abs(ref) + (c * math.sqrt(max(K, 1)) * float(np.abs(ref).max()) * _EPS32)
+    tol += _TINY32  # an all-zero reference still tolerates denormal noise
+    bad = err > tol
+    worst = np.unravel_index(int(np.argmax(err - tol)), y.shape)
+    summary = (
+        f"max |err| {err.max():.3g} at {_fmt_index(worst)}: got {y64[worst]:.7g}, "
+        f"expected {ref[worst]:.7g} (tol {tol[worst]:.3g})"
+    )
+    if bad.any():
+        return False, f"{summary}; {int(bad.sum())} of {y.size} elements out of tolerance"
+    return True, summary
+
+
+def _fmt_index(idx: tuple) -> str:
+    return "(" + ", ".join(str(int(i)) for i in idx) + ")"
+
+
+class LocalRunner:
+    """Measures kernels one at a time in a long-lived `spawn`ed child process.
+
+    Thread-safe: requests are serialized by a lock (one measurement at a time on this device).
+    Kernel failures become statuses; after a crash, hang, wrong result or touched canary the
+    child is replaced. Use as a context manager, or call `close()`.
+
+    The child does not re-import the parent's `__main__` (unlike a plain `spawn`), so scripts
+    need no `if __name__ == "__main__":` guard and a JAX-heavy main does not slow child starts.
+
+    Args:
+        protocol: default timing protocol.
+        timeout_s: default limit for loading a library and the first kernel call. Every later
+            timed step is announced by the child with its expected duration d and must end
+            within `_STEP_FLOOR_S + _STEP_FACTOR * d` (generous: a loaded machine is no hang).
+        lib_cache: number of loaded libraries the child keeps open.
+
+    Example:
+        >>> with LocalRunner(protocol=TimingProtocol.quick()) as runner:
+        ...     runner.pid > 0
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        protocol: TimingProtocol = TimingProtocol(),
+        timeout_s: float = 10.0,
+        lib_cache: int = 16,
+    ) -> None:
+        self.protocol = protocol
+        self.timeout_s = timeout_s
+        self.lib_cache = lib_cache
+        self.restarts = 0  # children replaced after a failure (for logs and tests)
+        self._ctx = multiprocessing.get_context("spawn")  # never fork: parent may run JAX/OpenMP
+        self._lock = threading.Lock()
+        self._proc = None
+        self._conn = None
+        self._ready = False
+
+    def __enter__(self) -> LocalRunner:
+        with self._lock:
+            self._ensure_child()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int:
+        """Process id of the current measuring child (starting one if needed)."""
+        with self._lock:
+            self._ensure_child()
+            return self._proc.pid
+
+    def close(self) -> None:
+        """Stops the child process."""
+        with self._lock:
+            self._stop_child(graceful=True)
+
+    def run(self, request: RunRequest, *, build: BuildResult | None = None) -> MeasureResult:
+        """Measures one kernel.
+
+        Args:
+            request: what to run; its `lib_path` may be None when `build` is given.
+            build: the kernel's build: a failed build is returned as compile_error (or
+                timeout) without running; its seconds go into `build_s`.
+
+        Returns:
+            A `MeasureResult`; kernel failures are statuses, never exceptions.
+
+        Raises:
+            ValueError: the request itself is inconsistent (shapes, missing lib_path).
+            RuntimeError: the measuring process cannot be started.
+        """
+        build_s = build.seconds if build is not None else 0.0
+        if build is not None:
+            if build.status != "ok":
+                status = "timeout" if build.status == "timeout" else "compile_error"
+                return MeasureResult(status, error=build.error, build_s=build_s)
+            request = dataclasses.replace(request, lib_path=build.lib_path)
+        payload = _payload(request, request.protocol or self.protocol)
+        timeout_s = request.timeout_s if request.timeout_s is not None else self.timeout_s
+        with self._lock:
+            start = time.perf_counter()
+            try:
+                out = self._exchange(payload, timeout_s)
+            except BaseException:
+                # Interrupted mid-request (e.g. Ctrl-C): the child's late replies would answer
+                # the next request, so it must go.
+                self._stop_child(graceful=False)
+                raise
+            run_s = time.perf_counter() - start
+        return MeasureResult(
+            out["status"], out.get("latencies", ()), out.get("error", ""), build_s, run_s
+        )
+
+    def run_many(
+        self, requests: Sequence[RunRequest], builds: Sequence[BuildResult] | None = None
+    ) -> list[MeasureResult]:
+        """Measures requests one after another (optionally paired with their builds)."""
+        builds = builds if builds is not None else [None] * len(requests)
+        return [self.run(r, build=b) for r, b in zip(requests, builds, strict=True)]
+
+    # -- child management (callers hold self._lock) --
+
+    def _start_child(self) -> None:
+        """Starts a child if there is none, without waiting for it to be ready."""
+        if self._proc is not None and not self._proc.is_alive():
+            self._stop_child(graceful=False)
+        if self._proc is not None:
+            return
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_child_main,
+            args=(child_conn, self.lib_cache),
+            name="felixjax-measure",
+            daemon=True,
+        )
+        _start_without_main(proc)
+        child_conn.close()  # so the parent sees EOF when the child dies
+        self._proc, self._conn, self._ready = proc, parent_conn, False
+
+    def _ensure_child(self) -> None:
+        """Starts a child if needed and waits until it is ready to serve requests."""
+        self._start_child()
+        if self._ready:
+            return
+        try:
+            msg = self._conn.recv() if self._conn.poll(_READY_TIMEOUT_S) else ("silent",)
+        except (EOFError, OSError):
+            msg = ("died",)
+        if msg[0] != "ready":
+            code = self._proc.exitcode
+            self._stop_child(graceful=False)
+            raise RuntimeError(f"measuring process failed to start ({msg[0]}, exit code {code})")
+        self._ready = True
+
+    def _stop_child(self, *, graceful: bool) -> None:
+        proc, conn = self._proc, self._conn
+        self._proc, self._conn, self._ready = None, None, False
+        if proc is None:
+            return
+        if graceful and proc.is_alive():
+            try:
+                conn.send(("stop",))
+                proc.join(2.0)
+            except (OSError, ValueError):
+                pass
+        if proc.is_alive():
+            proc.kill()  # this runner's own child, by its handle
+        proc.join(5.0)
+        conn.close()
+        if proc.exitcode is not None:
+            proc.close()
+
+    def _restart(self) -> None:
+        """Replaces the child now, so the new one boots while the caller does other work."""
+        self.restarts += 1
+        self._stop_child(graceful=False)
+        self._start_child()
+
+    def _exchange(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Sends one request to the child and waits for its result, watching for crashes/hangs."""
+        self._ensure_child()
+        try:
+            self._conn.send(("run", payload))
+        except (OSError, ValueError):
+            # The child died while idle (e.g. killed from outside): one fresh attempt.
+            self._restart()
+            self._ensure_child()
+            self._conn.send(("run", payload))
+        deadline = time.monotonic() + timeout_s
+        phase = f"no reply within {timeout_s:g} s of loading and the first call"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._restart()
+                return {"status": "timeout", "error": f"kernel hung: {phase}"}
+            try:
+                if not self._conn.poll(min(remaining, 1.0)):
+                    if not self._proc.is_alive():
+                        return self._died()
+                    continue
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                return self._died()
+            if msg[0] == "progress":  # the child starts a step expected to take msg[1] s
+                allowed = _STEP_FLOOR_S + _STEP_FACTOR * msg[1]
+                deadline = time.monotonic() + allowed
+                phase = f"a step expected to take {msg[1]:.3g} s ran past {allowed:.3g} s"
+            elif msg[0] == "result":
+                result = msg[1]
+                if result.pop("restart", False):
+                    self._restart()
+                return result
+
+    def _died(self) -> dict[str, Any]:
+        """Records a child that died mid-request and replaces it."""
+        self._proc.join(5.0)
+        code = self._proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+            if code == -signal.SIGKILL:
+                how += " (out of memory?)"
+        else:
+            how = f"exited with code {code}"
+        self._restart()
+        return {"status": "runtime_error", "error": f"kernel crashed the measuring process: {how}"}
+
+
+def _start_without_main(proc: multiprocessing.process.BaseProcess) -> None:
+    """Starts a `spawn` process that does not re-run the parent's `__main__` module.
+
+    `spawn` records the main module's file or name and the child re-imports it: that re-runs
+    unguarded scripts (recursively starting runners), fails for `python - < script`, and imports
+    JAX into every measuring child. The child needs only this module, so `__main__` is hidden
+    for the moment `start()` reads it (the preparation data is taken synchronously in start).
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        proc.start()
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _payload(request: RunRequest, protocol: TimingProtocol) -> dict[str, Any]:
+    """Validates a request and turns it into what the child receives."""
+    if not request.lib_path:
+        raise ValueError("RunRequest.lib_path is empty (pass build= or set lib_path)")
+    out_shape = tuple(int(d) for d in request.out_shape)
+    expected = np.asarray(request.expected)
+    if expected.shape != out_shape:
+        raise ValueError(f"expected has shape {expected.shape}, out_shape is {out_shape}")
+    if not np.issubdtype(expected.dtype, np.floating) or not np.isfinite(expected).all():
+        raise ValueError("expected must be a finite floating-point array")
+    inputs = [np.ascontiguousarray(x) for x in request.inputs]
+    if any(x.dtype == np.float64 for x in inputs):
+        raise ValueError("float64 input: the kernel ABI reads float32 (use astype(np.float32))")
+    if request.workspace_floats < 0 or request.threads < 1:
+        raise ValueError("workspace_floats must be >= 0 and threads >= 1")
+    return {
+        "lib_path": os.fspath(request.lib_path),
+        "inputs": inputs,
+        "out_shape": out_shape,
+        "workspace_floats": int(request.workspace_floats),
+        "expected": expected,
+        "rtol": float(request.rtol),
+        "K": int(request.reduction_size),
+        "threads": int(request.threads),
+        "protocol": protocol,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything below runs in the measuring child.
+
+
+class _Guarded:
+    """A 64-byte aligned byte buffer with canary zones before and after it."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        padded = -(-nbytes // _ALIGN) * _ALIGN
+        total = _GUARD_BYTES + padded + _GUARD_BYTES
+        raw = np.empty(total + _ALIGN, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % _ALIGN
+        self.raw = raw[offset : offset + total]
+        self.pattern = np.full(total // 4, _CANARY_WORD, dtype=np.uint32).view(np.uint8)
+        self.raw[:] = self.pattern
+        self.data = self.raw[_GUARD_BYTES : _GUARD_BYTES + nbytes]
+        self.ptr = self.raw.ctypes.data + _GUARD_BYTES  # 64-byte aligned, valid even if empty
+
+    def floats(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.data.view(np.float32).reshape(shape)
+
+    def touched_canary(self) -> str | None:
+        """Names the first overwritten guard float (as the kernel indexes it), or None."""
+        end = _GUARD_BYTES + self.nbytes
+        before = np.flatnonzero(self.raw[:_GUARD_BYTES] != self.pattern[:_GUARD_BYTES])
+        after = np.flatnonzero(self.raw[end:] != self.pattern[end:])
+        if before.size:
+            index = -(-(_GUARD_BYTES - int(before[0])) // 4)
+            return f"[-{index}] (before its start)"
+        if after.size:
+            index = (self.nbytes + int(after[0])) // 4
+            return f"[{index}] (past its end, {self.nbytes // 4} floats)"
+        return None
+
+
+class _LibCache:
+    """A small LRU of loaded kernel libraries (evicted ones are dlclose'd when safe)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self.libs: collections.OrderedDict[tuple, ctypes.CDLL] = collections.OrderedDict()
+        # Holding libgomp open keeps it loaded while kernel libraries come and go, so its idle
+        # worker threads never outlive their code; without it, unloading is not safe.
+        gomp = ctypes.util.find_library("gomp")
+        try:
+            self.gomp = ctypes.CDLL(gomp, mode=ctypes.RTLD_GLOBAL) if gomp else None
+        except OSError:
+            self.gomp = None
+
+    def get(self, path: str) -> ctypes.CDLL:
+        st = os.stat(path)
+        key = (path, st.st_ino, st.st_mtime_ns)
+        if key in self.libs:
+            self.libs.move_to_end(key)
+            return self.libs[key]
+        for old in [k for k in self.libs if k[0] == path]:  # same path, new file: reload
+            self._unload(old)
+        lib = ctypes.CDLL(path)
+        lib.fj_kernel.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.fj_kernel.restype = None
+        lib.fj_time.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
+        lib.fj_time.restype = ctypes.c_double
+        lib.fj_set_threads.argtypes = [ctypes.c_int]
+        lib.fj_set_threads.restype = None
+        try:
+            lib.fj_prepare.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.fj_prepare.restype = None
+        except AttributeError:  # optional symbol
+            lib.fj_prepare = None
+        self.libs[key] = lib
+        while len(self.libs) > self.size:
+            self._unload(next(iter(self.libs)))
+        return lib
+
+    def _unload(self, key: tuple) -> None:
+        lib = self.libs.pop(key)
+        if self.gomp is not None and _dlclose is not None:
+            _dlclose(lib._handle)
+
+
+def _child_main(conn, lib_cache_size: int) -> None:
+    """Entry point of the measuring process: serve requests until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    libs = _LibCache(lib_cache_size)
+    flush: dict[int, np.ndarray] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        try:
+            result = _measure(conn, msg[1], libs, flush)
+        except Exception:
+            result = {
+                "status": "runtime_error",
+                "error": "measuring process failed: " + traceback.format_exc(limit=4),
+                "restart": True,
+            }
+        conn.send(("result", result))
+
+
+def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str, Any]:
+    """Runs, checks and times one kernel; returns a result dict (status, latencies, error)."""
+
+    def fail(status: str, error: str, restart: bool = True) -> dict[str, Any]:
+        return {"status": status, "error": error, "restart": restart}
+
+    try:
+        lib = libs.get(p["lib_path"])
+    except (OSError, AttributeError) as e:  # missing file or missing ABI symbol
+        return fail("runtime_error", f"cannot load kernel library: {e}", restart=False)
+
+    inputs: list[np.ndarray] = p["inputs"]
+    out_shape = p["out_shape"]
+    names = [f"input{i}" for i in range(len(inputs))] + ["output", "workspace"]
+    out_bytes = 4 * math.prod(out_shape)
+    bufs = [_Guarded(x.nbytes) for x in inputs]
+    bufs += [_Guarded(out_bytes), _Guarded(4 * p["workspace_floats"])]
+    for buf, x in zip(bufs, inputs):
+        buf.data[:] = x.reshape(-1).view(np.uint8)
+    out = bufs[-2].floats(out_shape)
+    out.fill(np.nan)  # a kernel that skips elements leaves NaN behind
+    bufs[-1].floats((p["workspace_floats"],)).fill(np.nan)  # workspace starts uninitialized
+    ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+
+    def memory_error() -> str | None:
+        for name, buf in zip(names, bufs):
+            where = buf.touched_canary()
+            if where is not None:
+                return f"out-of-bounds write: {name}{where} was overwritten"
+        for i, (buf, x) in enumerate(zip(bufs, inputs)):
+            changed = buf.data != x.reshape(-1).view(np.uint8)
+            if changed.any():
+                return f"kernel wrote into read-only input {i} (byte {int(np.argmax(changed))})"
+        return None
+
+    expected, K, rtol = p["expected"], p["K"], p["rtol"]
+    protocol: TimingProtocol = p["protocol"]
+    lib.fj_set_threads(p["threads"])
+    if lib.fj_prepare is not None:
+        lib.fj_prepare(ptrs)  # e.g. weight packing: once, untimed, checked through the output
+    timed = _AnnouncedTimer(conn, lib, ptrs)
+    timed(1)  # the first call, bounded by the request's timeout
+    conn.send(("progress", 0.0))  # checks follow: a fresh window
+    if (err := memory_error()) is not None:
+        return fail("runtime_error", err)
+    ok, msg = check_output(out, expected, K, rtol)
+    if not ok:
+        return fail("wrong_result", f"after the first call: {msg}")
+
+    for _ in range(protocol.warmup):
+        timed(1)
+    number = _calibrate(timed, protocol)
+    flush_buf = _flush_buffer(protocol, flush) if protocol.flush_cache else None
+    latencies = []
+    for _ in range(protocol.repeats):
+        if flush_buf is not None:
+            flush_buf += 1.0  # read and write every line: evicts the kernel's data
+        latencies.append(timed(number) / number)
+
+    conn.send(("progress", 0.0))
+    if (err := memory_error()) is not None:
+        return fail("runtime_error", err)
+    ok, msg = check_output(out, expected, K, rtol)
+    if not ok:
+        return fail(
+            "wrong_result",
+            f"correct after the first call, wrong after the timed calls "
+            f"(does it accumulate into its output?): {msg}",
+        )
+    if not all(math.isfinite(t) and t > 0 for t in latencies):
+        return fail("runtime_error", f"timer returned invalid latencies {latencies}", False)
+    return {"status": "ok", "latencies": tuple(latencies), "error": "", "restart": False}
+
+
+class _AnnouncedTimer:
+    """Calls fj_time, first telling the parent how long the call should take (hang detection)."""
+
+    def __init__(self, conn, lib: ctypes.CDLL, ptrs) -> None:
+        self.conn, self.lib, self.ptrs = conn, lib, ptrs
+        self.per_call_s: float | None = None  # latest measured seconds per call
+
+    def __call__(self, number: int) -> float:
+        if self.per_call_s is not None:
+            self.conn.send(("progress", number * self.per_call_s))
+        seconds = self.lib.fj_time(self.ptrs, number)
+        self.per_call_s = max(seconds, 0.0) / number
+        return seconds
+
+
+def _calibrate(timed: _AnnouncedTimer, protocol: TimingProtocol) -> int:
+    """Finds calls per repeat so that one repeat lasts at least min_repeat_ms."""
+    min_s = protocol.min_repeat_ms / 1e3
+    number, t = 1, timed.per_call_s
+    while t < min_s and number < protocol.max_number:
+        # Grow by the predicted factor (x1.2 margin), at most 100x per step: early timings of
+        # a microsecond kernel are too coarse to extrapolate far.
+        factor = min(100.0, 1.2 * min_s / max(t, 1e-9))
+        number = min(protocol.max_number, max(number + 1, math.ceil(number * factor)))
+        t = timed(number)
+    return number
+
+
+def _flush_buffer(protocol: TimingProtocol, cache: dict) -> np.ndarray:
+    nbytes = protocol.flush_bytes
+    if nbytes <= 0:
+        from codegen.target import _cache_sizes
+
+        nbytes = 2 * _cache_sizes()["l2_bytes"]
+    if nbytes not in cache:
+        cache[nbytes] = np.zeros(nbytes // 4, dtype=np.float32)
+    return cache[nbytes]

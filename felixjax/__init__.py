@@ -1,0 +1,26 @@
+"""felixjax: a JAX-native tensor program optimizer.
+
+Schedules of real C kernels are relaxed into continuous variables, scored by a differentiable
+learned latency model, and searched by gradient descent; every candidate is compiled, checked
+against numpy and timed on this machine.
+
+Example:
+    >>> import felixjax as fj
+    >>> t = fj.ops.matmul(64, 64, 64)
+    >>> res = fj.tune(t, fj.Target.cpu(), strategy="random", trials=2, progress=False)
+    >>> res.best.ok
+    True
+"""
+from codegen.space import Config, Sketch, Space, sketches_for
+from codegen.target import Target
+
+from . import ops
+from .database import Database, TuningRecord
+from .ops import Task
+from .strategies import get_strategy, registered as strategies
+from .tuner import TuneResult, tune
+
+__version__ = "0.1.0"
+
+__all__ = ["Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord", "get_strategy",
+           "ops", "sketches_for", "strategies", "tune"]

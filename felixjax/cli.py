@@ -1,0 +1,182 @@
+"""The ``felixjax`` command line: tune, compare, build, zoo, report.
+
+Errors in user input are one clear line on stderr and exit code 2, never a traceback.
+
+Example:
+    felixjax tune --op "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,stride=1,pad=1" --trials 256 --db runs.db
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import textwrap
+
+EXAMPLES = {
+    "tune": """examples:
+  felixjax tune --op "matmul:m=512,n=512,k=512" --trials 64 --db runs.db
+  felixjax tune --op "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,stride=1,pad=1" --trials 256 --db runs.db
+  felixjax tune model.onnx --trials 2000 --db runs.db""",
+    "report": """example:
+  felixjax report runs.db --plot curve.png""",
+    "compare": """example:
+  felixjax compare --suite ops --strategies gradient,genetic,random --seeds 3 --trials 512 --out results/""",
+    "build": """example:
+  felixjax build model.onnx --db runs.db -o out/""",
+    "zoo": """example:
+  felixjax zoo resnet18 --dataset cifar10 -o resnet18.onnx""",
+}
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported in one line, exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="felixjax", description="JAX-native tensor program optimizer: gradient "
+                                "descent over relaxed schedules of real, measured C kernels.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, epilog=EXAMPLES.get(name),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    t = add("tune", "tune operators (--op SPEC) or every task of an ONNX model")
+    t.add_argument("model", nargs="?", help="an ONNX model to tune (instead of --op)")
+    t.add_argument("--op", action="append", default=[], metavar="SPEC",
+                   help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
+    t.add_argument("--trials", type=int, default=256, help="measurement budget per operator (default 256)")
+    t.add_argument("--seconds", type=float, default=None, help="wall-clock budget per operator")
+    t.add_argument("--strategy", default="gradient", help="gradient | genetic | random (default gradient)")
+    t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+    t.add_argument("--no-compare", action="store_true", help="skip timing onnxruntime next to the best kernel")
+    t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
+
+    r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
+    r.add_argument("db")
+    r.add_argument("--plot", default=None, help="write the tuning curves to this PNG")
+
+    return p
+
+
+def _target(threads: int | None):
+    from codegen.target import Target
+
+    return Target.cpu()
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import felixjax as fj
+
+    if args.model and args.op:
+        raise UserError("give either a model file or --op specs, not both")
+    if not args.model and not args.op:
+        raise UserError("nothing to tune: give --op SPEC or a model.onnx (see felixjax tune --help)")
+    if args.trials < 1:
+        raise UserError(f"--trials must be >= 1 (got {args.trials})")
+    if args.strategy not in fj.strategies():
+        raise UserError(f"unknown strategy {args.strategy!r}; registered: {', '.join(fj.strategies())}")
+    target = _target(args.threads)
+    if args.model:
+        return _tune_model(args, target)
+    try:
+        tasks = [fj.ops.parse_spec(s) for s in args.op]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    rows = []
+    for task in tasks:
+        res = fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
+                      seed=args.seed, threads=args.threads)
+        best = res.best
+        if best is None:
+            print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
+            continue
+        print(f"\n{task.name}: best of {len(res.history)} trials ({args.strategy}): "
+              f"{best.latency_s * 1e3:.4f} ms, {best.gflops:.1f} GFLOP/s")
+        print(f"  config: {best.config.dumps()}")
+        if args.show_source:
+            print(res.source)
+        row = {"task": task.name, "felixjax_ms": best.latency_s * 1e3, "gflops": best.gflops}
+        if not args.no_compare:
+            row.update(_against_onnxruntime(res, args.threads or target.cores))
+        rows.append(row)
+    if rows:
+        print("\n" + _table(rows))
+    return 0
+
+
+def _against_onnxruntime(res, threads: int) -> dict:
+    """Time the best kernel and onnxruntime interleaved, same thread count."""
+    try:
+        from . import baselines
+    except ImportError:  # pragma: no cover
+        return {}
+    try:
+        cmp = baselines.compare_best(res, threads=threads)
+    except Exception as e:  # a missing peer must not lose the tuning result
+        print(f"  (onnxruntime comparison skipped: {e})", file=sys.stderr)
+        return {}
+    return cmp
+
+
+def _table(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")
+    return str(v)
+
+
+def _tune_model(args: argparse.Namespace, target) -> int:
+    try:
+        from .network import tune_model_cli
+    except ImportError:
+        raise UserError("tuning ONNX models is not available in this build") from None
+    return tune_model_cli(args, target)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import os
+
+    from .report import report
+
+    if not os.path.exists(args.db):
+        raise UserError(f"{args.db}: no such database")
+    print(report(args.db, plot=args.plot))
+    return 0
+
+
+COMMANDS = {"tune": _cmd_tune, "report": _cmd_report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``felixjax`` command."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args)
+    except UserError as e:
+        print(f"felixjax {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        msg = textwrap.shorten(str(e), 400)
+        print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"felixjax {args.cmd}: interrupted; every measurement so far is in the database", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

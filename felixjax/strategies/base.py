@@ -1,0 +1,100 @@
+"""The search-strategy interface and the registry of strategies by name.
+
+A strategy proposes candidate configs for one task and learns from measured results. It sees a
+:class:`SearchContext` (the task's spaces, a seeded RNG, the run's measured records) and returns
+configs; the tuner builds, measures and records them, then calls :meth:`Strategy.update`.
+Users may pass their own object with the same two methods anywhere a strategy name is accepted.
+
+Example:
+    >>> from felixjax.strategies import get_strategy
+    >>> get_strategy("random").name
+    'random'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from codegen.ops import Task
+from codegen.space import Config, Space
+from codegen.target import Target
+
+
+@dataclass
+class SearchContext:
+    """What a strategy may look at while proposing.
+
+    Attributes:
+        task, target: the workload and the machine.
+        spaces: one schedule space per sketch, by sketch name.
+        rng: the run's seeded generator (the only source of randomness, so a seed reproduces a run).
+        measured: every config already measured in this run (never propose these again).
+        history: this run's records in order (``TuningRecord``), resumed ones included.
+    """
+
+    task: Task
+    target: Target
+    spaces: dict[str, Space]
+    rng: np.random.Generator
+    measured: set[Config] = field(default_factory=set)
+    history: list = field(default_factory=list)
+
+    def space_of(self, cfg: Config) -> Space:
+        return self.spaces[cfg.sketch]
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """``propose(ctx, n)`` returns up to ``n`` new valid configs; ``update(ctx, records)`` learns."""
+
+    name: str
+
+    def propose(self, ctx: SearchContext, n: int) -> list[Config]: ...
+
+    def update(self, ctx: SearchContext, records: list) -> None: ...
+
+
+_REGISTRY: dict[str, Callable[..., Strategy]] = {}
+
+
+def register(name: str) -> Callable:
+    """Class decorator: make a strategy constructible by name."""
+
+    def deco(factory: Callable[..., Strategy]) -> Callable[..., Strategy]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def registered() -> list[str]:
+    """Names of the registered strategies."""
+    from . import genetic, gradient, random  # noqa: F401  (registration side effect)
+
+    return sorted(_REGISTRY)
+
+
+def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
+    """A strategy instance from a registered name or a user object (returned as is)."""
+    if not isinstance(strategy, str):
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"{strategy!r} is not a strategy: it needs a name, propose(ctx, n) and update(ctx, recs)")
+        return strategy
+    names = registered()
+    if strategy not in _REGISTRY:
+        raise ValueError(f"unknown strategy {strategy!r}; registered: {', '.join(names)}")
+    return _REGISTRY[strategy](**kwargs)
+
+
+def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:
+    """Dedupe ``configs`` (order kept) against each other and the run's measured set; at most ``limit``."""
+    out, seen = [], set(ctx.measured)
+    for c in configs:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+            if len(out) >= limit:
+                break
+    return out

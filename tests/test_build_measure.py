@@ -1,0 +1,454 @@
+"""Tests of the build + measure bottom: Target, builder cache, tolerance, and the runner's
+handling of planted bad kernels (each followed by a good one: the runner must keep working)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen.build import DEFAULT_FLAGS, BuildError, assemble, build, build_many
+from codegen.measure import (
+    STATUSES,
+    TIMING_HARNESS_C,
+    LocalRunner,
+    MeasureResult,
+    RunRequest,
+    TimingProtocol,
+    check_output,
+)
+from codegen.target import L3_CAP_PER_CORE, Target
+
+N = 1000  # not a multiple of 16: tails matter
+
+
+def _kernel(body: str) -> str:
+    return "#include <stddef.h>\n#include <stdint.h>\n" + body + TIMING_HARNESS_C
+
+
+VADD = _kernel("""
+void fj_kernel(float* const* bufs) {
+  const float* a = bufs[0]; const float* b = bufs[1]; float* out = bufs[2];
+  for (int i = 0; i < 1000; ++i) out[i] = a[i] + b[i];
+}""")
+
+MATMUL = _kernel("""
+/* out[32x48] = a[32x64] @ b[64x48], parallel over rows. */
+void fj_kernel(float* const* bufs) {
+  const float* a = bufs[0]; const float* b = bufs[1]; float* out = bufs[2];
+  #pragma omp parallel for
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < 48; ++j) {
+      float acc = 0.0f;
+      for (int k = 0; k < 64; ++k) acc += a[i * 64 + k] * b[k * 48 + j];
+      out[i * 48 + j] = acc;
+    }
+}""")
+
+PLANTED = {
+    "segfault": _kernel("""
+void fj_kernel(float* const* bufs) { volatile float* p = NULL; *p = bufs[0][0]; }"""),
+    "hang": _kernel("""
+void fj_kernel(float* const* bufs) { volatile int spin = 1; while (spin) {} bufs[2][0] = 0; }"""),
+    "past_end": _kernel("""
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i <= 1000; ++i) bufs[2][i] = bufs[0][i] + bufs[1][i < 1000 ? i : 0];
+}"""),
+    "before_start": _kernel("""
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i < 1000; ++i) bufs[2][i] = bufs[0][i] + bufs[1][i];
+  bufs[2][-3] = 1.0f;
+}"""),
+    "writes_input": _kernel("""
+void fj_kernel(float* const* bufs) {
+  float* a = bufs[0];
+  for (int i = 0; i < 1000; ++i) { bufs[2][i] = a[i] + bufs[1][i]; a[i] = 0.0f; }
+}"""),
+    "accumulates": _kernel("""
+static int calls = 0;
+void fj_kernel(float* const* bufs) {
+  /* Correct on the first call only: the classic "out += ..." without zeroing. */
+  if (calls++ == 0) for (int i = 0; i < 1000; ++i) bufs[2][i] = 0.0f;
+  for (int i = 0; i < 1000; ++i) bufs[2][i] += bufs[0][i] + bufs[1][i];
+}"""),
+    "half": _kernel("""
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i < 500; ++i) bufs[2][i] = bufs[0][i] + bufs[1][i];
+}"""),
+    "off_by_1pct": _kernel("""
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i < 1000; ++i) bufs[2][i] = 1.01f * (bufs[0][i] + bufs[1][i]);
+}"""),
+    "no_abi": "void fj_kernel(float* const* bufs) { (void)bufs; }\n",
+}
+
+ALIGNMENT = _kernel("""
+/* out[i] = 1 when buffer i (input 0, input 1, output, empty workspace) is 64-byte aligned. */
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i < 4; ++i) bufs[2][i] = ((uintptr_t)bufs[i] % 64) == 0;
+}""")
+
+
+PREPARED = _kernel("""
+/* Packs 2*b into the workspace once (fj_prepare); the kernel reads the packed copy. */
+void fj_prepare(float* const* bufs) {
+  for (int i = 0; i < 1000; ++i) bufs[3][i] = 2.0f * bufs[1][i];
+}
+void fj_kernel(float* const* bufs) {
+  for (int i = 0; i < 1000; ++i) bufs[2][i] = bufs[0][i] + 0.5f * bufs[3][i];
+}""")
+UNPREPARED = _kernel(PREPARED[PREPARED.index("void fj_kernel") : PREPARED.index("\n/* felixjax")])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture(scope="module")
+def libs(cache_dir):
+    names = ["vadd", "matmul", "alignment", "prepared", "unprepared", *PLANTED]
+    sources = [VADD, MATMUL, ALIGNMENT, PREPARED, UNPREPARED, *PLANTED.values()]
+    results = build_many(sources, workers=2, cache_dir=cache_dir)
+    assert all(r.status == "ok" for r in results), [r.error for r in results if r.error]
+    return {n: r.lib_path for n, r in zip(names, results)}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with LocalRunner(protocol=TimingProtocol.quick(), timeout_s=10.0) as r:
+        yield r
+
+
+def _vadd_request(lib_path, **kw) -> RunRequest:
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(N).astype(np.float32) for _ in range(2))
+    return RunRequest(lib_path, [a, b], (N,), 0, a.astype(np.float64) + b, **kw)
+
+
+def _assert_good(runner, libs):
+    res = runner.run(_vadd_request(libs["vadd"]))
+    assert res.status == "ok", res.error
+    assert len(res.latencies) == 3
+    assert all(math.isfinite(t) and t > 0 for t in res.latencies)
+
+
+# -- Target ------------------------------------------------------------------------------------
+
+
+def test_target_cpu_is_sane():
+    t = Target.cpu()
+    assert t.kind == "cpu" and t.name
+    assert t.cores >= 1
+    assert t.simd_lanes in (4, 8, 16)
+    assert t.vector_registers in (16, 32)
+    assert 4096 <= t.l1d_bytes < t.l2_bytes
+    assert 0 < t.l3_bytes <= L3_CAP_PER_CORE
+    assert t.peak_gflops_per_core is None
+
+
+def test_target_json_round_trip_and_key():
+    t = Target.cpu()
+    d = json.loads(json.dumps(t.to_json()))
+    assert Target.from_json(d) == t
+    assert Target.from_json(d).key == t.key
+    assert re.fullmatch(r"[0-9a-f]{16}", t.key)
+    assert Target.cpu().key == t.key  # stable across calls
+    # A measured peak does not change the identity; a different core count does.
+    assert dataclasses.replace(t, peak_gflops_per_core=150.0).key == t.key
+    assert Target.cpu(cores=t.cores + 1).key != t.key
+
+
+def test_target_overrides():
+    t = Target.cpu(cores=1, l2_bytes=1 << 20, peak_gflops_per_core=170.0)
+    assert (t.cores, t.l2_bytes, t.peak_gflops_per_core) == (1, 1 << 20, 170.0)
+    with pytest.raises(TypeError):
+        Target.cpu(not_a_field=1)
+    with pytest.raises(ValueError):
+        Target.cpu(cores=0)
+
+
+# -- tolerance ---------------------------------------------------------------------------------
+
+
+def test_check_output_tolerates_rounding_of_cancelling_sums():
+    rng = np.random.default_rng(1)
+    K = 4096
+    a = rng.standard_normal((16, K)).astype(np.float32)
+    b = rng.standard_normal((K, 16)).astype(np.float32)
+    b[:, 0] = 0.0
+    a[0] = np.concatenate([a[0, : K // 2], -a[0, : K // 2]])
+    b[:, 1] = np.concatenate([b[: K // 2, 1], b[: K // 2, 1]])  # row 0 . col 1 cancels to ~0
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    y = np.zeros((16, 16), np.float32)
+    for k in range(K):  # float32 sequential sum: the worst common summation order
+        y += np.outer(a[:, k], b[k, :])
+    assert abs(ref[0, 1]) < 1e-9 and y[0, 1] != 0.0
+    ok, msg = check_output(y, ref, K)
+    assert ok, msg
+
+
+def test_check_output_rejects_one_percent_error():
+    ref = np.linspace(-3.0, 3.0, 101)
+    ok, msg = check_output((ref * 1.01).astype(np.float32), ref, K=1)
+    assert not ok
+    assert "out of tolerance" in msg and "at (" in msg
+    assert check_output(ref.astype(np.float32), ref, K=1)[0]
+
+
+def test_check_output_rejects_nonfinite_and_shape():
+    ref = np.ones((4, 4))
+    y = np.ones((4, 4), np.float32)
+    y[2, 3] = np.nan
+    ok, msg = check_output(y, ref, K=8)
+    assert not ok and "NaN" in msg and "(2, 3)" in msg
+    assert not check_output(np.ones(16, np.float32), ref, K=8)[0]
+
+
+def test_check_output_all_zero_reference():
+    ref = np.zeros(8)
+    assert check_output(np.zeros(8, np.float32), ref, K=100)[0]
+    assert not check_output(np.full(8, 1e-3, np.float32), ref, K=100)[0]
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+def test_measure_result_json_and_latency():
+    ok = MeasureResult("ok", (3e-3, 1e-3, 2e-3), build_s=0.2, run_s=0.1)
+    assert ok.latency_s == 2e-3
+    assert MeasureResult.from_json(json.loads(json.dumps(ok.to_json()))) == ok
+    bad = MeasureResult("wrong_result", error="max |err| ...")
+    assert bad.latency_s == math.inf and not bad.ok
+    assert MeasureResult.from_json(bad.to_json()) == bad
+    with pytest.raises(ValueError):
+        MeasureResult("fast")
+    assert set(STATUSES) == {"ok", "compile_error", "runtime_error", "timeout", "wrong_result"}
+
+
+def test_timing_protocol_json_and_validation():
+    p = TimingProtocol()
+    assert TimingProtocol.from_json(p.to_json()) == p
+    assert 0.1 < p.estimate_s(1e-5) < 0.3  # fast kernels cost ~min_repeat x (repeats + 2)
+    assert p.estimate_s(1.0) == pytest.approx(7.0)  # slow ones: first + warmup + 5 repeats
+    with pytest.raises(ValueError):
+        TimingProtocol(repeats=0)
+
+
+# -- builder -----------------------------------------------------------------------------------
+
+
+@pytest.mark.cc
+def test_build_cache_hit_and_flag_key(tmp_path):
+    src = VADD.replace("1000", "999")  # a source no other test builds
+    first = build(src, cache_dir=tmp_path)
+    assert first.status == "ok" and not first.cached and first.lib_path.endswith(".so")
+    again = build(src, cache_dir=tmp_path)
+    assert again.cached and again.lib_path == first.lib_path
+    assert again.seconds < first.seconds and again.seconds < 0.05
+    other = build(src, cache_dir=tmp_path, flags=("-O2", *DEFAULT_FLAGS[1:]))
+    assert other.status == "ok" and other.key != first.key and other.lib_path != first.lib_path
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+@pytest.mark.cc
+def test_build_compile_error_and_timeout(tmp_path):
+    bad = build("void fj_kernel(float* const* bufs) { undeclared_thing = 1; }", cache_dir=tmp_path)
+    assert bad.status == "compile_error" and bad.lib_path is None
+    assert "undeclared_thing" in bad.error and "kernel.c" in bad.error
+    slow = build("int x;", cache_dir=tmp_path, timeout_s=1e-4)
+    assert slow.status == "timeout" and slow.lib_path is None
+    assert not list(tmp_path.glob(".*"))
+
+
+@pytest.mark.cc
+def test_build_many_keeps_order(tmp_path):
+    sources = ["int a;", "int broken(", "int a;", "int c;"]
+    results = build_many(sources, workers=2, cache_dir=tmp_path)
+    assert [r.status for r in results] == ["ok", "compile_error", "ok", "ok"]
+    assert results[0].lib_path == results[2].lib_path != results[3].lib_path
+
+
+@pytest.mark.cc
+def test_assemble_shows_register_blocked_fma_probe():
+    from codegen.peak import peak_kernel_source
+
+    t = Target.cpu()
+    if t.simd_lanes != 16:
+        pytest.skip("register-blocking check written for AVX-512")
+    asm = assemble(peak_kernel_source(t))
+    loop_fmas = re.findall(r"vfmadd\w*ps\s+%zmm\d+, %zmm\d+, %zmm(\d+)", asm)
+    assert len(set(loop_fmas)) >= 24  # 24 distinct accumulator registers
+    assert "(%rsp)" not in asm.split(".L2:")[1].split("jne")[0]  # no spills in the FMA loop
+    with pytest.raises(BuildError):
+        assemble("int broken(")
+
+
+# -- runner: good kernels ----------------------------------------------------------------------
+
+
+@pytest.mark.cc
+def test_good_kernels_ok(runner, libs):
+    _assert_good(runner, libs)
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((32, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 48)).astype(np.float32)
+    for threads in (1, 2):
+        req = RunRequest(
+            libs["matmul"], [a, b], (32, 48), 0, a.astype(np.float64) @ b,
+            reduction_size=64, threads=threads,
+        )
+        res = runner.run(req)
+        assert res.status == "ok", res.error
+        assert res.latency_s > 0 and math.isfinite(res.latency_s) and res.run_s > 0
+
+
+@pytest.mark.cc
+def test_buffers_are_aligned_including_empty_workspace(runner, libs):
+    x = np.zeros(3, np.float32)  # inputs 0 and 1, output 2, workspace 3 (size 0)
+    res = runner.run(RunRequest(libs["alignment"], [x, x], (4,), 0, np.ones(4)))
+    assert res.status == "ok", res.error
+
+
+@pytest.mark.cc
+def test_optional_prepare_fills_workspace_once(runner, libs):
+    req = dataclasses.replace(_vadd_request(libs["prepared"]), workspace_floats=N)
+    res = runner.run(req)
+    assert res.status == "ok", res.error
+    # Without fj_prepare's packing the workspace still holds NaN: that must fail.
+    res = runner.run(dataclasses.replace(_vadd_request(libs["unprepared"]), workspace_floats=N))
+    assert res.status == "wrong_result" and "NaN" in res.error, res.error
+
+
+@pytest.mark.cc
+def test_build_result_passed_to_runner(runner, cache_dir):
+    failed = build("int broken(", cache_dir=cache_dir)
+    res = runner.run(_vadd_request(None), build=failed)
+    assert res.status == "compile_error" and "error" in res.error and res.build_s > 0
+    good = build(VADD, cache_dir=cache_dir)
+    res = runner.run(_vadd_request(None), build=good)
+    assert res.status == "ok", res.error
+
+
+# -- runner: planted bad kernels -----------------------------------------------------------------
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize(
+    "name, status, message",
+    [
+        ("segfault", "runtime_error", "SIGSEGV"),
+        ("past_end", "runtime_error", "out-of-bounds write: output[1000] (past its end"),
+        ("before_start", "runtime_error", "output[-3] (before its start)"),
+        ("writes_input", "runtime_error", "read-only input 0"),
+        ("accumulates", "wrong_result", "accumulate"),
+        ("half", "wrong_result", "500 of 1000 outputs are NaN"),
+        ("off_by_1pct", "wrong_result", "out of tolerance"),
+        ("no_abi", "runtime_error", "fj_time"),
+    ],
+)
+def test_planted_kernel_is_caught_and_runner_recovers(runner, libs, name, status, message):
+    res = runner.run(_vadd_request(libs[name]))
+    assert res.status == status, res.error
+    assert message in res.error, res.error
+    assert res.latency_s == math.inf and res.latencies == ()
+    _assert_good(runner, libs)
+
+
+@pytest.mark.cc
+def test_wrong_result_restarts_the_child(runner, libs):
+    pid, restarts = runner.pid, runner.restarts
+    assert runner.run(_vadd_request(libs["half"])).status == "wrong_result"
+    assert runner.restarts == restarts + 1 and runner.pid != pid
+    _assert_good(runner, libs)
+
+
+@pytest.mark.cc
+def test_hang_times_out_and_runner_recovers(runner, libs):
+    start = time.monotonic()
+    res = runner.run(_vadd_request(libs["hang"], timeout_s=1.0))
+    assert res.status == "timeout", res.error
+    assert time.monotonic() - start < 5.0
+    _assert_good(runner, libs)
+
+
+@pytest.mark.cc
+def test_missing_library_is_runtime_error(runner, libs, tmp_path):
+    res = runner.run(_vadd_request(str(tmp_path / "nope.so")))
+    assert res.status == "runtime_error" and "cannot load" in res.error
+    _assert_good(runner, libs)
+
+
+@pytest.mark.cc
+def test_invalid_request_raises(runner, libs):
+    req = _vadd_request(libs["vadd"])
+    with pytest.raises(ValueError):
+        runner.run(dataclasses.replace(req, out_shape=(N + 1,)))
+    with pytest.raises(ValueError):
+        runner.run(dataclasses.replace(req, lib_path=None))
+    with pytest.raises(ValueError):
+        runner.run(dataclasses.replace(req, inputs=[x.astype(np.float64) for x in req.inputs]))
+
+
+@pytest.mark.cc
+def test_child_killed_from_outside_is_replaced(libs):
+    with LocalRunner(protocol=TimingProtocol.quick()) as r:
+        os.kill(r.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        _assert_good(r, libs)
+
+
+@pytest.mark.cc
+def test_default_protocol_duration_and_flush(libs):
+    with LocalRunner() as r:
+        res = r.run(_vadd_request(libs["vadd"]))
+        assert res.status == "ok" and len(res.latencies) == 5
+        assert res.run_s < 2.0  # ~0.15 s expected; generous for a loaded machine
+        flushed = r.run(
+            _vadd_request(
+                libs["vadd"], protocol=TimingProtocol(min_repeat_ms=0, repeats=3, flush_cache=True)
+            )
+        )
+        assert flushed.status == "ok" and len(flushed.latencies) == 3, flushed.error
+
+
+@pytest.mark.cc
+def test_fp32_peak_probe(runner, cache_dir, monkeypatch):
+    from codegen.peak import measure_fp32_peak
+
+    monkeypatch.setenv("FELIXJAX_CACHE", str(cache_dir))  # keep the user's cache untouched
+    gflops = measure_fp32_peak(1, runner=runner, protocol=TimingProtocol.quick())
+    assert math.isfinite(gflops) and gflops > 1.0
+
+
+@pytest.mark.cc
+def test_unguarded_script_is_not_rerun_by_the_child(tmp_path, libs):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "print('main body')\n"
+        "import numpy as np\n"
+        "from codegen.measure import LocalRunner, RunRequest, TimingProtocol\n"
+        "x = np.ones(1000, np.float32)\n"
+        f"req = RunRequest({libs['vadd']!r}, [x, x], (1000,), 0, 2 * x)\n"
+        "with LocalRunner(protocol=TimingProtocol.quick()) as r:\n"
+        "    print(r.run(req).status)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.stdout.split() == ["main", "body", "ok"], out.stdout + out.stderr

@@ -1,0 +1,198 @@
+"""Numerics and properties of the operator IR, schedule space, lowering and C kernels."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen import ops
+from codegen.build import assemble, build
+from codegen.lower import lower
+from codegen.measure import check_output
+from codegen.render_c import render
+from codegen.runtime import Kernel
+from codegen.space import Config, Space, count_factorizations, factorizations, sketches_for
+from codegen.target import Target
+
+TARGET = Target.cpu()
+AWKWARD = [1, 2, 3, 4, 6, 7, 8, 12, 13, 16]
+
+
+# ---- operator definitions ---------------------------------------------------------------------
+
+def test_task_json_roundtrip_and_key():
+    t = ops.conv2d(1, 8, 9, 9, out_channels=4, kernel=(3, 1), stride=2, padding=(1, 0, 2, 0), groups=2, bias=True,
+                   act="relu6", residual=True)
+    assert ops.Task.from_json(t.to_json()) == t
+    assert ops.Task.from_json(t.to_json()).key == t.key
+    assert t.key != ops.conv2d(1, 8, 9, 9, out_channels=4, kernel=(3, 1), stride=2, padding=1, groups=2).key
+    assert len(t.random_inputs()) == 4
+
+
+def test_conv_reference_matches_naive_loops():
+    t = ops.conv2d(1, 4, 6, 5, out_channels=6, kernel=(3, 2), padding=(1, 0, 2, 1), stride=(2, 1), dilation=(1, 2),
+                   groups=2)
+    x, w = t.random_inputs(1)
+    y = t.reference(x, w)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 2), (0, 1)))
+    ref = np.zeros(y.shape)
+    for k in range(6):
+        g = k // 3
+        for oy in range(y.shape[2]):
+            for ox in range(y.shape[3]):
+                ref[0, k, oy, ox] = sum(xp[0, g * 2 + c, oy * 2 + ry, ox + rx * 2] * w[k, c, ry, rx]
+                                        for c in range(2) for ry in range(3) for rx in range(2))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda: ops.conv2d(1, 6, 8, 8, out_channels=4, groups=4), "groups"),
+    (lambda: ops.conv2d(1, 3, 2, 2, out_channels=4, kernel=5), "larger than the padded input"),
+    (lambda: ops.matmul(0, 4, 4), "m must be >= 1"),
+    (lambda: ops.dense(1, 8, 4, act="gelu"), "act must be one of"),
+    (lambda: ops.parse_spec("conv2d:n=1,c=8"), "needs h="),
+    (lambda: ops.parse_spec("matmul:m=4,n=4,k=4,q=1"), "unknown key"),
+    (lambda: ops.parse_spec("softmax:n=3"), "unknown op kind"),
+])
+def test_bad_tasks_raise_clear_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        bad()
+
+
+# ---- schedule space ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 7, 12, 13, 197, 1000])
+def test_factorizations_count(n):
+    fs = list(factorizations(n, 4))
+    assert len(fs) == len(set(fs)) == count_factorizations(n, 4)
+    assert all(math.prod(f) == n for f in fs)
+
+
+def test_invalid_configs_name_the_knob():
+    sp = Space(ops.matmul(64, 48, 32), "gemm_packed", TARGET)
+    good = sp.default()
+    cases = {
+        "vec": Config(good.sketch, good.tiles, good.parallel, 5, good.unroll),
+        "unroll": Config(good.sketch, good.tiles, good.parallel, good.vec, 3),
+        "parallel": Config(good.sketch, good.tiles, 9, good.vec, good.unroll),
+        r"tiles\[m\]": Config(good.sketch, (good.tiles[0], (1, 1, 1, 63)) + good.tiles[2:], good.parallel, good.vec,
+                              good.unroll),
+        "register block": Config(good.sketch, ((1, 1, 1, 1), (1, 1, 1, 64), (1, 1, 1, 48), (1, 32)), 0, 16, 1),
+    }
+    for knob, cfg in cases.items():
+        with pytest.raises(ValueError, match=knob):
+            sp.validate(cfg)
+
+
+def test_uniform_sampling_marginal():
+    # on a small space, the sampled frequency of each tile choice of one axis matches its share
+    sp = Space(ops.matmul(4, 8, 2), "gemm_packed", TARGET)
+    valid = list(sp.enumerate())
+    rng = np.random.default_rng(0)
+    draws = [sp.sample(rng) for _ in range(3000)]
+    assert all(sp.is_valid(c) for c in draws)
+    exact = {}
+    for c in valid:
+        exact[c.tiles[2]] = exact.get(c.tiles[2], 0) + 1 / len(valid)
+    seen = {}
+    for c in draws:
+        seen[c.tiles[2]] = seen.get(c.tiles[2], 0) + 1 / len(draws)
+    for k, p in exact.items():
+        assert abs(seen.get(k, 0) - p) < 0.03, (k, p, seen.get(k))
+
+
+def test_config_json_roundtrip():
+    sp = Space(ops.conv2d(1, 8, 7, 7, out_channels=13, kernel=3, padding=1), "conv_spatial_pack", TARGET)
+    for c in sp.sample_many(np.random.default_rng(1), 20):
+        assert Config.from_json(c.to_json()) == c
+        assert Config.from_json(c.dumps()) == c
+
+
+# ---- emitted kernels match numpy (property) -----------------------------------------------------
+
+@st.composite
+def task_and_config(draw):
+    kind = draw(st.sampled_from(["matmul", "bmm", "dense", "conv2d", "grouped", "depthwise"]))
+    epi = dict(bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])),
+               residual=draw(st.booleans()))
+    dim = st.sampled_from(AWKWARD)
+    if kind == "matmul":
+        t = ops.matmul(draw(dim), draw(st.sampled_from(AWKWARD + [197])), draw(dim), **epi)
+    elif kind == "bmm":
+        t = ops.matmul(draw(dim), draw(dim), draw(dim), batch=draw(st.sampled_from([2, 3])), **epi)
+    elif kind == "dense":
+        t = ops.dense(draw(st.sampled_from([1, 2, 7])), draw(st.sampled_from([13, 16, 197])), draw(dim), **epi)
+    else:
+        k = draw(st.sampled_from([1, 2, 3]))
+        stride = draw(st.sampled_from([1, 2]))
+        pad = draw(st.sampled_from([0, 1, (1, 0, 2, 1)]))
+        h, w = draw(st.sampled_from([5, 7, 13])), draw(st.sampled_from([4, 7, 9]))
+        dil = draw(st.sampled_from([1, 2])) if k > 1 else 1
+        if dil * (k - 1) + 1 > min(h, w):
+            dil = 1
+        if kind == "depthwise":
+            c = draw(st.sampled_from([4, 7, 16]))
+            t = ops.depthwise_conv2d(1, c, h, w, kernel=k, stride=stride, padding=pad, dilation=dil,
+                                     multiplier=draw(st.sampled_from([1, 2])), **epi)
+        else:
+            groups = 1 if kind == "conv2d" else draw(st.sampled_from([2, 4]))
+            c = groups * draw(st.sampled_from([1, 3]))
+            t = ops.conv2d(draw(st.sampled_from([1, 2])), c, h, w, out_channels=groups * draw(st.sampled_from(
+                [1, 4, 13])), kernel=k, stride=stride, padding=pad, dilation=dil, groups=groups, **epi)
+    sketch = draw(st.sampled_from([s.name for s in sketches_for(t)]))
+    sp = Space(t, sketch, TARGET)
+    cfg = sp.sample(np.random.default_rng(draw(st.integers(0, 2**31))))
+    return sp, cfg
+
+
+@pytest.mark.cc
+@settings(max_examples=30)
+@given(task_and_config())
+def test_every_emitted_kernel_matches_numpy(case):
+    sp, cfg = case
+    plan = lower(sp, cfg)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    kern = Kernel(plan, b.lib_path, threads=2)
+    arrays = sp.task.random_inputs(seed=3)
+    ref = sp.task.reference(*arrays)
+    for _ in range(2):  # twice: a kernel that accumulates into its output fails the second call
+        ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
+        assert ok, f"{sp.task.name} {cfg}: {msg}"
+
+
+# ---- the register block keeps its accumulators in registers --------------------------------------
+
+@pytest.mark.cc
+def test_register_block_accumulators_stay_in_registers():
+    t = ops.matmul(96, 64, 256)
+    sp = Space(t, "gemm_packed", TARGET)
+    # 6 rows x 32 columns = 12 zmm accumulators held across the k1 loop (no unrolling, one FMA block)
+    cfg = Config("gemm_packed", ((1, 1, 1, 1), (1, 4, 4, 6), (2, 1, 1, 32), (4, 64)), 2, 16, 1)
+    asm = assemble(render(lower(sp, cfg)))
+    lines = [ln.strip() for ln in asm.splitlines()]
+    # find the innermost loop that holds the FMAs: a backward jump over a block containing vfmadd
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if ln.endswith(":") and not ln.startswith(".")
+              or ln.startswith(".L") and ln.endswith(":")}
+    loops = []
+    for i, ln in enumerate(lines):
+        if ln.startswith("j") and not ln.startswith("jmp") or ln.startswith("jmp"):
+            target = ln.split()[-1]
+            if target in labels and labels[target] < i:
+                body = lines[labels[target]:i + 1]
+                if sum("vfmadd" in b for b in body) >= 12:
+                    loops.append(body)
+    assert loops, "no loop with the 12 FMAs of the register block found"
+    body = min(loops, key=len)
+    fmas = [b for b in body if "vfmadd" in b]
+    assert len(fmas) == 12
+    # every FMA accumulates into a register (its destination is a zmm, not memory) ...
+    assert all(b.split()[-1].startswith("%zmm") for b in fmas)
+    # ... and nothing in the reduction loop spills to or reloads from the stack
+    stack = [b for b in body if ("(%rsp)" in b or "(%rbp)" in b)]
+    assert not stack, stack
+    zmm_stores = [b for b in body if b.startswith("vmovups") and b.split()[-1].startswith(("(", "-", "0", "1",
+                                                                                          "2", "3", "4", "5",
+                                                                                          "6", "7", "8", "9"))]
+    assert not zmm_stores, zmm_stores
