@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
     t.add_argument("--trials", type=int, default=256, help="measurement budget per operator (default 256)")
     t.add_argument("--seconds", type=float, default=None, help="wall-clock budget per operator")
-    t.add_argument("--strategy", default="gradient", help="gradient | genetic | random (default gradient)")
+    t.add_argument("--strategy", default=None, help="gradient | genetic | random (default gradient)")
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
@@ -76,6 +76,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError("nothing to tune: give --op SPEC or a model.onnx (see felixjax tune --help)")
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1 (got {args.trials})")
+    if args.strategy is None:
+        args.strategy = "gradient" if "gradient" in fj.strategies() else "random"
     if args.strategy not in fj.strategies():
         raise UserError(f"unknown strategy {args.strategy!r}; registered: {', '.join(fj.strategies())}")
     target = _target(args.threads)
