@@ -15,6 +15,7 @@ from codegen.space import Config, Sketch, Space, sketches_for
 from codegen.target import Target
 
 from . import ops
+from .compare import Comparison, compare
 from .database import Database, TuningRecord
 from .ops import Task
 from .strategies import get_strategy, registered as strategies
@@ -22,5 +23,5 @@ from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord", "get_strategy",
-           "ops", "sketches_for", "strategies", "tune"]
+__all__ = ["Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+           "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

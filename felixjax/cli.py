@@ -58,7 +58,36 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("db")
     r.add_argument("--plot", default=None, help="write the tuning curves to this PNG")
 
+    c = add("compare", "compare search strategies on operators: same budgets, interleaved, several seeds")
+    c.add_argument("--suite", default=None, help="a named operator suite: ops (see felixjax/suites.py)")
+    c.add_argument("--op", action="append", default=[], metavar="SPEC", help="operator spec (repeatable)")
+    c.add_argument("--strategies", default=None,
+                   help="comma-separated strategy names (default: the registered ones of gradient,genetic,random)")
+    c.add_argument("--seeds", type=int, default=3, help="seeds per strategy and operator (default 3)")
+    c.add_argument("--trials", type=int, default=512, help="trial budget of every run (default 512)")
+    c.add_argument("--seconds", type=float, default=None, help="seconds budget of every run (whichever ends first)")
+    c.add_argument("--out", required=True, metavar="DIR", help="folder for cmp.csv, table.md, curves.png, cmp.db")
+    c.add_argument("--replay", action="store_true",
+                   help="no hardware: replay each operator's synthetic latency oracle (search logic only)")
+    c.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+
+    z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
+    z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
+    z.add_argument("--dataset", default="cifar10", help="cifar10 (32x32) | imagenet (224x224)")
+    z.add_argument("--seed", type=int, default=0)
+    z.add_argument("-o", "--output", required=True, help="output .onnx path")
+
     return p
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from . import zoo
+
+    if args.name not in zoo.MODELS:
+        raise UserError(f"unknown zoo model {args.name!r}; available: {', '.join(zoo.MODELS)}")
+    path = zoo.save(args.name, args.output, dataset=args.dataset, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
 
 
 def _target(threads: int | None):
@@ -159,7 +188,38 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "report": _cmd_report}
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import os
+
+    import felixjax as fj
+    from .suites import SUITES
+
+    if args.suite and args.op:
+        raise UserError("give either --suite or --op specs, not both")
+    if not args.suite and not args.op:
+        raise UserError("nothing to compare: give --suite ops or --op SPEC (see felixjax compare --help)")
+    if args.suite and args.suite not in SUITES:
+        raise UserError(f"unknown suite {args.suite!r}; available: {', '.join(sorted(SUITES))}")
+    if args.trials < 1 or args.seeds < 1:
+        raise UserError(f"--trials and --seeds must be >= 1 (got {args.trials}, {args.seeds})")
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies else None
+    for name in names or []:
+        if name not in fj.strategies():
+            raise UserError(f"unknown strategy {name!r}; registered: {', '.join(fj.strategies())}")
+    try:
+        tasks = [args.suite] if args.suite else [fj.ops.parse_spec(s) for s in args.op]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    os.makedirs(args.out, exist_ok=True)
+    cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
+                     db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
+                     replay=True if args.replay else None)
+    print(cmp.table())
+    print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
+    return 0
+
+
+COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:
