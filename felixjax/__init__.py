@@ -14,14 +14,16 @@ Example:
 from codegen.space import Config, Sketch, Space, sketches_for
 from codegen.target import Target
 
-from . import ops
+from . import ops, zoo
 from .compare import Comparison, compare
 from .database import Database, TuningRecord
+from .errors import ModelFormatError, UnsupportedModelError
+from .onnx_import import Model, load_onnx
 from .ops import Task
 from .strategies import get_strategy, registered as strategies
 from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+__all__ = ["Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
            "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

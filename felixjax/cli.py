@@ -219,7 +219,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare}
+COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,522 @@
+"""Scripted comparisons of search strategies: strategies x seeds x tasks, same budget, interleaved.
+
+Every run (one task, one strategy, one seed; named ``"{strategy}:{seed}"`` in the database) gets the
+same budget in trials and seconds, whichever ends first. Runs advance one round at a time, always the
+run that has used the smallest share of its budget next, so machine drift hits every strategy alike
+(with equal batch sizes this is plain round-robin). Builds and measurements go through one shared
+:class:`~codegen.measure.LocalRunner`; a run's clock counts only its own rounds (proposing,
+building, measuring, learning). At the end the final best kernel of every run is re-measured,
+interleaved (A B C A B C ...), so final latencies compare kernels timed in one window.
+
+``replay=True`` swaps the hardware for the synthetic oracle of :mod:`felixjax.testing` (no
+building, no timing; each trial costs a simulated 0.3 s on the run's clock), so search logic alone is
+compared, repeatably.
+
+Example:
+    >>> import felixjax as fj, tempfile, os
+    >>> out = tempfile.mkdtemp()
+    >>> cmp = fj.compare([fj.ops.matmul(64, 64, 64)], strategies=["genetic", "random"], trials=32, seeds=1,
+    ...                  db=None, replay=True, out=out, progress=False)
+    >>> sorted(os.listdir(out))
+    ['cmp.csv', 'curves.png', 'table.md']
+    >>> "genetic" in cmp.table()
+    True
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from codegen.measure import LocalRunner, MeasureResult, TimingProtocol
+from codegen.ops import Task, parse_spec
+from codegen.space import Config, Space, sketches_for
+from codegen.target import Target
+
+from .database import Database, TuningRecord
+from .strategies import SearchContext, Strategy, get_strategy, registered
+
+DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
+REACH = 0.95  # "reached" = latency <= best known / REACH
+
+
+# ----------------------------------------------------------------------------------------------
+# One run, advanced one round at a time
+# ----------------------------------------------------------------------------------------------
+
+class _Run:
+    """The tuning loop of :func:`felixjax.tuner.tune` for one (task, strategy, seed), as a stepper."""
+
+    def __init__(self, task: Task, label: str, seed: int, strategy: Strategy, measurer, database: Database,
+                 target: Target, target_key: str, trials: int, seconds: float | None):
+        self.task, self.label, self.seed, self.strategy = task, label, seed, strategy
+        self.measurer, self.database = measurer, database
+        self.target, self.target_key = target, target_key
+        self.trials, self.seconds = trials, seconds
+        self.run = f"{label}:{seed}"
+        self.trial_s = float(getattr(measurer, "trial_s", 0.0))  # simulated cost of a replayed trial
+        self.target_json = target.to_json()
+        history = database.records(task, target_key, run=self.run)
+        self.ctx = SearchContext(task, target, {sk.name: Space(task, sk, target) for sk in sketches_for(task)},
+                                 np.random.default_rng(seed), {r.config for r in history}, list(history))
+        self.clock = history[-1].elapsed_s if history else 0.0  # seconds this run has spent so far
+        self.rounds = 0
+        if history:
+            strategy.update(self.ctx, list(history))
+        self.done = self._out_of_budget(self.clock)
+
+    @property
+    def history(self) -> list[TuningRecord]:
+        return self.ctx.history
+
+    def _out_of_budget(self, elapsed: float) -> bool:
+        return len(self.ctx.history) >= self.trials or (self.seconds is not None and elapsed >= self.seconds)
+
+    def progress(self) -> float:
+        """Share of the budget used (the scheduler advances the least advanced run first)."""
+        p = len(self.ctx.history) / self.trials
+        return max(p, self.clock / self.seconds) if self.seconds else p
+
+    def step(self) -> None:
+        """One round: propose, build + measure (recording each result), update."""
+        ctx, t0, simulated = self.ctx, time.perf_counter(), 0.0
+        n = min(int(getattr(self.strategy, "batch_size", 16)), self.trials - len(ctx.history))
+        cands = [c for c in self.strategy.propose(ctx, n) if c not in ctx.measured][:n]
+        if not cands:
+            self.done = True  # the space is exhausted
+            self.clock += time.perf_counter() - t0
+            return
+        for c in cands:
+            ctx.spaces[c.sketch].validate(c)
+        new: list[TuningRecord] = []
+
+        def record(cfg: Config, res: MeasureResult) -> bool:
+            nonlocal simulated
+            simulated += self.trial_s
+            elapsed = self.clock + time.perf_counter() - t0 + simulated
+            rec = self.database.add(TuningRecord(self.task, self.target_key, self.run, len(ctx.history), cfg, res,
+                                                 elapsed, self.target_json))
+            ctx.history.append(rec)
+            ctx.measured.add(cfg)
+            new.append(rec)
+            return not self._out_of_budget(elapsed)
+
+        self.measurer.measure(cands, record)
+        self.strategy.update(ctx, new)
+        self.clock += time.perf_counter() - t0 + simulated
+        self.rounds += 1
+        self.done = self._out_of_budget(self.clock)
+
+    def best(self) -> TuningRecord | None:
+        ok = [r for r in self.ctx.history if r.ok]
+        return min(ok, key=lambda r: r.latency_s) if ok else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The result
+# ----------------------------------------------------------------------------------------------
+
+def _median(values: list[float], censored: list[bool]) -> tuple[float, bool]:
+    """Median over seeds; it is censored (a lower bound) unless a majority of seeds reached."""
+    if not values:
+        return math.nan, True
+    return float(np.median(values)), sum(not c for c in censored) < len(values) // 2 + 1
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+@dataclass
+class Comparison:
+    """Outcome of :func:`compare`: every run's records and the final re-measurements.
+
+    Attributes:
+        tasks, strategies, seeds: what was compared (strategies by name).
+        trials, seconds: the budget of every run.
+        histories: ``{(task name, strategy, seed): [TuningRecord, ...]}`` in trial order.
+        remeasured: ``{(task name, strategy, seed): [latency, ...]}`` of each run's final best,
+            timed interleaved with the other runs' bests of the task.
+        replay: True when latencies came from the synthetic oracle / a replay (no timing).
+    """
+
+    tasks: list[Task]
+    strategies: list[str]
+    seeds: list[int]
+    trials: int
+    seconds: float | None
+    histories: dict[tuple[str, str, int], list[TuningRecord]]
+    remeasured: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
+    replay: bool = False
+
+    # ---- per run -------------------------------------------------------------------------------
+    def best_known(self, task: str) -> float:
+        """Best latency any strategy found for ``task`` while tuning."""
+        return min((r.latency_s for (t, _, _), recs in self.histories.items() if t == task for r in recs),
+                   default=math.inf)
+
+    def reach(self, task: str, strategy: str, seed: int) -> dict:
+        """Trials and seconds until the run's latency was <= best known / 0.95 (censored at the budget
+        the run spent when it never got there)."""
+        recs = self.histories.get((task, strategy, seed), [])
+        target = self.best_known(task) / REACH
+        for i, r in enumerate(recs):
+            if r.latency_s <= target:
+                return {"trials": i + 1, "seconds": r.elapsed_s, "reached": True}
+        return {"trials": len(recs), "seconds": recs[-1].elapsed_s if recs else 0.0, "reached": False}
+
+    def final(self, task: str, strategy: str, seed: int) -> float:
+        """The run's final best: median of its re-measurements (tuning-time best if none)."""
+        lat = [x for x in self.remeasured.get((task, strategy, seed), []) if math.isfinite(x)]
+        if lat:
+            return float(np.median(lat))
+        recs = self.histories.get((task, strategy, seed), [])
+        return min((r.latency_s for r in recs), default=math.inf)
+
+    # ---- summaries -----------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        """One row per (task, strategy): medians over seeds, with censoring flags."""
+        out = []
+        for task in self.tasks:
+            for s in self.strategies:
+                reach = [self.reach(task.name, s, seed) for seed in self.seeds]
+                cens = [not r["reached"] for r in reach]
+                tr, tr_c = _median([r["trials"] for r in reach], cens)
+                sec, sec_c = _median([r["seconds"] for r in reach], cens)
+                finals = [self.final(task.name, s, seed) for seed in self.seeds]
+                found = [min((r.latency_s for r in self.histories.get((task.name, s, seed), [])), default=math.inf)
+                         for seed in self.seeds]
+                out.append({"task": task.name, "strategy": s, "final_ms": float(np.median(finals)) * 1e3,
+                            "found_ms": float(np.median(found)) * 1e3, "trials95": tr, "trials95_censored": tr_c,
+                            "seconds95": sec, "seconds95_censored": sec_c,
+                            "reached": sum(not c for c in cens), "seeds": len(self.seeds),
+                            "trials": float(np.median([len(self.histories.get((task.name, s, seed), []))
+                                                       for seed in self.seeds]))})
+        return out
+
+    def reference(self) -> str:
+        """The strategy ratios are taken against: ``gradient`` when compared, else the first."""
+        return "gradient" if "gradient" in self.strategies else self.strategies[0]
+
+    def ratios(self) -> dict[str, dict]:
+        """Geomean over tasks of ``strategy / reference`` for trials and seconds to 95% and final latency.
+
+        Returns ``{strategy: {"trials95": r, "seconds95": r, "final": r, "censored": n}}`` where
+        ``censored`` counts tasks whose ratio involves a censored median (a bound, not a value).
+        """
+        ref = self.reference()
+        rows = {(r["task"], r["strategy"]): r for r in self.rows()}
+        out = {}
+        for s in self.strategies:
+            if s == ref:
+                continue
+            tr, sec, fin, cens = [], [], [], 0
+            for task in self.tasks:
+                a, b = rows[(task.name, s)], rows[(task.name, ref)]
+                tr.append(a["trials95"] / max(b["trials95"], 1e-12))
+                sec.append(a["seconds95"] / max(b["seconds95"], 1e-12))
+                fin.append(a["final_ms"] / b["final_ms"])
+                cens += bool(a["trials95_censored"] or b["trials95_censored"])
+            out[s] = {"trials95": _geomean(tr), "seconds95": _geomean(sec), "final": _geomean(fin), "censored": cens}
+        return out
+
+    def table(self) -> str:
+        """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians
+        over seeds), trials and seconds to reach 95% of the best any strategy found (median over
+        seeds; ``>`` marks a censored median: most seeds never got there within the budget), then
+        geomean ratios against the reference strategy."""
+        budget = f"{self.trials} trials" + (f" / {self.seconds:g} s" if self.seconds else "")
+        mode = "replay (synthetic oracle, simulated seconds)" if self.replay else "measured"
+        lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
+                 f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found).", "",
+                 "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
+                 "| seconds to 95% | reached |",
+                 "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in self.rows():
+            tr = (">" if r["trials95_censored"] else "") + f"{r['trials95']:.0f}"
+            sec = (">" if r["seconds95_censored"] else "") + f"{r['seconds95']:.1f}"
+            lines.append(f"| {r['task']} | {r['strategy']} | {r['final_ms']:.4g} | {r['found_ms']:.4g} | {tr} | {sec} "
+                         f"| {r['reached']}/{r['seeds']} |")
+        ratios = self.ratios()
+        if ratios:
+            ref = self.reference()
+            lines += ["", f"Geomean over {len(self.tasks)} task(s) of strategy / {ref} (> 1: {ref} is better):", "",
+                      "| ratio | trials to 95% | seconds to 95% | final latency | tasks with censored runs |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
+            for s, r in ratios.items():
+                lines.append(f"| {s} / {ref} | {r['trials95']:.2f} | {r['seconds95']:.2f} | {r['final']:.3f} "
+                             f"| {r['censored']} |")
+        return "\n".join(lines)
+
+    def to_csv(self, path: str | os.PathLike) -> str:
+        """Every measurement: strategy, seed, task, phase (``tune`` / ``remeasure``), trial index,
+        elapsed seconds of its run, latency, best so far, status."""
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
+                        "status"])
+            for (task, s, seed), recs in self.histories.items():
+                best = math.inf
+                for r in recs:
+                    best = min(best, r.latency_s)
+                    w.writerow([s, seed, task, "tune", r.trial, f"{r.elapsed_s:.4f}", repr(r.latency_s), repr(best),
+                                r.status])
+            for (task, s, seed), lats in self.remeasured.items():
+                for i, lat in enumerate(lats):
+                    w.writerow([s, seed, task, "remeasure", i, "", repr(lat), "", "ok" if math.isfinite(lat) else
+                                "failed"])
+        return os.fspath(path)
+
+    def plot(self, path: str | os.PathLike) -> str:
+        """PNG: per task, best-so-far latency against trials and against seconds; one line per strategy
+        (median over seeds) with a band (min to max over seeds)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n = max(1, len(self.tasks))
+        fig, axes = plt.subplots(n, 2, figsize=(10, 3.2 * n), squeeze=False)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for row, task in zip(axes, self.tasks):
+            known = self.best_known(task.name)
+            end_s = max((recs[-1].elapsed_s for (t, _, _), recs in self.histories.items() if t == task.name and recs),
+                        default=1.0)
+            grid_s = np.linspace(0.0, end_s, 200)
+            for k, s in enumerate(self.strategies):
+                runs = [self.histories.get((task.name, s, seed), []) for seed in self.seeds]
+                runs = [r for r in runs if r]
+                if not runs:
+                    continue
+                length = max(len(r) for r in runs)
+                by_trial = np.full((len(runs), length), np.nan)
+                by_time = np.full((len(runs), len(grid_s)), np.nan)
+                for i, recs in enumerate(runs):
+                    best = np.minimum.accumulate([r.latency_s for r in recs]) * 1e3
+                    best[~np.isfinite(best)] = np.nan
+                    by_trial[i, : len(best)] = best
+                    pos = np.searchsorted([r.elapsed_s for r in recs], grid_s, side="right") - 1
+                    by_time[i] = np.where(pos >= 0, best[np.maximum(pos, 0)], np.nan)
+                for ax, x, y in ((row[0], np.arange(1, length + 1), by_trial), (row[1], grid_s, by_time)):
+                    with np.errstate(all="ignore"), _quiet():
+                        med, lo, hi = np.nanmedian(y, 0), np.nanmin(y, 0), np.nanmax(y, 0)
+                    ax.plot(x, med, color=colors[k % len(colors)], label=s, lw=1.4)
+                    ax.fill_between(x, lo, hi, color=colors[k % len(colors)], alpha=0.2, lw=0)
+            for ax, xlabel in zip(row, ("trials", "seconds" + (" (simulated)" if self.replay else ""))):
+                if math.isfinite(known):
+                    ax.axhline(known / REACH * 1e3, color="grey", ls=":", lw=1)
+                if any(np.isfinite(line.get_ydata()).any() for line in ax.get_lines()):
+                    ax.set_yscale("log")
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel("best latency (ms)")
+                ax.set_title(task.name, fontsize=8)
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return os.fspath(path)
+
+    def save(self, out: str | os.PathLike) -> dict[str, str]:
+        """Write ``cmp.csv``, ``table.md`` and ``curves.png`` into the folder ``out``."""
+        os.makedirs(out, exist_ok=True)
+        table = os.path.join(out, "table.md")
+        with open(table, "w") as f:
+            f.write(self.table() + "\n")
+        return {"csv": self.to_csv(os.path.join(out, "cmp.csv")), "table": table,
+                "plot": self.plot(os.path.join(out, "curves.png"))}
+
+
+class _quiet:
+    """Silence numpy's all-NaN-slice warnings inside a plot."""
+
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        self._w.__exit__(*exc)
+
+
+# ----------------------------------------------------------------------------------------------
+# compare()
+# ----------------------------------------------------------------------------------------------
+
+def _as_tasks(tasks) -> list[Task]:
+    from .suites import SUITES, suite
+
+    if isinstance(tasks, (Task, str)):
+        tasks = [tasks]
+    out: list[Task] = []
+    for t in tasks:
+        if isinstance(t, Task):
+            out.append(t)
+        elif isinstance(t, str) and t in SUITES:
+            out.extend(suite(t))
+        elif isinstance(t, str):
+            out.append(parse_spec(t))
+        else:
+            raise TypeError(f"{t!r} is not a task, an op spec or a suite name")
+    if not out:
+        raise ValueError("no tasks to compare")
+    names = [t.name for t in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a task is listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+    return out
+
+
+def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
+    """(name, fresh-instance factory): runs never share a strategy's state."""
+    if isinstance(s, str):
+        get_strategy(s, **options.get(s, {}))  # fail early on an unknown name
+        return s, lambda: get_strategy(s, **options.get(s, {}))
+    if not isinstance(s, type) and isinstance(s, Strategy):
+        return s.name, lambda: copy.deepcopy(s)
+    if callable(s):
+        return s().name, s
+    raise TypeError(f"{s!r} is not a strategy name, a strategy object or a factory")
+
+
+def _replay_measurer(replay, task: Task, target: Target):
+    from .testing import ReplayRunner
+
+    if replay is True or replay == "synthetic":
+        return ReplayRunner.from_oracle(task, target)
+    if isinstance(replay, (str, os.PathLike)):
+        if not os.path.exists(replay):
+            raise FileNotFoundError(f"{replay}: no such database to replay")
+        return ReplayRunner.from_database(replay, task)
+    if hasattr(replay, "measure"):
+        return replay
+    if callable(replay):
+        return replay(task, target)
+    raise TypeError(f"replay={replay!r}: expected True, a database path, a measurer or a factory (task, target)")
+
+
+def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, seconds: float | None = None,
+            seeds: int | Iterable[int] = 3, target: Target | None = None, db: str | Database | None = "cmp.db",
+            threads: int | None = None, out: str | os.PathLike | None = None, replay=None, *,
+            progress: bool = True, protocol: TimingProtocol | None = None, runner: LocalRunner | None = None,
+            remeasure: int = 3, strategy_options: dict | None = None) -> Comparison:
+    """Compare search strategies on tasks with equal budgets, interleaved, and summarize.
+
+    Args:
+        tasks: tasks, op specs (``"matmul:m=512,n=512,k=512"``) or suite names (``"ops"``).
+        strategies: names, strategy objects (deep-copied per run) or zero-argument factories;
+            default: every registered one of ``gradient``, ``genetic``, ``random``.
+        trials: budget of every run in trials (a trial is a candidate sent to the builder).
+        seconds: budget of every run in its own seconds (whichever ends first).
+        seeds: number of seeds (0, 1, ...) or the seeds themselves.
+        target: the machine (default ``Target.cpu()``).
+        db: database of every measurement (runs ``"{strategy}:{seed}"``; an interrupted comparison
+            resumes from it); ``None`` keeps records in memory.
+        threads: threads per kernel (default: all cores of the target).
+        out: folder to write ``cmp.csv``, ``table.md`` and ``curves.png`` into.
+        replay: ``None`` measures on this machine; ``True`` replays the synthetic oracle of each task;
+            a database path replays its recorded latencies; a measurer object or a factory
+            ``(task, target) -> measurer`` is used as given (:mod:`felixjax.testing`).
+        progress: print a line per round to stderr.
+        protocol, runner: timing protocol and a shared runner (default: one started here).
+        remeasure: interleaved re-measurements of each run's final best.
+        strategy_options: ``{name: {keyword: value}}`` for strategies given by name.
+
+    Returns:
+        A :class:`Comparison` (``.table()``, ``.to_csv(path)``, ``.plot(path)``).
+
+    Example:
+        >>> import felixjax as fj
+        >>> c = fj.compare("matmul:m=64,n=64,k=64", strategies="genetic,random", trials=16, seeds=1, db=None,
+        ...                replay=True, progress=False)
+        >>> sorted(c.strategies), len(c.histories[("matmul_64x64x64", "genetic", 0)])
+        (['genetic', 'random'], 16)
+    """
+    task_list = _as_tasks(tasks)
+    if strategies is None:
+        names = registered()
+        strategies = [s for s in DEFAULT_STRATEGIES if s in names]
+    elif isinstance(strategies, str):
+        strategies = [s.strip() for s in strategies.split(",") if s.strip()]
+    factories = [_strategy_factory(s, strategy_options or {}) for s in strategies]
+    labels = [name for name, _ in factories]
+    if not labels:
+        raise ValueError("no strategies to compare")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"strategy names must be distinct, got {labels}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list:
+        raise ValueError("seeds must be >= 1")
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1 (got {trials})")
+    target = target or Target.cpu()
+    target_key = ("replay:" if replay is not None else "") + target.key
+    own_db = not isinstance(db, Database)
+    database = db if isinstance(db, Database) else Database(db if db is not None else ":memory:")
+    own_runner = replay is None and runner is None
+    if replay is None:
+        runner = runner or (LocalRunner() if protocol is None else LocalRunner(protocol=protocol))
+    try:
+        from .tuner import Measurer
+
+        measurers = {t.name: (_replay_measurer(replay, t, target) if replay is not None else
+                              Measurer(t, target, runner, threads=threads, protocol=protocol)) for t in task_list}
+        runs = [_Run(t, name, seed, make(), measurers[t.name], database, target, target_key, trials, seconds)
+                for t in task_list for seed in seed_list for name, make in factories]
+        # interleave: always advance the run that used the smallest share of its budget (ties: in order)
+        while True:
+            active = [r for r in runs if not r.done]
+            if not active:
+                break
+            run = min(active, key=lambda r: r.progress())
+            run.step()
+            if progress:
+                b = run.best()
+                best = f"{b.latency_s * 1e3:.4f} ms" if b else "-"
+                print(f"[compare] {run.task.name} {run.run}: round {run.rounds} {len(run.history)}/{trials} trials "
+                      f"{run.clock:.1f} s  best {best}", file=sys.stderr, flush=True)
+        remeasured = _remeasure(runs, measurers, remeasure, progress)
+        result = Comparison(task_list, labels, seed_list, trials, seconds,
+                            {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
+                            replay is not None)
+    finally:
+        if own_runner and runner is not None:
+            runner.close()
+        if own_db:
+            database.close()
+    if out is not None:
+        result.save(out)
+    return result
+
+
+def _remeasure(runs: list[_Run], measurers: dict, repeats: int, progress: bool) -> dict:
+    """Time the final best of every run of a task again, interleaved: A B C A B C ..."""
+    out: dict[tuple[str, str, int], list[float]] = {}
+    if repeats < 1:
+        return out
+    by_task: dict[str, list[_Run]] = {}
+    for r in runs:
+        by_task.setdefault(r.task.name, []).append(r)
+    for name, task_runs in by_task.items():
+        bests = {(r.task.name, r.label, r.seed): r.best() for r in task_runs}
+        configs = list(dict.fromkeys(b.config for b in bests.values() if b is not None))
+        if not configs:
+            continue
+        lat: dict[Config, list[float]] = {c: [] for c in configs}
+        for _ in range(repeats):
+            measurers[name].measure(configs, lambda c, res: lat[c].append(res.latency_s) or True)
+        for key, b in bests.items():
+            if b is not None:
+                out[key] = list(lat[b.config])
+        if progress:
+            print(f"[compare] {name}: re-measured {len(configs)} final best(s) x {repeats}, interleaved",
+                  file=sys.stderr, flush=True)
+    return out

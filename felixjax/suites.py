@@ -1,0 +1,30 @@
+"""Named sets of operators for comparisons and benchmarks (one place; the CLI and benchmarks use it).
+
+Example:
+    >>> from felixjax.suites import suite
+    >>> [t.name for t in suite("ops")][:2]
+    ['matmul_512x512x512', 'matmul_1024x1024x1024']
+"""
+from __future__ import annotations
+
+from codegen.ops import Task, parse_spec
+
+SUITES: dict[str, tuple[str, ...]] = {
+    # the op suite of the gradient-vs-genetic comparison (issue 4, docs/BENCHMARKS.md)
+    "ops": (
+        "matmul:m=512,n=512,k=512",
+        "matmul:m=1024,n=1024,k=1024",
+        "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,pad=1",
+        "conv2d:n=1,c=128,h=28,w=28,k=128,r=3,pad=1",
+        "conv2d:n=1,c=256,h=14,w=14,k=256,r=1",
+        "depthwise_conv2d:n=1,c=256,h=28,w=28,r=3,pad=1",
+        "dense:n=1,in=4096,out=1000",
+    ),
+}
+
+
+def suite(name: str) -> list[Task]:
+    """The tasks of a named suite (``felixjax compare --suite NAME``)."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; available: {', '.join(sorted(SUITES))}")
+    return [parse_spec(s) for s in SUITES[name]]

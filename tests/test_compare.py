@@ -1,0 +1,211 @@
+"""Comparisons: one call gives the CSV, table and plots; budgets, interleaving, re-measurement,
+censoring; the replay runner and the synthetic oracle; the CLI; one tiny real run."""
+import csv
+import math
+import os
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen.measure import MeasureResult
+from codegen.space import Space, sketches_for
+from felixjax.cli import main as cli
+from felixjax.compare import REACH, Comparison
+from felixjax.database import TuningRecord
+from felixjax.strategies.genetic import GeneticSearch
+from felixjax.testing import ReplayRunner, SyntheticOracle, dense_table
+
+TARGET = fj.Target.cpu()
+TASKS = [fj.ops.matmul(64, 48, 32), fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)]
+
+
+def small_genetic():
+    return GeneticSearch(population=256)
+
+
+def test_one_call_writes_csv_table_and_plot(tmp_path):
+    out = tmp_path / "out"
+    cmp = fj.compare(TASKS, [small_genetic, "random"], trials=30, seeds=2, db=str(tmp_path / "cmp.db"), replay=True,
+                     out=str(out), progress=False)
+    assert sorted(os.listdir(out)) == ["cmp.csv", "curves.png", "table.md"]
+    # the database holds every trial, runs named strategy:seed
+    db = fj.Database(tmp_path / "cmp.db")
+    assert db.runs() == ["genetic:0", "genetic:1", "random:0", "random:1"]
+    assert len(db) == 2 * 2 * 2 * 30
+    # CSV: every measurement, best so far monotone per run
+    rows = list(csv.DictReader(open(out / "cmp.csv")))
+    assert set(rows[0]) == {"strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
+                            "status"}
+    tune = [r for r in rows if r["phase"] == "tune"]
+    assert len(tune) == 240 and len([r for r in rows if r["phase"] == "remeasure"]) == 8 * 3
+    for key in {(r["task"], r["strategy"], r["seed"]) for r in tune}:
+        run = [r for r in tune if (r["task"], r["strategy"], r["seed"]) == key]
+        assert [int(r["trial"]) for r in run] == list(range(30))
+        best = [float(r["best_so_far_s"]) for r in run]
+        assert best == sorted(best, reverse=True) and best[-1] == min(float(r["latency_s"]) for r in run)
+        el = [float(r["elapsed_s"]) for r in run]
+        assert el == sorted(el)
+    # table: a row per task and strategy, and the geomean ratio line
+    table = (out / "table.md").read_text()
+    assert table.strip() == cmp.table().strip()
+    for t in TASKS:
+        for s in ("genetic", "random"):
+            assert f"| {t.name} | {s} |" in table
+    assert "| random / genetic |" in table
+    png = (out / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_runs_are_interleaved_and_final_bests_remeasured_interleaved(tmp_path):
+    replays = {}
+
+    def factory(task, target):
+        replays[task.name] = ReplayRunner(SyntheticOracle(task, target))
+        return replays[task.name]
+
+    cmp = fj.compare(TASKS[:1], [small_genetic, "random"], trials=128, seeds=2, db=str(tmp_path / "i.db"),
+                     replay=factory, progress=False)
+    # interleaving: at every moment, runs differ by at most one round (64 = the largest batch)
+    counts = {}
+    for rec in fj.Database(tmp_path / "i.db").records():
+        counts[rec.run] = counts.get(rec.run, 0) + 1
+        if len(counts) == 4:
+            assert max(counts.values()) - min(counts.values()) <= 64
+    assert set(counts.values()) == {128}
+    # re-measurement: the distinct final bests, A B C A B C A B C, after all tuning
+    calls = replays[TASKS[0].name].calls
+    bests = list(dict.fromkeys(min(h, key=lambda r: r.latency_s).config for h in cmp.histories.values()))
+    k = len(bests)
+    assert calls[-3 * k:] == bests * 3
+    assert len(calls) == 4 * 128 + 3 * k
+    assert all(len(v) == 3 for v in cmp.remeasured.values())
+
+
+def _fake(task, run, lats, dt=1.0):
+    s, seed = run.split(":")
+    recs = []
+    for i, lat in enumerate(lats):
+        res = MeasureResult("ok", (lat,)) if math.isfinite(lat) else MeasureResult("runtime_error", error="x")
+        recs.append(TuningRecord(task, "k", run, i, None, res, dt * (i + 1)))
+    return (task.name, s, int(seed)), recs
+
+
+def test_reach_censoring_and_ratios():
+    t = TASKS[0]
+    hist = dict([
+        _fake(t, "gradient:0", [4.0, 2.0, 1.0, 1.0]),  # best known 1.0: reached at trial 3
+        _fake(t, "gradient:1", [4.0, 1.04, 1.0, 1.0]),  # 1.04 <= 1/0.95: reached at trial 2
+        _fake(t, "genetic:0", [math.inf, 3.0, 2.0, 1.05]),  # 1.05 <= 1.0526: trial 4
+        _fake(t, "genetic:1", [5.0, 3.0, 2.0, 1.2]),  # never: censored at 4 trials
+    ])
+    cmp = Comparison([t], ["gradient", "genetic"], [0, 1], 4, None, hist)
+    assert cmp.best_known(t.name) == 1.0
+    assert cmp.reach(t.name, "gradient", 1) == {"trials": 2, "seconds": 2.0, "reached": True}
+    assert cmp.reach(t.name, "genetic", 0)["trials"] == 4 and cmp.reach(t.name, "genetic", 0)["reached"]
+    assert cmp.reach(t.name, "genetic", 1) == {"trials": 4, "seconds": 4.0, "reached": False}
+    rows = {r["strategy"]: r for r in cmp.rows()}
+    assert rows["gradient"]["trials95"] == 2.5 and not rows["gradient"]["trials95_censored"]
+    assert rows["genetic"]["trials95"] == 4 and rows["genetic"]["trials95_censored"]  # 1 of 2 seeds reached
+    assert rows["genetic"]["reached"] == 1
+    ratios = cmp.ratios()
+    assert cmp.reference() == "gradient" and set(ratios) == {"genetic"}
+    assert ratios["genetic"]["trials95"] == pytest.approx(4 / 2.5) and ratios["genetic"]["censored"] == 1
+    assert ratios["genetic"]["final"] == pytest.approx(np.median([1.05, 1.2]) / 1.0)
+    table = cmp.table()
+    assert "| >4 |" in table and "| genetic / gradient |" in table and "1/2" in table
+    assert REACH == 0.95
+
+
+def test_dense_replay_space_every_proposal_is_recorded():
+    """On a densely recorded space (every valid config), no strategy ever proposes outside it."""
+    t = fj.ops.matmul(4, 8, 8)
+    table = dense_table(t, TARGET)
+    valid = set(Space(t, "gemm_packed", TARGET).enumerate())
+    assert set(table) == valid
+    replay = ReplayRunner(table, trial_s=0.0)
+    cmp = fj.compare([t], [small_genetic, "random"], trials=70, seeds=1, db=None, replay=lambda *_: replay,
+                     progress=False)
+    for recs in cmp.histories.values():
+        assert len(recs) == 70 and all(r.ok for r in recs)
+    assert min(r.latency_s for recs in cmp.histories.values() for r in recs) >= replay.optimum
+
+
+def test_replay_from_database_and_unrecorded_configs(tmp_path):
+    t = TASKS[0]
+    oracle = SyntheticOracle(t)
+    sp = Space(t, "gemm_packed", TARGET)
+    cfgs = list(dict.fromkeys(sp.sample(np.random.default_rng(i)) for i in range(6)))
+    db = fj.Database(tmp_path / "r.db")
+    for i, c in enumerate(cfgs[:-1]):
+        db.add(TuningRecord(t, TARGET.key, "x:0", i, c, MeasureResult("ok", (oracle(c), 2 * oracle(c), oracle(c))), 0))
+    db.add(TuningRecord(t, TARGET.key, "x:0", 9, cfgs[0], MeasureResult("ok", (oracle(cfgs[0]),)), 0))
+    replay = ReplayRunner.from_database(tmp_path / "r.db", t)
+    got = []
+    replay.measure(cfgs, lambda c, r: got.append(r) or True)
+    assert [r.latency_s for r in got[:-1]] == pytest.approx([oracle(c) for c in cfgs[:-1]])
+    assert got[-1].status == "runtime_error" and "not in the recorded table" in got[-1].error
+    stop = []
+    replay.measure(cfgs, lambda c, r: stop.append(c) or len(stop) < 2)
+    assert len(stop) == 2
+
+
+def test_synthetic_oracle_is_deterministic_and_has_a_nontrivial_optimum():
+    t = fj.ops.matmul(8, 16, 16)
+    a, b = SyntheticOracle(t), SyntheticOracle(t)
+    cfgs = [Space(t, "gemm_packed", TARGET).sample(np.random.default_rng(i)) for i in range(50)]
+    assert (a.latencies(cfgs) == b.latencies(cfgs)).all() and (a.latencies(cfgs) > 0).all()
+    assert not (SyntheticOracle(t, seed=1).latencies(cfgs) == a.latencies(cfgs)).all()
+    table = dense_table(t, TARGET)
+    lat = np.array(list(table.values()))
+    best = min(table, key=table.get)
+    assert best.vec > 1 and lat.min() < np.median(lat) / 3  # the optimum is vectorized and well separated
+    assert sum(lat <= lat.min() / REACH) < 0.01 * len(lat)  # reaching 95% of it takes search
+    conv = TASKS[1]
+    o = SyntheticOracle(conv)
+    sk = {s.name: Space(conv, s, TARGET) for s in sketches_for(conv)}
+    assert all(o(sp.default()) > 0 for sp in sk.values())
+
+
+def test_cli_compare_replay(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert cli(["compare", "--op", "matmul:m=32,n=32,k=32", "--strategies", "genetic,random", "--seeds", "1",
+                "--trials", "8", "--out", str(out), "--replay"]) == 0
+    text = capsys.readouterr().out
+    assert "| matmul_32x32x32 | genetic |" in text and "random / genetic" in text
+    assert {"cmp.csv", "table.md", "curves.png", "cmp.db"} <= set(os.listdir(out))
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["compare", "--out", "x"], "nothing to compare"),
+    (["compare", "--suite", "ops", "--op", "matmul:m=4,n=4,k=4", "--out", "x"], "not both"),
+    (["compare", "--suite", "nope", "--out", "x"], "unknown suite"),
+    (["compare", "--op", "matmul:m=4", "--out", "x"], "needs n="),
+    (["compare", "--op", "matmul:m=4,n=4,k=4", "--strategies", "annealing", "--out", "x"], "unknown strategy"),
+    (["compare", "--op", "matmul:m=4,n=4,k=4", "--trials", "0", "--out", "x"], "must be >= 1"),
+])
+def test_cli_compare_bad_input_is_one_line_exit_2(argv, msg, capsys):
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_suite_ops_is_the_op_suite():
+    from felixjax.suites import suite
+
+    names = [t.name for t in suite("ops")]
+    assert names == ["matmul_512x512x512", "matmul_1024x1024x1024", "conv2d_1x64x56x56_k64_3x3_s1_p1",
+                     "conv2d_1x128x28x28_k128_3x3_s1_p1", "conv2d_1x256x14x14_k256_1x1_s1_p0",
+                     "dwconv2d_1x256x28x28_k256_3x3_s1_p1", "dense_1x4096_1000"]
+
+
+@pytest.mark.cc
+def test_tiny_real_compare(runner, tmp_path):
+    t = fj.ops.matmul(16, 16, 16)
+    cmp = fj.compare([t], [small_genetic, "random"], trials=4, seeds=1, db=str(tmp_path / "real.db"), threads=1,
+                     runner=runner, progress=False, out=str(tmp_path / "o"))
+    for recs in cmp.histories.values():
+        assert len(recs) == 4 and all(r.ok for r in recs)
+    assert all(len(v) == 3 and all(x > 0 for x in v) for v in cmp.remeasured.values())
+    assert not cmp.replay and "measured" in cmp.table()
+    assert fj.Database(tmp_path / "real.db").runs() == ["genetic:0", "random:0"]

@@ -1,0 +1,289 @@
+"""Search strategies on the synthetic oracle (no hardware): every registered strategy, then the
+genetic search's mechanics (Ansor-faithful mutation, selection, seeding and eps-greedy picks)."""
+import math
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen.measure import MeasureResult
+from codegen.space import Space, sketches_for
+from felixjax.database import TuningRecord
+from felixjax.strategies import SearchContext, get_strategy, registered
+from felixjax.strategies.genetic import CPU_MUTATION_WEIGHTS, MUTATIONS, Codec, GeneticSearch, selection_probs
+from felixjax.testing import OracleScorer, SyntheticOracle
+
+TARGET = fj.Target.cpu()
+TASKS = [fj.ops.matmul(64, 48, 32), fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)]
+CONV = TASKS[1]
+
+
+def make_ctx(task, seed=0, history=()):
+    spaces = {s.name: Space(task, s, TARGET) for s in sketches_for(task)}
+    return SearchContext(task, TARGET, spaces, np.random.default_rng(seed), {r.config for r in history},
+                         list(history))
+
+
+def oracle_scorer(ctx):
+    return OracleScorer(SyntheticOracle(ctx.task, ctx.target))
+
+
+def records(task, configs, oracle, run="genetic:0"):
+    return [TuningRecord(task, TARGET.key, run, i, c, MeasureResult("ok", (oracle(c),)), float(i))
+            for i, c in enumerate(configs)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Every registered strategy
+# ----------------------------------------------------------------------------------------------
+
+_RUNS: dict = {}
+
+
+def replay_run(name, seed, trials=40, seconds=None):
+    """One replayed comparison of a single strategy on both tasks (cached per arguments)."""
+    key = (name, seed, trials, seconds)
+    if key not in _RUNS:
+        _RUNS[key] = fj.compare(TASKS, [name], trials=trials, seconds=seconds, seeds=[seed], db=None, replay=True,
+                                progress=False, remeasure=0)
+    return _RUNS[key]
+
+
+def test_registry_lists_only_strategies_that_register():
+    names = registered()
+    assert {"random", "genetic"} <= set(names)
+    for name in names:
+        assert get_strategy(name).name == name
+    with pytest.raises(ValueError, match="unknown strategy"):
+        get_strategy("annealing")
+
+
+@pytest.mark.parametrize("name", registered())
+def test_trial_budget_is_respected_and_every_config_is_valid_and_new(name):
+    cmp = replay_run(name, 0)
+    for task in TASKS:
+        recs = cmp.histories[(task.name, name, 0)]
+        assert len(recs) == 40 and [r.trial for r in recs] == list(range(40))
+        assert len({r.config for r in recs}) == 40, "a config was proposed twice"
+        spaces = {s.name: Space(task, s, TARGET) for s in sketches_for(task)}
+        for r in recs:
+            spaces[r.config.sketch].validate(r.config)
+            assert r.ok
+
+
+@pytest.mark.parametrize("name", registered())
+def test_seconds_budget_is_respected(name):
+    cmp = replay_run(name, 0, trials=100_000, seconds=3.0)  # replayed trials cost 0.3 simulated seconds
+    for task in TASKS:
+        recs = cmp.histories[(task.name, name, 0)]
+        assert 1 <= len(recs) < 100_000
+        assert all(r.elapsed_s < 3.0 for r in recs[:-1])  # the run stops at the first result past the budget
+        assert recs[-1].elapsed_s >= 3.0 or len(recs) == 0
+
+
+@pytest.mark.parametrize("name", registered())
+def test_fixed_seed_reproduces_proposals(name):
+    a = replay_run(name, 0)
+    b = fj.compare(TASKS, [name], trials=40, seeds=[0], db=None, replay=True, progress=False, remeasure=0)
+    c = replay_run(name, 1)
+    for task in TASKS:
+        key = (task.name, name, 0)
+        assert [r.config for r in a.histories[key]] == [r.config for r in b.histories[key]]
+        assert [r.config for r in a.histories[key]] != [r.config for r in c.histories[(task.name, name, 1)]]
+
+
+@pytest.mark.parametrize("name", registered())
+def test_propose_directly_gives_valid_distinct_unmeasured_configs(name):
+    task = CONV
+    ctx = make_ctx(task, seed=3)
+    strat = get_strategy(name)
+    first = strat.propose(ctx, 16)
+    oracle = SyntheticOracle(task)
+    recs = records(task, first, oracle, run=f"{name}:3")
+    ctx.history.extend(recs)
+    ctx.measured.update(r.config for r in recs)
+    strat.update(ctx, recs)
+    second = strat.propose(ctx, 16)
+    assert 0 < len(first) <= 16 and 0 < len(second) <= 16
+    assert not set(second) & set(first)
+    assert len(set(second)) == len(second)
+    for c in first + second:
+        ctx.spaces[c.sketch].validate(c)
+
+
+# ----------------------------------------------------------------------------------------------
+# Genetic search mechanics
+# ----------------------------------------------------------------------------------------------
+
+def _binomial_ok(observed, n, p, z=5.0):
+    return abs(observed - n * p) <= z * math.sqrt(n * p * (1 - p)) + 1
+
+
+@pytest.mark.parametrize("weights", [None, {"tile": 0.25, "unroll": 0.25, "parallel": 0.25, "vec": 0.25},
+                                     {"tile": 0.5, "unroll": 0.0, "parallel": 0.3, "vec": 0.2}])
+def test_mutation_kinds_occur_at_their_configured_frequencies(weights):
+    g = GeneticSearch(population=20_000, mutation_weights=weights)
+    ctx = make_ctx(CONV)
+    codec = g.codec(ctx)
+    rng = np.random.default_rng(0)
+    pop = codec.sample(rng, 2000)
+    g.evolve(codec, pop, np.zeros(len(pop)), rng)
+    st = g.stats
+    attempts = sum(st["attempted"].values()) + st["copied"]
+    assert _binomial_ok(st["copied"], attempts, 1 - 0.85)
+    mutated = sum(st["attempted"].values())
+    want = CPU_MUTATION_WEIGHTS if weights is None else weights
+    for kind in MUTATIONS:
+        assert _binomial_ok(st["attempted"][kind], mutated, want[kind]), (kind, st["attempted"])
+    if weights is None:  # Ansor's CPU weights: tile-size mutation dominates
+        assert st["attempted"]["tile"] > 0.85 * mutated
+
+
+def test_each_mutation_changes_only_its_knob_and_stays_valid():
+    g = GeneticSearch(population=4000, mutation_weights={k: 0.25 for k in MUTATIONS})
+    ctx = make_ctx(CONV)
+    codec = g.codec(ctx)
+    rng = np.random.default_rng(1)
+    pop = codec.sample(rng, 500)
+    kids, info = g.evolve(codec, pop, np.zeros(len(pop)), rng)
+    parents = pop[info["parent"]]
+    assert codec.valid(kids).all()
+    for cfg in codec.decode_many(kids[:300]):
+        ctx.spaces[cfg.sketch].validate(cfg)
+    t_kid, t_par = codec.tiles(kids), codec.tiles(parents)
+    tiles_changed = (t_kid != t_par).any(axis=2)  # (children, axes)
+    cols = {"unroll": codec.c_unroll, "parallel": codec.c_par, "vec": codec.c_vec}
+    for k, kind in enumerate(MUTATIONS):
+        sel = info["kind"] == k
+        assert sel.sum() > 100
+        if kind == "tile":
+            # one axis changed: a divisor moved from one level to another, the product kept
+            assert (tiles_changed[sel].sum(axis=1) == 1).all()
+            moved = (t_kid[sel] != t_par[sel]).sum(axis=2).max(axis=1)
+            assert (moved == 2).all()
+            assert (np.prod(t_kid[sel], axis=2) == np.prod(t_par[sel], axis=2)).all()
+            assert (kids[sel][:, -3:] == parents[sel][:, -3:]).all()
+        else:
+            assert not tiles_changed[sel].any()
+            assert (kids[sel][:, cols[kind]] != parents[sel][:, cols[kind]]).all()
+            others = [c for n, c in cols.items() if n != kind]
+            assert (kids[sel][:, others] == parents[sel][:, others]).all()
+    copies = info["kind"] == -1
+    assert (kids[copies] == parents[copies]).all()
+
+
+def test_three_of_sixty_four_picks_are_random_and_the_rest_the_best_predicted():
+    g = GeneticSearch(population=512, scorer=oracle_scorer)
+    ctx = make_ctx(CONV)
+    out = g.propose(ctx, 64)
+    lr = g.last_round
+    assert len(out) == 64 and len(set(out)) == 64
+    assert len(lr["random"]) == 3 and len(lr["good"]) == 61
+    assert out == lr["good"] + lr["random"]
+    # the 61 are the best predicted of every distinct unmeasured config scored in the round
+    assert lr["good"] == [c for _, c in lr["heap"][:61]]
+    assert len(lr["heap"]) == 128  # the heap keeps the best 2 x 64
+    # the 3 are random samples of the initial population, not among the 61
+    init = set(lr["codec"].decode_many(lr["init_random"]))
+    assert set(lr["random"]) <= init and not set(lr["random"]) & set(lr["good"])
+    assert len(GeneticSearch(population=128).propose(make_ctx(CONV), 20)) == 20  # int(0.05 * 20) = 1 random
+    g2 = GeneticSearch(population=128)
+    g2.propose(make_ctx(CONV), 20)
+    assert len(g2.last_round["random"]) == 1
+
+
+def test_top_twenty_percent_measured_seed_the_population():
+    task = CONV
+    oracle = SyntheticOracle(task)
+    ctx = make_ctx(task)
+    measured = list(dict.fromkeys(Codec(ctx.spaces).decode_many(Codec(ctx.spaces).sample(np.random.default_rng(5),
+                                                                                              300))))
+    hist = records(task, measured, oracle)
+    hist.append(TuningRecord(task, TARGET.key, "genetic:0", len(hist), measured[0], MeasureResult("timeout"), 0.0))
+    ctx = make_ctx(task, history=hist)
+    g = GeneticSearch(population=500, generations=1)
+    g.propose(ctx, 64)
+    seeds = g.last_round["seeds"]
+    k = int(0.2 * 500)
+    best = sorted(measured, key=oracle)[:k]
+    assert seeds == best
+    # the initial population: those seeds, then random samples that were never measured
+    assert len(g.last_round["scores_by_generation"][0]) == 500
+    randoms = set(g.last_round["codec"].decode_many(g.last_round["init_random"]))
+    assert not randoms & set(measured)
+    # with few measurements, all the (correct) ones seed it
+    ctx_few = make_ctx(task, history=hist[:30])
+    g.propose(ctx_few, 64)
+    assert g.last_round["seeds"] == sorted(measured[:30], key=oracle)
+
+
+def test_selection_prefers_higher_predicted_throughput():
+    s = np.log([1.0, 2.0, 4.0, 8.0])  # predicted -log latency: throughputs 1 : 2 : 4 : 8
+    np.testing.assert_allclose(selection_probs(s), [1 / 15, 2 / 15, 4 / 15, 8 / 15])
+    np.testing.assert_allclose(selection_probs(s + 100.0), selection_probs(s))  # only differences matter
+    np.testing.assert_allclose(selection_probs(np.array([-np.inf, np.nan, 0.0])), [0, 0, 1])
+    # roulette draws parents in those proportions
+    g = GeneticSearch(population=30_000, mutation_prob=0.0)
+    codec = g.codec(make_ctx(CONV))
+    pop = codec.sample(np.random.default_rng(0), 4)
+    _, info = g.evolve(codec, pop, s, np.random.default_rng(1))
+    counts = np.bincount(info["parent"], minlength=4)
+    for c, p in zip(counts, [1 / 15, 2 / 15, 4 / 15, 8 / 15]):
+        assert _binomial_ok(c, 30_000, p)
+    # over generations the population's predicted throughput rises
+    g = GeneticSearch(population=1024, scorer=oracle_scorer)
+    ctx = make_ctx(CONV)
+    out = g.propose(ctx, 64)
+    gens = g.last_round["scores_by_generation"]
+    assert np.mean(gens[-1]) > np.mean(gens[0]) + 0.5
+    oracle = SyntheticOracle(CONV)
+    random_lat = np.median(oracle.latencies(get_strategy("random").propose(make_ctx(CONV, seed=9), 64)))
+    assert np.median(oracle.latencies(out[:61])) < random_lat / 3
+
+
+def test_scorer_factory_wiring(monkeypatch):
+    import felixjax.model as model
+
+    class Fixed:
+        def score(self, configs):
+            return np.zeros(len(configs))
+
+        def update(self, records):
+            self.seen = len(records)
+
+    ctx = make_ctx(TASKS[0])
+    monkeypatch.setattr(model, "make_scorer", lambda c: Fixed(), raising=False)
+    assert isinstance(GeneticSearch().scorer(ctx), Fixed)
+    monkeypatch.delattr(model, "make_scorer", raising=False)
+    assert isinstance(GeneticSearch().scorer(ctx), model.RandomScorer)
+    sc = Fixed()
+    g = GeneticSearch(scorer=sc)
+    assert g.scorer(ctx) is sc
+    g.update(ctx, [1, 2])
+    assert sc.seen == 2
+    assert isinstance(GeneticSearch(scorer=lambda c: Fixed()).scorer(ctx), Fixed)
+
+
+def test_codec_matches_the_space():
+    ctx = make_ctx(CONV)
+    codec = Codec(ctx.spaces)
+    rng = np.random.default_rng(0)
+    raw = np.concatenate([codec._draw(rng, sk, 400) for sk in range(len(codec.sketches))])
+    for row, ok, cfg in zip(raw, codec.valid(raw), codec.decode_many(raw)):
+        assert ok == ctx.spaces[cfg.sketch].is_valid(cfg)
+    rows = codec.sample(rng, 300)
+    cfgs = codec.decode_many(rows)
+    assert (codec.encode_many(cfgs) == rows).all()
+    assert codec.rows(codec.keys(rows)).tolist() == rows.tolist()
+    tiny = fj.ops.matmul(4, 8, 4)
+    sp = {s.name: Space(tiny, s, TARGET) for s in sketches_for(tiny)}
+    enumerated = {c for rows in Codec(sp).enumerate() for c in Codec(sp).decode_many(rows)}
+    assert enumerated == set(sp["gemm_packed"].enumerate())
+
+
+def test_genetic_round_is_fast_enough_to_profile():
+    """Not a timing verdict: the stats say where a round's time goes."""
+    g = GeneticSearch()
+    g.propose(make_ctx(CONV), 64)
+    assert g.stats["rounds"] == 1 and g.stats["scored"] > 2048
+    assert set(g.stats) >= {"sample_s", "evolve_s", "score_s", "pick_s", "propose_s"}
