@@ -1,0 +1,123 @@
+"""Checkpoints: one ``.npz`` of parameter arrays plus JSON metadata, never pickle.
+
+The metadata (model kind, constructor arguments, training state) is stored inside the same file as a
+UTF-8 byte array under the key ``__meta__``, so a checkpoint is a single file that
+``np.load(path, allow_pickle=False)`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+_META_KEY = "__meta__"
+FORMAT_VERSION = 1
+
+
+def _path_key(path: tuple[Any, ...]) -> str:
+    """'net/enc1/kernel' from a jax key path."""
+    parts = []
+    for entry in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+        else:
+            parts.append(str(entry))
+    return "/".join(parts)
+
+
+def flatten_params(tree: Any) -> dict[str, np.ndarray]:
+    """A params pytree as ``{'a/b/c': array}``.
+
+    Example:
+        >>> flatten_params({"net": {"w": np.ones(2)}, "norm": {"m": np.zeros(1)}})
+        {'net/w': array([1., 1.]), 'norm/m': array([0.])}
+    """
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {_path_key(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def unflatten_params(template: Any, flat: dict[str, np.ndarray]) -> Any:
+    """Fills the structure of ``template`` with arrays from ``flat``, checking names and shapes.
+
+    Example:
+        >>> unflatten_params({"w": np.zeros(2)}, {"w": np.ones(2)})
+        {'w': array([1., 1.])}
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    names = [_path_key(path) for path, _ in leaves]
+    missing = sorted(set(names) - set(flat))
+    unexpected = sorted(set(flat) - set(names))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match model: missing {missing}, unexpected {unexpected}")
+    values = []
+    for name, (_, leaf) in zip(names, leaves):
+        value = np.asarray(flat[name])
+        if value.shape != np.shape(leaf):
+            raise ValueError(f"{name}: checkpoint shape {value.shape}, model shape {np.shape(leaf)}")
+        values.append(value.astype(np.asarray(leaf).dtype))
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def save_npz(path: str | os.PathLike, params: Any, meta: dict[str, Any]) -> None:
+    """Writes ``params`` (a pytree) and ``meta`` (JSON-able) to one ``.npz`` file.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.npz")
+        >>> save_npz(p, {"w": np.ones(2)}, {"kind": "demo"})
+        >>> load_npz(p)[1]["kind"]
+        'demo'
+    """
+    arrays = flatten_params(params)
+    if _META_KEY in arrays:
+        raise ValueError(f"parameter name {_META_KEY!r} is reserved")
+    meta = {"format_version": FORMAT_VERSION, **meta}
+    arrays[_META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+    with open(path, "wb") as fh:  # a file handle, so numpy does not append a second ".npz"
+        np.savez(fh, **arrays)
+
+
+def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Reads a checkpoint written by ``save_npz``: ``(flat params, metadata)``.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.npz")
+        >>> save_npz(p, {"w": np.ones(2)}, {"kind": "demo"})
+        >>> load_npz(p)[0]["w"].tolist()
+        [1.0, 1.0]
+    """
+    with np.load(path, allow_pickle=False) as data:
+        flat = {name: data[name] for name in data.files}
+    meta = json.loads(flat.pop(_META_KEY).tobytes().decode("utf-8"))
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"unsupported checkpoint format {meta.get('format_version')!r}")
+    return flat, meta
+
+
+def load_model(path: str | os.PathLike) -> Any:
+    """Loads any cost model saved with its ``save`` method, dispatching on the stored kind.
+
+    Example:
+        >>> import tempfile, os
+        >>> from costmodels import RooflineModel
+        >>> p = os.path.join(tempfile.mkdtemp(), "prior.npz")
+        >>> RooflineModel(flops_col=0, bytes_col=1, peak_flops=1e11, bandwidth=1e10).save(p)
+        >>> type(load_model(p)).__name__
+        'RooflineModel'
+    """
+    from costmodels.ensemble import EnsembleCostModel
+    from costmodels.mlp import MLPCostModel
+    from costmodels.roofline import RooflineModel
+
+    kinds = {cls.KIND: cls for cls in (RooflineModel, MLPCostModel, EnsembleCostModel)}
+    _, meta = load_npz(path)
+    if meta.get("kind") not in kinds:
+        raise ValueError(f"unknown cost model kind {meta.get('kind')!r} in {path}")
+    return kinds[meta["kind"]].load(path)
