@@ -33,3 +33,98 @@ class RandomScorer:
 
     def update(self, records: list) -> None:
         pass
+
+
+class CostModelScorer:
+    """The learned scorer of one task: hard-mode features -> roofline prior or Flax MLP.
+
+    Cold start (DESIGN.md ⑥): no pretraining data exists, so the analytic roofline prior ranks the
+    first rounds; after each round the MLP is fine-tuned on every measurement of the run and takes
+    over once its held-out pairwise ranking accuracy beats the prior's on the same rows.
+
+    Attributes:
+        relaxations: one :class:`~felixjax.relax.Relaxation` per sketch (features are computed from
+            the relaxed point of a config, exactly, in hard mode).
+        active: ``"prior"`` or ``"mlp"``; ``metrics`` holds the last comparison.
+    """
+
+    MIN_TRAIN = 24
+    CHUNK = 1024
+
+    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128):
+        from costmodels import MLPCostModel, RooflineModel
+
+        from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES, feature_inputs
+        from .relax import Relaxation
+
+        self.relaxations = {name: Relaxation(sp) for name, sp in spaces.items()}
+        self.inputs = {name: feature_inputs(r) for name, r in self.relaxations.items()}
+        peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
+        g = GLOBAL_FEATURES.index
+        self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
+                                   bandwidth=12e9 * max(1, int(target.cores)),
+                                   efficiency_cols=(g("vec_utilization"), g("balance")), softness=0.1)
+        self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed)
+        self.active = "prior"
+        self.metrics: dict = {}
+        self._feats: list = []
+        self._lat: list[float] = []
+        self._seen: set = set()
+
+    @property
+    def model(self):
+        return self.mlp if self.active == "mlp" else self.prior
+
+    def features(self, configs: list[Config]):
+        """Hard-mode features of configs (any mix of sketches), in order, as numpy ``Features``."""
+        from costmodels import Features
+
+        from .features import config_features
+
+        order, parts = [], []
+        for name in sorted({c.sketch for c in configs}):
+            idx = [i for i, c in enumerate(configs) if c.sketch == name]
+            for lo in range(0, len(idx), self.CHUNK):
+                chunk = [configs[i] for i in idx[lo: lo + self.CHUNK]]
+                n = len(chunk)
+                size = 64 if n <= 64 else self.CHUNK  # two padded sizes: the feature jit compiles twice at most
+                f = config_features(self.relaxations[name], chunk + [chunk[-1]] * (size - n), self.inputs[name])
+                parts.append(Features(f.access[:n], f.mask[:n], f.glob[:n]))
+            order += idx
+        inv = np.argsort(np.asarray(order))
+        return Features(*(np.concatenate([getattr(p, f) for p in parts])[inv] for f in ("access", "mask", "glob")))
+
+    def score(self, configs: list[Config]) -> np.ndarray:
+        if not configs:
+            return np.zeros(0)
+        return np.asarray(self.model.predict(self.features(configs)), np.float64)
+
+    def update(self, records: list) -> None:
+        from costmodels import Features, pairwise_accuracy
+
+        new = [r for r in records if r.ok and r.config not in self._seen]
+        if not new:
+            return
+        f = self.features([r.config for r in new])
+        self._feats.append(f)
+        self._lat += [r.latency_s for r in new]
+        self._seen.update(r.config for r in new)
+        if len(self._lat) < self.MIN_TRAIN:
+            return
+        feats = Features(*(np.concatenate([getattr(p, k) for p in self._feats]) for k in ("access", "mask", "glob")))
+        lat = np.asarray(self._lat)
+        groups = np.zeros(len(lat), np.int64)
+        m = self.mlp.update(feats, lat, groups)
+        val = self.mlp.last_val_index
+        if len(val) >= 8:
+            sub = Features(feats.access[val], feats.mask[val], feats.glob[val])
+            prior_acc = pairwise_accuracy(self.prior.predict(sub), lat[val], groups[val])
+            mlp_acc = float(m.get("val_pairwise_accuracy", float("nan")))
+            self.metrics = {"n": len(lat), "mlp_val_pairwise": mlp_acc, "prior_val_pairwise": prior_acc}
+            self.active = "mlp" if mlp_acc > prior_acc else "prior"
+
+
+def make_scorer(ctx) -> Scorer:
+    """The default scorer of a search context (used by the genetic and gradient strategies)."""
+    seed = int(ctx.rng.integers(2**31))
+    return CostModelScorer(ctx.spaces, ctx.target, seed=seed)

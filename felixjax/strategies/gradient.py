@@ -1,0 +1,181 @@
+"""Gradient search (DESIGN.md ⑦–⑧): optax Adam on relaxed schedules through a differentiable cost model.
+
+One round, per sketch:
+
+1. starts: random points of the relaxed polytope plus perturbations of the best measured configs;
+2. descent: a jitted, vmapped ``lax.scan`` of Adam steps (lr 0.5, ×0.2 at 30% of the steps, a
+   fresh optimizer state every round) on ``−score(features_soft(x))`` plus a squared-hinge penalty
+   on the hardware constraints whose gradient is rescaled to 5× the objective's (Felix's balance);
+3. harvest: iterates of every trajectory are rounded (projection, largest-remainder floor, repair),
+   deduplicated against the run's measurements, and the ±1 neighbourhood of the best few is added;
+4. rank: every candidate is scored by the model on exact (hard-mode) features; the top ``k`` are
+   proposed, plus an ε share (5%) of random valid configs for exploration.
+
+Example:
+    >>> from felixjax.strategies import get_strategy
+    >>> get_strategy("gradient").name
+    'gradient'
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .base import SearchContext, fresh, register
+
+GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
+
+
+_COMPILED: dict = {}
+
+
+def _model_key(model) -> tuple:
+    """Models with equal keys share one compiled descent (their params are arguments)."""
+    static = {k: v for k, v in vars(model).items() if isinstance(v, (int, float, str, bool, tuple))}
+    return (type(model).__name__,) + tuple(sorted(static.items()))
+
+
+def _descent_for(model, steps: int, temperature: float):
+    key = (_model_key(model), steps, temperature)
+    if key not in _COMPILED:
+        _COMPILED[key] = _descent(model.apply, steps, temperature)
+    return _COMPILED[key]
+
+
+def _descent(apply, steps: int, temperature: float):
+    """A jitted descent for one model ``apply`` (compiled once per model kind and step count)."""
+    from costmodels import Features
+
+    from ..features import features
+    from ..relax import penalty, project
+    from ..smooth import Smooth
+
+    soft = Smooth.soft(temperature)
+
+    def objective(params, inputs, x):
+        f = features(inputs, x, soft)
+        return -apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
+
+    def run(params, inputs, rs, x0, lr):
+        sched = optax.piecewise_constant_schedule(lr, {int(0.3 * steps): 0.2})
+        opt = optax.adam(sched)
+        g_obj_fn = jax.vmap(jax.grad(objective, argnums=2), in_axes=(None, None, 0))
+        g_pen_fn = jax.vmap(jax.grad(lambda x: penalty(rs, x)))
+
+        def step(carry, _):
+            x, state = carry
+            g_obj = g_obj_fn(params, inputs, x)
+            g_pen = g_pen_fn(x)
+            n_obj = jnp.linalg.norm(g_obj, axis=-1, keepdims=True)
+            n_pen = jnp.linalg.norm(g_pen, axis=-1, keepdims=True)
+            scale = jnp.where(n_pen > 0, GRAD_RATIO * n_obj / jnp.maximum(n_pen, 1e-12), 1.0)
+            g = jnp.nan_to_num(g_obj + scale * g_pen)
+            upd, state = opt.update(g, state)
+            x = jax.vmap(lambda v: project(rs, v))(x + upd)
+            return (x, state), x
+
+        (_, _), traj = jax.lax.scan(step, (x0, opt.init(x0)), None, length=steps)
+        return traj
+
+    return jax.jit(run)
+
+
+@register("gradient")
+class GradientSearch:
+    """Multi-start Adam on the relaxed space through the cost model; see module docstring.
+
+    Args:
+        starts: descent starts per sketch per round (random + perturbed from the best measured).
+        steps: Adam steps per round.
+        lr: initial learning rate (decayed ×0.2 at 30% of the steps).
+        temperature: softness of the features during descent.
+        harvest_every: keep every k-th iterate of each trajectory (plus the last).
+        neighbours_of: the ±1 integer neighbourhood of this many best rounded points is scored too.
+        eps_greedy: share of random picks among the proposals.
+        scorer: a :class:`~felixjax.model.Scorer` with ``relaxations``/``inputs``/``model``
+            (default: :func:`felixjax.model.make_scorer`).
+    """
+
+    name = "gradient"
+
+    def __init__(self, *, starts: int = 256, steps: int = 64, lr: float = 0.5, temperature: float = 1.0,
+                 harvest_every: int = 4, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 32,
+                 perturbed_share: float = 0.5, scorer=None):
+        self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
+        self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
+        self.batch_size, self.perturbed_share = batch_size, perturbed_share
+        self.scorer = scorer
+        self.last_round: dict = {}
+
+    def _ensure_scorer(self, ctx: SearchContext):
+        if self.scorer is None:
+            from ..model import make_scorer
+
+            self.scorer = make_scorer(ctx)
+        return self.scorer
+
+    def _starts(self, ctx: SearchContext, rel, n: int) -> np.ndarray:
+        key = jax.random.PRNGKey(int(ctx.rng.integers(2**31)))
+        best = sorted((r for r in ctx.history if r.ok and r.config.sketch == rel.space.sketch.name),
+                      key=lambda r: r.latency_s)[:8]
+        n_pert = int(self.perturbed_share * n) if best else 0
+        x_rand = np.asarray(rel.sample_x(key, n - n_pert))
+        if not n_pert:
+            return x_rand
+        base = np.stack([rel.to_x(r.config) for r in best])
+        pick = base[ctx.rng.integers(len(base), size=n_pert)]
+        noise = ctx.rng.normal(scale=0.7, size=pick.shape) * (pick != 0) + ctx.rng.normal(scale=0.3, size=pick.shape)
+        x_pert = np.asarray(rel.project(jnp.asarray(pick + noise, jnp.float32)))
+        return np.concatenate([x_rand, x_pert]).astype(np.float32)
+
+    def propose(self, ctx: SearchContext, n: int) -> list:
+        scorer = self._ensure_scorer(ctx)
+        model = scorer.model
+        cands: list = []
+        stats = {"model": getattr(scorer, "active", "?"), "harvested": 0}
+        for name, rel in scorer.relaxations.items():
+            x0 = self._starts(ctx, rel, self.starts)
+            run = _descent_for(model, self.steps, self.temperature)
+            traj = np.asarray(run(model.params, scorer.inputs[name], rel.arrays, jnp.asarray(x0), self.lr))
+            keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
+            if keep[-1] != self.steps - 1:
+                keep.append(self.steps - 1)
+            pts = np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1])
+            uniq, _ = rel.round_unique(pts)
+            stats["harvested"] += len(pts)
+            cands += uniq
+        cands = fresh(ctx, cands, len(cands))
+        if cands:
+            scores = scorer.score(cands)
+            order = np.argsort(-scores, kind="stable")
+            # ±1 neighbourhood of the best few rounded points, scored in one batch
+            neigh = []
+            for i in order[: self.neighbours_of]:
+                neigh += scorer.relaxations[cands[i].sketch].neighbours(cands[i])
+            neigh = fresh(ctx, [c for c in neigh if c not in set(cands)], len(neigh))
+            if neigh:
+                cands = cands + neigh
+                scores = np.concatenate([scores, scorer.score(neigh)])
+                order = np.argsort(-scores, kind="stable")
+            ranked = [cands[i] for i in order]
+        else:
+            ranked = []
+        n_rand = int(self.eps_greedy * n)
+        picks = fresh(ctx, ranked, n - n_rand)
+        taken = set(picks)
+        names = sorted(ctx.spaces)
+        tries = 0
+        while len(picks) < n and tries < 50 * n:
+            tries += 1
+            c = ctx.spaces[names[int(ctx.rng.integers(len(names)))]].sample(ctx.rng)
+            if c not in taken and c not in ctx.measured:
+                taken.add(c)
+                picks.append(c)
+        stats.update(candidates=len(ranked), proposed=len(picks), random=len(picks) - min(len(picks), n - n_rand))
+        self.last_round = stats
+        return picks
+
+    def update(self, ctx: SearchContext, records: list) -> None:
+        self._ensure_scorer(ctx).update(records)

@@ -1,0 +1,546 @@
+"""Closed-form, differentiable program features of a relaxed schedule (DESIGN.md ⑤).
+
+``features(inputs, x, smooth)`` maps one continuous point ``x`` (see :mod:`felixjax.relax`) to a
+:class:`costmodels.base.Features` row: per buffer access ``[SLOTS, F]``, a mask ``[SLOTS]`` and
+global features ``[G]``, every value ``log(1 + v)``. Shapes, extents, strides and the element size
+are array inputs (:class:`FeatureInputs`), padded to fixed sizes, so :data:`batch_features` (jit +
+vmap over candidates) compiles **once** for every task, shape and sketch. Inputs of several tasks
+can be stacked and vmapped too.
+
+The loop nest is the CPU sketch's ``S0 S1 R0 S2 R1 S3`` (:data:`~felixjax.relax.POSITIONS`).
+For a statement, the *tile at level L* is the set of its iterations inside the loops at positions
+≥ L. Access slots (:data:`SLOTS`) and their statements:
+
+==============  ======================================================================
+data, weight    read in the R1 loop body; per R1 iteration each distinct element of the S3
+                register block is loaded once (as the C renderer dedups loads)
+acc             the accumulator (``out``, or the channel-blocked ``scratch`` when the output is
+                not unit-stride along the vector axis and its S3 tile > 1): loaded (except on the
+                first R0 iteration) and stored once per S2 iteration, the S3 block each time
+epilogue_acc,   the fused epilogue after each S1 tile: reads acc (and bias, residual), writes out,
+epilogue_out,   one element per iteration of its S2, S3 loops
+bias, residual
+copy_in,        the timed padding / blocking copy of the data input (whole buffers; every level
+copy_out        is the whole copy)
+==============  ======================================================================
+
+Per slot and level: ``bytes`` (element accesses × element size, per tile, averaged over tiles),
+``unique_bytes`` (the tile's footprint), ``lines`` (64-byte lines the footprint spans: for every
+row of the innermost physical dimension, ⌈(max − min + 1)·elem / 64⌉), ``reuse`` (accesses per
+distinct element), and whether the footprint fits L1 / L2 / the L3 share. Per slot: its traffic
+from each cache level (footprint × number of tiles at the outermost level whose total compute
+footprint fits that cache), the stride of the vector loop (``S3`` of the vector axis) and of the
+last reduction axis's ``R1`` loop. Global: FLOPs, totals, arithmetic intensity, vector and
+register use, parallel chunks and balance, trip counts, unroll, total footprint per level.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> from felixjax.relax import Relaxation
+    >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target(cores=2, simd_lanes=16, vector_registers=32)))
+    >>> inp = feature_inputs(rel)
+    >>> f = batch_features(inp, rel.sample_x(jax.random.PRNGKey(0), 4), Smooth.soft(1.0))
+    >>> f.access.shape, f.mask.shape, f.glob.shape
+    ((4, 9, 56), (4, 9), (4, 57))
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen.lower import lower
+from codegen.ops import Access
+from codegen.space import Config, Space
+from costmodels.base import Features
+from felixjax.relax import (
+    I_PAR,
+    I_UNROLL,
+    I_VEC,
+    MAX_AXES,
+    N_POS,
+    POSITIONS,
+    TILE_LEVELS,
+    Relaxation,
+    RelaxedSpace,
+    log_tiles,
+)
+from felixjax.smooth import Smooth
+
+MAX_DIMS = 4  # logical dimensions of a buffer (front-padded with size-1 dims)
+LINE_BYTES = 64
+CACHES = ("l1", "l2", "l3")
+
+# Statement kinds and the nest positions of the loops that enclose each.
+BODY, ACC, EPILOGUE, COPY = 0, 1, 2, 3
+ENCLOSING = np.array([[1, 1, 1, 1, 1, 0],   # R1 body: S0 S1 R0 S2 R1 (S3 is the register block)
+                      [1, 1, 1, 1, 0, 0],   # accumulator load/store: S0 S1 R0 S2
+                      [1, 1, 0, 1, 0, 1],   # epilogue: S0 S1, then its own S2 S3 loops
+                      [0, 0, 0, 0, 0, 0]],  # input copy: outside the nest
+                     np.float32)
+READ, WRITE, READ_WRITE = 0, 1, 2
+
+SLOTS = ("data", "weight", "acc", "epilogue_acc", "epilogue_out", "bias", "residual", "copy_in", "copy_out")
+# Access descriptors: one per slot (acc slots: the output accumulates in place), then the two acc
+# slots again with the channel-blocked scratch layout (selected when the sketch uses it).
+N_DESCRIPTORS = len(SLOTS) + 2
+_ALT = slice(2, 4)  # slots that have a scratch variant, rows len(SLOTS):len(SLOTS) + 2
+_COMPUTE_SLOTS = np.array([1, 1, 1, 0, 0, 0, 0, 0, 0], np.float32)
+_BEFORE = np.triu(np.ones((N_POS, N_POS), np.float32), 1)  # [p, L] = 1 where position p < level L
+
+_LEVEL_FEATURES = ("bytes", "unique_bytes", "lines", "reuse") + tuple(f"fits_{c}" for c in CACHES)
+ACCESS_FEATURES = (
+    ("read", "write", "read_write", "stmt_compute", "stmt_epilogue", "stmt_copy", "buffer_bytes",
+     "vec_stride", "vec_contiguous", "vec_broadcast", "reduce_stride")
+    + tuple(f"{lvl}_{name}" for lvl in POSITIONS for name in _LEVEL_FEATURES)
+    + tuple(f"traffic_{c}" for c in CACHES))
+GLOBAL_FEATURES = (
+    ("flops", "elem_bytes", "bytes", "unique_bytes") + tuple(f"traffic_{c}" for c in CACHES)
+    + ("intensity_l3", "intensity_l1", "vec", "vec_utilization", "accumulators", "register_utilization",
+       "register_fits", "block_rows", "block_cols", "parallel", "chunks", "balance", "enough_chunks")
+    + tuple(f"trips_{lvl}" for lvl in POSITIONS) + ("unroll", "unroll_effective")
+    + tuple(f"footprint_{lvl}" for lvl in POSITIONS)
+    + tuple(f"footprint_{lvl}_fits_{c}" for lvl in POSITIONS for c in CACHES)
+    + ("data_copy", "scratch", "epilogue", "outputs", "reduction"))
+N_ACCESS_FEATURES = len(ACCESS_FEATURES)
+N_GLOBAL_FEATURES = len(GLOBAL_FEATURES)
+
+
+class AccessTable(NamedTuple):
+    """Fixed-size description of the access descriptors of one (task, sketch) (``K = 11``).
+
+    Index tables are one-hot (contracted with einsum), so the jitted features contain no gathers.
+
+    Attributes:
+        kind: ``[K, 4]`` one-hot statement kind (BODY, ACC, EPILOGUE, COPY).
+        rw: ``[K, 3]`` one-hot READ, WRITE, READ_WRITE.
+        enclosing: ``[K, 6]`` 1 at the nest positions of the loops enclosing the statement.
+        present: ``[K]`` 1 unless the buffer does not exist for this task (bias, residual, copy).
+        shape: ``[K, D]`` logical buffer shape, front-padded with 1.
+        term_axis: ``[K, D, 2, A + 1]`` one-hot axis of up to two (axis, coefficient) terms of each
+            dimension's affine index; unused terms select the dummy axis ``MAX_AXES`` (tile 1).
+        term_coef: ``[K, D, 2]`` their coefficients.
+        radix: ``[K, D]`` 1 where the two terms never collide (mixed radix): count = T1·T2.
+        norm_a, norm_b: ``[K, D]`` coefficients divided by their gcd, for the general count
+            ``T1·T2 − (T1 − b)₊(T2 − a)₊`` of distinct ``a·i + b·j``.
+        blocked: ``[K]`` 1 if the layout blocks a dimension by an axis's S3 tile.
+        block_dim: ``[K, D]`` one-hot of the blocked dimension.
+        block_axis: ``[K, A]`` one-hot of the axis whose S3 tile is the block.
+        stride_m, stride_beta: ``[K, D, D]``, ``[K, D]``: log physical stride of each dimension
+            (its outer part if blocked) = ``stride_m @ log shape + stride_beta · log block``.
+        vdim, vcoef, vdep, vone: where the vector axis indexes the buffer (one-hot dim,
+            coefficient, whether it does, whether its S3 loop is the in-block lane: stride 1).
+        rdim, rcoef, rdep: the same for the last reduction axis (its R1 loop).
+        scratch_possible: the sketch accumulates in a blocked scratch when the vector axis's S3
+            tile is > 1.
+        epi_static: an epilogue runs regardless of tiles (bias, residual or activation).
+        epi_ops: epilogue FLOPs per output.
+        data_copy: the data input is copied (padded / blocked) inside the kernel.
+    """
+
+    kind: jax.Array
+    rw: jax.Array
+    enclosing: jax.Array
+    present: jax.Array
+    shape: jax.Array
+    term_axis: jax.Array
+    term_coef: jax.Array
+    radix: jax.Array
+    norm_a: jax.Array
+    norm_b: jax.Array
+    blocked: jax.Array
+    block_dim: jax.Array
+    block_axis: jax.Array
+    stride_m: jax.Array
+    stride_beta: jax.Array
+    vdim: jax.Array
+    vcoef: jax.Array
+    vdep: jax.Array
+    vone: jax.Array
+    rdim: jax.Array
+    rcoef: jax.Array
+    rdep: jax.Array
+    scratch_possible: jax.Array
+    epi_static: jax.Array
+    epi_ops: jax.Array
+    data_copy: jax.Array
+
+
+class FeatureInputs(NamedTuple):
+    """Everything :func:`features` needs besides ``x``: a pytree of fixed-shape arrays."""
+
+    knobs: RelaxedSpace
+    access: AccessTable
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the access table (numpy, once per space)
+# ----------------------------------------------------------------------------------------------
+
+def _probe_config(space: Space) -> Config:
+    """A valid config whose vector-axis S3 tile is its smallest prime factor (when the register
+    budget allows), so lowering shows every layout the sketch can use."""
+    vi = space.vector_index
+    tiles = []
+    for i, a in enumerate(space.axes):
+        if a.reduce:
+            tiles.append((a.extent, 1))
+        elif i == vi and a.extent > 1:
+            p = min(d for d in range(2, a.extent + 1) if a.extent % d == 0)
+            tiles.append((a.extent // p, 1, 1, p) if p <= space.max_accumulators else (a.extent, 1, 1, 1))
+        else:
+            tiles.append((a.extent, 1, 1, 1))
+    return Config(space.sketch.name, tuple(tiles), 0, 1, 1)
+
+
+def _layout_spec(layout, axis: int, front: bool) -> tuple:
+    for d, dl in enumerate(layout.dims):
+        if dl.kind == "block":
+            return ("block", d, axis, front)
+    return ("plain",)
+
+
+def _stride_matrices(layout: tuple, ndim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(M, beta) with log stride[d] = M[d] @ log shape + beta[d] · log block, for a front-padded
+    layout; mirrors ``codegen.lower.plain_layout`` / ``blocked_layout``."""
+    m = np.zeros((MAX_DIMS, MAX_DIMS), np.float32)
+    beta = np.zeros(MAX_DIMS, np.float32)
+    later = np.triu(np.ones((MAX_DIMS, MAX_DIMS), np.float32), 1)
+    if layout[0] == "plain":
+        return later, beta
+    _, b, _, front = layout
+    b += MAX_DIMS - ndim
+    for d in range(MAX_DIMS):
+        if front:
+            m[d] = (np.arange(MAX_DIMS) != b) * (1.0 if d == b else later[d])
+            beta[d] = 1.0
+        else:
+            m[d] = later[d]
+            beta[d] = float(d >= b)
+    return m, beta
+
+
+def _where(access: Access, axis_name: str) -> tuple[int, int] | None:
+    """(dim, coefficient) of an axis in an access, or None."""
+    for d, terms in enumerate(access.dims):
+        for a, c in terms:
+            if a == axis_name and c != 0:
+                return d, c
+    return None
+
+
+def _descriptor(space: Space, access: Access, layout: tuple, kind: int, rw: int, present: bool) -> dict:
+    names = [a.name for a in space.axes]
+    ext = {a.name: a.extent for a in space.axes}
+    ndim = len(access.shape)
+    off = MAX_DIMS - ndim
+    shape = np.ones(MAX_DIMS, np.float32)
+    shape[off:] = access.shape
+    term_axis = np.zeros((MAX_DIMS, 2, MAX_AXES + 1), np.float32)
+    term_axis[..., MAX_AXES] = 1
+    term_coef = np.zeros((MAX_DIMS, 2), np.float32)
+    radix = np.ones(MAX_DIMS, np.float32)
+    norm = np.ones((MAX_DIMS, 2), np.float32)
+    for d, terms in enumerate(access.dims if kind != COPY else ()):
+        terms = [(a, c) for a, c in terms if c != 0]
+        if len(terms) > 2:
+            raise ValueError(f"{access.buffer} dim {d}: more than two axes in one index are not supported")
+        for j, (a, c) in enumerate(terms):
+            term_axis[off + d, j] = np.eye(MAX_AXES + 1)[names.index(a)]
+            term_coef[off + d, j] = c
+        if len(terms) == 2:
+            (a0, c0), (a1, c1) = terms
+            radix[off + d] = float(c0 >= c1 * ext[a1] or c1 >= c0 * ext[a0])
+            g = math.gcd(c0, c1)
+            norm[off + d] = (c0 // g, c1 // g)
+    blocked = layout[0] == "block"
+    bdim = np.zeros(MAX_DIMS, np.float32)
+    if blocked:
+        bdim[off + layout[1]] = 1
+    m, beta = _stride_matrices(layout, ndim)
+
+    def var(axis_name: str | None) -> tuple[np.ndarray, float, float, float]:
+        dim = np.zeros(MAX_DIMS, np.float32)
+        if kind == COPY:  # the copy's innermost loop runs along the last logical dimension
+            dim[-1] = 1
+            return dim, 1.0, float(axis_name is not None), float(blocked and bdim[-1] > 0)
+        hit = _where(access, axis_name) if axis_name else None
+        if hit is None:
+            return dim, 1.0, 0.0, 0.0
+        d, c = hit
+        dim[off + d] = 1
+        in_block = blocked and off + d == off + layout[1]
+        dep = not (in_block and ext[axis_name] == 1)
+        lane = in_block and names.index(axis_name) == layout[2]
+        return dim, float(c), float(dep), float(lane)
+
+    v = var(space.sketch.vector_axis)
+    reduce_axes = [a.name for a in space.axes if a.reduce]
+    r = var(reduce_axes[-1] if kind != COPY else None)
+    block_axis = np.zeros(MAX_AXES, np.float32)
+    block_axis[layout[2] if blocked else 0] = 1
+    return dict(kind=np.eye(4)[kind], rw=np.eye(3)[rw], enclosing=ENCLOSING[kind], present=float(present),
+                shape=shape, term_axis=term_axis,
+                term_coef=term_coef, radix=radix, norm_a=norm[:, 0], norm_b=norm[:, 1],
+                blocked=float(blocked), block_dim=bdim, block_axis=block_axis,
+                stride_m=m, stride_beta=beta, vdim=v[0], vcoef=v[1], vdep=v[2], vone=v[3],
+                rdim=r[0], rcoef=r[1], rdep=r[2])
+
+
+def access_table(space: Space) -> AccessTable:
+    """The :class:`AccessTable` of a space (layouts read from a probe lowering).
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> from codegen.target import Target
+        >>> t = access_table(Space(conv2d(1, 4, 6, 6, out_channels=8, padding=1), "conv_direct", Target()))
+        >>> t.shape.shape, float(t.data_copy)
+        ((11, 4), 1.0)
+    """
+    con, task, sk = space.con, space.task, space.sketch
+    names = [a.name for a in space.axes]
+    plan = lower(space, _probe_config(space))
+    bufs = plan.buffers
+    vi, wi = names.index(sk.vector_axis), names.index(sk.weight_axis)
+    data_l = _layout_spec(bufs["data"].layout, vi, False)
+    weight_l = _layout_spec(bufs["weight"].layout, wi, True)
+    scratch = "scratch" in bufs
+    scratch_l = _layout_spec(bufs["scratch"].layout, vi, False) if scratch else ("plain",)
+    out_acc = Access("out", con.out.shape, con.out.dims)
+    api = Access("data_in", con.data_api_shape, tuple(() for _ in con.data_api_shape))
+    bias = con.bias if con.bias is not None else out_acc
+    descs = [  # in SLOTS order, then the scratch variants of the two acc slots
+        _descriptor(space, con.data, data_l, BODY, READ, True),
+        _descriptor(space, con.weight, weight_l, BODY, READ, True),
+        _descriptor(space, out_acc, ("plain",), ACC, READ_WRITE, True),
+        _descriptor(space, out_acc, ("plain",), EPILOGUE, READ, True),
+        _descriptor(space, out_acc, ("plain",), EPILOGUE, WRITE, True),
+        _descriptor(space, bias, ("plain",), EPILOGUE, READ, con.bias is not None),
+        _descriptor(space, out_acc, ("plain",), EPILOGUE, READ, task.residual),
+        _descriptor(space, api, ("plain",), COPY, READ, plan.data_copy),
+        _descriptor(space, con.data, data_l, COPY, WRITE, plan.data_copy),
+        _descriptor(space, out_acc, scratch_l, ACC, READ_WRITE, True),
+        _descriptor(space, out_acc, scratch_l, EPILOGUE, READ, True),
+    ]
+    stacked = {k: jnp.asarray(np.stack([np.asarray(d[k]) for d in descs]), jnp.float32) for k in descs[0]}
+    epi_static = con.bias is not None or task.residual or task.act is not None
+    epi_ops = int(con.bias is not None) + int(task.residual) + int(task.act is not None)
+    return AccessTable(**stacked, scratch_possible=jnp.float32(scratch), epi_static=jnp.float32(epi_static),
+                       epi_ops=jnp.float32(epi_ops), data_copy=jnp.float32(plan.data_copy))
+
+
+def feature_inputs(relaxation: Relaxation | Space) -> FeatureInputs:
+    """The :class:`FeatureInputs` of a relaxation (or a space, relaxed with fp32 elements).
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> inp = feature_inputs(Space(matmul(8, 8, 8), "gemm_packed", Target()))
+        >>> inp.access.kind.argmax(-1).tolist()
+        [0, 0, 1, 2, 2, 2, 2, 3, 3, 1, 2]
+    """
+    rel = relaxation if isinstance(relaxation, Relaxation) else Relaxation(relaxation)
+    return FeatureInputs(rel.arrays, access_table(rel.space))
+
+
+# ----------------------------------------------------------------------------------------------
+# The features (jnp)
+# ----------------------------------------------------------------------------------------------
+
+def _level_logs(rs: RelaxedSpace, lt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``logT [A + 1, 6]``: log of each axis's index range in the tile at each level (a dummy axis
+    of extent 1 appended); ``lp [6]``: log of the product of the loop extents at each position."""
+    levels = jnp.arange(N_POS)
+    real = (rs.pos >= 0)[..., None]
+    inner = (real & (rs.pos[..., None] >= levels)).astype(jnp.float32)  # [A, 4, 6]
+    at = (real & (rs.pos[..., None] == levels)).astype(jnp.float32)
+    log_t = jnp.einsum("al,alk->ak", lt, inner)
+    lp = jnp.einsum("al,alk->k", lt, at)
+    return jnp.concatenate([log_t, jnp.zeros((1, N_POS))], axis=0), lp
+
+
+
+
+def _product(a: jax.Array, axis: int) -> jax.Array:
+    # An explicit chain of multiplies: jnp.prod's gradient (cumulative products) compiles slowly.
+    parts = [jax.lax.index_in_dim(a, i, axis, keepdims=False) for i in range(a.shape[axis])]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out * p
+    return out
+
+
+def _descriptor_quantities(at: AccessTable, lt: jax.Array, t_range: jax.Array, lp: jax.Array,
+                           elem: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
+    """Accesses, tiles, footprints, lines and strides of every descriptor."""
+    loops = sm.integer(jnp.exp(lp))
+    log_b = at.block_axis @ lt[:, TILE_LEVELS - 1]
+    block = sm.integer(jnp.exp(log_b))
+    t12 = jnp.einsum("kdja,al->kdjl", at.term_axis, t_range)  # [K, D, 2, 6]
+    t1, t2 = t12[:, :, 0], t12[:, :, 1]
+    c1, c2 = at.term_coef[..., 0, None], at.term_coef[..., 1, None]
+    collide = sm.relu(t1 - at.norm_b[..., None]) * sm.relu(t2 - at.norm_a[..., None])
+    count = jnp.where(at.radix[..., None] > 0, t1 * t2, t1 * t2 - collide)
+    span = c1 * (t1 - 1.0) + c2 * (t2 - 1.0) + 1.0
+    copy = (at.kind[:, COPY] > 0)[:, None]
+    size = _product(at.shape, axis=-1)
+    unique = jnp.where(copy, size[:, None], _product(count, axis=1))  # [K, 6]
+    blocked = (at.blocked > 0)[:, None]
+    col_count = jnp.where(blocked, block[:, None], jnp.where(copy, at.shape[:, -1:], count[:, -1]))
+    col_span = jnp.where(blocked, block[:, None], jnp.where(copy, at.shape[:, -1:], span[:, -1]))
+    lines = unique / col_count * sm.ceil_div(col_span * elem, float(LINE_BYTES))
+    inside = at.enclosing * lp
+    ntiles = sm.integer(jnp.exp(inside @ jnp.asarray(_BEFORE)))  # loops at positions < L
+    execs = sm.integer(jnp.exp(inside.sum(-1)))
+    options = jnp.stack([unique[:, -1], unique[:, -1] * (2.0 - 1.0 / loops[2]), jnp.ones_like(size), size], -1)
+    per_exec = (at.kind * options).sum(-1)
+    log_s = jnp.einsum("kde,ke->kd", at.stride_m, jnp.log(at.shape)) + at.stride_beta * log_b[:, None]
+
+    def stride(dim, coef, one):
+        log_v = (dim * log_s).sum(-1) + jnp.log(coef) - (dim * at.block_dim).sum(-1) * log_b
+        return sm.integer(jnp.exp(jnp.where(one > 0, 0.0, log_v)))
+
+    return dict(accesses=execs * per_exec, ntiles=ntiles, unique=unique, lines=lines, size=size,
+                vstride=stride(at.vdim, at.vcoef, at.vone), vdep=at.vdep,
+                rstride=stride(at.rdim, at.rcoef, 0.0 * at.rcoef), rdep=at.rdep,
+                kind=at.kind, rw=at.rw, present=at.present)
+
+
+def _to_slots(q: dict[str, jax.Array], is_scratch: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
+    """Descriptor quantities -> slot quantities (the acc slots select their variant)."""
+    n = len(SLOTS)
+    out = {}
+    for k, v in q.items():
+        acc = sm.select(is_scratch, v[n:], v[_ALT])
+        out[k] = jnp.concatenate([v[: _ALT.start], acc, v[_ALT.stop: n]], axis=0)
+    return out
+
+
+def _cache_traffic(s: dict[str, jax.Array], ub: jax.Array, caches: jax.Array, sm: Smooth):
+    """Per-slot bytes moved from each cache level ``[S, 3]`` and the total compute footprint."""
+    compute = jnp.asarray(_COMPUTE_SLOTS)
+    footprint = (ub * compute[:, None]).sum(0)  # [6]
+    fit = sm.le(footprint[:, None], caches[None, :] + 0.5)  # [6, 3]
+    # the outermost fitting level takes the traffic: fit[L] · Π_{L' < L} (1 − fit[L'])
+    before = _product(1.0 - fit[:, None, :] * jnp.asarray(_BEFORE)[:, :, None], axis=0)  # [6, 3]
+    none = before[-1] * (1.0 - fit[-1])
+    moved = jnp.einsum("lc,sl->sc", fit * before, ub * s["ntiles"]) + none[None, :] * (
+        s["accesses"] * s["elem"])[:, None]
+    traffic = jnp.where(compute[:, None] > 0, moved, ub[:, :1])
+    return traffic, footprint, fit
+
+
+def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
+    """Features of one point ``x [N_X]``: ``Features(access [9, 56], mask [9], glob [57])``.
+
+    Hard mode (``Smooth.hard_mode()``) at an integer point equals :func:`felixjax.extract.extract`
+    of the config; soft mode is differentiable in ``x`` (and in the float inputs: extents, shapes,
+    element size, cache sizes). Values are ``log(1 + max(v, 0))``.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
+        >>> rel = Relaxation(sp)
+        >>> f = features(feature_inputs(rel), jnp.asarray(rel.to_x(sp.default())), Smooth.hard_mode())
+        >>> round(float(jnp.expm1(f.glob[GLOBAL_FEATURES.index("flops")])))
+        7680
+    """
+    rs, at, sm = inputs.knobs, inputs.access, smooth
+    lt = log_tiles(rs, x)
+    if sm.hard:
+        lt = jnp.log(jnp.round(jnp.exp(lt)))
+    log_range, lp = _level_logs(rs, lt)
+    t_range = sm.integer(jnp.exp(log_range))
+    elem = rs.elem_bytes
+    q = _descriptor_quantities(at, lt, t_range, lp, elem, sm)
+    t_v3 = sm.integer(jnp.exp(jnp.sum(rs.vec_axis * lt[:, -1])))
+    is_scratch = at.scratch_possible * sm.step(jnp.log(t_v3) - jnp.log(1.5))
+    epilogue = at.epi_static + (1.0 - at.epi_static) * is_scratch
+    s = _to_slots(q, is_scratch, sm)
+    s["elem"] = jnp.broadcast_to(elem, s["size"].shape)
+    caches = jnp.stack([rs.l1_bytes, rs.l2_bytes, rs.l3_bytes])
+
+    per_tile = s["accesses"][:, None] / s["ntiles"]  # [S, 6]
+    ub = elem * s["unique"]
+    traffic, footprint, footprint_fits = _cache_traffic(s, ub, caches, sm)
+    levels = jnp.stack([elem * per_tile, ub, s["lines"], per_tile / s["unique"]], axis=-1)
+    fits = sm.le(ub[..., None], caches + 0.5)
+    levels = jnp.concatenate([levels, fits], axis=-1).reshape(len(SLOTS), -1)  # level-major
+
+    kind = s["kind"]
+    stmt = jnp.stack([kind[:, BODY] + kind[:, ACC], kind[:, EPILOGUE], kind[:, COPY]], -1)
+    contiguous = s["vdep"] * sm.eq(s["vstride"], 1.0)
+    head = jnp.concatenate([s["rw"], stmt, jnp.stack([
+        elem * s["size"], s["vdep"] * s["vstride"], contiguous, 1.0 - s["vdep"], s["rdep"] * s["rstride"]], -1)], -1)
+    access = _concat([head, levels, traffic], axis=-1) * s["present"][:, None]
+    mask = jnp.concatenate([jnp.ones(3), jnp.stack([epilogue, epilogue]), s["present"][5:]])
+
+    glob = _global_features(rs, at, x, lt, lp, s, mask, ub, traffic, footprint, footprint_fits,
+                            t_v3, is_scratch, epilogue, sm)
+    return Features(_log1p(access), mask, _log1p(glob))
+
+
+def _global_features(rs, at, x, lt, lp, s, mask, ub, traffic, footprint, footprint_fits, t_v3, is_scratch,
+                     epilogue, sm: Smooth) -> jax.Array:
+    elem = rs.elem_bytes
+    loops = sm.integer(jnp.exp(lp))
+    outputs = sm.integer(jnp.exp(jnp.sum(rs.spatial * rs.log_extent)))
+    reduction = sm.integer(jnp.exp(jnp.sum(rs.reduce * rs.log_extent)))
+    flops = 2.0 * outputs * reduction + at.epi_ops * outputs
+    moved = (mask[:, None] * traffic).sum(0)  # [3]
+    vec = sm.integer(jnp.exp2(x[I_VEC]))
+    block = sm.integer(jnp.exp(jnp.sum(rs.spatial * lt[:, -1])))
+    accs = block / vec
+    par = jnp.round(x[I_PAR]) if sm.hard else x[I_PAR]
+    fused = sm.ramp(par - rs.spatial_rank)
+    chunks = sm.integer(jnp.exp(jnp.sum(fused * lt[:, 0])))
+    balance = chunks / (sm.ceil_div(chunks, rs.cores) * rs.cores)
+    unroll = sm.integer(jnp.exp2(x[I_UNROLL]))
+    return _concat([
+        jnp.stack([flops, elem, (mask * elem * s["accesses"]).sum(), (mask * ub[:, 0]).sum()]),
+        moved,
+        jnp.stack([flops / moved[2], flops / moved[0], vec, vec / rs.simd_lanes, accs, accs / rs.max_acc,
+                   sm.le(accs, rs.max_acc + 0.5), block / t_v3, t_v3 / vec, par, chunks, balance,
+                   sm.ge(chunks, rs.cores - 0.5)]),
+        loops,
+        jnp.stack([unroll, sm.minimum(unroll, loops[4])]),
+        footprint,
+        footprint_fits.reshape(-1),
+        jnp.stack([at.data_copy, is_scratch, epilogue, outputs, reduction]),
+    ])
+
+
+def _concat(parts: list[jax.Array], axis: int = 0) -> jax.Array:
+    # Materialize the parts first: a concatenate fused with its producers compiles very slowly on
+    # XLA:CPU (every operand's producer tree is emitted per output element branch).
+    return jnp.concatenate(jax.lax.optimization_barrier(parts), axis=axis)
+
+
+def _log1p(v: jax.Array) -> jax.Array:
+    return jnp.log1p(jnp.maximum(v, 0.0))
+
+
+batch_features = jax.jit(jax.vmap(features, in_axes=(None, 0, None)))
+"""``batch_features(inputs, x [B, N_X], smooth) -> Features([B, 9, 56], [B, 9], [B, 57])``, jitted."""
+
+
+def config_features(relaxation: Relaxation, configs: Sequence[Config],
+                    inputs: FeatureInputs | None = None) -> Features:
+    """Exact (hard-mode) features of integer configs, e.g. measured ones for training, as numpy.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target()))
+        >>> config_features(rel, [rel.space.default()]).access.shape
+        (1, 9, 56)
+    """
+    inputs = inputs if inputs is not None else feature_inputs(relaxation)
+    xs = jnp.asarray(np.stack([relaxation.to_x(c) for c in configs]))
+    f = batch_features(inputs, xs, Smooth.hard_mode())
+    return Features(*(np.asarray(a) for a in f))

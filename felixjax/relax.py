@@ -1,0 +1,630 @@
+"""Relaxation of a schedule space into continuous variables (DESIGN.md ③–④).
+
+A :class:`~codegen.space.Config` of the CPU sketch becomes a vector ``x`` of fixed length
+:data:`N_X`:
+
+* ``x[:N_TILE]`` reshaped ``[MAX_AXES, FREE_LEVELS, MAX_PRIMES]``: for every axis, free tile level
+  and prime factor of the axis's extent, the exponent of that prime in the tile. Spatial axes have
+  the free levels S1, S2, S3 (slots 0, 1, 2); reduction axes R1 (slot 0). The outermost level (S0,
+  R0) is the quotient. Tile = Π_p p^x over the extent's **actual** primes (197, 13, 1000 = 2³5³
+  all work), so divisibility and Π tiles = extent become the linear constraints
+  ``Σ_levels x[a, :, p] ≤ e[a, p]``, ``x ≥ 0``.
+* ``x[I_UNROLL]``: log2(unroll) in [0, 9].
+* ``x[I_VEC]``: log2(vec) in [0, log2 simd_lanes]; rounded to the allowed widths {1, 4, 8, 16}.
+* ``x[I_PAR]``: parallel fuse depth in [0, n_spatial].
+
+Padding: every space uses the same sizes (``MAX_AXES = 8`` axes, the most any op has (conv2d);
+``MAX_PRIMES = 4`` distinct primes per extent (2·3·5·7 = 210 is the smallest extent with four; an
+extent with five distinct primes, ≥ 2310, raises ``ValueError``); ``FREE_LEVELS = 3``). Unused slots
+are masked, so one ``jax.jit`` compilation serves every task, shape and sketch.
+
+:class:`RelaxedSpace` holds those arrays (a pytree: it can be stacked and vmapped over tasks);
+:class:`Relaxation` wraps it with the integer side: ``to_x``/``from_x``, sampling, rounding with
+repair, and the ±1 integer neighbourhood.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target(cores=2, simd_lanes=16, vector_registers=32))
+    >>> rel = Relaxation(sp)
+    >>> cfg = sp.default()
+    >>> rel.from_x(rel.to_x(cfg)) == cfg
+    True
+    >>> import jax
+    >>> all(sp.is_valid(c) for c in rel.round_x(rel.sample_x(jax.random.PRNGKey(0), 8)))
+    True
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen.space import UNROLL_CHOICES, Config, Space, factorize
+
+MAX_AXES = 8
+MAX_PRIMES = 4
+FREE_LEVELS = 3
+TILE_LEVELS = 4  # S0..S3 (reduction axes use R0, R1 and leave 2, 3 empty)
+N_TILE = MAX_AXES * FREE_LEVELS * MAX_PRIMES
+I_UNROLL, I_VEC, I_PAR = N_TILE, N_TILE + 1, N_TILE + 2
+N_X = N_TILE + 3
+UNROLL_LOG2_MAX = int(math.log2(UNROLL_CHOICES[-1]))  # 9
+
+# Nest positions of the loop levels, outermost first: S0 S1 R0 S2 R1 S3.
+POSITIONS = ("S0", "S1", "R0", "S2", "R1", "S3")
+N_POS = len(POSITIONS)
+_SPATIAL_POS = (0, 1, 3, 5)
+_REDUCE_POS = (2, 4, -1, -1)
+
+# Hardware constraint names, in the order `constraints` returns them; the last one is soft.
+CONSTRAINTS = ("vec_divides_inner_tile", "register_block", "parallel_chunks")
+
+
+class RelaxedSpace(NamedTuple):
+    """Fixed-size arrays describing one (task, sketch, target) for jitted relaxed code.
+
+    Attributes:
+        log_p: ``[A, P]`` log of each prime of each axis's extent (0 in padding).
+        cap: ``[A, P]`` exponent of that prime in the extent (0 in padding).
+        slot_mask: ``[A, J, P]`` 1 where ``x`` has a free variable.
+        log_extent: ``[A]`` log of each extent (an input: pruning knobs may move it).
+        pos: ``[A, TILE_LEVELS]`` nest position (0..5) of each tile level, −1 where none.
+        spatial: ``[A]`` 1 for real spatial axes.
+        reduce: ``[A]`` 1 for real reduction axes.
+        spatial_rank: ``[A]`` order in which parallel fusion takes spatial axes (1e6 otherwise).
+        vec_axis: ``[A]`` one-hot of the sketch's vector axis.
+        vec_two: ``[A, P]`` one-hot of prime 2 of the vector axis (all 0 if its extent is odd).
+        n_spatial: number of spatial axes (upper bound of the parallel depth).
+        log2_simd: log2 of the target's fp32 lanes (upper bound of ``x[I_VEC]``).
+        cores, l1_bytes, l2_bytes, l3_bytes: the target.
+        max_acc: register budget in vector accumulators (``Space.max_accumulators``).
+        simd_lanes: fp32 lanes of one vector register.
+        elem_bytes: bytes per element (4 for fp32; an input for precision knobs).
+    """
+
+    log_p: jax.Array
+    cap: jax.Array
+    slot_mask: jax.Array
+    log_extent: jax.Array
+    pos: jax.Array
+    spatial: jax.Array
+    reduce: jax.Array
+    spatial_rank: jax.Array
+    vec_axis: jax.Array
+    vec_two: jax.Array
+    n_spatial: jax.Array
+    log2_simd: jax.Array
+    cores: jax.Array
+    l1_bytes: jax.Array
+    l2_bytes: jax.Array
+    l3_bytes: jax.Array
+    max_acc: jax.Array
+    simd_lanes: jax.Array
+    elem_bytes: jax.Array
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the arrays
+# ----------------------------------------------------------------------------------------------
+
+def axis_primes(extent: int) -> tuple[tuple[int, int], ...]:
+    """The prime factorization ``((p, e), ...)`` of an extent, checked against ``MAX_PRIMES``.
+
+    Example:
+        >>> axis_primes(1000), axis_primes(197)
+        (((2, 3), (5, 3)), ((197, 1),))
+    """
+    f = factorize(int(extent))
+    if len(f) > MAX_PRIMES:
+        raise ValueError(f"extent {extent} has {len(f)} distinct prime factors; at most {MAX_PRIMES} "
+                         f"are supported (raise felixjax.relax.MAX_PRIMES)")
+    return f
+
+
+def relaxed_space(space: Space, *, elem_bytes: int = 4) -> RelaxedSpace:
+    """Build the fixed-size arrays of a space.
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> from codegen.target import Target
+        >>> sp = Space(conv2d(1, 4, 6, 6, out_channels=8, padding=1), "conv_direct", Target(cores=2))
+        >>> rs = relaxed_space(sp)
+        >>> rs.cap.shape, float(rs.n_spatial)
+        ((8, 4), 5.0)
+    """
+    axes = space.axes
+    if len(axes) > MAX_AXES:
+        raise ValueError(f"{space}: {len(axes)} axes, at most {MAX_AXES} supported")
+    f32 = np.float32
+    log_p = np.zeros((MAX_AXES, MAX_PRIMES), f32)
+    cap = np.zeros((MAX_AXES, MAX_PRIMES), f32)
+    mask = np.zeros((MAX_AXES, FREE_LEVELS, MAX_PRIMES), f32)
+    log_extent = np.zeros(MAX_AXES, f32)
+    pos = np.full((MAX_AXES, TILE_LEVELS), -1, np.int32)
+    spatial = np.zeros(MAX_AXES, f32)
+    reduce = np.zeros(MAX_AXES, f32)
+    rank = np.full(MAX_AXES, 1e6, f32)
+    vec_axis = np.zeros(MAX_AXES, f32)
+    vec_two = np.zeros((MAX_AXES, MAX_PRIMES), f32)
+    n_sp = 0
+    for i, a in enumerate(axes):
+        primes = axis_primes(a.extent)
+        for j, (p, e) in enumerate(primes):
+            log_p[i, j], cap[i, j] = math.log(p), e
+        mask[i, : (1 if a.reduce else FREE_LEVELS), : len(primes)] = 1
+        log_extent[i] = math.log(a.extent)
+        pos[i] = _REDUCE_POS if a.reduce else _SPATIAL_POS
+        reduce[i], spatial[i] = float(a.reduce), float(not a.reduce)
+        if not a.reduce:
+            rank[i] = n_sp
+            n_sp += 1
+        if i == space.vector_index:
+            vec_axis[i] = 1
+            for j, (p, _) in enumerate(primes):
+                vec_two[i, j] = float(p == 2)
+    t = space.target
+    return RelaxedSpace(
+        jnp.asarray(log_p), jnp.asarray(cap), jnp.asarray(mask), jnp.asarray(log_extent), jnp.asarray(pos),
+        jnp.asarray(spatial), jnp.asarray(reduce), jnp.asarray(rank), jnp.asarray(vec_axis),
+        jnp.asarray(vec_two), jnp.float32(n_sp), jnp.float32(math.log2(max(space.vec_choices))),
+        jnp.float32(t.cores), jnp.float32(t.l1d_bytes), jnp.float32(t.l2_bytes), jnp.float32(t.l3_bytes),
+        jnp.float32(space.max_accumulators), jnp.float32(t.simd_lanes), jnp.float32(elem_bytes))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure jnp functions of x (jit / vmap friendly)
+# ----------------------------------------------------------------------------------------------
+
+def tile_exponents(x: jax.Array) -> jax.Array:
+    """``x[..., :N_TILE]`` as ``[..., A, J, P]``.
+
+    Example:
+        >>> tile_exponents(jnp.zeros(N_X)).shape
+        (8, 3, 4)
+    """
+    return x[..., :N_TILE].reshape(x.shape[:-1] + (MAX_AXES, FREE_LEVELS, MAX_PRIMES))
+
+
+def log_tiles(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
+    """Log tile sizes ``[A, TILE_LEVELS]`` of one ``x``: level 0 is the quotient ``log E − Σ free``.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
+        >>> rel = Relaxation(sp)
+        >>> cfg = sp.default()
+        >>> t = jnp.exp(log_tiles(rel.arrays, jnp.asarray(rel.to_x(cfg))))
+        >>> [round(float(v)) for v in t[1]] == list(cfg.tiles[1])
+        True
+    """
+    free = jnp.einsum("ajp,ap->aj", tile_exponents(x) * rs.slot_mask, rs.log_p)
+    level0 = rs.log_extent - free.sum(-1)
+    return jnp.concatenate([level0[:, None], free], axis=1)
+
+
+def _project_groups(y: jax.Array, valid: jax.Array, cap: jax.Array) -> jax.Array:
+    """Euclidean projection of each row of ``y`` (last axis, entries where ``valid``) onto the
+    capped simplex ``{z ≥ 0, Σ z ≤ cap}``."""
+    y = jnp.where(valid, y, 0.0)
+    pos_part = jnp.maximum(y, 0.0)
+    inside = pos_part.sum(-1) <= cap
+    # otherwise project onto {z ≥ 0, Σ z = cap}: z = max(y − θ, 0) with the sort-based θ
+    u = -jnp.sort(-jnp.where(valid, y, -1e30), axis=-1)
+    k = jnp.arange(1, y.shape[-1] + 1, dtype=y.dtype)
+    css = jnp.cumsum(jnp.where(valid, u, 0.0), axis=-1)
+    sorted_valid = -jnp.sort(-valid.astype(y.dtype), axis=-1) > 0
+    cond = sorted_valid & (u - (css - cap[..., None]) / k > 0)
+    rho = jnp.maximum(cond.sum(-1), 1)
+    theta = (jnp.take_along_axis(css, (rho - 1)[..., None], axis=-1)[..., 0] - cap) / rho
+    on_face = jnp.where(valid, jnp.maximum(y - theta[..., None], 0.0), 0.0)
+    return jnp.where(inside[..., None], pos_part, on_face)
+
+
+def project(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
+    """Project ``x`` (any leading batch axes) onto the polytope: a capped simplex per (axis, prime)
+    and boxes for unroll, vec and parallel. Padded slots become 0.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> rel = Relaxation(Space(matmul(2, 2, 2), "gemm_packed", Target()))
+        >>> x = jnp.zeros(N_X).at[4 * 3 * 1].set(0.6).at[4 * 3 * 1 + 4].set(0.6)  # axis m: S1, S2 of prime 2
+        >>> [round(float(v), 3) for v in project(rel.arrays, x)[12:20:4]]
+        [0.5, 0.5]
+    """
+    ex = jnp.swapaxes(tile_exponents(x), -1, -2)  # [..., A, P, J]
+    valid = jnp.swapaxes(rs.slot_mask, -1, -2) > 0
+    proj = jnp.swapaxes(_project_groups(ex, valid, rs.cap), -1, -2)
+    lead = x.shape[:-1]
+    tiles = proj.reshape(lead + (N_TILE,))
+    unroll = jnp.clip(x[..., I_UNROLL], 0.0, UNROLL_LOG2_MAX)
+    vec = jnp.clip(x[..., I_VEC], 0.0, rs.log2_simd)
+    par = jnp.clip(x[..., I_PAR], 0.0, rs.n_spatial)
+    return jnp.concatenate([tiles, unroll[..., None], vec[..., None], par[..., None]], axis=-1)
+
+
+def sample(rs: RelaxedSpace, key: jax.Array, n: int) -> jax.Array:
+    """``n`` points uniform in the polytope ``[n, N_X]``.
+
+    Each (axis, prime) group is uniform on its capped simplex ``{y ≥ 0, Σ y ≤ e}`` (a flat
+    Dirichlet over the free levels plus the slack, scaled by ``e``); the scalar knobs are uniform
+    on their intervals.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
+        >>> sample(rel.arrays, jax.random.PRNGKey(0), 5).shape
+        (5, 99)
+    """
+    k_tiles, k_scalars = jax.random.split(key)
+    e = jax.random.exponential(k_tiles, (n, MAX_AXES, MAX_PRIMES, FREE_LEVELS + 1))
+    valid = jnp.concatenate([jnp.swapaxes(rs.slot_mask, -1, -2), jnp.ones((MAX_AXES, MAX_PRIMES, 1))], -1)
+    e = e * valid
+    w = e / e.sum(-1, keepdims=True)
+    y = w[..., :FREE_LEVELS] * rs.cap[..., None]
+    tiles = jnp.swapaxes(y, -1, -2).reshape(n, N_TILE)
+    u = jax.random.uniform(k_scalars, (n, 3))
+    hi = jnp.stack([jnp.float32(UNROLL_LOG2_MAX), rs.log2_simd, rs.n_spatial])
+    return jnp.concatenate([tiles, u * hi], axis=-1)
+
+
+def constraints(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
+    """Hardware constraints ``g(x) = log lhs − log rhs ≤ 0`` of one ``x``, in :data:`CONSTRAINTS` order.
+
+    * ``vec_divides_inner_tile``: ``log vec ≤ log 2^(ν₂(S3 tile of the vector axis))``, i.e. the
+      vector width divides the innermost tile (stronger than ``vec ≤ tile``, and linear in ``x``);
+    * ``register_block``: ``log(Π S3 tiles / vec) ≤ log max_acc``;
+    * ``parallel_chunks`` (soft, a preference): ``log cores ≤ log(parallel chunks)``.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target(cores=2, simd_lanes=16, vector_registers=32))
+        >>> rel = Relaxation(sp)
+        >>> bool((constraints(rel.arrays, jnp.asarray(rel.to_x(sp.default())))[:2] <= 1e-6).all())
+        True
+    """
+    lt = log_tiles(rs, x)
+    ln2 = jnp.log(2.0)
+    two_exp = jnp.sum(tile_exponents(x)[:, FREE_LEVELS - 1, :] * rs.vec_two)
+    g_vec = ln2 * (x[I_VEC] - two_exp)
+    log_block = jnp.sum(lt[:, TILE_LEVELS - 1] * rs.spatial)
+    g_reg = log_block - ln2 * x[I_VEC] - jnp.log(rs.max_acc)
+    fused = jnp.clip(x[I_PAR] - rs.spatial_rank, 0.0, 1.0)
+    g_par = jnp.log(rs.cores) - jnp.sum(fused * lt[:, 0])
+    return jnp.stack([g_vec, g_reg, g_par])
+
+
+def penalty(rs: RelaxedSpace, x: jax.Array, *, soft_weight: float = 0.1) -> jax.Array:
+    """Squared-hinge penalty ``Σ w·max(g, 0)²`` of one ``x`` (the soft constraint weighted lower).
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target(cores=1)))
+        >>> float(penalty(rel.arrays, jnp.asarray(rel.to_x(rel.space.default()))))
+        0.0
+    """
+    w = jnp.array([1.0, 1.0, soft_weight])
+    return jnp.sum(w * jnp.maximum(constraints(rs, x), 0.0) ** 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Integer side (numpy): encoding, rounding with repair, neighbourhood
+# ----------------------------------------------------------------------------------------------
+
+def _valuation(n: int, p: int) -> int:
+    k = 0
+    while n % p == 0 and n > 1:
+        n //= p
+        k += 1
+    return k
+
+
+def _largest_remainder(y: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Round the rows of ``y`` (``[..., m]``, ≥ 0) to integers summing exactly to ``total`` (``[...]``):
+    floor, then give the missing units to the largest fractional parts (ties: lowest index)."""
+    s = y.sum(-1, keepdims=True)
+    scaled = np.where(s > 0, y * (total[..., None] / np.where(s > 0, s, 1.0)), 0.0)
+    base = np.floor(scaled + 1e-9)
+    missing = (total - base.sum(-1)).astype(np.int64)
+    frac = scaled - base
+    order = np.argsort(-frac, axis=-1, kind="stable")
+    rank = np.argsort(order, axis=-1, kind="stable")
+    return (base + (rank < missing[..., None])).astype(np.int64)
+
+
+class Relaxation:
+    """The relaxed view of one :class:`~codegen.space.Space`.
+
+    Attributes:
+        space: the integer space.
+        arrays: its :class:`RelaxedSpace` (what jitted code takes).
+        primes: per axis, the ``(p, e)`` factorization of its extent.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
+        >>> rel.primes[1]
+        ((2, 3),)
+    """
+
+    def __init__(self, space: Space, *, elem_bytes: int = 4):
+        self.space = space
+        self.arrays = relaxed_space(space, elem_bytes=elem_bytes)
+        self.primes = tuple(axis_primes(a.extent) for a in space.axes)
+        self._vec_log2 = np.array(sorted(int(math.log2(v)) for v in space.vec_choices))
+
+    def __repr__(self) -> str:
+        return f"Relaxation({self.space!r})"
+
+    # ---- encoding -----------------------------------------------------------------------------------
+    def to_x(self, config: Config) -> np.ndarray:
+        """The exact continuous point ``[N_X]`` (float32) of an integer config.
+
+        Raises:
+            ValueError: a tile is not a product of its extent's primes, or tiles do not multiply
+                to the extent.
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
+            >>> x = Relaxation(sp).to_x(sp.default())
+            >>> x.shape
+            (99,)
+        """
+        if len(config.tiles) != len(self.space.axes):
+            raise ValueError(f"config has {len(config.tiles)} axes, space has {len(self.space.axes)}")
+        x = np.zeros(N_X, np.float32)
+        ex = x[:N_TILE].reshape(MAX_AXES, FREE_LEVELS, MAX_PRIMES)
+        for a, (axis, tiles, primes) in enumerate(zip(self.space.axes, config.tiles, self.primes)):
+            if math.prod(tiles) != axis.extent:
+                raise ValueError(f"tiles of {axis.name} {tiles} do not multiply to {axis.extent}")
+            for lvl, t in enumerate(tiles[1:]):
+                rest = t
+                for j, (p, _) in enumerate(primes):
+                    k = _valuation(t, p)
+                    ex[a, lvl, j] = k
+                    rest //= p ** k
+                if rest != 1:
+                    raise ValueError(f"tile {t} of {axis.name} is not a divisor of {axis.extent}")
+        x[I_UNROLL] = math.log2(config.unroll)
+        x[I_VEC] = math.log2(config.vec)
+        x[I_PAR] = config.parallel
+        return x
+
+    def _tiles_from_exponents(self, ex: np.ndarray) -> tuple[tuple[int, ...], ...]:
+        """``ex[a, level, prime]`` integer exponents of all tile levels -> tiles per axis."""
+        out = []
+        for a, (axis, primes) in enumerate(zip(self.space.axes, self.primes)):
+            levels = 2 if axis.reduce else TILE_LEVELS
+            out.append(tuple(math.prod(p ** int(ex[a, lvl, j]) for j, (p, _) in enumerate(primes))
+                             for lvl in range(levels)))
+        return tuple(out)
+
+    def from_x(self, x: np.ndarray) -> Config:
+        """The config at an integer point (exponents rounded to the nearest integer; no repair).
+
+        The exact inverse of :meth:`to_x` on integer points. Use :meth:`round_x` for arbitrary
+        continuous points.
+
+        Raises:
+            ValueError: the rounded exponents of an (axis, prime) exceed the extent's exponent.
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
+            >>> rel = Relaxation(sp)
+            >>> rel.from_x(rel.to_x(sp.default())) == sp.default()
+            True
+        """
+        x = np.asarray(x, np.float64)
+        free = np.rint(tile_exponents(x)).astype(np.int64) * np.asarray(self.arrays.slot_mask, np.int64)
+        cap = np.asarray(self.arrays.cap, np.int64)
+        level0 = cap - free.sum(1)
+        if (level0 < 0).any():
+            raise ValueError("exponents exceed their extent's prime exponent; use round_x")
+        ex = np.concatenate([level0[:, None, :], free], axis=1)
+        return Config(self.space.sketch.name, self._tiles_from_exponents(ex), int(np.rint(x[I_PAR])),
+                      int(2 ** np.rint(x[I_VEC])), int(2 ** np.rint(x[I_UNROLL])))
+
+    # ---- sampling and projection --------------------------------------------------------------------
+    def sample_x(self, key: jax.Array, n: int) -> jax.Array:
+        """``n`` points uniform in the polytope (see :func:`sample`).
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target())).sample_x(jax.random.PRNGKey(1), 3).shape
+            (3, 99)
+        """
+        return sample(self.arrays, key, n)
+
+    def project(self, x: jax.Array) -> jax.Array:
+        """Projection onto the polytope (see :func:`project`)."""
+        return project(self.arrays, jnp.asarray(x, jnp.float32))
+
+    def constraints(self, x: jax.Array) -> jax.Array:
+        """Hardware constraints of one ``x`` (see :func:`constraints`)."""
+        return constraints(self.arrays, x)
+
+    def penalty(self, x: jax.Array, *, soft_weight: float = 0.1) -> jax.Array:
+        """Squared-hinge penalty of one ``x`` (see :func:`penalty`)."""
+        return penalty(self.arrays, x, soft_weight=soft_weight)
+
+    # ---- rounding -----------------------------------------------------------------------------------
+    def _round_exponents(self, xp: np.ndarray) -> np.ndarray:
+        """Projected ``[B, N_X]`` -> integer exponents ``[B, A, TILE_LEVELS, P]`` (level 0 = quotient)."""
+        b = xp.shape[0]
+        free = tile_exponents(xp).transpose(0, 1, 3, 2)  # [B, A, P, J]
+        valid = np.asarray(self.arrays.slot_mask).transpose(0, 2, 1) > 0
+        free = np.where(valid, np.maximum(free, 0.0), 0.0)
+        cap = np.broadcast_to(np.asarray(self.arrays.cap, np.float64), (b, MAX_AXES, MAX_PRIMES))
+        slack = np.maximum(cap - free.sum(-1), 0.0)
+        parts = np.concatenate([slack[..., None], free], axis=-1)  # [B, A, P, 1 + J]
+        ints = _largest_remainder(parts, np.rint(cap))
+        return ints.transpose(0, 1, 3, 2)  # [B, A, 1 + J, P]
+
+    def _round_scalars(self, xp: np.ndarray) -> np.ndarray:
+        unroll = np.clip(np.rint(xp[:, I_UNROLL]), 0, UNROLL_LOG2_MAX)
+        # nearest allowed vector width in log2 (ties to the narrower one)
+        dist = np.abs(xp[:, I_VEC, None] - self._vec_log2[None, :])
+        vec = self._vec_log2[np.argmin(dist, axis=1)]
+        par = np.clip(np.rint(xp[:, I_PAR]), 0, self.space.n_spatial)
+        return np.stack([unroll, vec, par], axis=1).astype(np.int64)
+
+    def _repair(self, ex: np.ndarray, scalars: np.ndarray) -> Config:
+        """Integer exponents + scalars -> a valid config (vec lowered, register block shrunk)."""
+        ex = ex.copy()
+        sp = self.space
+        vi = sp.vector_index
+        tiles = self._tiles_from_exponents(ex)
+        vec = 2 ** int(scalars[1])
+        while tiles[vi][-1] % vec:
+            vec = max(v for v in sp.vec_choices if v < vec)
+        while self._accumulators(tiles, vec) > sp.max_accumulators:
+            a, j = self._shrink_move(ex, tiles, vec)
+            ex[a, TILE_LEVELS - 1, j] -= 1
+            ex[a, TILE_LEVELS - 2, j] += 1
+            tiles = self._tiles_from_exponents(ex)
+        cfg = Config(sp.sketch.name, tiles, int(scalars[2]), vec, int(2 ** scalars[0]))
+        sp.validate(cfg)  # by construction; a failure here is a bug, never a dropped trajectory
+        return cfg
+
+    def _accumulators(self, tiles, vec: int) -> int:
+        s3 = math.prod(t[-1] for t, a in zip(tiles, self.space.axes) if not a.reduce)
+        return s3 // vec
+
+    def _shrink_move(self, ex: np.ndarray, tiles, vec: int) -> tuple[int, int]:
+        """The (axis, prime slot) whose factor moves S3 -> S2: non-vector axes first, then smaller
+        primes, then larger S3 tiles; never one that would break ``vec | S3 tile of the vector axis``."""
+        vi = self.space.vector_index
+        cands = []
+        for a, (axis, primes) in enumerate(zip(self.space.axes, self.primes)):
+            if axis.reduce:
+                continue
+            for j, (p, _) in enumerate(primes):
+                if ex[a, TILE_LEVELS - 1, j] < 1:
+                    continue
+                if a == vi and (tiles[a][-1] // p) % vec:
+                    continue
+                cands.append((a == vi, p, -tiles[a][-1], a, j))
+        if not cands:  # pragma: no cover - impossible: then the block is vec lanes, one accumulator
+            raise AssertionError("register block cannot shrink")
+        _, _, _, a, j = min(cands)
+        return a, j
+
+    def round_x(self, x_batch: jax.Array | np.ndarray) -> list[Config]:
+        """Round continuous points to valid configs, one per row (DESIGN.md ③).
+
+        Project onto the polytope, floor with largest-remainder rounding per (axis, prime) budget
+        (the quotient level takes part, so Σ exponents = e exactly), round the scalar knobs, then
+        repair: lower ``vec`` until it divides the vector axis's S3 tile, and move prime factors from
+        S3 to S2 until the register block fits. Every row yields a valid config (none is dropped);
+        repeated integer points are repaired once.
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target()))
+            >>> len(rel.round_x(np.zeros((4, N_X))))
+            4
+        """
+        configs, index = self.round_unique(x_batch)
+        return [configs[i] for i in index]
+
+    def round_unique(self, x_batch: jax.Array | np.ndarray) -> tuple[list[Config], np.ndarray]:
+        """Like :meth:`round_x`, deduplicated: ``(unique configs, index)`` with
+        ``round_x(x)[i] == unique[index[i]]`` (first-appearance order).
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target()))
+            >>> uniq, idx = rel.round_unique(np.zeros((4, N_X)))
+            >>> len(uniq), idx.tolist()
+            (1, [0, 0, 0, 0])
+        """
+        x = np.asarray(x_batch, np.float32).reshape(-1, N_X)
+        xp = np.asarray(self.project(x), np.float64)
+        ex = self._round_exponents(xp)
+        sc = self._round_scalars(xp)
+        keys = np.concatenate([ex.reshape(len(x), -1), sc], axis=1)
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        configs: list[Config] = []
+        slot_of: dict[Config, int] = {}
+        key_to_slot = np.empty(len(first), np.int64)
+        for k in np.argsort(first, kind="stable"):  # first-appearance order
+            cfg = self._repair(ex[first[k]], sc[first[k]])
+            if cfg not in slot_of:
+                slot_of[cfg] = len(configs)
+                configs.append(cfg)
+            key_to_slot[k] = slot_of[cfg]
+        return configs, key_to_slot[inverse]
+
+    # ---- neighbourhood ------------------------------------------------------------------------------
+    def neighbours(self, config: Config) -> list[Config]:
+        """Valid configs one integer step away: one prime factor moved between two tile levels of an
+        axis (Ansor's tile-size mutation), or unroll / vec / parallel one step up or down.
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
+            >>> nb = Relaxation(sp).neighbours(sp.default())
+            >>> len(nb) > 10 and all(sp.is_valid(c) for c in nb)
+            True
+        """
+        out: list[Config] = []
+        for cand in self._moves(config):
+            if cand != config and cand not in out and self.space.is_valid(cand):
+                out.append(cand)
+        return out
+
+    def _moves(self, config: Config):
+        for a, (tiles, primes) in enumerate(zip(config.tiles, self.primes)):
+            for p, _ in primes:
+                for src in range(len(tiles)):
+                    if tiles[src] % p:
+                        continue
+                    for dst in range(len(tiles)):
+                        if dst != src:
+                            t = list(tiles)
+                            t[src] //= p
+                            t[dst] *= p
+                            new = config.tiles[:a] + (tuple(t),) + config.tiles[a + 1:]
+                            yield Config(config.sketch, new, config.parallel, config.vec, config.unroll)
+        for du in (-1, 1):
+            u = int(math.log2(config.unroll)) + du
+            if 0 <= u <= UNROLL_LOG2_MAX:
+                yield Config(config.sketch, config.tiles, config.parallel, config.vec, 2 ** u)
+        choices = sorted(self.space.vec_choices)
+        i = choices.index(config.vec) if config.vec in choices else None
+        for dv in (-1, 1):
+            if i is not None and 0 <= i + dv < len(choices):
+                yield Config(config.sketch, config.tiles, config.parallel, choices[i + dv], config.unroll)
+        for dp in (-1, 1):
+            yield Config(config.sketch, config.tiles, config.parallel + dp, config.vec, config.unroll)
+
+
+def relax(space: Space, *, elem_bytes: int = 4) -> Relaxation:
+    """The :class:`Relaxation` of a space.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> relax(Space(matmul(8, 8, 8), "gemm_packed", Target())).arrays.cap.shape
+        (8, 4)
+    """
+    return Relaxation(space, elem_bytes=elem_bytes)
