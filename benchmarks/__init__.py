@@ -1,0 +1,1 @@
+"""Benchmarks that write their own tables into docs/BENCHMARKS.md (run them as scripts)."""

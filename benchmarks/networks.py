@@ -1,0 +1,243 @@
+"""Network benchmark (issue 5): whole models tuned with a fixed budget, end to end against onnxruntime.
+
+For each model (default: ResNet-18 and MobileNetV2 at CIFAR-10 shapes, batch 1) it
+
+1. tunes every distinct task with ``fj.tune_model`` (Ansor's gradient task scheduler) under a budget of
+   ``--trials-per-task`` times the number of tasks, and records the tuning wall time;
+2. builds the model twice into one C library each: with the tuned schedules, and with every task's
+   default schedule (the untuned baseline);
+3. checks both builds against onnxruntime on a random input, then times the three contenders interleaved
+   in one process (A B C A B C ..., ``--rounds`` blocks each of at least ``--min-time`` seconds), same
+   thread count for all, onnxruntime with ``allow_spinning`` off; our builds are timed by a loop in C,
+   onnxruntime through IO binding to preallocated buffers.
+
+Compare the ratios of one run, never absolute times across runs: the 2-core development VMs drift by up
+to 1.5x within minutes.
+
+Usage:
+    python benchmarks/networks.py                              # 64 trials per task (tens of minutes)
+    python benchmarks/networks.py --quick                      # smoke test: 2 trials per task
+    python benchmarks/networks.py --trials-per-task 32 --models resnet18 --threads 1
+    python benchmarks/networks.py --write                      # also update docs/BENCHMARKS.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+try:
+    import felixjax  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import felixjax as fj  # noqa: E402
+from codegen.measure import LocalRunner, TimingProtocol  # noqa: E402
+from codegen.target import Target  # noqa: E402
+from felixjax.network import _ort_session, build_model, time_interleaved, tune_model  # noqa: E402
+
+MODELS = ("resnet18", "mobilenet_v2")
+BEGIN, END = "<!-- networks:begin -->", "<!-- networks:end -->"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+
+
+def _log(msg: str) -> None:
+    print(f"[networks] {msg}", file=sys.stderr, flush=True)
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials_per_task: int, strategy: str,
+                db: str, seed: int, rounds: int, min_time_s: float, runner: LocalRunner) -> dict:
+    """Tune, build (tuned and default), check and time one zoo model against onnxruntime."""
+    proto = fj.zoo.make_model(name, dataset=dataset, seed=0)
+    model = fj.load_onnx(proto)
+    n_tasks = len(model.tasks)
+    budget = trials_per_task * n_tasks
+    _log(f"{name}: {n_tasks} tasks, {sum(w for _, w in model.tasks)} anchor ops; tuning {budget} trials ({strategy})")
+    t0 = time.perf_counter()
+    res = tune_model(model, target, trials=budget, db=db, strategy=strategy, seed=seed, threads=threads,
+                     runner=runner, progress=lambda p: _log(
+                         f"{name} round {p['round']} {p['task'].name}: {p['task_trials']} trials, "
+                         f"network est. {p['estimate_s'] * 1e3:.3f} ms, {p['trials']}/{p['budget']}"))
+    tune_s = time.perf_counter() - t0
+    _log(f"{name}: tuned in {tune_s:.0f} s\n{res.table()}")
+    t0 = time.perf_counter()
+    tuned = res.build(threads=threads)
+    default = build_model(model, target, threads=threads)
+    build_s = time.perf_counter() - t0
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
+    sess = _ort_session(proto, threads)
+    in_name = sess.get_inputs()[0].name
+    ref = sess.run(None, {in_name: x})[0]
+    errs = {}
+    for label, exe in (("tuned", tuned), ("default", default)):
+        y = exe(x)
+        errs[label] = float(np.abs(y - ref).max() / np.abs(ref).max())
+        if errs[label] > 1e-3:
+            raise AssertionError(f"{name} {label} build differs from onnxruntime: {errs[label]:.3g}")
+    binding = sess.io_binding()
+    binding.bind_input(in_name, "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
+    ort_out = np.empty(ref.shape, np.float32)
+    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(ref.shape), ort_out.ctypes.data)
+
+    def ort_block(number: int) -> float:
+        t = time.perf_counter()
+        for _ in range(number):
+            sess.run_with_iobinding(binding)
+        return time.perf_counter() - t
+
+    def lib_block(exe):
+        ins, outs = exe._inputs([x]), exe.library.new_outputs()
+        return lambda number: exe.library.timeit(ins, outs, number)
+
+    times = time_interleaved({"tuned": lib_block(tuned), "default": lib_block(default), "onnxruntime": ort_block},
+                             rounds=rounds, min_time_s=min_time_s)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    best = {k: min(v) * 1e3 for k, v in times.items()}
+    _log(f"{name}: tuned {med['tuned']:.3f} ms, default {med['default']:.3f} ms, onnxruntime "
+         f"{med['onnxruntime']:.3f} ms (medians of {rounds})")
+    return {"model": f"{name} ({dataset})", "tasks": n_tasks, "trials": res.trials, "tune_s": tune_s,
+            "build_s": build_s, "median_ms": med, "min_ms": best, "estimate_ms": res.estimated_latency_s * 1e3,
+            "errors": errs, "tuned_tasks": sum(t.best is not None for t in res.tasks)}
+
+
+def render(rows: list[dict], threads: int) -> str:
+    out = [f"End to end, batch 1, {threads} thread(s); median (min) ms of the interleaved blocks; "
+           "speedup = onnxruntime median / tuned build median.", "",
+           "| model | tasks | trials | tuning wall time | default build | tuned build | onnxruntime | speedup vs onnxruntime | "
+           "anchors (sum of tuned kernels) |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        m, b = r["median_ms"], r["min_ms"]
+        out.append(f"| {r['model']} | {r['tasks']} | {r['trials']} | {r['tune_s'] / 60:.1f} min | "
+                   f"{m['default']:.3f} ({b['default']:.3f}) | {m['tuned']:.3f} ({b['tuned']:.3f}) | "
+                   f"{m['onnxruntime']:.3f} ({b['onnxruntime']:.3f}) | {m['onnxruntime'] / m['tuned']:.2f}x | "
+                   f"{r['estimate_ms']:.3f} |")
+    out.append("")
+    for r in rows:
+        out.append(f"- {r['model']}: {r['tuned_tasks']}/{r['tasks']} tasks with a correct tuned kernel; both builds "
+                   f"took {r['build_s']:.0f} s to compile; max |ours - onnxruntime| / max |onnxruntime|: tuned "
+                   f"{r['errors']['tuned']:.1e}, default {r['errors']['default']:.1e}")
+    return "\n".join(out) + "\n"
+
+
+def machine_lines(target: Target) -> list[str]:
+    import onnxruntime
+
+    kib = 1024
+    return [
+        f"- machine: {target.name}, {target.cores} cores, {32 * target.simd_lanes}-bit SIMD, L1d "
+        f"{target.l1d_bytes // kib} KiB, L2 {target.l2_bytes // kib} KiB",
+        f"- software: {target.compiler}; Python {platform.python_version()}, numpy {np.__version__}, "
+        f"onnxruntime {onnxruntime.__version__}",
+    ]
+
+
+def write_doc(text: str, path: Path = DOC) -> None:
+    """Replace the section between the networks markers of docs/BENCHMARKS.md (created if missing)."""
+    section = f"{BEGIN}\n{text.rstrip()}\n{END}"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in old and END in old:
+        new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, old, count=1, flags=re.S)
+    else:
+        new = old.rstrip() + "\n\n## Networks (benchmarks/networks.py)\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated zoo models (default {','.join(MODELS)})")
+    ap.add_argument("--dataset", default="cifar10", help="cifar10 (32x32, default) | imagenet (224x224)")
+    ap.add_argument("--trials-per-task", type=int, default=None, help="tuning budget per task (default 64; quick 2)")
+    ap.add_argument("--strategy", default=None, help="search strategy (default gradient if registered, else random)")
+    ap.add_argument("--threads", type=int, default=None, help="threads of every contender (default: all cores)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 7; quick 3)")
+    ap.add_argument("--min-time", type=float, default=None, help="seconds per timed block (default 0.2; quick 0.05)")
+    ap.add_argument("--db", default=None, help="tuning database (default: a fresh temporary one)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
+    ap.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)} between its markers")
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.trials_per_task = args.trials_per_task if args.trials_per_task is not None else (2 if q else 64)
+    args.rounds = args.rounds if args.rounds is not None else (3 if q else 7)
+    args.min_time = args.min_time if args.min_time is not None else (0.05 if q else 0.2)
+    if args.trials_per_task < 1 or args.rounds < 1:
+        ap.error("--trials-per-task and --rounds must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    target = Target.cpu()
+    threads = args.threads or target.cores
+    from felixjax.strategies import registered
+
+    strategy = args.strategy or ("gradient" if "gradient" in registered() else "random")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in fj.zoo.MODELS:
+            raise SystemExit(f"unknown model {m!r}; zoo: {', '.join(fj.zoo.MODELS)}")
+    protocol = TimingProtocol.quick() if args.quick else TimingProtocol(warmup=0, min_repeat_ms=10, repeats=3)
+    tmp = tempfile.TemporaryDirectory(prefix="felixjax-networks-")
+    db = args.db or os.path.join(tmp.name, "networks.db")
+    rows = []
+    with LocalRunner(protocol=protocol) as runner:
+        for name in models:
+            rows.append(bench_model(name, args.dataset, target=target, threads=threads,
+                                    trials_per_task=args.trials_per_task, strategy=strategy, db=db, seed=args.seed,
+                                    rounds=args.rounds, min_time_s=args.min_time, runner=runner))
+    tmp.cleanup()
+    elapsed = time.perf_counter() - started
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/networks.py",
+                                                              *(sys.argv[1:] if argv is None else argv)])
+    header = [
+        f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit} with "
+        f"`{command}` ({elapsed / 60:.1f} min).",
+        "",
+        *machine_lines(target),
+        f"- tuning: {strategy} search, {args.trials_per_task} trials per task, Ansor's gradient task scheduler; "
+        f"kernels measured with {threads} thread(s)",
+        f"- timing: {args.rounds} interleaved rounds, blocks of >= {args.min_time * 1e3:.0f} ms; same threads for "
+        "every contender; onnxruntime: ORT_ENABLE_ALL, sequential, allow_spinning off; ours: libgomp defaults",
+        f"- load average (1 min) at start / end: {load_start:.1f} / {os.getloadavg()[0]:.1f} on {target.cores} cores "
+        "(well above 1, other jobs shared the cores and the numbers are noisy)",
+        "",
+    ]
+    text = "\n".join(header) + "\n" + render(rows, threads)
+    print(text)
+    if args.write:
+        write_doc(text)
+        _log(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
