@@ -16,6 +16,8 @@ from felixjax.testing import OracleScorer, SyntheticOracle
 TARGET = fj.Target.cpu()
 TASKS = [fj.ops.matmul(64, 48, 32), fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)]
 CONV = TASKS[1]
+# small gradient rounds keep these search-logic tests quick (defaults are for real tuning)
+OPTIONS = {"gradient": {"starts": 64, "steps": 16}}
 
 
 def make_ctx(task, seed=0, history=()):
@@ -45,7 +47,7 @@ def replay_run(name, seed, trials=40, seconds=None):
     key = (name, seed, trials, seconds)
     if key not in _RUNS:
         _RUNS[key] = fj.compare(TASKS, [name], trials=trials, seconds=seconds, seeds=[seed], db=None, replay=True,
-                                progress=False, remeasure=0)
+                                progress=False, remeasure=0, strategy_options=OPTIONS)
     return _RUNS[key]
 
 
@@ -84,7 +86,8 @@ def test_seconds_budget_is_respected(name):
 @pytest.mark.parametrize("name", registered())
 def test_fixed_seed_reproduces_proposals(name):
     a = replay_run(name, 0)
-    b = fj.compare(TASKS, [name], trials=40, seeds=[0], db=None, replay=True, progress=False, remeasure=0)
+    b = fj.compare(TASKS, [name], trials=40, seeds=[0], db=None, replay=True, progress=False, remeasure=0,
+                   strategy_options=OPTIONS)
     c = replay_run(name, 1)
     for task in TASKS:
         key = (task.name, name, 0)
@@ -96,7 +99,7 @@ def test_fixed_seed_reproduces_proposals(name):
 def test_propose_directly_gives_valid_distinct_unmeasured_configs(name):
     task = CONV
     ctx = make_ctx(task, seed=3)
-    strat = get_strategy(name)
+    strat = get_strategy(name, **OPTIONS.get(name, {}))
     first = strat.propose(ctx, 16)
     oracle = SyntheticOracle(task)
     recs = records(task, first, oracle, run=f"{name}:3")
