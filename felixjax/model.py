@@ -54,9 +54,11 @@ class CostModelScorer:
     def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128):
         from costmodels import MLPCostModel, RooflineModel
 
+        from . import jaxcache
         from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES, feature_inputs
         from .relax import Relaxation
 
+        jaxcache.enable()
         self.relaxations = {name: Relaxation(sp) for name, sp in spaces.items()}
         self.inputs = {name: feature_inputs(r) for name, r in self.relaxations.items()}
         peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
@@ -74,6 +76,12 @@ class CostModelScorer:
     @property
     def model(self):
         return self.mlp if self.active == "mlp" else self.prior
+
+    @property
+    def differentiable(self) -> "Blend":
+        """The active model as one differentiable function whose structure never changes, so the
+        gradient strategy's descent compiles once per process whichever model is active."""
+        return Blend(self.prior, self.mlp, 1.0 if self.active == "mlp" else 0.0)
 
     def features(self, configs: list[Config]):
         """Hard-mode features of configs (any mix of sketches), in order, as numpy ``Features``."""
@@ -122,6 +130,22 @@ class CostModelScorer:
             mlp_acc = float(m.get("val_pairwise_accuracy", float("nan")))
             self.metrics = {"n": len(lat), "mlp_val_pairwise": mlp_acc, "prior_val_pairwise": prior_acc}
             self.active = "mlp" if mlp_acc > prior_acc else "prior"
+
+
+class Blend:
+    """``w · mlp + (1 − w) · prior`` with ``w`` a parameter: ``apply(params, features)`` is pure."""
+
+    def __init__(self, prior, mlp, weight: float):
+        self._prior, self._mlp = prior, mlp
+        self.hidden = mlp.hidden
+        self.n_access_features, self.n_glob_features = mlp.n_access_features, mlp.n_glob_features
+        self.prior_cols = (prior.flops_col, prior.bytes_col) + tuple(prior.efficiency_cols)
+        self.prior_softness = prior.softness
+        self.params = {"w": np.float32(weight), "prior": prior.params, "mlp": mlp.params}
+
+    def apply(self, params, features):
+        w = params["w"]
+        return w * self._mlp.apply(params["mlp"], features) + (1.0 - w) * self._prior.apply(params["prior"], features)
 
 
 def make_scorer(ctx) -> Scorer:

@@ -33,7 +33,8 @@ _COMPILED: dict = {}
 
 def _model_key(model) -> tuple:
     """Models with equal keys share one compiled descent (their params are arguments)."""
-    static = {k: v for k, v in vars(model).items() if isinstance(v, (int, float, str, bool, tuple))}
+    static = {k: v for k, v in vars(model).items() if isinstance(v, (int, float, str, bool, tuple))
+              and not k.startswith("_")}
     return (type(model).__name__,) + tuple(sorted(static.items()))
 
 
@@ -100,8 +101,8 @@ class GradientSearch:
 
     name = "gradient"
 
-    def __init__(self, *, starts: int = 256, steps: int = 64, lr: float = 0.5, temperature: float = 1.0,
-                 harvest_every: int = 4, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 32,
+    def __init__(self, *, starts: int = 256, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
+                 harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 32,
                  perturbed_share: float = 0.5, scorer=None):
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
@@ -132,7 +133,7 @@ class GradientSearch:
 
     def propose(self, ctx: SearchContext, n: int) -> list:
         scorer = self._ensure_scorer(ctx)
-        model = scorer.model
+        model = scorer.differentiable if hasattr(scorer, "differentiable") else scorer.model
         cands: list = []
         stats = {"model": getattr(scorer, "active", "?"), "harvested": 0}
         for name, rel in scorer.relaxations.items():
@@ -154,7 +155,8 @@ class GradientSearch:
             neigh = []
             for i in order[: self.neighbours_of]:
                 neigh += scorer.relaxations[cands[i].sketch].neighbours(cands[i])
-            neigh = fresh(ctx, [c for c in neigh if c not in set(cands)], len(neigh))
+            have = set(cands)
+            neigh = fresh(ctx, [c for c in neigh if c not in have], len(neigh))
             if neigh:
                 cands = cands + neigh
                 scores = np.concatenate([scores, scorer.score(neigh)])
