@@ -65,7 +65,8 @@ class CostModelScorer:
         g = GLOBAL_FEATURES.index
         self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
                                    bandwidth=12e9 * max(1, int(target.cores)),
-                                   efficiency_cols=(g("vec_utilization"), g("balance")), softness=0.1)
+                                   efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
+                                   softness=0.1)
         self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed)
         self.active = "prior"
         self.metrics: dict = {}
