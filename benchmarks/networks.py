@@ -124,8 +124,8 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
 def render(rows: list[dict], threads: int) -> str:
     out = [f"End to end, batch 1, {threads} thread(s); median (min) ms of the interleaved blocks; "
            "speedup = onnxruntime median / tuned build median.", "",
-           "| model | tasks | trials | tuning wall time | default build | tuned build | onnxruntime | speedup vs onnxruntime | "
-           "anchors (sum of tuned kernels) |",
+           "| model | tasks | trials | tuning wall time | default build | tuned build | onnxruntime | "
+           "speedup vs onnxruntime | anchors (sum of tuned kernels) |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         m, b = r["median_ms"], r["min_ms"]
@@ -168,7 +168,8 @@ def write_doc(text: str, path: Path = DOC) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated zoo models (default {','.join(MODELS)})")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated zoo models (default {','.join(MODELS)})")
     ap.add_argument("--dataset", default="cifar10", help="cifar10 (32x32, default) | imagenet (224x224)")
     ap.add_argument("--trials-per-task", type=int, default=None, help="tuning budget per task (default 64; quick 2)")
     ap.add_argument("--strategy", default=None, help="search strategy (default gradient if registered, else random)")

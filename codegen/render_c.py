@@ -98,10 +98,22 @@ def render(plan: Plan) -> str:
     return w.text() + TIMING_HARNESS_C
 
 
-def render_kernel(plan: Plan, w: _Writer) -> None:
+def render_kernel(plan: Plan, w: _Writer, *, name: str = "fj_kernel", static: bool = False,
+                  local_types: bool = False) -> None:
+    """Render only the kernel function of ``plan`` into ``w``.
+
+    ``name`` renames the function and ``static`` gives it internal linkage, so several kernels can share
+    one translation unit (the whole-network build). ``local_types`` declares the vector types ``vf`` /
+    ``vfu`` inside the function body, since kernels of one file may use different vector widths.
+    """
     r = C_DIALECT["restrict"]
     B = plan.buffers
-    w.open("void fj_kernel(float* const* bufs)")
+    if not (name.isascii() and name.isidentifier()):
+        raise ValueError(f"kernel name {name!r} is not a C identifier")
+    w.open(f"{'static ' if static else ''}void {name}(float* const* bufs)")
+    if local_types and plan.vec > 1:
+        w(f"typedef float vf __attribute__((vector_size({4 * plan.vec})));")
+        w(f"typedef float vfu __attribute__((vector_size({4 * plan.vec}), aligned(4)));")
     for i, name in enumerate(plan.args):
         const = "" if name == "out" else "const "
         w(f"{const}float* {r} {name} = bufs[{i}];")

@@ -18,6 +18,7 @@ from . import ops, zoo
 from .compare import Comparison, compare
 from .database import Database, TuningRecord
 from .errors import ModelFormatError, UnsupportedModelError
+from .network import CompiledModel, NetworkTuneResult, build_model, tune_model
 from .onnx_import import Model, load_onnx
 from .ops import Task
 from .strategies import get_strategy, registered as strategies
@@ -25,5 +26,5 @@ from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+__all__ = ["CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
            "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("model", nargs="?", help="an ONNX model to tune (instead of --op)")
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
-    t.add_argument("--trials", type=int, default=256, help="measurement budget per operator (default 256)")
+    t.add_argument("--trials", type=int, default=256,
+                   help="measurement budget per operator, or in total over a model's tasks (default 256)")
     t.add_argument("--seconds", type=float, default=None, help="wall-clock budget per operator")
     t.add_argument("--strategy", default=None, help="gradient | genetic | random (default gradient)")
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
@@ -70,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--replay", action="store_true",
                    help="no hardware: replay each operator's synthetic latency oracle (search logic only)")
     c.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+
+    b = add("build", "compile an ONNX model into one C library from its best tuned schedules and export a "
+                     "standalone folder (C source, header, Makefile, weights) that builds with make")
+    b.add_argument("model", help="the ONNX model")
+    b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
+    b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
+    b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
+    b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
@@ -177,6 +186,20 @@ def _tune_model(args: argparse.Namespace, target) -> int:
     return tune_model_cli(args, target)
 
 
+def _cmd_build(args: argparse.Namespace) -> int:
+    import os
+
+    from .network import build_model_cli
+
+    if not os.path.exists(args.model):
+        raise UserError(f"{args.model}: no such file")
+    if args.db is not None and not os.path.exists(args.db):
+        raise UserError(f"{args.db}: no such database")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1 (got {args.threads})")
+    return build_model_cli(args, _target(args.threads))
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     import os
 
@@ -219,7 +242,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo}
+COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build}
 
 
 def main(argv: list[str] | None = None) -> int:

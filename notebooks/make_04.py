@@ -1,0 +1,123 @@
+"""Writes notebooks/04_network.ipynb (nbformat v4, no outputs): `python notebooks/make_04.py`.
+
+The notebook is generated so its source stays reviewable as plain Python; CI executes it
+(tests/test_notebooks.py). Edit the cells here, then rerun this script.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+NOTEBOOK = Path(__file__).with_name("04_network.ipynb")
+
+CELLS = [
+    ("md", """# 04 · A whole network: ONNX → tuned C library → checked against onnxruntime
+
+A ResNet-18 for CIFAR-10 (32×32 inputs) from the model zoo travels the whole pipeline: ONNX import and
+fusion into tunable tasks, a (tiny) tuning run spread over the tasks by Ansor's gradient task scheduler,
+one C library for the whole network built from the best schedules, its output checked against
+onnxruntime, both timed side by side, and a standalone C folder exported. The budget here is tiny so the
+notebook runs in about a minute; `felixjax tune model.onnx --trials 2000` is the real thing."""),
+    ("code", """import sys
+import tempfile
+from pathlib import Path
+
+try:
+    import felixjax as fj
+except ImportError:  # a checkout that is not pip-installed: put the repository on the path
+    root = Path.cwd()
+    while not (root / "felixjax").is_dir() and root != root.parent:
+        root = root.parent
+    sys.path.insert(0, str(root))
+    import felixjax as fj
+
+import numpy as np
+from felixjax.network import build_model, compare_onnxruntime, tune_model
+
+work = Path(tempfile.mkdtemp(prefix="felixjax-nb04-"))
+onnx_path = fj.zoo.save("resnet18", work / "resnet18.onnx", dataset="cifar10")
+model = fj.load_onnx(onnx_path)
+print(f"{model.name}: input {model.input_shapes}, output {model.output_shapes}")
+print(f"{len(model.graph.nodes)} nodes after fusion, {len(model.tasks)} distinct tasks, "
+      f"{sum(w for _, w in model.tasks)} anchor ops")"""),
+    ("md", """## Fusion and tasks
+
+Batch norms fold into the convolutions, and bias, residual add and ReLU fuse into the convolution before
+them: what is left are *anchor* nodes (one tunable `Task` each) and a few cheap ops (global average
+pooling as a `ReduceMean`, a `Reshape`). Identical tasks are deduplicated; their count is the weight the
+task scheduler uses."""),
+    ("code", """print("\\n".join(model.summary().splitlines()[:6]), "\\n...")
+for task, weight in model.tasks:
+    print(f"x{weight}  {task.name:<48} {task.flops / 1e6:7.1f} MFLOP")"""),
+    ("md", """## Tuning under one budget
+
+`tune_model` measures each sketch's default schedule first, then gives every task a warm-up round and
+each later round to the task whose next round promises the largest cut of the estimated end-to-end
+latency `sum(weight * best latency)` (Ansor's gradient scheduler: α = 0.2, β = 2, window 3). Three
+trials per task, random search, so it finishes quickly; every measurement lands in a SQLite database.
+Everything here runs on one thread: on a small shared machine that is what gives steady timings."""),
+    ("code", """db = work / "runs.db"
+net = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, trials_per_round=1,
+                 threads=1, progress=False)
+print(net)
+print(net.table())
+print("rounds went to tasks:", [r["index"] for r in net.rounds])"""),
+    ("md", """## One C library for the whole network
+
+`build_model` takes every task's best record from the database, lowers it, renders every kernel plus a
+small generated C function for each cheap op into one source file with a static memory plan (a single
+arena, buffers reused by liveness), compiles it and loads it. Calling it runs the compiled C."""),
+    ("code", """exe = build_model(model, db=db, threads=1)
+print(exe.summary().splitlines()[0])
+x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+y = exe(x)
+print("logits:", np.round(y[0], 3))
+
+import onnxruntime as ort
+ref = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+print(f"max |felixjax - onnxruntime| / max |onnxruntime| = {np.abs(y - ref).max() / np.abs(ref).max():.1e}")"""),
+    ("md", """## Against onnxruntime, and where the time goes
+
+Timed interleaved in this process with the same thread count (one), onnxruntime with thread spinning off. With
+three trials per task the schedules are barely tuned: expect onnxruntime (hand-written MLAS kernels) to be
+ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
+    ("code", """cmp = compare_onnxruntime(exe, onnx_path, threads=1, rounds=3, min_time_s=0.1)
+print(f"felixjax {cmp['felixjax_ms']:.2f} ms, onnxruntime {cmp['onnxruntime_ms']:.2f} ms "
+      f"({cmp['threads']} threads, medians of {cmp['rounds']})")
+rows = sorted(exe.profile(x, number=5), key=lambda r: -r["ms"])
+total = sum(r["ms"] for r in rows)
+for r in rows[:6]:
+    print(f"{r['ms']:7.3f} ms {100 * r['ms'] / total:5.1f}%  {r['op']}")"""),
+    ("md", """## A standalone folder for an edge board
+
+`export` writes the same C source with a header, a Makefile, the packed weights and a tiny demo program:
+`make` needs nothing but a C compiler (OpenMP optional)."""),
+    ("code", """import subprocess
+
+out = exe.export(work / "resnet18_c")
+print(sorted(p.name for p in out.iterdir()))
+print((out / "model.h").read_text().split("#ifndef")[0])
+x.tofile(out / "input.bin")
+print(subprocess.run(["make", "-s", "demo"], cwd=out, capture_output=True, text=True).returncode == 0)
+print(subprocess.run(["./demo", "weights.bin", "input.bin", "output.bin"], cwd=out).returncode == 0)
+print("same logits:", np.array_equal(np.fromfile(out / "output.bin", dtype="<f4").reshape(1, 10), y))"""),
+]
+
+
+def build() -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i:02d}"  # stable ids: regenerating gives the same file
+    return nb
+
+
+if __name__ == "__main__":
+    nb = build()
+    nbformat.validate(nb)
+    nbformat.write(nb, NOTEBOOK)
+    print(f"wrote {NOTEBOOK}")

@@ -1,0 +1,462 @@
+"""Whole networks: the C build of every zoo model against onnxruntime, the standalone export built with
+make, every cheap op's generated C against its numpy semantics, the static memory plan, the task
+scheduler, a tiny tuning run feeding the build, the CLI's errors, and the ONNX node tests through C."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import felixjax as fj
+from codegen import netbuild
+from codegen.ops import conv2d, matmul
+from felixjax import cli, graph_passes, zoo
+from felixjax.database import Database
+from felixjax.errors import UnsupportedModelError
+from felixjax.graph_passes import Graph, Node, evaluate
+from felixjax.network import (CompiledModel, TaskScheduler, build_model, graph_to_spec, similarity_tag,
+                              tune_model)
+from felixjax.onnx_import import load_onnx
+
+import onnx_cases
+
+pytestmark = pytest.mark.cc
+
+
+def _ort(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _close(y: np.ndarray, ref: np.ndarray, rtol: float = 1e-4) -> None:
+    assert y.shape == ref.shape and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=rtol, atol=rtol * float(np.abs(ref).max()))
+
+
+def _no_python_fallback(monkeypatch) -> None:
+    """Make every numpy execution path raise: what runs afterwards must be the compiled library."""
+    def boom(*a, **k):
+        raise AssertionError("a numpy fallback ran")
+
+    monkeypatch.setattr(graph_passes, "evaluate", boom)
+    monkeypatch.setattr(graph_passes, "run_graph", boom)
+    monkeypatch.setattr(fj.Task, "reference", boom)
+
+
+# ---- zoo models: the compiled build against onnxruntime --------------------------------------------
+
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_zoo_model_build_matches_onnxruntime(name, monkeypatch):
+    proto = zoo.make_model(name, dataset="cifar10", seed=0)
+    model = load_onnx(proto)
+    exe = build_model(model, threads=2)
+    assert isinstance(exe, CompiledModel) and exe.library.lib_path.endswith(".so")
+    assert exe.net.kernels == len(model.tasks)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
+    ref = _ort(proto, {model.input_names[0]: x})[0]
+    _no_python_fallback(monkeypatch)
+    y = exe(x)
+    _close(y, ref)
+    _close(exe({model.input_names[0]: x}), ref)  # dict input, and a second run over the same arena
+
+
+@pytest.mark.slow  # ResNet-18 at 224: ~16 kernels to compile (cached afterwards), 1.8 GFLOP per run
+def test_resnet18_imagenet_build_matches_onnxruntime(monkeypatch):
+    proto = zoo.make_model("resnet18", dataset="imagenet", seed=0)
+    model = load_onnx(proto)
+    exe = build_model(model)
+    x = np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = _ort(proto, {"input": x})[0]
+    _no_python_fallback(monkeypatch)
+    _close(exe(x), ref)
+    assert exe.net.arena_bytes < 16 * 2**20  # liveness reuse: far below the sum of all activations
+
+
+def test_build_checks_inputs():
+    model = load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    exe = build_model(model)
+    with pytest.raises(ValueError, match="expects"):
+        exe(np.zeros((1, 8, 15), np.float32))
+    with pytest.raises(ValueError, match="unknown inputs"):
+        exe({"y": np.zeros((1, 8, 16), np.float32)})
+
+
+# ---- standalone export ---------------------------------------------------------------------------
+
+def test_export_builds_with_make_and_matches(tmp_path):
+    proto = zoo.make_model("transformer_block", seq=16, dim=32, heads=2)
+    model = load_onnx(proto)
+    exe = build_model(model)
+    out = exe.export(tmp_path / "build")
+    assert sorted(p.name for p in out.iterdir()) == ["Makefile", "README.txt", "main.c", "model.c", "model.h",
+                                                     "weights.bin"]
+    x = np.random.default_rng(3).standard_normal((1, 16, 32)).astype(np.float32)
+    x.tofile(out / "inputs.bin")
+    r = subprocess.run(["make"], cwd=out, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["./demo", "weights.bin", "inputs.bin", "outputs.bin", "3"], cwd=out, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "ms per run" in r.stdout
+    y = np.fromfile(out / "outputs.bin", dtype="<f4").reshape(1, 16, 32)
+    _close(y, _ort(proto, {"x": x})[0])
+    np.testing.assert_array_equal(y, exe(x))
+    # a wrong-sized weights file is refused, not read past its end
+    (out / "short.bin").write_bytes(b"\0" * 16)
+    r = subprocess.run(["./demo", "short.bin", "inputs.bin", "o.bin"], cwd=out, capture_output=True, text=True)
+    assert r.returncode != 0 and "expected exactly" in r.stderr
+
+
+# ---- cheap ops: generated C against the numpy semantics ------------------------------------------------
+
+def _graph(nodes: list[Node], inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None,
+           outputs: tuple[str, ...] | None = None) -> Graph:
+    """A graph with every shape filled in by evaluating its nodes in numpy."""
+    consts = {k: np.asarray(v, np.float32) for k, v in (consts or {}).items()}
+    env = {**inputs, **consts}
+    for n in nodes:
+        out_shapes = None
+        if n.op in ("MaxPool", "AveragePool"):  # the output size is the importer's business: compute it here
+            a, (nb, c, h, w) = n.attrs, env[n.inputs[0]].shape
+            rnd = math.ceil if a["ceil_mode"] else math.floor
+            hw = [rnd((size + a["pads"][d] + a["pads"][d + 2] - (a["kernel"][d] - 1) * a["dilations"][d] - 1)
+                      / a["strides"][d]) + 1 for d, size in enumerate((h, w))]
+            out_shapes = [(nb, c, *hw)]
+        outs = evaluate(n, [env[i] if i else None for i in n.inputs], out_shapes)
+        env.update((o, v) for o, v in zip(n.outputs, outs) if o)
+    outputs = outputs or tuple(o for o in nodes[-1].outputs if o)
+    return Graph(tuple(nodes), tuple(inputs), outputs, {k: np.shape(v) for k, v in env.items()}, consts)
+
+
+def _check_c(graph: Graph, feeds: dict[str, np.ndarray], rtol: float = 1e-5) -> None:
+    ref = graph_passes.run_graph(graph, feeds)
+    lib = netbuild.load(netbuild.emit(graph_to_spec(graph, {})), threads=2)
+    got = lib([feeds[n] for n in graph.inputs])
+    for name, y in zip(graph.outputs, got):
+        r = ref[name]
+        assert y.shape == r.shape, name
+        finite = np.abs(r[np.isfinite(r)])
+        np.testing.assert_allclose(y, r, rtol=rtol, atol=rtol * max(float(finite.max(initial=0.0)), 1e-30))
+
+
+def _rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+POOL = {"kernel": (3, 3), "strides": (2, 2), "dilations": (1, 1), "pads": (1, 0, 2, 1), "ceil_mode": 1}
+CONV = {"kernel": (3, 2), "strides": (2, 1), "dilations": (1, 2), "pads": (1, 0, 2, 1), "groups": 2}
+
+CHEAP_CASES = {
+    "add_broadcast": ([Node("Add", ("a", "b"), ("y",))], {"a": _rand(2, 3, 4, 5), "b": _rand(3, 1, 5, seed=1)}, {}),
+    "sub_scalar_const": ([Node("Sub", ("a", "c"), ("y",))], {"a": _rand(4, 33)}, {"c": np.float32(0.5)}),
+    "mul_both_broadcast": ([Node("Mul", ("a", "b"), ("y",))], {"a": _rand(4, 1, 6), "b": _rand(5, 1, seed=1)}, {}),
+    "div": ([Node("Div", ("a", "b"), ("y",))], {"a": _rand(3, 70000)}, {"b": np.full((70000,), 3.0, np.float32)}),
+    "pow_square_and_general": ([Node("Pow", ("a", "two"), ("p",)), Node("Sqrt", ("p",), ("s",)),
+                                Node("Pow", ("s", "e"), ("y",))],
+        {"a": _rand(5, 7)}, {"two": np.float32(2.0), "e": np.float32(1.5)}),
+    "unary_chain": ([Node("Sigmoid", ("a",), ("s",)), Node("Tanh", ("s",), ("t",)), Node("Erf", ("t",), ("e",)),
+                     Node("Relu", ("a",), ("r",)), Node("Add", ("e", "r"), ("y",))], {"a": 4 * _rand(3, 50)}, {}),
+    "clip_lower_only": ([Node("Clip", ("a", "lo", ""), ("y",))], {"a": _rand(2, 9)}, {"lo": np.float32(-0.25)}),
+    "clip_runtime_bounds": ([Node("Clip", ("a", "lo", "hi"), ("y",))],
+                            {"a": _rand(2, 9), "lo": np.float32(-0.5), "hi": np.float32(0.3)}, {}),
+    "scale_shift": ([Node("ScaleShift", ("a", "s", "t"), ("y",))], {"a": _rand(2, 3, 4, 5)},
+                    {"s": _rand(3, seed=1), "t": _rand(3, seed=2)}),
+    "batchnorm_runtime_stats": ([Node("BatchNormalization", ("a", "s", "b", "m", "v"), ("y",), {"epsilon": 1e-3})],
+                                {"a": _rand(2, 3, 4), "s": _rand(3, seed=1), "b": _rand(3, seed=2),
+                                 "m": _rand(3, seed=3), "v": np.abs(_rand(3, seed=4))}, {}),
+    "layernorm_axis1_stats": ([Node("LayerNormalization", ("a", "g", "b"), ("y", "mean", "inv"),
+                                    {"axis": 1, "epsilon": 1e-5})],
+                              {"a": _rand(3, 4, 5)}, {"g": _rand(4, 5, seed=1), "b": _rand(5, seed=2)}),
+    "layernorm_no_bias": ([Node("LayerNormalization", ("a", "g"), ("y",), {"axis": 2, "epsilon": 1e-5})],
+                          {"a": _rand(2, 3, 8)}, {"g": _rand(8, seed=1)}),
+    "reduce_mean_middle": ([Node("ReduceMean", ("a",), ("y",), {"axes": (1, 3), "keepdims": 0})],
+                           {"a": _rand(2, 3, 4, 5)}, {}),
+    "reduce_mean_global_pool": ([Node("ReduceMean", ("a",), ("y",), {"axes": (2, 3), "keepdims": 1})],
+                                {"a": _rand(1, 8, 6, 6)}, {}),
+    "maxpool_ceil_asym_pads": ([Node("MaxPool", ("a",), ("y",), POOL)], {"a": _rand(1, 2, 7, 8)}, {}),
+    "avgpool_count_pad": ([Node("AveragePool", ("a",), ("y",), {**POOL, "count_include_pad": 1})],
+                          {"a": _rand(1, 2, 7, 8)}, {}),
+    "avgpool_exclude_pad_dilated": ([Node("AveragePool", ("a",), ("y",), {**POOL, "dilations": (2, 1), "ceil_mode": 0,
+                                                                          "count_include_pad": 0})],
+                                    {"a": _rand(2, 3, 9, 8)}, {}),
+    "softmax_middle_axis": ([Node("Softmax", ("a",), ("y",), {"axes": (1,)})], {"a": _rand(2, 5, 3)}, {}),
+    "softmax_trailing_axes": ([Node("Softmax", ("a",), ("y",), {"axes": (1, 2)})], {"a": _rand(2, 5, 3)}, {}),
+    "transpose": ([Node("Transpose", ("a",), ("y",), {"perm": (0, 2, 3, 1)})], {"a": _rand(2, 3, 4, 5)}, {}),
+    "concat_with_const": ([Node("Concat", ("a", "c", "a"), ("y",), {"axis": 1})], {"a": _rand(2, 3, 4)},
+                          {"c": _rand(2, 1, 4, seed=1)}),
+    "pad_negative_and_value": ([Node("Pad", ("a", "v"), ("y",), {"pads": ((0, 0), (1, -1), (-2, 3))})],
+                               {"a": _rand(2, 4, 5)}, {"v": np.float32(1.5)}),
+    "reshape_copy_and_alias": ([Node("Reshape", ("a",), ("r",), {"shape": (6, 4)}), Node("Relu", ("r",), ("q",)),
+                                Node("Reshape", ("q",), ("y",), {"shape": (2, 12)})], {"a": _rand(2, 3, 4)}, {}),
+    "conv_generic_groups": ([Node("Conv", ("a", "w", "b"), ("y",), CONV)],
+                            {"a": _rand(2, 4, 7, 6), "w": _rand(6, 2, 3, 2, seed=1), "b": _rand(6, seed=2)}, {}),
+    "gemm_trans_with_c": ([Node("Gemm", ("a", "b", "c"), ("y",),
+                                {"alpha": 0.5, "beta": 2.0, "trans_a": 1, "trans_b": 1})],
+                          {"a": _rand(4, 3), "b": _rand(5, 4, seed=1)}, {"c": _rand(3, 1, seed=2)}),
+    "gemm_runtime_weights": ([Node("Gemm", ("a", "b"), ("y",), {"alpha": 1.0, "beta": 1.0, "trans_a": 0,
+                                                                 "trans_b": 0})],
+                             {"a": _rand(3, 4), "b": _rand(4, 6, seed=1)}, {}),
+    "matmul_broadcast_batch": ([Node("MatMul", ("a", "b"), ("y",))],
+                               {"a": _rand(2, 1, 3, 4), "b": _rand(5, 4, 6, seed=1)}, {}),
+    "matmul_vector_operands": ([Node("MatMul", ("a", "b"), ("t",)), Node("MatMul", ("t", "v"), ("y",))],
+                               {"a": _rand(4,), "b": _rand(3, 4, 5, seed=1), "v": _rand(5, seed=2)}, {}),
+}
+
+
+@pytest.mark.parametrize("case", CHEAP_CASES)
+def test_cheap_op_c_matches_numpy(case):
+    nodes, feeds, consts = CHEAP_CASES[case]
+    outputs = ("y", "mean", "inv") if case == "layernorm_axis1_stats" else None
+    _check_c(_graph(nodes, feeds, consts, outputs), feeds)
+
+
+def test_outputs_that_are_inputs_constants_or_repeated():
+    feeds = {"a": _rand(3, 4)}
+    g = _graph([Node("Relu", ("a",), ("y",))], feeds, {"c": _rand(2, seed=1)})
+    g = g.replace(outputs=("y", "a", "c", "y"))
+    spec = graph_to_spec(g, {})
+    net = netbuild.emit(spec)
+    got = netbuild.load(net)([feeds["a"]])
+    np.testing.assert_array_equal(got[0], np.maximum(feeds["a"], 0))
+    np.testing.assert_array_equal(got[1], feeds["a"])
+    np.testing.assert_array_equal(got[2], g.constants["c"])
+    np.testing.assert_array_equal(got[3], got[0])
+
+
+def test_unknown_op_is_a_clear_error():
+    g = _graph([Node("Relu", ("a",), ("y",))], {"a": _rand(2)})
+    g = g.replace(nodes=(Node("Softplus", ("a",), ("y",), name="sp7"),))
+    with pytest.raises(UnsupportedModelError, match=r"node 'sp7' \(op Softplus\)"):
+        graph_to_spec(g, {})
+    spec = netbuild.NetSpec((netbuild.Value((2,), "input"), netbuild.Value((2,), "temp")), (0,), (1,),
+                            (netbuild.Step("Softplus", (0,), (1,)),))
+    with pytest.raises(netbuild.NetBuildError, match="Softplus"):
+        netbuild.emit(spec)
+
+
+def test_generated_c_holds_no_model_names():
+    """Node and value names of the model never reach the source (only generated identifiers)."""
+    evil = '*/ #include "/etc/passwd" /*'
+    feeds = {evil: _rand(2, 3)}
+    g = _graph([Node("Relu", (evil,), ("y" + evil,), name=evil)], feeds)
+    net = netbuild.emit(graph_to_spec(g, {}))
+    assert "passwd" not in net.source and "passwd" not in net.header
+
+
+# ---- static memory plan ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "transformer_block"])
+def test_memory_plan_never_overlaps_live_values(name):
+    model = load_onnx(zoo.make_model(name))
+    target = fj.Target.cpu()
+    from felixjax.network import choose_schedules
+    from codegen.lower import lower
+
+    plans = {s.task: lower(fj.Space(s.task, s.config.sketch, target), s.config)
+             for s in choose_schedules(model, target)}
+    spec = graph_to_spec(model.graph, plans)
+    mem = netbuild.plan_memory(spec)
+    items = list(mem.placement)
+    for i, a in enumerate(items):
+        (fa, la), (oa, sa) = mem.lifetimes[a], mem.placement[a]
+        assert oa % netbuild.ALIGN == 0
+        for b in items[i + 1:]:
+            (fb, lb), (ob, sb) = mem.lifetimes[b], mem.placement[b]
+            if fa <= lb and fb <= la:  # alive at the same time: disjoint memory
+                assert oa + sa <= ob or ob + sb <= oa, (a, b)
+    for s, step in enumerate(spec.steps):  # a step's outputs never share memory with its inputs
+        ins = {mem.root(i) for i in step.inputs if i is not None and spec.values[i].kind == "temp"}
+        for o in step.outputs:
+            if o is not None and step.op != "Reshape":
+                assert mem.root(o) not in ins
+    total = sum(v.size for v in spec.values if v.kind == "temp")
+    assert mem.arena_floats < total  # buffers are reused
+
+
+# ---- task scheduler ------------------------------------------------------------------------------
+
+def test_scheduler_warms_up_round_robin_then_follows_the_gradient():
+    tasks = [matmul(64, 64, 64), matmul(512, 512, 512), conv2d(1, 16, 8, 8, out_channels=16)]
+    s = TaskScheduler(tasks, [1, 1, 4])
+    order = []
+    for lat in (1e-5, 1e-3, 1e-4):
+        i = s.next_task()
+        order.append(i)
+        s.record(i, lat, 8)
+    assert order == [0, 1, 2]
+    # f = 1e-5 + 1e-3 + 4e-4; forward gain of one more round is g/t: task 1 (1e-3) beats 4 x 1e-4 and 1e-5
+    assert s.next_task() == 1
+    g = s.gradients()
+    assert all(v <= 0 for v in g) and g[1] == min(g)
+    # after a round that added nothing, a task is dead and never chosen again
+    s.record(1, 1e-3, 0)
+    assert 1 in s.dead and s.next_task() == 2
+    # a task without any correct kernel gets a few rounds, not the whole budget
+    s = TaskScheduler(tasks, [1, 1, 1])
+    for i, lat in enumerate((None, 1e-3, 1e-4)):
+        s.record(i, lat, 8)
+    assert s.next_task() == 0
+    s.record(0, None, 8)
+    s.record(0, None, 8)
+    assert 0 in s.dead and s.next_task() == 1
+
+
+def test_scheduler_backward_window_and_similarity_groups():
+    a, b = matmul(256, 256, 256), matmul(256, 256, 255)
+    assert similarity_tag(a) == similarity_tag(b)
+    s = TaskScheduler([a, b], [1, 1])
+    # equally fast now, same rounds: the one still improving (backward gradient) gets the next round
+    for lat in (2e-3, 1.6e-3, 1.3e-3, 1e-3):
+        s.record(0, lat, 4)
+    for _ in range(4):
+        s.record(1, 1e-3, 4)
+    assert s.history[0] == [2e-3, 1.6e-3, 1.3e-3, 1e-3] and s.next_task() == 0
+    # a slower task has more to gain (forward gradient g / t) even when it stalled
+    s.record(0, 2e-4, 4)
+    assert s.next_task() == 1
+    # b stays > beta times slower than its peer after 5+ more rounds: it leaves the group
+    for _ in range(6):
+        s.record(1, 1e-3, 4)
+    assert s.tags[1] is not None  # 10 rounds against 5: not yet "many more"
+    s.record(1, 1e-3, 4)
+    assert s.tags[1] is None and s.groups[similarity_tag(a)] == [0]
+    with pytest.raises(ValueError):
+        TaskScheduler([a], [1, 2])
+
+
+def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
+    proto = zoo.make_model("transformer_block", seq=8, dim=16, heads=2)
+    model = load_onnx(proto)
+    db = str(tmp_path / "net.db")
+    seen = []
+    res = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, runner=runner, threads=1,
+                     trials_per_round=2, progress=seen.append)
+    assert res.trials == 3 * len(model.tasks) and len(seen) == len(res.rounds)
+    assert all(t.trials >= 2 and t.best is not None for t in res.tasks)  # every task got its warm-up round
+    assert [r["index"] for r in seen[: len(model.tasks)]] == list(range(len(model.tasks)))
+    assert "total (anchors)" in res.table()
+    # resuming the same run with a larger budget measures only the difference
+    res2 = tune_model(model, trials=3 * len(model.tasks) + 2, strategy="random", db=db, runner=runner, threads=1,
+                      trials_per_round=2, progress=False)
+    assert res2.trials == 3 * len(model.tasks) + 2 and sum(r["new"] for r in res2.rounds) == 2
+    target = fj.Target.cpu()
+    with Database(db) as d:  # each task's first trial was its first sketch's default schedule
+        for t in res.tasks:
+            first = d.records(t.task, target)[0].config
+            assert first == fj.Space(t.task, fj.sketches_for(t.task)[0], target).default()
+    exe = build_model(model, db=db)
+    with Database(db) as d:
+        for sched in exe.schedules:
+            assert sched.source == "tuned"
+            assert sched.config == d.best(sched.task, fj.Target.cpu()).config
+    assert "tuned" in exe.summary()
+    x = np.random.default_rng(5).standard_normal((1, 8, 16)).astype(np.float32)
+    _close(exe(x), _ort(proto, {"x": x})[0])
+    _close(res2.build()(x), _ort(proto, {"x": x})[0])
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def _bad_models(tmp_path):
+    good = zoo.make_model("transformer_block", seq=8, dim=16, heads=2).SerializeToString()
+    (tmp_path / "trunc.onnx").write_bytes(good[: len(good) // 2])
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x07\x12\xffnot a protobuf")
+    g = helper.make_graph([helper.make_node("LRN", ["x"], ["y"], name="lrn1", size=3)], "t",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 5, 5])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 5, 5])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              str(tmp_path / "lrn.onnx"))
+    return {"trunc.onnx": "not a valid ONNX", "junk.onnx": "not a valid ONNX", "lrn.onnx": "op LRN",
+            "missing.onnx": "no such file"}
+
+
+@pytest.mark.parametrize("cmd", ["tune", "build"])
+def test_cli_bad_models_exit_2_with_one_line(cmd, tmp_path, capsys):
+    for name, msg in _bad_models(tmp_path).items():
+        argv = [cmd, str(tmp_path / name)] + (["--trials", "2", "--db", str(tmp_path / "r.db")] if cmd == "tune"
+                                              else ["-o", str(tmp_path / "out")])
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and msg in err and "Traceback" not in err, err
+    assert cli.main(["build", str(tmp_path / "junk.onnx"), "--db", str(tmp_path / "none.db"), "-o", "x"]) == 2
+    assert "no such" in capsys.readouterr().err
+
+
+def test_cli_build_writes_a_folder(tmp_path, capsys):
+    path = tmp_path / "tb.onnx"
+    onnx.save(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), str(path))
+    assert cli.main(["build", str(path), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "4 tasks (0 tuned, 4 default)" in out and (tmp_path / "out" / "model.c").exists()
+
+
+@pytest.mark.slow  # a real tuning run through the command line: runner start-up and a few builds
+def test_cli_tune_model(tmp_path, capsys):
+    path = tmp_path / "tb.onnx"
+    onnx.save(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), str(path))
+    argv = ["tune", str(path), "--trials", "8", "--strategy", "random", "--db", str(tmp_path / "r.db"),
+            "--threads", "1"]
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    assert "total (anchors)" in cap.out and "end to end" in cap.out and "round" in cap.err
+
+
+# ---- ONNX backend node tests through the C build --------------------------------------------------
+
+def run_case_c(case: onnx_cases.Case, frozen: list[str]) -> tuple[str, str]:
+    """Like ``onnx_cases.run_case`` but through ``build_model`` (compiled C) instead of numpy."""
+    model, feeds = onnx_cases.prepare(case, frozen)
+    try:
+        m = load_onnx(model)
+        exe = build_model(m, threads=1)
+    except UnsupportedModelError as e:
+        return "unsupported", str(e)
+    except Exception as e:  # a crash on a supported-looking model is a bug
+        return "fail", f"build crashed: {type(e).__name__}: {e}"
+    try:
+        got = exe.run(feeds)
+    except Exception as e:
+        return "fail", f"run crashed: {type(e).__name__}: {e}"
+    if len(got) != len(case.outputs):
+        return "fail", f"{len(got)} outputs, expected {len(case.outputs)}"
+    for k, (y, ref) in enumerate(zip(got, case.outputs)):
+        ref = np.asarray(ref)
+        if y.shape != ref.shape or y.dtype != ref.dtype:
+            return "fail", f"output {k}: {y.dtype}{y.shape}, expected {ref.dtype}{ref.shape}"
+        try:
+            np.testing.assert_allclose(y, ref, rtol=case.rtol, atol=case.atol)
+        except AssertionError as e:
+            return "fail", f"output {k} differs: " + " ".join(str(e).split())[:300]
+    return "pass", ""
+
+
+@pytest.mark.slow  # ~220 small builds (cached after the first run) plus ~10-20 s generating the cases
+def test_onnx_backend_node_cases_through_c_build():
+    manifest = json.loads(onnx_cases.MANIFEST.read_text())
+    cases = {c.key: c for c in onnx_cases.collect_cases()}
+    counts = {"pass": 0, "unsupported": 0, "fail": 0}
+    failed, regressed = [], []
+    for entry in manifest["cases"]:
+        case = cases.get(entry["key"])
+        if case is None:
+            continue  # another onnx version generates a different set
+        status, detail = run_case_c(case, entry["frozen_inputs"])
+        counts[status] += 1
+        if status == "fail":
+            failed.append(f"{entry['key']}: {detail}")
+        elif entry["status"] == "pass" and status != "pass":
+            regressed.append(f"{entry['key']}: {detail}")
+    print(f"\nONNX node tests through the C build: {counts['pass']} pass, {counts['unsupported']} unsupported, "
+          f"{counts['fail']} fail")
+    assert not failed, "wrong answers:\n" + "\n".join(failed)
+    assert not regressed, "pass in numpy, not in C:\n" + "\n".join(regressed)
+    assert counts["pass"] > 200
