@@ -38,7 +38,8 @@ Example:
     >>> from codegen.space import Space
     >>> from codegen.target import Target
     >>> from felixjax.relax import Relaxation
-    >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target(cores=2, simd_lanes=16, vector_registers=32)))
+    >>> target = Target(cores=2, simd_lanes=16, vector_registers=32)
+    >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", target))
     >>> inp = feature_inputs(rel)
     >>> f = batch_features(inp, rel.sample_x(jax.random.PRNGKey(0), 4), Smooth.soft(1.0))
     >>> f.access.shape, f.mask.shape, f.glob.shape
@@ -47,7 +48,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,10 +87,9 @@ ENCLOSING = np.array([[1, 1, 1, 1, 1, 0],   # R1 body: S0 S1 R0 S2 R1 (S3 is the
 READ, WRITE, READ_WRITE = 0, 1, 2
 
 SLOTS = ("data", "weight", "acc", "epilogue_acc", "epilogue_out", "bias", "residual", "copy_in", "copy_out")
-# Access descriptors: one per slot (acc slots: the output accumulates in place), then the two acc
-# slots again with the channel-blocked scratch layout (selected when the sketch uses it).
-N_DESCRIPTORS = len(SLOTS) + 2
-_ALT = slice(2, 4)  # slots that have a scratch variant, rows len(SLOTS):len(SLOTS) + 2
+# Access descriptors come in two variants [V = 2, S]: the output accumulating in place, and the
+# channel-blocked scratch (only these two acc slots differ); features blend them by "is scratch".
+_SCRATCH_SLOTS = (2, 3)
 _COMPUTE_SLOTS = np.array([1, 1, 1, 0, 0, 0, 0, 0, 0], np.float32)
 _BEFORE = np.triu(np.ones((N_POS, N_POS), np.float32), 1)  # [p, L] = 1 where position p < level L
 
@@ -111,9 +112,12 @@ N_GLOBAL_FEATURES = len(GLOBAL_FEATURES)
 
 
 class AccessTable(NamedTuple):
-    """Fixed-size description of the access descriptors of one (task, sketch) (``K = 11``).
+    """Fixed-size description of the buffer accesses of one (task, sketch).
 
-    Index tables are one-hot (contracted with einsum), so the jitted features contain no gathers.
+    Every array has two leading axes ``[V = 2, S = 9]``: the access slots (:data:`SLOTS`) with the
+    output accumulated in place (``V = 0``) and in the channel-blocked scratch (``V = 1``; only the
+    acc slots differ). Written ``[K, ...]`` below for ``[V, S, ...]``. Index tables are one-hot
+    (contracted with einsum), so the jitted features contain no gathers.
 
     Attributes:
         kind: ``[K, 4]`` one-hot statement kind (BODY, ACC, EPILOGUE, COPY).
@@ -233,60 +237,69 @@ def _where(access: Access, axis_name: str) -> tuple[int, int] | None:
     return None
 
 
-def _descriptor(space: Space, access: Access, layout: tuple, kind: int, rw: int, present: bool) -> dict:
+def _index_terms(space: Space, access: Access, ndim_pad: int) -> dict[str, np.ndarray]:
+    """Each dimension's affine index as up to two (one-hot axis, coefficient) terms, plus whether
+    the terms never collide (mixed radix) and their gcd-normalized coefficients."""
     names = [a.name for a in space.axes]
     ext = {a.name: a.extent for a in space.axes}
-    ndim = len(access.shape)
-    off = MAX_DIMS - ndim
-    shape = np.ones(MAX_DIMS, np.float32)
-    shape[off:] = access.shape
     term_axis = np.zeros((MAX_DIMS, 2, MAX_AXES + 1), np.float32)
-    term_axis[..., MAX_AXES] = 1
+    term_axis[..., MAX_AXES] = 1  # unused terms: the dummy axis of extent 1
     term_coef = np.zeros((MAX_DIMS, 2), np.float32)
     radix = np.ones(MAX_DIMS, np.float32)
     norm = np.ones((MAX_DIMS, 2), np.float32)
-    for d, terms in enumerate(access.dims if kind != COPY else ()):
+    for d, terms in enumerate(access.dims):
+        d += ndim_pad
         terms = [(a, c) for a, c in terms if c != 0]
         if len(terms) > 2:
-            raise ValueError(f"{access.buffer} dim {d}: more than two axes in one index are not supported")
+            raise ValueError(f"{access.buffer}: more than two axes in one index are not supported")
         for j, (a, c) in enumerate(terms):
-            term_axis[off + d, j] = np.eye(MAX_AXES + 1)[names.index(a)]
-            term_coef[off + d, j] = c
+            term_axis[d, j] = np.eye(MAX_AXES + 1)[names.index(a)]
+            term_coef[d, j] = c
         if len(terms) == 2:
             (a0, c0), (a1, c1) = terms
-            radix[off + d] = float(c0 >= c1 * ext[a1] or c1 >= c0 * ext[a0])
+            radix[d] = float(c0 >= c1 * ext[a1] or c1 >= c0 * ext[a0])
             g = math.gcd(c0, c1)
-            norm[off + d] = (c0 // g, c1 // g)
+            norm[d] = (c0 // g, c1 // g)
+    return dict(term_axis=term_axis, term_coef=term_coef, radix=radix, norm_a=norm[:, 0], norm_b=norm[:, 1])
+
+
+def _loop_var(space: Space, access: Access, layout: tuple, axis_name: str | None) -> tuple:
+    """(one-hot dim, coefficient, depends, is the in-block lane) of an axis's innermost loop in a
+    buffer; mirrors which strides ``codegen.lower`` leaves out (extent-1 axes of blocked dims)."""
+    dim = np.zeros(MAX_DIMS, np.float32)
+    hit = _where(access, axis_name) if axis_name else None
+    if hit is None:
+        return dim, 1.0, 0.0, 0.0
+    d, c = hit
+    dim[MAX_DIMS - len(access.shape) + d] = 1
+    in_block = layout[0] == "block" and d == layout[1]
+    ext = {a.name: a.extent for a in space.axes}
+    lane = in_block and [a.name for a in space.axes].index(axis_name) == layout[2]
+    return dim, float(c), float(not (in_block and ext[axis_name] == 1)), float(lane)
+
+
+def _descriptor(space: Space, access: Access, layout: tuple, kind: int, rw: int, present: bool) -> dict:
+    """The arrays of one access slot (one row of :class:`AccessTable`)."""
+    ndim_pad = MAX_DIMS - len(access.shape)
+    shape = np.ones(MAX_DIMS, np.float32)
+    shape[ndim_pad:] = access.shape
     blocked = layout[0] == "block"
-    bdim = np.zeros(MAX_DIMS, np.float32)
-    if blocked:
-        bdim[off + layout[1]] = 1
-    m, beta = _stride_matrices(layout, ndim)
-
-    def var(axis_name: str | None) -> tuple[np.ndarray, float, float, float]:
-        dim = np.zeros(MAX_DIMS, np.float32)
-        if kind == COPY:  # the copy's innermost loop runs along the last logical dimension
-            dim[-1] = 1
-            return dim, 1.0, float(axis_name is not None), float(blocked and bdim[-1] > 0)
-        hit = _where(access, axis_name) if axis_name else None
-        if hit is None:
-            return dim, 1.0, 0.0, 0.0
-        d, c = hit
-        dim[off + d] = 1
-        in_block = blocked and off + d == off + layout[1]
-        dep = not (in_block and ext[axis_name] == 1)
-        lane = in_block and names.index(axis_name) == layout[2]
-        return dim, float(c), float(dep), float(lane)
-
-    v = var(space.sketch.vector_axis)
-    reduce_axes = [a.name for a in space.axes if a.reduce]
-    r = var(reduce_axes[-1] if kind != COPY else None)
+    block_dim = np.zeros(MAX_DIMS, np.float32)
     block_axis = np.zeros(MAX_AXES, np.float32)
-    block_axis[layout[2] if blocked else 0] = 1
+    if blocked:
+        block_dim[ndim_pad + layout[1]] = 1
+        block_axis[layout[2]] = 1
+    m, beta = _stride_matrices(layout, len(access.shape))
+    if kind == COPY:  # whole buffers; the copy's innermost loop runs along the last logical dim
+        terms = _index_terms(space, Access(access.buffer, access.shape, ()), ndim_pad)
+        v = (np.eye(MAX_DIMS, dtype=np.float32)[-1], 1.0, 1.0, float(blocked and block_dim[-1] > 0))
+        r = (np.zeros(MAX_DIMS, np.float32), 1.0, 0.0, 0.0)
+    else:
+        terms = _index_terms(space, access, ndim_pad)
+        v = _loop_var(space, access, layout, space.sketch.vector_axis)
+        r = _loop_var(space, access, layout, [a.name for a in space.axes if a.reduce][-1])
     return dict(kind=np.eye(4)[kind], rw=np.eye(3)[rw], enclosing=ENCLOSING[kind], present=float(present),
-                shape=shape, term_axis=term_axis,
-                term_coef=term_coef, radix=radix, norm_a=norm[:, 0], norm_b=norm[:, 1],
-                blocked=float(blocked), block_dim=bdim, block_axis=block_axis,
+                shape=shape, **terms, blocked=float(blocked), block_dim=block_dim, block_axis=block_axis,
                 stride_m=m, stride_beta=beta, vdim=v[0], vcoef=v[1], vdep=v[2], vone=v[3],
                 rdim=r[0], rcoef=r[1], rdep=r[2])
 
@@ -299,7 +312,7 @@ def access_table(space: Space) -> AccessTable:
         >>> from codegen.target import Target
         >>> t = access_table(Space(conv2d(1, 4, 6, 6, out_channels=8, padding=1), "conv_direct", Target()))
         >>> t.shape.shape, float(t.data_copy)
-        ((11, 4), 1.0)
+        ((2, 9, 4), 1.0)
     """
     con, task, sk = space.con, space.task, space.sketch
     names = [a.name for a in space.axes]
@@ -313,7 +326,7 @@ def access_table(space: Space) -> AccessTable:
     out_acc = Access("out", con.out.shape, con.out.dims)
     api = Access("data_in", con.data_api_shape, tuple(() for _ in con.data_api_shape))
     bias = con.bias if con.bias is not None else out_acc
-    descs = [  # in SLOTS order, then the scratch variants of the two acc slots
+    descs = [  # in SLOTS order
         _descriptor(space, con.data, data_l, BODY, READ, True),
         _descriptor(space, con.weight, weight_l, BODY, READ, True),
         _descriptor(space, out_acc, ("plain",), ACC, READ_WRITE, True),
@@ -323,10 +336,12 @@ def access_table(space: Space) -> AccessTable:
         _descriptor(space, out_acc, ("plain",), EPILOGUE, READ, task.residual),
         _descriptor(space, api, ("plain",), COPY, READ, plan.data_copy),
         _descriptor(space, con.data, data_l, COPY, WRITE, plan.data_copy),
-        _descriptor(space, out_acc, scratch_l, ACC, READ_WRITE, True),
-        _descriptor(space, out_acc, scratch_l, EPILOGUE, READ, True),
     ]
-    stacked = {k: jnp.asarray(np.stack([np.asarray(d[k]) for d in descs]), jnp.float32) for k in descs[0]}
+    scratch_descs = list(descs)
+    scratch_descs[_SCRATCH_SLOTS[0]] = _descriptor(space, out_acc, scratch_l, ACC, READ_WRITE, True)
+    scratch_descs[_SCRATCH_SLOTS[1]] = _descriptor(space, out_acc, scratch_l, EPILOGUE, READ, True)
+    stacked = {k: jnp.asarray(np.stack([np.stack([np.asarray(d[k]) for d in v]) for v in (descs, scratch_descs)]),
+                              jnp.float32) for k in descs[0]}
     epi_static = con.bias is not None or task.residual or task.act is not None
     epi_ops = int(con.bias is not None) + int(task.residual) + int(task.act is not None)
     return AccessTable(**stacked, scratch_possible=jnp.float32(scratch), epi_static=jnp.float32(epi_static),
@@ -340,8 +355,8 @@ def feature_inputs(relaxation: Relaxation | Space) -> FeatureInputs:
         >>> from codegen.ops import matmul
         >>> from codegen.target import Target
         >>> inp = feature_inputs(Space(matmul(8, 8, 8), "gemm_packed", Target()))
-        >>> inp.access.kind.argmax(-1).tolist()
-        [0, 0, 1, 2, 2, 2, 2, 3, 3, 1, 2]
+        >>> inp.access.kind[0].argmax(-1).tolist()
+        [0, 0, 1, 2, 2, 2, 2, 3, 3]
     """
     rel = relaxation if isinstance(relaxation, Relaxation) else Relaxation(relaxation)
     return FeatureInputs(rel.arrays, access_table(rel.space))
@@ -363,10 +378,8 @@ def _level_logs(rs: RelaxedSpace, lt: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.concatenate([log_t, jnp.zeros((1, N_POS))], axis=0), lp
 
 
-
-
 def _product(a: jax.Array, axis: int) -> jax.Array:
-    # An explicit chain of multiplies: jnp.prod's gradient (cumulative products) compiles slowly.
+    """Product along a small axis as a chain of multiplies (``jnp.prod``'s gradient compiles slowly)."""
     parts = [jax.lax.index_in_dim(a, i, axis, keepdims=False) for i in range(a.shape[axis])]
     out = parts[0]
     for p in parts[1:]:
@@ -376,62 +389,90 @@ def _product(a: jax.Array, axis: int) -> jax.Array:
 
 def _descriptor_quantities(at: AccessTable, lt: jax.Array, t_range: jax.Array, lp: jax.Array,
                            elem: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
-    """Accesses, tiles, footprints, lines and strides of every descriptor."""
-    loops = sm.integer(jnp.exp(lp))
-    log_b = at.block_axis @ lt[:, TILE_LEVELS - 1]
-    block = sm.integer(jnp.exp(log_b))
-    t12 = jnp.einsum("kdja,al->kdjl", at.term_axis, t_range)  # [K, D, 2, 6]
-    t1, t2 = t12[:, :, 0], t12[:, :, 1]
+    """Accesses, tiles, footprints, lines and strides of every access descriptor ``[V, S, ...]``."""
+    log_b = at.block_axis @ lt[:, TILE_LEVELS - 1]  # log of the layout's block (an S3 tile)
+    unique, lines, size = _footprints(at, t_range, sm.integer(jnp.exp(log_b)), elem, sm)
+    accesses, ntiles = _executions(at, lp, unique, size, sm)
+    vstride, rstride = _strides(at, log_b, sm)
+    return dict(accesses=accesses, ntiles=ntiles, unique=unique, lines=lines, size=size, vstride=vstride,
+                vdep=at.vdep, rstride=rstride, rdep=at.rdep, kind=at.kind, rw=at.rw, present=at.present)
+
+
+def _footprints(at: AccessTable, t_range: jax.Array, block: jax.Array, elem: jax.Array, sm: Smooth):
+    """Distinct elements ``[V, S, 6]`` of the tile at each level, the 64-byte lines they span, and
+    the buffer sizes ``[V, S]``."""
+    # distinct values of each dimension's index c1·i + c2·j over the tile's index ranges T1, T2
+    t1 = jnp.einsum("...da,al->...dl", at.term_axis[..., 0, :], t_range)  # [V, S, D, 6]
+    t2 = jnp.einsum("...da,al->...dl", at.term_axis[..., 1, :], t_range)
     c1, c2 = at.term_coef[..., 0, None], at.term_coef[..., 1, None]
     collide = sm.relu(t1 - at.norm_b[..., None]) * sm.relu(t2 - at.norm_a[..., None])
     count = jnp.where(at.radix[..., None] > 0, t1 * t2, t1 * t2 - collide)
     span = c1 * (t1 - 1.0) + c2 * (t2 - 1.0) + 1.0
-    copy = (at.kind[:, COPY] > 0)[:, None]
+    copy = (at.kind[..., COPY] > 0)[..., None]  # the copy touches whole buffers
     size = _product(at.shape, axis=-1)
-    unique = jnp.where(copy, size[:, None], _product(count, axis=1))  # [K, 6]
-    blocked = (at.blocked > 0)[:, None]
-    col_count = jnp.where(blocked, block[:, None], jnp.where(copy, at.shape[:, -1:], count[:, -1]))
-    col_span = jnp.where(blocked, block[:, None], jnp.where(copy, at.shape[:, -1:], span[:, -1]))
+    log_unique = jnp.log(jnp.maximum(count, 1e-30)).sum(-2)
+    unique = jnp.where(copy, size[..., None], sm.integer(jnp.exp(log_unique)))
+    # rows of the innermost physical dimension (the layout's block, or the last logical dimension)
+    blocked = (at.blocked > 0)[..., None]
+    col_count = jnp.where(blocked, block[..., None], jnp.where(copy, at.shape[..., -1:], count[..., -1, :]))
+    col_span = jnp.where(blocked, block[..., None], jnp.where(copy, at.shape[..., -1:], span[..., -1, :]))
     lines = unique / col_count * sm.ceil_div(col_span * elem, float(LINE_BYTES))
+    return unique, lines, size
+
+
+def _executions(at: AccessTable, lp: jax.Array, unique: jax.Array, size: jax.Array, sm: Smooth):
+    """Element accesses of each statement ``[V, S]`` and its number of tiles at each level."""
     inside = at.enclosing * lp
     ntiles = sm.integer(jnp.exp(inside @ jnp.asarray(_BEFORE)))  # loops at positions < L
     execs = sm.integer(jnp.exp(inside.sum(-1)))
-    options = jnp.stack([unique[:, -1], unique[:, -1] * (2.0 - 1.0 / loops[2]), jnp.ones_like(size), size], -1)
-    per_exec = (at.kind * options).sum(-1)
-    log_s = jnp.einsum("kde,ke->kd", at.stride_m, jnp.log(at.shape)) + at.stride_beta * log_b[:, None]
+    block_elems = unique[..., -1]  # distinct elements of the S3 register block
+    r0_trips = sm.integer(jnp.exp(lp[POSITIONS.index("R0")]))  # the first R0 iteration loads nothing
+    per_exec = jnp.stack([block_elems, block_elems * (2.0 - 1.0 / r0_trips), jnp.ones_like(size), size], -1)
+    return execs * (at.kind * per_exec).sum(-1), ntiles
 
-    def stride(dim, coef, one):
+
+def _strides(at: AccessTable, log_b: jax.Array, sm: Smooth):
+    """Strides (elements) of the vector loop and of the last reduction axis's R1 loop ``[V, S]``."""
+    log_s = jnp.einsum("...de,...e->...d", at.stride_m, jnp.log(at.shape)) + at.stride_beta * log_b[..., None]
+
+    def stride(dim, coef, lane):
         log_v = (dim * log_s).sum(-1) + jnp.log(coef) - (dim * at.block_dim).sum(-1) * log_b
-        return sm.integer(jnp.exp(jnp.where(one > 0, 0.0, log_v)))
+        return sm.integer(jnp.exp(jnp.where(lane > 0, 0.0, log_v)))
 
-    return dict(accesses=execs * per_exec, ntiles=ntiles, unique=unique, lines=lines, size=size,
-                vstride=stride(at.vdim, at.vcoef, at.vone), vdep=at.vdep,
-                rstride=stride(at.rdim, at.rcoef, 0.0 * at.rcoef), rdep=at.rdep,
-                kind=at.kind, rw=at.rw, present=at.present)
+    return stride(at.vdim, at.vcoef, at.vone), stride(at.rdim, at.rcoef, jnp.zeros_like(at.rcoef))
 
 
-def _to_slots(q: dict[str, jax.Array], is_scratch: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
-    """Descriptor quantities -> slot quantities (the acc slots select their variant)."""
-    n = len(SLOTS)
-    out = {}
-    for k, v in q.items():
-        acc = sm.select(is_scratch, v[n:], v[_ALT])
-        out[k] = jnp.concatenate([v[: _ALT.start], acc, v[_ALT.stop: n]], axis=0)
-    return out
+def _to_slots(q: dict[str, jax.Array], is_scratch: jax.Array) -> dict[str, jax.Array]:
+    """``[V, S, ...]`` -> ``[S, ...]``: the scratch variant where the sketch accumulates there."""
+    return {k: Smooth.select(is_scratch, v[1], v[0]) for k, v in q.items()}
 
 
-def _cache_traffic(s: dict[str, jax.Array], ub: jax.Array, caches: jax.Array, sm: Smooth):
+def _cache_traffic(s: dict[str, jax.Array], ub: jax.Array, elem: jax.Array, caches: jax.Array, sm: Smooth):
     """Per-slot bytes moved from each cache level ``[S, 3]`` and the total compute footprint."""
     compute = jnp.asarray(_COMPUTE_SLOTS)
-    footprint = (ub * compute[:, None]).sum(0)  # [6]
+    footprint = compute @ ub  # [6]
     fit = sm.le(footprint[:, None], caches[None, :] + 0.5)  # [6, 3]
     # the outermost fitting level takes the traffic: fit[L] · Π_{L' < L} (1 − fit[L'])
-    before = _product(1.0 - fit[:, None, :] * jnp.asarray(_BEFORE)[:, :, None], axis=0)  # [6, 3]
-    none = before[-1] * (1.0 - fit[-1])
+    log_miss = jnp.log(jnp.maximum(1.0 - fit, 1e-30))
+    before = jnp.exp(jnp.asarray(_BEFORE).T @ log_miss)  # [6, 3]
+    none = jnp.exp(log_miss.sum(0))  # [3]: no level fits
     moved = jnp.einsum("lc,sl->sc", fit * before, ub * s["ntiles"]) + none[None, :] * (
-        s["accesses"] * s["elem"])[:, None]
+        s["accesses"] * elem)[:, None]
     traffic = jnp.where(compute[:, None] > 0, moved, ub[:, :1])
     return traffic, footprint, fit
+
+
+_TRACES = [0]
+
+
+def trace_count() -> int:
+    """How many times :func:`features` has been traced (or called eagerly): watch for recompiles.
+
+    Example:
+        >>> isinstance(trace_count(), int)
+        True
+    """
+    return _TRACES[0]
 
 
 def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
@@ -450,69 +491,77 @@ def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
         >>> round(float(jnp.expm1(f.glob[GLOBAL_FEATURES.index("flops")])))
         7680
     """
+    _TRACES[0] += 1  # Python side effect: runs once per trace under jit
     rs, at, sm = inputs.knobs, inputs.access, smooth
     lt = log_tiles(rs, x)
     if sm.hard:
         lt = jnp.log(jnp.round(jnp.exp(lt)))
     log_range, lp = _level_logs(rs, lt)
-    t_range = sm.integer(jnp.exp(log_range))
-    elem = rs.elem_bytes
-    q = _descriptor_quantities(at, lt, t_range, lp, elem, sm)
-    t_v3 = sm.integer(jnp.exp(jnp.sum(rs.vec_axis * lt[:, -1])))
-    is_scratch = at.scratch_possible * sm.step(jnp.log(t_v3) - jnp.log(1.5))
+    knobs = _knob_values(rs, x, lt, sm)
+    is_scratch = at.scratch_possible * sm.step(jnp.log(knobs["t_v3"]) - jnp.log(1.5))
+    q = _descriptor_quantities(at, lt, sm.integer(jnp.exp(log_range)), lp, rs.elem_bytes, sm)
+    s = _to_slots(q, is_scratch)
     epilogue = at.epi_static + (1.0 - at.epi_static) * is_scratch
-    s = _to_slots(q, is_scratch, sm)
-    s["elem"] = jnp.broadcast_to(elem, s["size"].shape)
-    caches = jnp.stack([rs.l1_bytes, rs.l2_bytes, rs.l3_bytes])
-
-    per_tile = s["accesses"][:, None] / s["ntiles"]  # [S, 6]
-    ub = elem * s["unique"]
-    traffic, footprint, footprint_fits = _cache_traffic(s, ub, caches, sm)
-    levels = jnp.stack([elem * per_tile, ub, s["lines"], per_tile / s["unique"]], axis=-1)
-    fits = sm.le(ub[..., None], caches + 0.5)
-    levels = jnp.concatenate([levels, fits], axis=-1).reshape(len(SLOTS), -1)  # level-major
-
-    kind = s["kind"]
-    stmt = jnp.stack([kind[:, BODY] + kind[:, ACC], kind[:, EPILOGUE], kind[:, COPY]], -1)
-    contiguous = s["vdep"] * sm.eq(s["vstride"], 1.0)
-    head = jnp.concatenate([s["rw"], stmt, jnp.stack([
-        elem * s["size"], s["vdep"] * s["vstride"], contiguous, 1.0 - s["vdep"], s["rdep"] * s["rstride"]], -1)], -1)
-    access = _concat([head, levels, traffic], axis=-1) * s["present"][:, None]
     mask = jnp.concatenate([jnp.ones(3), jnp.stack([epilogue, epilogue]), s["present"][5:]])
-
-    glob = _global_features(rs, at, x, lt, lp, s, mask, ub, traffic, footprint, footprint_fits,
-                            t_v3, is_scratch, epilogue, sm)
+    access, traffic, footprint, footprint_fits = _access_features(rs, s, sm)
+    glob = _global_features(rs, at, lp, knobs, s, mask, traffic, footprint, footprint_fits, is_scratch,
+                            epilogue, sm)
     return Features(_log1p(access), mask, _log1p(glob))
 
 
-def _global_features(rs, at, x, lt, lp, s, mask, ub, traffic, footprint, footprint_fits, t_v3, is_scratch,
-                     epilogue, sm: Smooth) -> jax.Array:
+def _knob_values(rs: RelaxedSpace, x: jax.Array, lt: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
+    """vec, the S3 register block, the vector axis's S3 tile, parallel chunks and unroll."""
+    par = x[I_PAR]
+    par = jnp.round(par) if sm.hard else par
+    fused = sm.ramp(par - rs.spatial_rank)  # 1 for the spatial S0 loops fused into the parallel loop
+    s3, s0 = lt[:, TILE_LEVELS - 1], lt[:, 0]
+    ln2 = jnp.log(2.0)
+    return dict(par=par, vec=sm.integer(jnp.exp(ln2 * x[I_VEC])), block=sm.integer(jnp.exp(rs.spatial @ s3)),
+                t_v3=sm.integer(jnp.exp(rs.vec_axis @ s3)), chunks=sm.integer(jnp.exp(fused @ s0)),
+                unroll=sm.integer(jnp.exp(ln2 * x[I_UNROLL])))
+
+
+def _access_features(rs: RelaxedSpace, s: dict[str, jax.Array], sm: Smooth):
+    """The ``[S, F]`` access features (before log1p), per-slot traffic and the total footprint."""
+    elem = rs.elem_bytes
+    caches = jnp.stack([rs.l1_bytes, rs.l2_bytes, rs.l3_bytes])
+    per_tile = s["accesses"][:, None] / s["ntiles"]  # [S, 6]
+    ub = elem * s["unique"]
+    traffic, footprint, footprint_fits = _cache_traffic(s, ub, elem, caches, sm)
+    levels = jnp.stack([elem * per_tile, ub, s["lines"], per_tile / s["unique"]], axis=-1)
+    fits = sm.le(ub[..., None], caches + 0.5)
+    levels = jnp.concatenate([levels, fits], axis=-1).reshape(len(SLOTS), -1)  # level-major
+    kind = s["kind"]
+    stmt = jnp.stack([kind[:, BODY] + kind[:, ACC], kind[:, EPILOGUE], kind[:, COPY]], -1)
+    contiguous = s["vdep"] * sm.eq(s["vstride"], 1.0)
+    strides = jnp.stack([elem * s["size"], s["vdep"] * s["vstride"], contiguous, 1.0 - s["vdep"],
+                         s["rdep"] * s["rstride"]], -1)
+    access = _concat([s["rw"], stmt, strides, levels, traffic], axis=-1) * s["present"][:, None]
+    return access, traffic, footprint, footprint_fits
+
+
+def _global_features(rs, at, lp, knobs, s, mask, traffic, footprint, footprint_fits, is_scratch, epilogue,
+                     sm: Smooth) -> jax.Array:
+    """The ``[G]`` global features (before log1p), in GLOBAL_FEATURES order."""
     elem = rs.elem_bytes
     loops = sm.integer(jnp.exp(lp))
-    outputs = sm.integer(jnp.exp(jnp.sum(rs.spatial * rs.log_extent)))
-    reduction = sm.integer(jnp.exp(jnp.sum(rs.reduce * rs.log_extent)))
+    outputs = sm.integer(jnp.exp(rs.spatial @ rs.log_extent))
+    reduction = sm.integer(jnp.exp(rs.reduce @ rs.log_extent))
     flops = 2.0 * outputs * reduction + at.epi_ops * outputs
-    moved = (mask[:, None] * traffic).sum(0)  # [3]
-    vec = sm.integer(jnp.exp2(x[I_VEC]))
-    block = sm.integer(jnp.exp(jnp.sum(rs.spatial * lt[:, -1])))
+    moved = mask @ traffic  # [3]
+    l1_moved, l2_moved, l3_moved = moved
+    vec, block, t_v3, chunks, unroll = (knobs[k] for k in ("vec", "block", "t_v3", "chunks", "unroll"))
     accs = block / vec
-    par = jnp.round(x[I_PAR]) if sm.hard else x[I_PAR]
-    fused = sm.ramp(par - rs.spatial_rank)
-    chunks = sm.integer(jnp.exp(jnp.sum(fused * lt[:, 0])))
     balance = chunks / (sm.ceil_div(chunks, rs.cores) * rs.cores)
-    unroll = sm.integer(jnp.exp2(x[I_UNROLL]))
-    return _concat([
-        jnp.stack([flops, elem, (mask * elem * s["accesses"]).sum(), (mask * ub[:, 0]).sum()]),
-        moved,
-        jnp.stack([flops / moved[2], flops / moved[0], vec, vec / rs.simd_lanes, accs, accs / rs.max_acc,
-                   sm.le(accs, rs.max_acc + 0.5), block / t_v3, t_v3 / vec, par, chunks, balance,
-                   sm.ge(chunks, rs.cores - 0.5)]),
-        loops,
-        jnp.stack([unroll, sm.minimum(unroll, loops[4])]),
-        footprint,
-        footprint_fits.reshape(-1),
-        jnp.stack([at.data_copy, is_scratch, epilogue, outputs, reduction]),
-    ])
+    scalars = jnp.stack([
+        flops, elem, elem * (mask @ s["accesses"]), elem * (mask @ s["unique"][:, 0]),
+        l1_moved, l2_moved, l3_moved, flops / l3_moved, flops / l1_moved,
+        vec, vec / rs.simd_lanes, accs, accs / rs.max_acc, sm.le(accs, rs.max_acc + 0.5), block / t_v3,
+        t_v3 / vec, knobs["par"], chunks, balance, sm.ge(chunks, rs.cores - 0.5)])
+    tail = jnp.stack([at.data_copy, is_scratch, epilogue, outputs, reduction])
+    r1_trips = loops[POSITIONS.index("R1")]
+    return _concat([scalars, loops, jnp.stack([unroll, sm.minimum(unroll, r1_trips)]), footprint,
+                    footprint_fits.reshape(-1), tail])
 
 
 def _concat(parts: list[jax.Array], axis: int = 0) -> jax.Array:
@@ -522,7 +571,8 @@ def _concat(parts: list[jax.Array], axis: int = 0) -> jax.Array:
 
 
 def _log1p(v: jax.Array) -> jax.Array:
-    return jnp.log1p(jnp.maximum(v, 0.0))
+    # log(1 + v) rather than log1p: XLA:CPU's log1p is several times slower, and v ≥ 0 here
+    return jnp.log(1.0 + jnp.maximum(v, 0.0))
 
 
 batch_features = jax.jit(jax.vmap(features, in_axes=(None, 0, None)))

@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -208,27 +209,30 @@ def log_tiles(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
     return jnp.concatenate([level0[:, None], free], axis=1)
 
 
-def _project_groups(y: jax.Array, valid: jax.Array, cap: jax.Array) -> jax.Array:
+def _project_groups(y, valid, cap, xp):
     """Euclidean projection of each row of ``y`` (last axis, entries where ``valid``) onto the
-    capped simplex ``{z ≥ 0, Σ z ≤ cap}``."""
-    y = jnp.where(valid, y, 0.0)
-    pos_part = jnp.maximum(y, 0.0)
+    capped simplex ``{z ≥ 0, Σ z ≤ cap}``; ``xp`` is ``jax.numpy`` or ``numpy``."""
+    y = xp.where(valid, y, 0.0)
+    pos_part = xp.maximum(y, 0.0)
     inside = pos_part.sum(-1) <= cap
     # otherwise project onto {z ≥ 0, Σ z = cap}: z = max(y − θ, 0) with the sort-based θ
-    u = -jnp.sort(-jnp.where(valid, y, -1e30), axis=-1)
-    k = jnp.arange(1, y.shape[-1] + 1, dtype=y.dtype)
-    css = jnp.cumsum(jnp.where(valid, u, 0.0), axis=-1)
-    sorted_valid = -jnp.sort(-valid.astype(y.dtype), axis=-1) > 0
+    u = -xp.sort(-xp.where(valid, y, -1e30), axis=-1)
+    k = xp.arange(1, y.shape[-1] + 1, dtype=y.dtype)
+    css = xp.cumsum(xp.where(valid, u, 0.0), axis=-1)
+    sorted_valid = -xp.sort(-valid.astype(y.dtype), axis=-1) > 0
     cond = sorted_valid & (u - (css - cap[..., None]) / k > 0)
-    rho = jnp.maximum(cond.sum(-1), 1)
-    theta = (jnp.take_along_axis(css, (rho - 1)[..., None], axis=-1)[..., 0] - cap) / rho
-    on_face = jnp.where(valid, jnp.maximum(y - theta[..., None], 0.0), 0.0)
-    return jnp.where(inside[..., None], pos_part, on_face)
+    rho = xp.maximum(cond.sum(-1), 1)
+    theta = (xp.take_along_axis(css, (rho - 1)[..., None], axis=-1)[..., 0] - cap) / rho
+    on_face = xp.where(valid, xp.maximum(y - theta[..., None], 0.0), 0.0)
+    return xp.where(inside[..., None], pos_part, on_face)
 
 
-def project(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
+def project(rs: RelaxedSpace, x: jax.Array, *, xp=jnp) -> jax.Array:
     """Project ``x`` (any leading batch axes) onto the polytope: a capped simplex per (axis, prime)
     and boxes for unroll, vec and parallel. Padded slots become 0.
+
+    ``xp=numpy`` runs the same code in numpy (``rs`` then holds numpy arrays), e.g. in float64 for
+    rounding.
 
     Example:
         >>> from codegen.ops import matmul
@@ -238,23 +242,38 @@ def project(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
         >>> [round(float(v), 3) for v in project(rel.arrays, x)[12:20:4]]
         [0.5, 0.5]
     """
-    ex = jnp.swapaxes(tile_exponents(x), -1, -2)  # [..., A, P, J]
-    valid = jnp.swapaxes(rs.slot_mask, -1, -2) > 0
-    proj = jnp.swapaxes(_project_groups(ex, valid, rs.cap), -1, -2)
+    ex = xp.swapaxes(tile_exponents(x), -1, -2)  # [..., A, P, J]
+    valid = xp.swapaxes(rs.slot_mask, -1, -2) > 0
+    proj = xp.swapaxes(_project_groups(ex, valid, rs.cap, xp), -1, -2)
     lead = x.shape[:-1]
     tiles = proj.reshape(lead + (N_TILE,))
-    unroll = jnp.clip(x[..., I_UNROLL], 0.0, UNROLL_LOG2_MAX)
-    vec = jnp.clip(x[..., I_VEC], 0.0, rs.log2_simd)
-    par = jnp.clip(x[..., I_PAR], 0.0, rs.n_spatial)
-    return jnp.concatenate([tiles, unroll[..., None], vec[..., None], par[..., None]], axis=-1)
+    unroll = xp.clip(x[..., I_UNROLL], 0.0, UNROLL_LOG2_MAX)
+    vec = xp.clip(x[..., I_VEC], 0.0, rs.log2_simd)
+    par = xp.clip(x[..., I_PAR], 0.0, rs.n_spatial)
+    return xp.concatenate([tiles, unroll[..., None], vec[..., None], par[..., None]], axis=-1)
 
 
+def _from_draws(rs: RelaxedSpace, e, u, xp):
+    """Uniform points from i.i.d. draws: ``e`` Exp(1) ``[n, A, P, J + 1]``, ``u`` U(0, 1) ``[n, 3]``.
+
+    Each (axis, prime) group is uniform on its capped simplex ``{y ≥ 0, Σ y ≤ e}``: a flat
+    Dirichlet over the free levels plus the slack (normalized exponentials), scaled by ``e``.
+    """
+    valid = xp.concatenate([xp.swapaxes(rs.slot_mask, -1, -2), xp.ones((MAX_AXES, MAX_PRIMES, 1))], -1)
+    e = e * valid
+    y = (e / e.sum(-1, keepdims=True))[..., :FREE_LEVELS] * rs.cap[..., None]
+    tiles = xp.swapaxes(y, -1, -2).reshape(len(u), N_TILE)
+    hi = xp.stack([xp.asarray(float(UNROLL_LOG2_MAX)), rs.log2_simd, rs.n_spatial])
+    return xp.concatenate([tiles, u * hi], axis=-1)
+
+
+@partial(jax.jit, static_argnames="n")
 def sample(rs: RelaxedSpace, key: jax.Array, n: int) -> jax.Array:
-    """``n`` points uniform in the polytope ``[n, N_X]``.
+    """``n`` points uniform in the polytope ``[n, N_X]`` (jnp, for use inside jitted code).
 
-    Each (axis, prime) group is uniform on its capped simplex ``{y ≥ 0, Σ y ≤ e}`` (a flat
-    Dirichlet over the free levels plus the slack, scaled by ``e``); the scalar knobs are uniform
-    on their intervals.
+    Each (axis, prime) group is uniform on its capped simplex ``{y ≥ 0, Σ y ≤ e}``; the scalar
+    knobs are uniform on their intervals. :meth:`Relaxation.sample_x` draws the same distribution
+    with numpy (no compilation).
 
     Example:
         >>> from codegen.ops import matmul
@@ -265,14 +284,7 @@ def sample(rs: RelaxedSpace, key: jax.Array, n: int) -> jax.Array:
     """
     k_tiles, k_scalars = jax.random.split(key)
     e = jax.random.exponential(k_tiles, (n, MAX_AXES, MAX_PRIMES, FREE_LEVELS + 1))
-    valid = jnp.concatenate([jnp.swapaxes(rs.slot_mask, -1, -2), jnp.ones((MAX_AXES, MAX_PRIMES, 1))], -1)
-    e = e * valid
-    w = e / e.sum(-1, keepdims=True)
-    y = w[..., :FREE_LEVELS] * rs.cap[..., None]
-    tiles = jnp.swapaxes(y, -1, -2).reshape(n, N_TILE)
-    u = jax.random.uniform(k_scalars, (n, 3))
-    hi = jnp.stack([jnp.float32(UNROLL_LOG2_MAX), rs.log2_simd, rs.n_spatial])
-    return jnp.concatenate([tiles, u * hi], axis=-1)
+    return _from_draws(rs, e, jax.random.uniform(k_scalars, (n, 3)), jnp)
 
 
 def constraints(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
@@ -360,6 +372,7 @@ class Relaxation:
     def __init__(self, space: Space, *, elem_bytes: int = 4):
         self.space = space
         self.arrays = relaxed_space(space, elem_bytes=elem_bytes)
+        self._np = RelaxedSpace(*(np.asarray(a, np.float64) for a in self.arrays))
         self.primes = tuple(axis_primes(a.extent) for a in space.axes)
         self._vec_log2 = np.array(sorted(int(math.log2(v)) for v in space.vec_choices))
 
@@ -440,27 +453,44 @@ class Relaxation:
 
     # ---- sampling and projection --------------------------------------------------------------------
     def sample_x(self, key: jax.Array, n: int) -> jax.Array:
-        """``n`` points uniform in the polytope (see :func:`sample`).
+        """``n`` points uniform in the polytope ``[n, N_X]`` (float32), deterministic in ``key``.
+
+        Drawn with numpy seeded from the key (the same distribution as :func:`sample`), so it
+        costs no compilation.
 
         Example:
             >>> from codegen.ops import matmul
             >>> from codegen.target import Target
-            >>> Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target())).sample_x(jax.random.PRNGKey(1), 3).shape
+            >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
+            >>> rel.sample_x(jax.random.PRNGKey(1), 3).shape
             (3, 99)
         """
-        return sample(self.arrays, key, n)
+        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        seed = np.asarray(jax.random.key_data(key) if typed else key)
+        rng = np.random.default_rng(seed.astype(np.uint64).ravel().tolist())
+        e = rng.exponential(size=(n, MAX_AXES, MAX_PRIMES, FREE_LEVELS + 1))
+        x = _from_draws(self._np, e, rng.uniform(size=(n, 3)), np)
+        return jnp.asarray(x, jnp.float32)
 
-    def project(self, x: jax.Array) -> jax.Array:
-        """Projection onto the polytope (see :func:`project`)."""
-        return project(self.arrays, jnp.asarray(x, jnp.float32))
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """Projection onto the polytope (see :func:`project`), in float64 numpy (no compilation).
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
+            >>> float(rel.project(np.full(N_X, -1.0)).max())
+            0.0
+        """
+        return project(self._np, np.asarray(x, np.float64), xp=np)
 
     def constraints(self, x: jax.Array) -> jax.Array:
-        """Hardware constraints of one ``x`` (see :func:`constraints`)."""
-        return constraints(self.arrays, x)
+        """Hardware constraints of one ``x`` (see :func:`constraints`), jitted."""
+        return _constraints_jit(self.arrays, jnp.asarray(x, jnp.float32))
 
     def penalty(self, x: jax.Array, *, soft_weight: float = 0.1) -> jax.Array:
-        """Squared-hinge penalty of one ``x`` (see :func:`penalty`)."""
-        return penalty(self.arrays, x, soft_weight=soft_weight)
+        """Squared-hinge penalty of one ``x`` (see :func:`penalty`), jitted."""
+        return _penalty_jit(self.arrays, jnp.asarray(x, jnp.float32), soft_weight=soft_weight)
 
     # ---- rounding -----------------------------------------------------------------------------------
     def _round_exponents(self, xp: np.ndarray) -> np.ndarray:
@@ -555,8 +585,9 @@ class Relaxation:
             >>> len(uniq), idx.tolist()
             (1, [0, 0, 0, 0])
         """
-        x = np.asarray(x_batch, np.float32).reshape(-1, N_X)
-        xp = np.asarray(self.project(x), np.float64)
+        x = np.asarray(x_batch, np.float64).reshape(-1, N_X)
+        x = np.nan_to_num(x, nan=0.0, posinf=1e6, neginf=-1e6)  # a diverged start still gets a config
+        xp = self.project(x)
         ex = self._round_exponents(xp)
         sc = self._round_scalars(xp)
         keys = np.concatenate([ex.reshape(len(x), -1), sc], axis=1)
@@ -616,6 +647,10 @@ class Relaxation:
                 yield Config(config.sketch, config.tiles, config.parallel, choices[i + dv], config.unroll)
         for dp in (-1, 1):
             yield Config(config.sketch, config.tiles, config.parallel + dp, config.vec, config.unroll)
+
+
+_constraints_jit = jax.jit(constraints)
+_penalty_jit = jax.jit(penalty, static_argnames="soft_weight")
 
 
 def relax(space: Space, *, elem_bytes: int = 4) -> Relaxation:

@@ -1,0 +1,238 @@
+"""Relaxation: encoding, sampling, projection, rounding with repair, neighbourhood, constraints."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
+from codegen.space import Config, Space, sketches_for
+from codegen.target import Target
+from felixjax.relax import (
+    CONSTRAINTS,
+    FREE_LEVELS,
+    I_PAR,
+    I_UNROLL,
+    I_VEC,
+    MAX_PRIMES,
+    N_TILE,
+    N_X,
+    Relaxation,
+    constraints,
+    penalty,
+    project,
+    tile_exponents,
+)
+
+TARGET = Target(cores=2, simd_lanes=16, vector_registers=32, l1d_bytes=48 * 1024, l2_bytes=2 << 20,
+                l3_bytes=4 << 20)
+TASKS = {
+    "matmul": matmul(12, 16, 20),
+    "conv": conv2d(1, 4, 6, 6, out_channels=8, kernel=3, padding=1),
+    "depthwise": depthwise_conv2d(1, 8, 6, 6, kernel=3, padding=1, bias=True, act="relu"),
+    "primes": matmul(7, 13, 6, bias=True),
+    "big_primes": dense(1, 197, 1000),  # 197 is prime, 1000 = 2³·5³: Felix rejects both
+}
+SPACES = {f"{name}/{sk.name}": Space(t, sk, TARGET) for name, t in TASKS.items() for sk in sketches_for(t)}
+RELAX = {name: Relaxation(sp) for name, sp in SPACES.items()}
+
+
+def _slot(rel: Relaxation, axis: str, level: int, prime: int) -> int:
+    """Index in x of (axis, free tile level 1..3, prime)."""
+    a = [ax.name for ax in rel.space.axes].index(axis)
+    j = [p for p, _ in rel.primes[a]].index(prime)
+    return (a * FREE_LEVELS + level - 1) * MAX_PRIMES + j
+
+
+# ---- encoding ------------------------------------------------------------------------------------
+
+def test_every_valid_config_of_a_small_space_round_trips():
+    sp = Space(matmul(4, 6, 2), "gemm_packed", TARGET)
+    rel = Relaxation(sp)
+    configs = list(sp.enumerate())
+    assert len(configs) > 1000
+    xs = np.stack([rel.to_x(c) for c in configs])
+    assert np.array_equal(xs, np.round(xs))  # integer points
+    assert all(rel.from_x(x) == c for x, c in zip(xs, configs))
+    assert len({x.tobytes() for x in xs}) == len(configs)  # injective
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_sampled_configs_round_trip(name):
+    sp, rel = SPACES[name], RELAX[name]
+    for cfg in sp.sample_many(np.random.default_rng(0), 30) + [sp.default()]:
+        x = rel.to_x(cfg)
+        assert rel.from_x(x) == cfg
+        assert rel.round_x(x[None]) == [cfg]  # rounding is the identity on valid integer points
+
+
+def test_to_x_rejects_non_divisors():
+    sp = SPACES["matmul/gemm_packed"]
+    cfg = sp.default()
+    bad = Config(cfg.sketch, ((1, 1, 1, 1), (2, 1, 1, 4)) + cfg.tiles[2:], 0, 1, 1)  # 8 != 12
+    with pytest.raises(ValueError):
+        RELAX["matmul/gemm_packed"].to_x(bad)
+
+
+def test_too_many_distinct_primes_is_a_clear_error():
+    with pytest.raises(ValueError, match="prime"):
+        Relaxation(Space(matmul(2 * 3 * 5 * 7 * 11, 16, 16), "gemm_packed", TARGET))
+
+
+def test_large_prime_extents_have_their_own_prime_slots():
+    rel = RELAX["big_primes/gemm_packed"]
+    names = [a.name for a in rel.space.axes]
+    assert rel.primes[names.index("k")] == ((197, 1),)
+    assert rel.primes[names.index("n")] == ((2, 3), (5, 3))
+    assert float(rel.arrays.log_p[names.index("k"), 0]) == pytest.approx(math.log(197))
+
+
+# ---- sampling and projection ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["conv/conv_direct", "big_primes/gemm_packed"])
+def test_samples_are_uniform_in_the_polytope(name):
+    rel = RELAX[name]
+    n = 20000
+    x = np.asarray(rel.sample_x(jax.random.PRNGKey(0), n), np.float64)
+    ex = tile_exponents(x)  # [n, A, J, P]
+    mask = np.asarray(rel.arrays.slot_mask) > 0
+    cap = np.asarray(rel.arrays.cap, np.float64)
+    assert (ex >= 0).all() and (ex[:, ~mask] == 0).all()
+    assert (ex.sum(2) <= cap + 1e-4).all()
+    for a, axis in enumerate(rel.space.axes):
+        m = 1 if axis.reduce else FREE_LEVELS  # free levels; the slack is one more Dirichlet part
+        for j, (_, e) in enumerate(rel.primes[a]):
+            for lvl in range(m):
+                y = ex[:, a, lvl, j]
+                # marginal of one coordinate of e·Dirichlet(1, ..., 1) with m + 1 parts: e·Beta(1, m)
+                assert y.mean() == pytest.approx(e / (m + 1), abs=0.03 * e)
+                assert y.var() == pytest.approx(e * e * m / ((m + 1) ** 2 * (m + 2)), rel=0.08)
+                ys = np.sort(y)
+                cdf = 1.0 - (1.0 - ys / e) ** m
+                assert np.abs(cdf - np.arange(1, n + 1) / n).max() < 0.02  # Kolmogorov-Smirnov
+    hi = np.array([9.0, math.log2(16), rel.space.n_spatial])
+    scalars = x[:, [I_UNROLL, I_VEC, I_PAR]]
+    assert (scalars >= 0).all() and (scalars <= hi).all()
+    assert scalars.mean(0) == pytest.approx(hi / 2, rel=0.03)
+
+
+def test_projection_is_feasible_and_idempotent():
+    rel = RELAX["conv/conv_spatial_pack"]
+    rs = rel.arrays
+    x = np.random.default_rng(1).uniform(-3.0, 6.0, (256, N_X)).astype(np.float32)
+    proj = jax.jit(project)
+    p = np.asarray(proj(rs, x))
+    ex = tile_exponents(p)
+    assert (ex >= -1e-6).all()
+    assert (ex.sum(2) <= np.asarray(rs.cap) + 1e-4).all()
+    np.testing.assert_allclose(np.asarray(proj(rs, p)), p, atol=1e-5)
+    np.testing.assert_allclose(rel.project(x), p, atol=1e-5)  # the float64 numpy twin agrees
+    inside = np.asarray(rel.sample_x(jax.random.PRNGKey(2), 256))
+    np.testing.assert_allclose(np.asarray(proj(rs, inside)), inside, atol=1e-5)
+
+
+def test_projection_of_the_design_example():
+    # DESIGN.md ③: (0.6, 0.6) with e = 1 must not round to (1, 1). m = 12 = 2²·3: prime 3 has e = 1.
+    rel = RELAX["matmul/gemm_packed"]
+    x = np.zeros(N_X, np.float32)
+    i1, i2 = _slot(rel, "m", 1, 3), _slot(rel, "m", 2, 3)
+    x[i1] = x[i2] = 0.6
+    p = rel.project(x)
+    assert p[i1] == pytest.approx(0.5) and p[i2] == pytest.approx(0.5)
+    cfg = rel.round_x(x[None])[0]
+    rel.space.validate(cfg)
+    xr = rel.to_x(cfg)
+    assert xr[i1] + xr[i2] == 1  # one factor 3 in S1 or S2, none in the quotient
+
+
+# ---- rounding and repair -------------------------------------------------------------------------
+
+@settings(derandomize=True, deadline=None, max_examples=40)
+@given(name=st.sampled_from(sorted(SPACES)), seed=st.integers(0, 2**31 - 1),
+       scale=st.floats(0.1, 8.0), shift=st.floats(-3.0, 3.0))
+def test_random_continuous_points_round_to_valid_configs(name, seed, scale, shift):
+    rel = RELAX[name]
+    x = np.random.default_rng(seed).normal(shift, scale, size=(16, N_X)).astype(np.float32)
+    configs = rel.round_x(x)
+    assert len(configs) == len(x)  # one config per trajectory point, none dropped
+    for cfg in configs:
+        rel.space.validate(cfg)
+
+
+def test_round_unique_dedupes_and_indexes():
+    rel = RELAX["conv/conv_direct"]
+    x = np.asarray(rel.sample_x(jax.random.PRNGKey(3), 200))
+    x = np.concatenate([x, x[:50]])
+    uniq, idx = rel.round_unique(x)
+    assert len(set(uniq)) == len(uniq) < len(x)
+    assert [uniq[i] for i in idx] == rel.round_x(x)
+
+
+def test_repair_lowers_vec_and_shrinks_the_register_block():
+    rel = RELAX["matmul/gemm_packed"]
+    x = np.zeros(N_X, np.float32)
+    # everything of m (12) and n (16) in the S3 register block: 192 accumulators at vec 1
+    x[_slot(rel, "m", 3, 2)], x[_slot(rel, "m", 3, 3)] = 2, 1
+    x[_slot(rel, "n", 3, 2)] = 4
+    x[I_VEC] = 4  # vec 16
+    cfg = rel.round_x(x[None])[0]
+    rel.space.validate(cfg)
+    assert rel.space.accumulators(cfg) <= rel.space.max_accumulators
+    assert cfg.vec == 16  # the vector axis keeps its width: rows moved out first
+    # a vector width that cannot divide the innermost tile is lowered
+    x = np.zeros(N_X, np.float32)
+    x[_slot(rel, "n", 3, 2)] = 2  # S3 tile 4
+    x[I_VEC] = 4
+    assert rel.round_x(x[None])[0].vec == 4
+
+
+# ---- neighbourhood and constraints ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["conv/conv_spatial_pack", "primes/gemm_packed"])
+def test_neighbours_are_valid_one_step_moves(name):
+    sp, rel = SPACES[name], RELAX[name]
+    cfg = sp.default()
+    nb = rel.neighbours(cfg)
+    assert len(nb) == len(set(nb)) > 5 and cfg not in nb
+    x0 = rel.to_x(cfg)
+    for c in nb:
+        sp.validate(c)
+        d = np.abs(rel.to_x(c) - x0)
+        tile_moved = d[:N_TILE].sum()
+        scalar_moved = d[N_TILE:]
+        if tile_moved:
+            assert tile_moved in (1, 2) and not scalar_moved.any()  # one prime between two levels
+        else:
+            assert sorted(scalar_moved) in ([0, 0, 1], [0, 0, 2])  # one knob one step (vec 1 <-> 4)
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_hard_constraints_hold_exactly_at_valid_configs(name):
+    sp, rel = SPACES[name], RELAX[name]
+    g = jax.jit(jax.vmap(constraints, in_axes=(None, 0)))
+    cfgs = sp.sample_many(np.random.default_rng(1), 40)
+    vals = np.asarray(g(rel.arrays, jnp.asarray(np.stack([rel.to_x(c) for c in cfgs]))))
+    assert vals.shape == (len(cfgs), len(CONSTRAINTS))
+    assert (vals[:, :2] <= 1e-5).all()
+    chunks_ok = np.array([math.prod(t[0] for t in c.tiles[: c.parallel]) >= TARGET.cores for c in cfgs])
+    np.testing.assert_array_equal(vals[:, 2] <= 1e-5, chunks_ok)
+
+
+def test_constraints_detect_violations():
+    rel = RELAX["matmul/gemm_packed"]
+    x = np.zeros(N_X, np.float32)
+    x[I_VEC] = 3  # vec 8 with an S3 tile of 1
+    g = np.asarray(rel.constraints(x))
+    assert g[0] == pytest.approx(3 * math.log(2), rel=1e-5)
+    x[_slot(rel, "m", 3, 2)], x[_slot(rel, "m", 3, 3)] = 2, 1
+    x[_slot(rel, "n", 3, 2)] = 4
+    x[I_VEC] = 0
+    g = np.asarray(rel.constraints(x))
+    assert g[1] == pytest.approx(math.log(192 / 28), rel=1e-5)
+    grad = jax.jit(jax.grad(lambda rs, v: penalty(rs, v), argnums=1))
+    assert grad(rel.arrays, jnp.asarray(x))[_slot(rel, "m", 3, 2)] > 0
