@@ -40,6 +40,8 @@ C_DIALECT = {
     "simd": "#pragma omp simd",
 }
 
+MAX_UNROLLED_FMAS = 2048
+
 _ACT = {None: "{v}", "relu": "fmaxf({v}, 0.0f)", "relu6": "fminf(fmaxf({v}, 0.0f), 6.0f)"}
 
 
@@ -255,14 +257,19 @@ def _render_register_block(plan: Plan, w: _Writer) -> None:
         w(f"const float* {C_DIALECT['restrict']} {op.name}_p = {op.name} + "
           f"{_affine(_offset(op, outer + r0))};")
     # R1 loops
+    # the knob is a *max* unroll step; the emitted unroll is also capped so the unrolled body stays
+    # under MAX_UNROLLED_FMAS statements (a 256x unroll of a 25-accumulator block takes gcc ~50 s)
+    fmas = max(1, len(rows) * ncols)
+    cap = 1 << max(0, (MAX_UNROLLED_FMAS // fmas).bit_length() - 1)
+    unroll = min(plan.unroll, cap)
     cum = 1
     unroll_pragmas = {}
     for lp in reversed(r1):
         if lp is r1[-1]:
-            n = min(plan.unroll, lp.extent)
+            n = min(unroll, lp.extent)
             if n > 1:
                 unroll_pragmas[lp.var] = n
-        elif cum * lp.extent <= plan.unroll:
+        elif cum * lp.extent <= unroll:
             unroll_pragmas[lp.var] = lp.extent
         cum *= lp.extent
     for lp in r1:

@@ -1,0 +1,269 @@
+"""Search benchmark (issue 4): gradient vs genetic (and random) search on the op suite, same budgets.
+
+For every operator (``benchmarks/kernels.py``'s ``SUITE``, cheapest first), ``fj.compare`` runs every
+strategy x seed with the same budget in trials and seconds (whichever ends first), interleaved round
+by round so machine drift hits every strategy alike, through the real runner (every kernel built,
+checked against numpy and timed); then every run's final best is re-timed, interleaved. The results of
+all operators are merged into one ``felixjax.compare.Comparison``: its table (final best, trials and
+seconds to reach 95% of the best latency any strategy found, censored runs marked ``>``, geomean
+ratios) and its plot (best so far against trials and against seconds, median and band over seeds).
+
+Target (issue 4): gradient reaches 95% of the best-known latency in >= 3x fewer trials and >= 3x less
+wall time than genetic (geomean over operators), and its final best is no worse (geomean of genetic's
+final re-timed latency over gradient's >= 1.0). The script reports met / missed with the numbers; a
+geomean involving censored medians is a bound, and is flagged.
+
+``--replay`` swaps the hardware for the synthetic oracle of ``felixjax.testing`` (no building or timing;
+each trial costs a simulated 0.3 s on its run's clock): search logic alone, repeatably, in minutes. It
+writes its own section (``compare_replay`` markers), never the measured one.
+
+``--budget-min`` bounds the whole run: each operator gets an equal share of what is left, split evenly
+over its strategy x seed runs as their seconds budget (replay: trials only; operators not started
+before the deadline are skipped and listed).
+
+Usage:
+    python benchmarks/compare.py                            # full: 7 ops x 3 seeds x 512 trials, gradient + genetic
+    python benchmarks/compare.py --quick                    # smoke test: 1 small op, 1 seed, 24 trials
+    python benchmarks/compare.py --strategies gradient,genetic,random --budget-min 240 --write
+    python benchmarks/compare.py --replay --write           # synthetic oracle, its own section
+    python benchmarks/compare.py --ops matmul1024,conv28 --seeds 2 --trials 256 --threads 1
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as in benchmarks/kernels.py
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import felixjax as fj  # noqa: E402
+from benchmarks.kernels import SUITE, machine_lines, select_ops  # noqa: E402
+from benchmarks.tune_ops import provenance, write_section  # noqa: E402
+from codegen.measure import TimingProtocol  # noqa: E402
+from codegen.target import Target  # noqa: E402
+from felixjax.compare import Comparison  # noqa: E402
+
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+SECTIONS = {  # mode -> (begin, end, heading, image name)
+    "measured": ("<!-- compare:begin -->", "<!-- compare:end -->",
+                 "## Gradient vs genetic search (benchmarks/compare.py)", "compare_curves.png"),
+    "replay": ("<!-- compare_replay:begin -->", "<!-- compare_replay:end -->",
+               "## Gradient vs genetic search, replayed on the synthetic oracle (benchmarks/compare.py --replay)",
+               "compare_replay_curves.png"),
+}
+QUICK_OPS = "dense4096"
+NEED_TRIALS, NEED_SECONDS, NEED_FINAL = 3.0, 3.0, 1.0
+
+
+def _log(msg: str) -> None:
+    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def merge(parts: list[Comparison], strategies: list[str], seeds: list[int], trials: int, replay: bool) -> Comparison:
+    """One Comparison of several (one per operator; per-run seconds budgets differ, so ``seconds`` is None)."""
+    histories, remeasured, tasks = {}, {}, []
+    for c in parts:
+        tasks += c.tasks
+        histories.update(c.histories)
+        remeasured.update(c.remeasured)
+    return Comparison(tasks, strategies, seeds, trials, None, histories, remeasured, replay)
+
+
+def verdicts(cmp: Comparison) -> list[str]:
+    """Markdown table of issue 4's target, from the geomean ratios genetic / gradient."""
+    r = cmp.ratios().get("genetic")
+    lines = ["| target: genetic / gradient, geomean over ops | measured | required | result |",
+             "|---|---:|---:|---|"]
+    if r is None:
+        return lines + ["| (needs both gradient and genetic) | — | — | not run |"]
+    cens = r["censored"]
+    bound = f" ({cens} op(s) with a censored median: a bound, see the per-op table)" if cens else ""
+    for label, value, need in (("trials to 95% of best known", r["trials95"], NEED_TRIALS),
+                               ("seconds to 95% of best known", r["seconds95"], NEED_SECONDS)):
+        if not math.isfinite(value):
+            lines.append(f"| {label} | — | >= {need:.0f}x | no result |")
+            continue
+        verdict = "met" if value >= need else f"missed ({value:.2f}x < {need:.0f}x)"
+        lines.append(f"| {label} | {value:.2f}x | >= {need:.0f}x | {verdict}{bound} |")
+    fin = r["final"]
+    if math.isfinite(fin):
+        verdict = "met" if fin >= NEED_FINAL else f"missed: gradient's final best is {100 * (1 / fin - 1):.1f}% slower"
+        lines.append(f"| final best latency, re-timed interleaved (> 1: gradient faster) | {fin:.3f}x | >= 1.0x "
+                     f"| {verdict} |")
+    else:
+        lines.append("| final best latency | — | >= 1.0x | no result |")
+    return lines
+
+
+def per_task_ratios(cmp: Comparison) -> list[str]:
+    """Per-operator genetic / gradient ratios behind the geomeans."""
+    rows = {(r["task"], r["strategy"]): r for r in cmp.rows()}
+    out = ["| op | trials to 95%: genetic / gradient | seconds to 95%: genetic / gradient "
+           "| final: genetic / gradient |",
+           "|---|---:|---:|---:|"]
+    for t in cmp.tasks:
+        a, b = rows.get((t.name, "genetic")), rows.get((t.name, "gradient"))
+        if a is None or b is None:
+            continue
+
+        def ratio(k: str) -> str:
+            mark = ">" if a[f"{k}_censored"] and not b[f"{k}_censored"] else ("?" if b[f"{k}_censored"] else "")
+            return f"{mark}{a[k] / max(b[k], 1e-12):.2f}x"
+
+        out.append(f"| {t.name} | {ratio('trials95')} | {ratio('seconds95')} | {a['final_ms'] / b['final_ms']:.3f}x |")
+    out.append("")
+    out.append("`>`: genetic's median is censored (it did not reach 95% within the budget), so the ratio is a lower "
+               "bound; `?`: gradient's median is censored, so the ratio is not meaningful.")
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("Usage:")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", default=None, help=f"comma-separated suite names ({', '.join(SUITE)}) or op specs "
+                                                f"(KIND:key=value;...); default: all (quick: {QUICK_OPS})")
+    ap.add_argument("--strategies", default="gradient,genetic", help="comma-separated (default gradient,genetic; "
+                                                                     "add random with gradient,genetic,random)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per strategy and op (default 3; quick 1)")
+    ap.add_argument("--trials", type=int, default=None, help="trials per run (default 512; quick 24)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per kernel (default 1: one-core timings are "
+                                                           "the steadiest on a shared 2-core VM)")
+    ap.add_argument("--budget-min", type=float, default=None,
+                    help="wall-clock budget of the whole run in minutes (default 600; quick 6)")
+    ap.add_argument("--remeasure", type=int, default=None, help="interleaved re-timings of each final best "
+                                                                "(default 5; quick 2)")
+    ap.add_argument("--replay", action="store_true", help="synthetic oracle instead of building and timing")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for cmp.db, cmp.csv, table.md and curves.png (default "
+                         "results/compare[_replay][_quick]); runs already in its cmp.db are resumed, not repeated: "
+                         "use a fresh folder for a fresh run")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="trials of an untimed replayed run per strategy first, so JIT compilation is not charged "
+                         "to whichever run comes first (0: off; default 64; quick 24)")
+    ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
+    ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+    ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
+                                                         "<doc folder>/img/")
+    ap.add_argument("--doc", type=Path, default=DOC, help=f"document --write updates (default {DOC.relative_to(ROOT)})")
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.ops = args.ops or (QUICK_OPS if q else ",".join(SUITE))
+    args.seeds = args.seeds if args.seeds is not None else (1 if q else 3)
+    args.trials = args.trials if args.trials is not None else (24 if q else 512)
+    args.budget_min = args.budget_min if args.budget_min is not None else (6.0 if q else 600.0)
+    args.warmup = args.warmup if args.warmup is not None else (24 if q else 64)
+    args.remeasure = args.remeasure if args.remeasure is not None else (2 if q else 5)
+    # separate folders per mode and for --quick: a run resumes the runs of the same name in its cmp.db
+    args.out = args.out or ROOT / "results" / ("compare" + ("_replay" if args.replay else "") + ("_quick" if q else ""))
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    args.protocol = TimingProtocol.quick() if q else TimingProtocol(warmup=1, min_repeat_ms=10, repeats=3)
+    # quick: small rounds so a 24-trial run still has several; full: the strategies' defaults
+    args.options = ({"gradient": {"starts": 64, "batch_size": 8}, "genetic": {"population": 256, "batch_size": 8},
+                     "random": {}} if q else {})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    deadline = started + 60.0 * args.budget_min
+    target = Target.cpu()
+    tasks = select_ops(args.ops)
+    order = sorted(tasks.items(), key=lambda kv: kv[1].flops)  # cheapest first: unused budget flows on
+    seeds = list(range(args.seeds))
+    mode = "replay" if args.replay else "measured"
+    args.out.mkdir(parents=True, exist_ok=True)
+    db = fj.Database(str(args.out / "cmp.db"))
+    parts: list[Comparison] = []
+    skipped: list[str] = []
+    budgets: dict[str, float | None] = {}
+    reserve = 10.0 + 2.0 * args.remeasure  # re-timing the finals, per op
+    warm_s = 0.0
+    if args.warmup:
+        # Compile the strategies' jitted code (descent, features, cost-model training) once, on the replay
+        # oracle, so that no measured run's clock pays a one-off compilation the others then reuse.
+        t0 = time.perf_counter()
+        fj.compare([order[0][1]], args.strategies, trials=args.warmup, seeds=[0], target=target, db=None,
+                   replay=True, progress=False, remeasure=0, strategy_options=args.options)
+        warm_s = time.perf_counter() - t0
+        _log(f"warm-up (JIT compilation) on the replay oracle: {warm_s:.0f} s")
+    try:
+        for i, (key, task) in enumerate(order):
+            left = len(order) - i
+            now = time.perf_counter()
+            if now >= deadline:
+                skipped.append(task.name)
+                continue
+            seconds = None
+            if not args.replay:
+                share = (deadline - now - reserve * left) / left
+                seconds = max(share / (len(args.strategies) * len(seeds)), 5.0)
+            budgets[task.name] = seconds
+            _log(f"{task.name}: {len(args.strategies)} strategies x {len(seeds)} seeds, {args.trials} trials"
+                 + (f" / {seconds:.0f} s per run" if seconds else "") + f"; total so far {now - started:.0f} s")
+            parts.append(fj.compare([task], args.strategies, trials=args.trials, seconds=seconds, seeds=seeds,
+                                    target=target, db=db, threads=args.threads,
+                                    replay=True if args.replay else None, progress=not args.quiet,
+                                    protocol=None if args.replay else args.protocol, remeasure=args.remeasure,
+                                    strategy_options=args.options))
+    finally:
+        db.close()
+    if not parts:
+        _log("no operator ran within the budget")
+        return 1
+    cmp = merge(parts, parts[0].strategies, seeds, args.trials, args.replay)
+    cmp.to_csv(args.out / "cmp.csv")
+    (args.out / "table.md").write_text(cmp.table() + "\n")
+    plot = cmp.plot(args.out / "curves.png")
+
+    begin, end, heading, image = SECTIONS[mode]
+    measured, load = provenance(started, argv, "benchmarks/compare.py", load_start)
+    secs = [s for s in budgets.values() if s]
+    budget = f"{args.trials} trials per run" + (f", seconds per run {min(secs):.0f}-{max(secs):.0f} s (an equal share "
+                                                f"of the {args.budget_min:g} min budget per op)" if secs else "")
+    header = [measured, "", *machine_lines(target),
+              f"- runs: strategies {', '.join(cmp.strategies)} x seeds {', '.join(map(str, seeds))} x "
+              f"{len(cmp.tasks)} op(s), {budget}; "
+              + ("latencies from the synthetic oracle, 0.3 s simulated per trial" if args.replay else
+                 f"kernels at {args.threads} thread(s), timing protocol while tuning {args.protocol}; each run's "
+                 f"final best re-timed {args.remeasure}x interleaved")
+              + (f"; strategy options {args.options}" if args.options else "; strategy defaults"),
+              f"- JIT warm-up before the runs: " + (f"{args.warmup} replayed trials per strategy, {warm_s:.0f} s (run "
+                                                     "clocks exclude one-off compilation)" if args.warmup else
+                                                     "off (the first run of each strategy pays its compilations)"),
+              load, ""]
+    if skipped:
+        header.append(f"Not run (budget spent before they started): {', '.join(skipped)}.\n")
+    text = "\n".join(header) + "\n" + "\n".join(verdicts(cmp)) + "\n\n" + cmp.table() + "\n\n" + \
+        "\n".join(per_task_ratios(cmp))
+    if args.write:
+        img = args.doc.parent / "img" / image
+        img.parent.mkdir(parents=True, exist_ok=True)
+        img.write_bytes(Path(plot).read_bytes())
+        text += (f"\n\n![best so far against trials and seconds](img/{image})\n\n"
+                 f"CSV of every measurement: `{_rel(args.out)}/cmp.csv`.")
+        write_section(text, begin, end, heading, args.doc)
+        _log(f"wrote {args.doc} and {img}")
+    print(text)
+    _log(f"outputs in {args.out}; {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
