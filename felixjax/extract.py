@@ -30,12 +30,13 @@ import numpy as np
 from codegen.lower import Buffer, Loop, Plan, lower
 from codegen.space import Config, Space
 from costmodels.base import Features
-from felixjax.features import ENCLOSING, LINE_BYTES, N_ACCESS_FEATURES, SLOTS
+from felixjax.features import LINE_BYTES, N_ACCESS_FEATURES, SLOTS
 from felixjax.relax import POSITIONS
 
-_BODY_POS = np.flatnonzero(ENCLOSING[0])
-_ACC_POS = np.flatnonzero(ENCLOSING[1])
-_EPI_POS = np.flatnonzero(ENCLOSING[2])
+# The loops around each statement of the emitted C (codegen.render_c), by level name.
+_BODY_POS = [POSITIONS.index(n) for n in ("S0", "S1", "R0", "S2", "R1")]  # FMAs; S3 = register block
+_ACC_POS = [POSITIONS.index(n) for n in ("S0", "S1", "R0", "S2")]  # accumulator load / store
+_EPI_POS = [POSITIONS.index(n) for n in ("S0", "S1", "S2", "S3")]  # fused epilogue
 
 
 def _grid(extents: list[int]) -> np.ndarray:

@@ -96,7 +96,7 @@ class Smooth:
 
     # ---- construction / pytree -------------------------------------------------------------------
     @staticmethod
-    def hard_mode() -> "Smooth":
+    def hard_mode() -> Smooth:
         """Exact operations.
 
         Example:
@@ -106,7 +106,7 @@ class Smooth:
         return Smooth(True, 0.0)
 
     @staticmethod
-    def soft(temperature: float = 1.0) -> "Smooth":
+    def soft(temperature: float = 1.0) -> Smooth:
         """Differentiable surrogates at the given temperature (> 0).
 
         Example:
