@@ -5,10 +5,13 @@ The notebook is generated so its source stays reviewable as plain Python; CI exe
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared generator helper
+from nbgen import build_notebook, write_notebook  # noqa: E402
 
 NOTEBOOK = Path(__file__).with_name("01_kernels.ipynb")
 
@@ -138,17 +141,8 @@ full comparison."""),
 
 
 def build() -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-    for i, cell in enumerate(nb.cells):
-        cell["id"] = f"cell-{i:02d}"  # stable ids: regenerating gives the same file
-    return nb
+    return build_notebook(CELLS)
 
 
 if __name__ == "__main__":
-    nb = build()
-    nbformat.validate(nb)
-    nbformat.write(nb, NOTEBOOK)
-    print(f"wrote {NOTEBOOK}")
+    write_notebook(build(), NOTEBOOK)
