@@ -239,14 +239,15 @@ def machine_lines(target: Target) -> list[str]:
     ]
 
 
-def write_doc(text: str, path: Path = DOC) -> None:
-    """Replace the section between the kernels markers of docs/BENCHMARKS.md (created if missing)."""
-    section = f"{BEGIN}\n{text.rstrip()}\n{END}"
+def write_doc(text: str, path: Path = DOC, *, begin: str = BEGIN, end: str = END,
+              heading: str = "Kernels (benchmarks/kernels.py)") -> None:
+    """Replace one benchmark's section (between its markers) of docs/BENCHMARKS.md (created if missing)."""
+    section = f"{begin}\n{text.rstrip()}\n{end}"
     old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, old, count=1, flags=re.S)
+    if begin in old and end in old:
+        new = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: section, old, count=1, flags=re.S)
     else:
-        new = old.rstrip() + "\n\n## Kernels (benchmarks/kernels.py)\n\n" + section + "\n"
+        new = old.rstrip() + f"\n\n## {heading}\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
 

@@ -25,20 +25,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-try:
-    import felixjax  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
+if str(ROOT) not in sys.path:  # run as a script from a checkout: `benchmarks` and `felixjax` importable
     sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
@@ -47,6 +42,7 @@ import felixjax as fj  # noqa: E402
 from codegen.measure import LocalRunner, TimingProtocol  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax.network import _ort_session, build_model, time_interleaved, tune_model  # noqa: E402
+from benchmarks.kernels import _git, machine_lines, write_doc  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 BEGIN, END = "<!-- networks:begin -->", "<!-- networks:end -->"
@@ -55,13 +51,6 @@ DOC = ROOT / "docs" / "BENCHMARKS.md"
 
 def _log(msg: str) -> None:
     print(f"[networks] {msg}", file=sys.stderr, flush=True)
-
-
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials_per_task: int, strategy: str,
@@ -141,30 +130,6 @@ def render(rows: list[dict], threads: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def machine_lines(target: Target) -> list[str]:
-    import onnxruntime
-
-    kib = 1024
-    return [
-        f"- machine: {target.name}, {target.cores} cores, {32 * target.simd_lanes}-bit SIMD, L1d "
-        f"{target.l1d_bytes // kib} KiB, L2 {target.l2_bytes // kib} KiB",
-        f"- software: {target.compiler}; Python {platform.python_version()}, numpy {np.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}",
-    ]
-
-
-def write_doc(text: str, path: Path = DOC) -> None:
-    """Replace the section between the networks markers of docs/BENCHMARKS.md (created if missing)."""
-    section = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, old, count=1, flags=re.S)
-    else:
-        new = old.rstrip() + "\n\n## Networks (benchmarks/networks.py)\n\n" + section + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(header) + "\n" + render(rows, threads)
     print(text)
     if args.write:
-        write_doc(text)
+        write_doc(text, DOC, begin=BEGIN, end=END, heading="Networks (benchmarks/networks.py)")
         _log(f"wrote {DOC}")
     return 0
 
