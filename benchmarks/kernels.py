@@ -32,7 +32,6 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import math  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
@@ -95,8 +94,7 @@ def _log(msg: str) -> None:
     print(f"[kernels] {msg}", file=sys.stderr, flush=True)
 
 
-def _short(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+_short = baselines.short_error
 
 
 def _best_default(task: Task, target: Target, runner: LocalRunner, threads: int,
@@ -148,18 +146,7 @@ def bench_op(key: str, task: Task, threads: int, *, target: Target, runner: Loca
         else:
             row.sketches["random"] = res.best.config.sketch
             _add_kernel(contenders, row, "random", task, res.best.config, arrays, threads, target, expected)
-    for name in baselines.applicable(task):
-        try:
-            contenders.update(baselines.make_contenders(task, arrays, threads=threads, which=(name,),
-                                                        expected=expected))
-        except Exception as e:  # a missing or failing peer is reported, not fatal
-            row.errors[name] = _short(e)
-    for name, c in list(contenders.items()):
-        try:
-            c.check()
-        except AssertionError as e:
-            row.errors[name] = _short(e)
-            contenders.pop(name).close()
+    baselines.add_checked_peers(task, arrays, contenders, row.errors, threads=threads, expected=expected)
     _log(f"{task.name} threads={threads}: timing {', '.join(contenders)}")
     times = baselines.time_interleaved(contenders, rounds=rounds, min_time_s=min_time_s)
     for name, s in baselines.summarize(times).items():

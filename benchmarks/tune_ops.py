@@ -52,7 +52,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout: `benchmarks` and `felixjax` importable
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 import felixjax as fj  # noqa: E402
 from benchmarks.kernels import SUITE, _git, machine_lines, select_ops  # noqa: E402
@@ -84,8 +83,7 @@ def _log(msg: str) -> None:
     print(f"[tune_ops] {msg}", file=sys.stderr, flush=True)
 
 
-def _short(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+_short = baselines.short_error
 
 
 # ---- counting JAX compilations -------------------------------------------------------------------
@@ -203,18 +201,7 @@ def time_op(row: Row, res, *, target: Target, rounds: int, min_time_s: float) ->
                                                                 target=target, expected=expected)
         except RuntimeError as e:
             row.errors["felixjax"] = _short(e)
-    for name in baselines.applicable(task):
-        try:
-            contenders.update(baselines.make_contenders(task, arrays, threads=threads, which=(name,),
-                                                        expected=expected))
-        except Exception as e:  # a missing or failing peer is reported, not fatal
-            row.errors[name] = _short(e)
-    for name, c in list(contenders.items()):
-        try:
-            c.check()
-        except AssertionError as e:
-            row.errors[name] = _short(e)
-            contenders.pop(name).close()
+    baselines.add_checked_peers(task, arrays, contenders, row.errors, threads=threads, expected=expected)
     if contenders:
         times = baselines.time_interleaved(contenders, rounds=rounds, min_time_s=min_time_s)
         for name, s in baselines.summarize(times).items():

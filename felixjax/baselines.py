@@ -718,3 +718,28 @@ def compare_best(result, *, threads: int = 1, rounds: int = 5) -> dict[str, floa
     return {"onnxruntime_ms": times["onnxruntime"].median_s * 1e3,
             "felixjax_median_ms": times["felixjax"].median_s * 1e3,
             "ours_vs_ort": times["onnxruntime"].median_s / times["felixjax"].median_s}
+
+
+def short_error(e: BaseException) -> str:
+    """One line naming an exception, for benchmark tables."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+
+
+def add_checked_peers(task: Task, arrays: list[np.ndarray], contenders: dict, errors: dict, *, threads: int,
+                      expected: np.ndarray | None = None) -> dict:
+    """Add every applicable peer to ``contenders``, then drop any contender whose output is wrong.
+
+    A missing or failing peer is recorded in ``errors`` (name -> one line), never fatal.
+    """
+    for name in applicable(task):
+        try:
+            contenders.update(make_contenders(task, arrays, threads=threads, which=(name,), expected=expected))
+        except Exception as e:
+            errors[name] = short_error(e)
+    for name, c in list(contenders.items()):
+        try:
+            c.check()
+        except AssertionError as e:
+            errors[name] = short_error(e)
+            contenders.pop(name).close()
+    return contenders
