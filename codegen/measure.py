@@ -599,6 +599,18 @@ class _Guarded:
         return None
 
 
+def load_kernel_library(path: str) -> ctypes.CDLL:
+    """Load a kernel library and declare the ABI (``fj_kernel``, ``fj_time``, ``fj_set_threads``)."""
+    lib = ctypes.CDLL(path)
+    lib.fj_kernel.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.fj_kernel.restype = None
+    lib.fj_time.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
+    lib.fj_time.restype = ctypes.c_double
+    lib.fj_set_threads.argtypes = [ctypes.c_int]
+    lib.fj_set_threads.restype = None
+    return lib
+
+
 class _LibCache:
     """A small LRU of loaded kernel libraries (evicted ones are dlclose'd when safe)."""
 
@@ -621,13 +633,7 @@ class _LibCache:
             return self.libs[key]
         for old in [k for k in self.libs if k[0] == path]:  # same path, new file: reload
             self._unload(old)
-        lib = ctypes.CDLL(path)
-        lib.fj_kernel.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        lib.fj_kernel.restype = None
-        lib.fj_time.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
-        lib.fj_time.restype = ctypes.c_double
-        lib.fj_set_threads.argtypes = [ctypes.c_int]
-        lib.fj_set_threads.restype = None
+        lib = load_kernel_library(path)
         try:
             lib.fj_prepare.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.fj_prepare.restype = None

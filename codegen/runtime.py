@@ -24,6 +24,7 @@ import ctypes
 import numpy as np
 
 from .lower import Plan
+from .measure import load_kernel_library
 
 
 class Kernel:
@@ -36,10 +37,7 @@ class Kernel:
     def __init__(self, plan: Plan, lib_path: str, *, threads: int | None = None):
         self.plan = plan
         self.lib_path = lib_path
-        self._lib = ctypes.CDLL(lib_path)
-        self._lib.fj_kernel.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._lib.fj_kernel.restype = None
-        self._lib.fj_set_threads.argtypes = [ctypes.c_int]
+        self._lib = load_kernel_library(lib_path)
         if threads:
             self._lib.fj_set_threads(int(threads))
         self._ws = np.zeros(max(plan.workspace, 16) + 16, dtype=np.float32)

@@ -530,13 +530,9 @@ class KernelContender(Contender):
         self.name, self.plan, self.lib_path = name, plan, lib_path
         self.task, self.threads = task, int(threads)
         self.expected = _expected(task, arrays, expected)
-        lib = ctypes.CDLL(lib_path)
-        lib.fj_kernel.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        lib.fj_kernel.restype = None
-        lib.fj_time.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
-        lib.fj_time.restype = ctypes.c_double
-        lib.fj_set_threads.argtypes = [ctypes.c_int]
-        lib.fj_set_threads.restype = None
+        from codegen.measure import load_kernel_library
+
+        lib = load_kernel_library(lib_path)
         self._lib = lib
         self._bufs = [_aligned_copy(a) for a in plan.kernel_inputs(list(arrays))]
         self._out = _aligned_empty(task.output_shape)

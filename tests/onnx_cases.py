@@ -168,17 +168,24 @@ def run_case(case: Case, frozen: list[str]) -> tuple[str, str]:
     except Exception as e:
         return "fail", f"run crashed: {type(e).__name__}: {e}"
     got = got if isinstance(got, list) else [got]
+    if (wrong := output_mismatch(got, case)) is not None:
+        return "fail", wrong
+    return "pass", ", ".join(n.task.name for n in m.graph.anchors)
+
+
+def output_mismatch(got: list, case) -> str | None:
+    """Why ``got`` differs from the case's expected outputs (count, dtype, shape, values), or None."""
     if len(got) != len(case.outputs):
-        return "fail", f"{len(got)} outputs, expected {len(case.outputs)}"
+        return f"{len(got)} outputs, expected {len(case.outputs)}"
     for k, (y, ref) in enumerate(zip(got, case.outputs)):
         ref = np.asarray(ref)
         if y.shape != ref.shape or y.dtype != ref.dtype:
-            return "fail", f"output {k}: {y.dtype}{y.shape}, expected {ref.dtype}{ref.shape}"
+            return f"output {k}: {y.dtype}{y.shape}, expected {ref.dtype}{ref.shape}"
         try:
             np.testing.assert_allclose(y, ref, rtol=case.rtol, atol=case.atol)
         except AssertionError as e:
-            return "fail", f"output {k} differs: " + " ".join(str(e).split())[:300]
-    return "pass", ", ".join(n.task.name for n in m.graph.anchors)
+            return f"output {k} differs: " + " ".join(str(e).split())[:300]
+    return None
 
 
 def build_manifest(cases: list[Case]) -> dict:

@@ -426,16 +426,8 @@ def run_case_c(case: onnx_cases.Case, frozen: list[str]) -> tuple[str, str]:
         got = exe.run(feeds)
     except Exception as e:
         return "fail", f"run crashed: {type(e).__name__}: {e}"
-    if len(got) != len(case.outputs):
-        return "fail", f"{len(got)} outputs, expected {len(case.outputs)}"
-    for k, (y, ref) in enumerate(zip(got, case.outputs)):
-        ref = np.asarray(ref)
-        if y.shape != ref.shape or y.dtype != ref.dtype:
-            return "fail", f"output {k}: {y.dtype}{y.shape}, expected {ref.dtype}{ref.shape}"
-        try:
-            np.testing.assert_allclose(y, ref, rtol=case.rtol, atol=case.atol)
-        except AssertionError as e:
-            return "fail", f"output {k} differs: " + " ".join(str(e).split())[:300]
+    if (wrong := onnx_cases.output_mismatch(got, case)) is not None:
+        return "fail", wrong
     return "pass", ""
 
 
