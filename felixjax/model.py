@@ -50,9 +50,13 @@ class CostModelScorer:
 
     MIN_TRAIN = 24
     CHUNK = 1024
+    #: Online fine-tuning budget: each update sees about this many samples (TenSet/Felix train
+    #: from scratch on 30000 per round; here the MLP continues from its weights every round, so a
+    #: smaller budget per round keeps the update under a second).
+    SAMPLE_BUDGET = 4096
 
-    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128):
-        from costmodels import MLPCostModel, RooflineModel
+    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128, train_config=None):
+        from costmodels import MLPCostModel, RooflineModel, TrainConfig
 
         from . import jaxcache
         from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES, feature_inputs
@@ -67,7 +71,8 @@ class CostModelScorer:
                                    bandwidth=12e9 * max(1, int(target.cores)),
                                    efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
                                    softness=0.1)
-        self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed)
+        cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
+        self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
         self.active = "prior"
         self.metrics: dict = {}
         self._feats: list = []
@@ -84,21 +89,38 @@ class CostModelScorer:
         gradient strategy's descent compiles once per process whichever model is active."""
         return Blend(self.prior, self.mlp, 1.0 if self.active == "mlp" else 0.0)
 
+    def features_x(self, sketch: str, xs: np.ndarray):
+        """Hard-mode features of integer points ``[B, N_X]`` of one sketch, as numpy ``Features``.
+
+        Rows go through the jitted feature function in chunks padded to 64 or :attr:`CHUNK` rows, so
+        it compiles twice at most whatever ``B`` is.
+        """
+        import jax.numpy as jnp
+
+        from costmodels import Features
+
+        from .features import batch_features
+        from .smooth import Smooth
+
+        xs = np.asarray(xs, np.float32)
+        parts = []
+        for lo in range(0, len(xs), self.CHUNK):
+            chunk = xs[lo: lo + self.CHUNK]
+            n = len(chunk)
+            size = 64 if n <= 64 else self.CHUNK
+            pad = np.concatenate([chunk, np.repeat(chunk[-1:], size - n, axis=0)])
+            f = batch_features(self.inputs[sketch], jnp.asarray(pad), Smooth.hard_mode())
+            parts.append(Features(*(np.asarray(a)[:n] for a in f)))
+        return Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
+
     def features(self, configs: list[Config]):
         """Hard-mode features of configs (any mix of sketches), in order, as numpy ``Features``."""
         from costmodels import Features
 
-        from .features import config_features
-
         order, parts = [], []
         for name in sorted({c.sketch for c in configs}):
             idx = [i for i, c in enumerate(configs) if c.sketch == name]
-            for lo in range(0, len(idx), self.CHUNK):
-                chunk = [configs[i] for i in idx[lo: lo + self.CHUNK]]
-                n = len(chunk)
-                size = 64 if n <= 64 else self.CHUNK  # two padded sizes: the feature jit compiles twice at most
-                f = config_features(self.relaxations[name], chunk + [chunk[-1]] * (size - n), self.inputs[name])
-                parts.append(Features(f.access[:n], f.mask[:n], f.glob[:n]))
+            parts.append(self.features_x(name, np.stack([self.relaxations[name].to_x(configs[i]) for i in idx])))
             order += idx
         inv = np.argsort(np.asarray(order))
         return Features(*(np.concatenate([getattr(p, f) for p in parts])[inv] for f in ("access", "mask", "glob")))
@@ -107,6 +129,26 @@ class CostModelScorer:
         if not configs:
             return np.zeros(0)
         return np.asarray(self.model.predict(self.features(configs)), np.float64)
+
+    def score_x(self, sketch: str, xs: np.ndarray) -> np.ndarray:
+        """Scores of integer points ``[B, N_X]`` of one sketch (no :class:`Config` objects built):
+        hard features and the active model in one jitted call per padded chunk, compiled once per
+        process for every task and sketch (the model enters as parameters of a :class:`Blend`)."""
+        import jax.numpy as jnp
+
+        xs = np.asarray(xs, np.float32)
+        if not len(xs):
+            return np.zeros(0)
+        blend = self.differentiable
+        fn = _hard_score_for(blend)
+        out = []
+        for lo in range(0, len(xs), self.CHUNK):
+            chunk = xs[lo: lo + self.CHUNK]
+            n = len(chunk)
+            size = 64 if n <= 64 else self.CHUNK
+            pad = np.concatenate([chunk, np.repeat(chunk[-1:], size - n, axis=0)])
+            out.append(np.asarray(fn(blend.params, self.inputs[sketch], jnp.asarray(pad)))[:n])
+        return np.concatenate(out).astype(np.float64)
 
     def update(self, records: list) -> None:
         from costmodels import Features, pairwise_accuracy
@@ -147,6 +189,37 @@ class Blend:
     def apply(self, params, features):
         w = params["w"]
         return w * self._mlp.apply(params["mlp"], features) + (1.0 - w) * self._prior.apply(params["prior"], features)
+
+
+def model_key(model) -> tuple:
+    """Models with equal keys share compiled code (their parameters are arguments, not constants)."""
+    static = {k: v for k, v in vars(model).items() if isinstance(v, (int, float, str, bool, tuple))
+              and not k.startswith("_")}
+    return (type(model).__name__,) + tuple(sorted(static.items()))
+
+
+_HARD_SCORE: dict = {}
+
+
+def _hard_score_for(model):
+    """``jit(params, inputs, x [B, N_X]) -> scores [B]`` on exact (hard-mode) features."""
+    key = model_key(model)
+    if key not in _HARD_SCORE:
+        import jax
+
+        from costmodels import Features
+
+        from .features import features
+        from .smooth import Smooth
+
+        hard = Smooth.hard_mode()
+
+        def one(params, inputs, x):
+            f = features(inputs, x, hard)
+            return model.apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
+
+        _HARD_SCORE[key] = jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
+    return _HARD_SCORE[key]
 
 
 def make_scorer(ctx) -> Scorer:

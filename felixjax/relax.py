@@ -375,6 +375,14 @@ class Relaxation:
         self._np = RelaxedSpace(*(np.asarray(a, np.float64) for a in self.arrays))
         self.primes = tuple(axis_primes(a.extent) for a in space.axes)
         self._vec_log2 = np.array(sorted(int(math.log2(v)) for v in space.vec_choices))
+        self._vec_choices = np.array(sorted(space.vec_choices), np.int64)
+        self._pvals = np.ones((MAX_AXES, MAX_PRIMES), np.int64)  # primes per axis (1 in padding)
+        for a, primes in enumerate(self.primes):
+            for j, (p, _) in enumerate(primes):
+                self._pvals[a, j] = p
+        self._cap_i = np.rint(np.asarray(self.arrays.cap)).astype(np.int64)
+        self._slot_mask_i = np.asarray(self.arrays.slot_mask).astype(np.int64)  # [A, J, P]
+        self._spatial_axes = np.asarray(self.arrays.spatial) > 0
 
     def __repr__(self) -> str:
         return f"Relaxation({self.space!r})"
@@ -415,15 +423,6 @@ class Relaxation:
         x[I_PAR] = config.parallel
         return x
 
-    def _tiles_from_exponents(self, ex: np.ndarray) -> tuple[tuple[int, ...], ...]:
-        """``ex[a, level, prime]`` integer exponents of all tile levels -> tiles per axis."""
-        out = []
-        for a, (axis, primes) in enumerate(zip(self.space.axes, self.primes)):
-            levels = 2 if axis.reduce else TILE_LEVELS
-            out.append(tuple(math.prod(p ** int(ex[a, lvl, j]) for j, (p, _) in enumerate(primes))
-                             for lvl in range(levels)))
-        return tuple(out)
-
     def from_x(self, x: np.ndarray) -> Config:
         """The config at an integer point (exponents rounded to the nearest integer; no repair).
 
@@ -441,15 +440,11 @@ class Relaxation:
             >>> rel.from_x(rel.to_x(sp.default())) == sp.default()
             True
         """
-        x = np.asarray(x, np.float64)
-        free = np.rint(tile_exponents(x)).astype(np.int64) * np.asarray(self.arrays.slot_mask, np.int64)
-        cap = np.asarray(self.arrays.cap, np.int64)
-        level0 = cap - free.sum(1)
-        if (level0 < 0).any():
+        x = np.asarray(x, np.float64).reshape(1, N_X)
+        ex, _ = self._exponents_of(x)
+        if (ex[:, :, 0] < 0).any():
             raise ValueError("exponents exceed their extent's prime exponent; use round_x")
-        ex = np.concatenate([level0[:, None, :], free], axis=1)
-        return Config(self.space.sketch.name, self._tiles_from_exponents(ex), int(np.rint(x[I_PAR])),
-                      int(2 ** np.rint(x[I_VEC])), int(2 ** np.rint(x[I_UNROLL])))
+        return self.configs_from_x(x)[0]
 
     # ---- sampling and projection --------------------------------------------------------------------
     def sample_x(self, key: jax.Array, n: int) -> jax.Array:
@@ -513,46 +508,98 @@ class Relaxation:
         par = np.clip(np.rint(xp[:, I_PAR]), 0, self.space.n_spatial)
         return np.stack([unroll, vec, par], axis=1).astype(np.int64)
 
-    def _repair(self, ex: np.ndarray, scalars: np.ndarray) -> Config:
-        """Integer exponents + scalars -> a valid config (vec lowered, register block shrunk)."""
-        ex = ex.copy()
-        sp = self.space
-        vi = sp.vector_index
-        tiles = self._tiles_from_exponents(ex)
-        vec = 2 ** int(scalars[1])
-        while tiles[vi][-1] % vec:
-            vec = max(v for v in sp.vec_choices if v < vec)
-        while self._accumulators(tiles, vec) > sp.max_accumulators:
-            a, j = self._shrink_move(ex, tiles, vec)
-            ex[a, TILE_LEVELS - 1, j] -= 1
-            ex[a, TILE_LEVELS - 2, j] += 1
-            tiles = self._tiles_from_exponents(ex)
-        cfg = Config(sp.sketch.name, tiles, int(scalars[2]), vec, int(2 ** scalars[0]))
-        sp.validate(cfg)  # by construction; a failure here is a bug, never a dropped trajectory
-        return cfg
+    def _tiles_array(self, ex: np.ndarray) -> np.ndarray:
+        """Integer exponents ``[B, A, TILE_LEVELS, P]`` -> tile sizes ``[B, A, TILE_LEVELS]`` (int64)."""
+        return np.prod(self._pvals[None, :, None, :] ** ex, axis=-1)
 
-    def _accumulators(self, tiles, vec: int) -> int:
-        s3 = math.prod(t[-1] for t, a in zip(tiles, self.space.axes) if not a.reduce)
-        return s3 // vec
-
-    def _shrink_move(self, ex: np.ndarray, tiles, vec: int) -> tuple[int, int]:
-        """The (axis, prime slot) whose factor moves S3 -> S2: non-vector axes first, then smaller
-        primes, then larger S3 tiles; never one that would break ``vec | S3 tile of the vector axis``."""
-        vi = self.space.vector_index
-        cands = []
-        for a, (axis, primes) in enumerate(zip(self.space.axes, self.primes)):
-            if axis.reduce:
-                continue
-            for j, (p, _) in enumerate(primes):
-                if ex[a, TILE_LEVELS - 1, j] < 1:
-                    continue
-                if a == vi and (tiles[a][-1] // p) % vec:
-                    continue
-                cands.append((a == vi, p, -tiles[a][-1], a, j))
-        if not cands:  # pragma: no cover - impossible: then the block is vec lanes, one accumulator
+    def _repair_arrays(self, ex: np.ndarray, sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorized repair of integer exponents ``[B, A, L, P]`` + scalars ``[B, 3]`` (log2 unroll,
+        log2 vec, parallel): lower ``vec`` to the widest allowed width dividing the vector axis's S3
+        tile, then move prime factors S3 -> S2 until the register block fits. The move taken is the
+        smallest ``(is vector axis, prime, -S3 tile, axis, slot)`` that keeps ``vec`` dividing the
+        vector axis's S3 tile (non-vector axes first, small primes first, big tiles first)."""
+        ex, sc = ex.copy(), sc.copy()
+        vi, ch = self.space.vector_index, self._vec_choices
+        tiles = self._tiles_array(ex)
+        vec = 2 ** sc[:, 1]
+        ok = (ch[None, :] <= vec[:, None]) & (tiles[:, vi, TILE_LEVELS - 1, None] % ch[None, :] == 0)
+        vec = np.max(np.where(ok, ch[None, :], 1), axis=1)
+        is_vi = np.zeros(MAX_AXES, np.int64)
+        is_vi[vi] = 1
+        prio = (is_vi[:, None] << 50) + (self._pvals << 25)  # [A, P]; ties broken by the S3 tile, then (a, j)
+        movable = self._spatial_axes[:, None] & (self._cap_i > 0)
+        for _ in range(64 * MAX_AXES):
+            acc = np.prod(np.where(self._spatial_axes[None], tiles[:, :, TILE_LEVELS - 1], 1), axis=1) // vec
+            rows = np.flatnonzero(acc > self.space.max_accumulators)
+            if not rows.size:
+                break
+            e3, t3, v = ex[rows, :, TILE_LEVELS - 1, :], tiles[rows, :, TILE_LEVELS - 1], vec[rows]
+            cand = movable[None] & (e3 >= 1)
+            cand[:, vi, :] &= (t3[:, vi, None] // self._pvals[None, vi, :]) % v[:, None] == 0
+            key = np.where(cand, prio[None] + ((1 << 24) - t3[:, :, None]), np.iinfo(np.int64).max)
+            flat = np.argmin(key.reshape(len(rows), -1), axis=1)
+            a, j = flat // MAX_PRIMES, flat % MAX_PRIMES
+            ex[rows, a, TILE_LEVELS - 1, j] -= 1
+            ex[rows, a, TILE_LEVELS - 2, j] += 1
+            tiles[rows] = self._tiles_array(ex[rows])
+        else:  # pragma: no cover - impossible: a block of vec lanes is one accumulator
             raise AssertionError("register block cannot shrink")
-        _, _, _, a, j = min(cands)
-        return a, j
+        sc[:, 1] = np.log2(vec).astype(np.int64)
+        return ex, sc
+
+    def _x_of(self, ex: np.ndarray, sc: np.ndarray) -> np.ndarray:
+        """Integer exponents ``[B, A, L, P]`` + scalars ``[B, 3]`` -> integer points ``[B, N_X]`` (float32)."""
+        free = ex[:, :, 1:, :] * self._slot_mask_i[None]
+        return np.concatenate([free.reshape(len(ex), N_TILE), sc], axis=1).astype(np.float32)
+
+    def _exponents_of(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Integer points ``[B, N_X]`` -> exponents ``[B, A, L, P]`` (level 0 = quotient) and scalars."""
+        x = np.rint(np.asarray(x, np.float64)).astype(np.int64)
+        free = tile_exponents(x) * self._slot_mask_i[None]
+        ex = np.concatenate([(self._cap_i[None] - free.sum(2))[:, :, None], free], axis=2)
+        return ex, x[:, N_TILE:]
+
+    def valid_x(self, x: np.ndarray) -> np.ndarray:
+        """Which rows of ``[B, N_X]`` are integer points of valid configs (vectorized
+        :meth:`~codegen.space.Space.is_valid`)."""
+        x = np.asarray(x, np.float64).reshape(-1, N_X)
+        integral = np.all(x == np.rint(x), axis=1) & np.all(tile_exponents(x) * (1 - self._slot_mask_i) == 0,
+                                                            axis=(1, 2, 3))
+        ex, sc = self._exponents_of(x)
+        tiles = self._tiles_array(np.maximum(ex, 0))
+        vec = 2 ** np.clip(sc[:, 1], 0, 16)
+        acc = np.prod(np.where(self._spatial_axes[None], tiles[:, :, TILE_LEVELS - 1], 1), axis=1) // vec
+        return (integral & np.all(ex >= 0, axis=(1, 2, 3))
+                & (sc[:, 0] >= 0) & (sc[:, 0] <= UNROLL_LOG2_MAX)
+                & np.isin(sc[:, 1], self._vec_log2)
+                & (sc[:, 2] >= 0) & (sc[:, 2] <= self.space.n_spatial)
+                & (tiles[:, self.space.vector_index, TILE_LEVELS - 1] % vec == 0)
+                & (acc <= self.space.max_accumulators))
+
+    def configs_from_x(self, x: np.ndarray) -> list[Config]:
+        """Configs of integer points ``[B, N_X]`` (rows assumed valid; see :meth:`valid_x`)."""
+        ex, sc = self._exponents_of(np.asarray(x).reshape(-1, N_X))
+        tiles = self._tiles_array(ex).tolist()
+        levels = [2 if a.reduce else TILE_LEVELS for a in self.space.axes]
+        name = self.space.sketch.name
+        return [Config(name, tuple(tuple(t[a][:lv]) for a, lv in enumerate(levels)), int(s[2]), 1 << int(s[1]),
+                       1 << int(s[0]))
+                for t, s in zip(tiles, sc.tolist())]
+
+    def round_points(self, x_batch: jax.Array | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Round continuous points to valid integer points, deduplicated, without building configs:
+        ``(unique [U, N_X] float32, index [B])`` with row ``i`` rounding to ``unique[index[i]]``
+        (first-appearance order). See :meth:`round_x` for the steps."""
+        x = np.asarray(x_batch, np.float64).reshape(-1, N_X)
+        x = np.nan_to_num(x, nan=0.0, posinf=1e6, neginf=-1e6)  # a diverged start still gets a config
+        xp = self.project(x)
+        ex, sc = self._repair_arrays(self._round_exponents(xp), self._round_scalars(xp))
+        pts = self._x_of(ex, sc)
+        _, first, inverse = np.unique(pts, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # unique rows in first-appearance order
+        slot = np.empty(len(first), np.int64)
+        slot[order] = np.arange(len(first))
+        return pts[first[order]], slot[inverse.reshape(-1)]
 
     def round_x(self, x_batch: jax.Array | np.ndarray) -> list[Config]:
         """Round continuous points to valid configs, one per row (DESIGN.md ③).
@@ -585,24 +632,8 @@ class Relaxation:
             >>> len(uniq), idx.tolist()
             (1, [0, 0, 0, 0])
         """
-        x = np.asarray(x_batch, np.float64).reshape(-1, N_X)
-        x = np.nan_to_num(x, nan=0.0, posinf=1e6, neginf=-1e6)  # a diverged start still gets a config
-        xp = self.project(x)
-        ex = self._round_exponents(xp)
-        sc = self._round_scalars(xp)
-        keys = np.concatenate([ex.reshape(len(x), -1), sc], axis=1)
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        configs: list[Config] = []
-        slot_of: dict[Config, int] = {}
-        key_to_slot = np.empty(len(first), np.int64)
-        for k in np.argsort(first, kind="stable"):  # first-appearance order
-            cfg = self._repair(ex[first[k]], sc[first[k]])
-            if cfg not in slot_of:
-                slot_of[cfg] = len(configs)
-                configs.append(cfg)
-            key_to_slot[k] = slot_of[cfg]
-        return configs, key_to_slot[inverse]
+        pts, index = self.round_points(x_batch)
+        return self.configs_from_x(pts), index
 
     # ---- neighbourhood ------------------------------------------------------------------------------
     def neighbours(self, config: Config) -> list[Config]:
@@ -617,36 +648,55 @@ class Relaxation:
             >>> len(nb) > 10 and all(sp.is_valid(c) for c in nb)
             True
         """
-        out: list[Config] = []
-        for cand in self._moves(config):
-            if cand != config and cand not in out and self.space.is_valid(cand):
-                out.append(cand)
-        return out
+        return self.configs_from_x(self.neighbours_x(self.to_x(config)[None]))
 
-    def _moves(self, config: Config):
-        for a, (tiles, primes) in enumerate(zip(config.tiles, self.primes)):
-            for p, _ in primes:
-                for src in range(len(tiles)):
-                    if tiles[src] % p:
-                        continue
-                    for dst in range(len(tiles)):
-                        if dst != src:
-                            t = list(tiles)
-                            t[src] //= p
-                            t[dst] *= p
-                            new = config.tiles[:a] + (tuple(t),) + config.tiles[a + 1:]
-                            yield Config(config.sketch, new, config.parallel, config.vec, config.unroll)
-        for du in (-1, 1):
-            u = int(math.log2(config.unroll)) + du
-            if 0 <= u <= UNROLL_LOG2_MAX:
-                yield Config(config.sketch, config.tiles, config.parallel, config.vec, 2 ** u)
-        choices = sorted(self.space.vec_choices)
-        i = choices.index(config.vec) if config.vec in choices else None
-        for dv in (-1, 1):
-            if i is not None and 0 <= i + dv < len(choices):
-                yield Config(config.sketch, config.tiles, config.parallel, choices[i + dv], config.unroll)
-        for dp in (-1, 1):
-            yield Config(config.sketch, config.tiles, config.parallel + dp, config.vec, config.unroll)
+    def _moves(self) -> np.ndarray:
+        """The ±1 steps of :meth:`neighbours_x` other than vec, as deltas ``[K, N_X]``: for every
+        real (axis, prime), one factor from any tile level to any other (level 0 is implicit), and
+        unroll and parallel one step each way."""
+        if getattr(self, "_move_deltas", None) is None:
+            rows = []
+            for a, (axis, primes) in enumerate(zip(self.space.axes, self.primes)):
+                levels = 2 if axis.reduce else TILE_LEVELS
+                for j in range(len(primes)):
+                    for src in range(levels):
+                        for dst in range(levels):
+                            if src == dst:
+                                continue
+                            d = np.zeros(N_X, np.float32)
+                            ex = d[:N_TILE].reshape(MAX_AXES, FREE_LEVELS, MAX_PRIMES)
+                            if src:
+                                ex[a, src - 1, j] -= 1
+                            if dst:
+                                ex[a, dst - 1, j] += 1
+                            rows.append(d)
+            for i in (I_UNROLL, I_PAR):
+                for step in (-1.0, 1.0):
+                    d = np.zeros(N_X, np.float32)
+                    d[i] = step
+                    rows.append(d)
+            self._move_deltas = np.stack(rows)
+        return self._move_deltas
+
+    def neighbours_x(self, x: np.ndarray) -> np.ndarray:
+        """The valid one-step neighbours ``[K, N_X]`` (unique, sorted) of integer points ``[M, N_X]``:
+        the moves of :meth:`neighbours` applied to every row at once, invalid results dropped."""
+        x = np.asarray(x, np.float32).reshape(-1, N_X)
+        cands = [(x[:, None, :] + self._moves()[None]).reshape(-1, N_X)]
+        idx = np.searchsorted(self._vec_log2, np.rint(x[:, I_VEC]))
+        for step in (-1, 1):  # vec: the next allowed width down / up (1 <-> 4 is one step)
+            j = idx + step
+            ok = (j >= 0) & (j < len(self._vec_log2))
+            y = x[ok].copy()
+            y[:, I_VEC] = self._vec_log2[j[ok]]
+            cands.append(y)
+        cands = np.concatenate(cands)
+        cands = cands[self.valid_x(cands)]
+        if not len(cands):
+            return np.zeros((0, N_X), np.float32)
+        out = np.unique(cands, axis=0)
+        keep = ~(out[:, None, :] == x[None, :, :]).all(-1).any(-1)
+        return out[keep]
 
 
 _constraints_jit = jax.jit(constraints)

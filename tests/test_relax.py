@@ -236,3 +236,86 @@ def test_constraints_detect_violations():
     assert g[1] == pytest.approx(math.log(192 / 28), rel=1e-5)
     grad = jax.jit(jax.grad(lambda rs, v: penalty(rs, v), argnums=1))
     assert grad(rel.arrays, jnp.asarray(x))[_slot(rel, "m", 3, 2)] > 0
+
+
+# ---- the vectorized integer side against plain per-config references --------------------------------
+
+def _reference_repair(rel, ex, scalars):
+    """The repair rule of ``Relaxation._repair_arrays`` one config at a time, in plain Python."""
+    sp, ex = rel.space, ex.copy()
+    vi = sp.vector_index
+
+    def tiles_of(ex):
+        return [[math.prod(p ** int(ex[a, lvl, j]) for j, (p, _) in enumerate(rel.primes[a])) for lvl in range(4)]
+                for a in range(len(sp.axes))]
+
+    tiles, vec = tiles_of(ex), 2 ** int(scalars[1])
+    while tiles[vi][-1] % vec:
+        vec = max(v for v in sp.vec_choices if v < vec)
+    while math.prod(t[-1] for t, a in zip(tiles, sp.axes) if not a.reduce) // vec > sp.max_accumulators:
+        cands = [(a == vi, p, -tiles[a][-1], a, j)
+                 for a, axis in enumerate(sp.axes) if not axis.reduce
+                 for j, (p, _) in enumerate(rel.primes[a])
+                 if ex[a, 3, j] >= 1 and not (a == vi and (tiles[a][-1] // p) % vec)]
+        _, _, _, a, j = min(cands)
+        ex[a, 3, j] -= 1
+        ex[a, 2, j] += 1
+        tiles = tiles_of(ex)
+    tiles = tuple(tuple(t[:2] if axis.reduce else t) for t, axis in zip(tiles, sp.axes))
+    return Config(sp.sketch.name, tiles, int(scalars[2]), vec, 2 ** int(scalars[0]))
+
+
+@settings(derandomize=True, deadline=None, max_examples=30)
+@given(name=st.sampled_from(sorted(SPACES)), seed=st.integers(0, 2**31 - 1), scale=st.floats(0.5, 6.0))
+def test_vectorized_rounding_equals_the_per_config_rule(name, seed, scale):
+    rel = RELAX[name]
+    x = np.abs(np.random.default_rng(seed).normal(0.0, scale, size=(24, N_X)))
+    xp = rel.project(x)
+    ex, sc = rel._round_exponents(xp), rel._round_scalars(xp)
+    expected = [_reference_repair(rel, e, s) for e, s in zip(ex, sc)]
+    assert rel.round_x(x) == expected
+    pts, idx = rel.round_points(x)
+    assert np.array_equal(pts[idx], np.stack([rel.to_x(c) for c in expected]))
+    assert len(np.unique(pts, axis=0)) == len(pts)
+
+
+def _reference_neighbours(rel, cfg):
+    sp, out = rel.space, set()
+    for a, (tiles, primes) in enumerate(zip(cfg.tiles, rel.primes)):
+        for p, _ in primes:
+            for src in range(len(tiles)):
+                for dst in range(len(tiles)):
+                    if src != dst and tiles[src] % p == 0:
+                        t = list(tiles)
+                        t[src] //= p
+                        t[dst] *= p
+                        out.add(Config(cfg.sketch, cfg.tiles[:a] + (tuple(t),) + cfg.tiles[a + 1:], cfg.parallel,
+                                       cfg.vec, cfg.unroll))
+    ch = sorted(sp.vec_choices)
+    i = ch.index(cfg.vec)
+    out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, ch[k], cfg.unroll) for k in (i - 1, i + 1) if 0 <= k < len(ch)}
+    out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, u) for u in (cfg.unroll // 2, cfg.unroll * 2)}
+    out |= {Config(cfg.sketch, cfg.tiles, q, cfg.vec, cfg.unroll) for q in (cfg.parallel - 1, cfg.parallel + 1)}
+    return {c for c in out if c != cfg and sp.is_valid(c)}
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_vectorized_neighbours_and_validity_equal_the_space(name):
+    sp, rel = SPACES[name], RELAX[name]
+    cfgs = sp.sample_many(np.random.default_rng(5), 12)
+    for cfg in cfgs:
+        assert set(rel.neighbours(cfg)) == _reference_neighbours(rel, cfg)
+    # valid_x agrees with Space.is_valid on integer points near valid ones (most of them invalid)
+    xs = np.stack([rel.to_x(c) for c in cfgs])
+    noisy = np.rint(xs[:, None] + np.random.default_rng(6).integers(-1, 2, size=(len(xs), 40, N_X))
+                    * (np.random.default_rng(7).random((len(xs), 40, N_X)) < 0.05)).reshape(-1, N_X)
+    ok = rel.valid_x(noisy)
+    for x, v in zip(noisy, ok):
+        try:
+            cfg = rel.from_x(x)
+            expected = sp.is_valid(cfg) and np.array_equal(rel.to_x(cfg), x)
+        except ValueError:
+            expected = False
+        assert v == expected, (x, v)
+    assert ok.any() and not ok.all()
+    assert rel.valid_x(xs).all()

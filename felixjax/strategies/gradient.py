@@ -31,15 +31,15 @@ GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objecti
 _COMPILED: dict = {}
 
 
-def _model_key(model) -> tuple:
-    """Models with equal keys share one compiled descent (their params are arguments)."""
-    static = {k: v for k, v in vars(model).items() if isinstance(v, (int, float, str, bool, tuple))
-              and not k.startswith("_")}
-    return (type(model).__name__,) + tuple(sorted(static.items()))
+def _key(x: np.ndarray) -> bytes:
+    """A hashable key of an integer point (exponents and scalar knobs are small integers)."""
+    return np.rint(x).astype(np.int16).tobytes()
 
 
 def _descent_for(model, steps: int, temperature: float):
-    key = (_model_key(model), steps, temperature)
+    from ..model import model_key
+
+    key = (model_key(model), steps, temperature)
     if key not in _COMPILED:
         _COMPILED[key] = _descent(model.apply, steps, temperature)
     return _COMPILED[key]
@@ -101,14 +101,16 @@ class GradientSearch:
 
     name = "gradient"
 
-    def __init__(self, *, starts: int = 256, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
-                 harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 32,
-                 perturbed_share: float = 0.5, scorer=None):
+    def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
+                 harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
+                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None):
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
-        self.batch_size, self.perturbed_share = batch_size, perturbed_share
+        self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
         self.scorer = scorer
         self.last_round: dict = {}
+        self._keys: dict[str, set] = {}
+        self._keyed = (None, 0)  # (context, history records already keyed)
 
     def _ensure_scorer(self, ctx: SearchContext):
         if self.scorer is None:
@@ -116,6 +118,16 @@ class GradientSearch:
 
             self.scorer = make_scorer(ctx)
         return self.scorer
+
+    def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:
+        """Byte keys of the integer points of every measured config, per sketch (kept incrementally)."""
+        if self._keyed[0] is not ctx:
+            self._keys, self._keyed = {name: set() for name in rels}, (ctx, 0)
+        for r in ctx.history[self._keyed[1]:]:
+            if r.config.sketch in rels:
+                self._keys[r.config.sketch].add(_key(rels[r.config.sketch].to_x(r.config)))
+        self._keyed = (ctx, len(ctx.history))
+        return self._keys
 
     def _starts(self, ctx: SearchContext, rel, n: int) -> np.ndarray:
         key = jax.random.PRNGKey(int(ctx.rng.integers(2**31)))
@@ -131,41 +143,66 @@ class GradientSearch:
         x_pert = np.asarray(rel.project(jnp.asarray(pick + noise, jnp.float32)))
         return np.concatenate([x_rand, x_pert]).astype(np.float32)
 
-    def propose(self, ctx: SearchContext, n: int) -> list:
-        scorer = self._ensure_scorer(ctx)
+    def _descend(self, ctx: SearchContext, scorer, name: str, rel) -> np.ndarray:
+        """Every harvested iterate ``[H, N_X]`` of this round's descents on one sketch (a sketch with
+        no measurement yet gets ``warmup_passes`` passes; each pass is the same compiled shape)."""
         model = scorer.differentiable if hasattr(scorer, "differentiable") else scorer.model
-        cands: list = []
-        stats = {"model": getattr(scorer, "active", "?"), "harvested": 0}
-        for name, rel in scorer.relaxations.items():
+        run = _descent_for(model, self.steps, self.temperature)
+        keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
+        if keep[-1] != self.steps - 1:
+            keep.append(self.steps - 1)
+        measured = any(r.config.sketch == name for r in ctx.history)
+        out = []
+        for _ in range(1 if measured else max(1, self.warmup_passes)):
             x0 = self._starts(ctx, rel, self.starts)
-            run = _descent_for(model, self.steps, self.temperature)
             traj = np.asarray(run(model.params, scorer.inputs[name], rel.arrays, jnp.asarray(x0), self.lr))
-            keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
-            if keep[-1] != self.steps - 1:
-                keep.append(self.steps - 1)
-            pts = np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1])
-            uniq, _ = rel.round_unique(pts)
+            out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
+        return np.concatenate(out)
+
+    @staticmethod
+    def _score(scorer, name: str, rel, pts: np.ndarray) -> np.ndarray:
+        if hasattr(scorer, "score_x"):
+            return scorer.score_x(name, pts)
+        return np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
+
+    def propose(self, ctx: SearchContext, n: int) -> list:
+        """Descend, harvest, round, drop measured points, add the ±1 neighbourhood of the best
+        ``neighbours_of`` per sketch, rank everything by the model; all on integer-point arrays, so
+        :class:`Config` objects are built only for what is proposed."""
+        scorer = self._ensure_scorer(ctx)
+        keys = self._measured_keys(ctx, scorer.relaxations)
+        pool_x, pool_s, pool_sketch = [], [], []
+        stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0}
+        for name, rel in scorer.relaxations.items():
+            pts = self._descend(ctx, scorer, name, rel)
             stats["harvested"] += len(pts)
-            cands += uniq
-        cands = fresh(ctx, cands, len(cands))
-        if cands:
-            scores = scorer.score(cands)
-            order = np.argsort(-scores, kind="stable")
-            # ±1 neighbourhood of the best few rounded points, scored in one batch
-            neigh = []
-            for i in order[: self.neighbours_of]:
-                neigh += scorer.relaxations[cands[i].sketch].neighbours(cands[i])
-            have = set(cands)
-            neigh = fresh(ctx, [c for c in neigh if c not in have], len(neigh))
-            if neigh:
-                cands = cands + neigh
-                scores = np.concatenate([scores, scorer.score(neigh)])
-                order = np.argsort(-scores, kind="stable")
-            ranked = [cands[i] for i in order]
-        else:
-            ranked = []
+            uniq, _ = rel.round_points(pts)
+            uniq = uniq[[_key(x) not in keys[name] for x in uniq]] if keys[name] else uniq
+            stats["rounded"] += len(uniq)
+            if not len(uniq):
+                continue
+            scores = self._score(scorer, name, rel, uniq)
+            nb = rel.neighbours_x(uniq[np.argsort(-scores, kind="stable")[: self.neighbours_of]])
+            if len(nb):
+                have = keys[name] | {_key(x) for x in uniq}
+                nb = nb[[_key(x) not in have for x in nb]]
+            if len(nb):
+                stats["neighbours"] += len(nb)
+                uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, self._score(scorer, name, rel, nb)])
+            pool_x.append(uniq)
+            pool_s.append(scores)
+            pool_sketch += [name] * len(uniq)
         n_rand = int(self.eps_greedy * n)
-        picks = fresh(ctx, ranked, n - n_rand)
+        picks: list = []
+        if pool_x:
+            xs, scores = np.concatenate(pool_x), np.concatenate(pool_s)
+            top = np.argsort(-scores, kind="stable")[: n - n_rand]
+            config_of = {}
+            for name in set(pool_sketch[i] for i in top):
+                rows = [i for i in top if pool_sketch[i] == name]
+                config_of.update(zip(rows, scorer.relaxations[name].configs_from_x(xs[rows])))
+            picks = [config_of[i] for i in top]
+        picks = fresh(ctx, picks, n - n_rand)
         taken = set(picks)
         names = sorted(ctx.spaces)
         tries = 0
@@ -175,7 +212,8 @@ class GradientSearch:
             if c not in taken and c not in ctx.measured:
                 taken.add(c)
                 picks.append(c)
-        stats.update(candidates=len(ranked), proposed=len(picks), random=len(picks) - min(len(picks), n - n_rand))
+        stats.update(candidates=sum(len(p) for p in pool_x), proposed=len(picks),
+                     random=len(picks) - min(len(picks), n - n_rand))
         self.last_round = stats
         return picks
 
