@@ -148,6 +148,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--remeasure", type=int, default=None, help="interleaved re-timings of each final best "
                                                                 "(default 5; quick 2)")
     ap.add_argument("--replay", action="store_true", help="synthetic oracle instead of building and timing")
+    ap.add_argument("--defaults", action="store_true",
+                    help="measure each sketch's hand-written default first in every run (fj.tune's default); off "
+                         "here so the strategies' own search speed is compared, as Felix and Ansor start")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder for cmp.db, cmp.csv, table.md and curves.png (default "
                          "results/compare[_replay][_quick]); runs already in its cmp.db are resumed, not repeated: "
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         # oracle, so that no measured run's clock pays a one-off compilation the others then reuse.
         t0 = time.perf_counter()
         fj.compare([order[0][1]], args.strategies, trials=args.warmup, seeds=[0], target=target, db=None,
-                   replay=True, progress=False, remeasure=0, strategy_options=args.options)
+                   replay=True, progress=False, remeasure=0, strategy_options=args.options, defaults=args.defaults)
         warm_s = time.perf_counter() - t0
         _log(f"warm-up (JIT compilation) on the replay oracle: {warm_s:.0f} s")
     try:
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                                     target=target, db=db, threads=args.threads,
                                     replay=True if args.replay else None, progress=not args.quiet,
                                     protocol=None if args.replay else args.protocol, remeasure=args.remeasure,
-                                    strategy_options=args.options))
+                                    strategy_options=args.options, defaults=args.defaults))
     finally:
         db.close()
     if not parts:
@@ -243,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
               + ("latencies from the synthetic oracle, 0.3 s simulated per trial" if args.replay else
                  f"kernels at {args.threads} thread(s), timing protocol while tuning {args.protocol}; each run's "
                  f"final best re-timed {args.remeasure}x interleaved")
-              + (f"; strategy options {args.options}" if args.options else "; strategy defaults"),
+              + (f"; strategy options {args.options}" if args.options else "; strategy defaults")
+              + ("; every run measures the hand-written default schedules first" if args.defaults else
+                 "; runs start from scratch (no hand-written default measured)"),
               f"- JIT warm-up before the runs: " + (f"{args.warmup} replayed trials per strategy, {warm_s:.0f} s (run "
                                                      "clocks exclude one-off compilation)" if args.warmup else
                                                      "off (the first run of each strategy pays its compilations)"),

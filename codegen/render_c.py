@@ -3,7 +3,10 @@
 The structure mirrors the plan: an optional timed input copy (padding / channel blocking), the main
 nest ``S0 S1 R0 S2 R1 S3`` with the outer ``S0`` loops fused into one OpenMP parallel loop, a register
 block of GCC-vector accumulators held across the ``R1`` loop, and the fused epilogue after each ``S1``
-tile's reduction. Target-specific spellings (vector types, loads, pragmas) live in :data:`C_DIALECT`
+tile's reduction. For ``gemm_packed``, where the register block's data rows would thrash one L1 set
+(rows a multiple of 4 KiB apart outnumbering the L1 ways, e.g. 16 rows of a K=1024 matrix), the data
+micro-panel is copied (timed) into a padded contiguous stack buffer inside the ``S2`` loops and reused
+by the inner ``S2`` loops: a function of the config, not a knob (see :func:`_data_pack`). Target-specific spellings (vector types, loads, pragmas) live in :data:`C_DIALECT`
 so a CUDA renderer can share :func:`render_body` helpers and differ in tables.
 
 ABI (every kernel library exports):
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, replace
 
 from .lower import Buffer, Loop, Plan
 from .measure import TIMING_HARNESS_C
@@ -42,7 +46,11 @@ C_DIALECT = {
 
 MAX_UNROLLED_FMAS = 2048
 
-_ACT = {None: "{v}", "relu": "fmaxf({v}, 0.0f)", "relu6": "fminf(fmaxf({v}, 0.0f), 6.0f)"}
+# Compare-and-select, not fmaxf/fminf: without -ffinite-math-only gcc emits a libm call per element for
+# those (the relu6 epilogue of a 1x1 conv then cost 4x its FMAs); a select vectorizes, and lets a NaN
+# pass as numpy's maximum / clip do.
+_ACT = {None: "{v}", "relu": "({v} < 0.0f ? 0.0f : {v})",
+        "relu6": "({v} < 0.0f ? 0.0f : ({v} > 6.0f ? 6.0f : {v}))"}
 
 
 class _Writer:
@@ -188,9 +196,14 @@ def _render_main(plan: Plan, w: _Writer) -> None:
         w.open(f"for (long {lp.var} = 0; {lp.var} < {lp.extent}; ++{lp.var})")
     first = " && ".join(f"{lp.var} == 0" for lp in r0) or "1"
     w(f"const int first = {first};")
-    for lp in _live(L["S2"]):
+    pack = _data_pack(plan)
+    for i, lp in enumerate(_live(L["S2"])):
         w.open(f"for (long {lp.var} = 0; {lp.var} < {lp.extent}; ++{lp.var})")
-    _render_register_block(plan, w)
+        if pack is not None and i == pack.after:
+            _render_data_pack(plan, pack, w)
+    if pack is not None and pack.after < 0:
+        _render_data_pack(plan, pack, w)
+    _render_register_block(plan, w, pack)
     for _ in _live(L["S2"]):
         w.close()
     for _ in r0:
@@ -201,8 +214,88 @@ def _render_main(plan: Plan, w: _Writer) -> None:
         w.close()
 
 
-def _render_register_block(plan: Plan, w: _Writer) -> None:
-    """Accumulators in registers across the R1 loop: load (or zero), R1 FMAs, store."""
+PACK_NAME = "dpack"
+PACK_MIN_REUSE = 2  # pack only when the micro-panel is reused by at least this many register blocks
+PACK_MAX_FLOATS = 16384  # 64 KiB of stack per thread at most
+PACK_PAD = 16  # floats between packed rows (one cache line): consecutive rows fall in different L1 sets
+L1_SET_BYTES = 4096  # bytes of address space one L1 way covers (64 sets x 64 B on every x86 core)
+
+
+@dataclass(frozen=True)
+class _DataPack:
+    """A contiguous copy of the data micro-panel one register block reads (its rows x the R1 range),
+    made inside the S2 loops and reused by the inner S2 loops the data does not depend on (GEMM's
+    "packed A"). Layout ``[rows][R1]`` with rows ``R1 + PACK_PAD`` floats apart."""
+
+    after: int  # index in the live S2 loops after whose opening the pack is made (-1: before them)
+    buf: Buffer  # the data operand with the pack's strides (same name, so loads are named alike)
+    rows: tuple[Loop, ...]  # S3 loops (not the vector axis) the data depends on, outermost first
+    r1: Loop  # the R1 loop (the contiguous dimension of every packed row)
+    size: int  # floats
+
+
+def _l1_conflicts(plan: Plan, rows: tuple[Loop, ...]) -> int:
+    """The most register-block data rows whose addresses share one L1 set (rows a multiple of 4 KiB
+    apart all land in the same set and evict each other once they outnumber the cache's ways)."""
+    data = plan.buffers["data"]
+    sets: dict[int, int] = {}
+    for row in itertools.product(*[range(lp.extent) for lp in rows]):
+        off = 4 * sum(data.stride(lp.var) * i for lp, i in zip(rows, row))
+        key = (off % L1_SET_BYTES) // 64
+        sets[key] = sets.get(key, 0) + 1
+    return max(sets.values(), default=0)
+
+
+def _data_pack(plan: Plan) -> "_DataPack | None":
+    """The data micro-panel pack of a ``gemm_packed`` plan, made only where it pays: the register
+    block's data rows thrash an L1 set (more rows in one set than the L1 has ways) and the panel is
+    reused by at least :data:`PACK_MIN_REUSE` register blocks. Not a knob: a function of the config."""
+    if plan.config.sketch != "gemm_packed" or plan.data_copy:
+        return None
+    L, data = plan.levels, plan.buffers["data"]
+    rows = tuple(lp for lp in _live(L["S3"]) if lp.axis != plan.vector_axis and data.stride(lp.var))
+    r1 = _live(L["R1"])
+    if len(r1) != 1 or data.stride(r1[0].var) != 1 or not rows:
+        return None
+    s2 = _live(L["S2"])
+    dep = [i for i, lp in enumerate(s2) if data.stride(lp.var)]
+    after = dep[-1] if dep else -1
+    reuse = math.prod(lp.extent for lp in s2[after + 1:])
+    ways = max(1, int(plan.space.target.l1d_bytes) // L1_SET_BYTES)
+    strides = {r1[0].var: 1}
+    inner = r1[0].extent + PACK_PAD
+    for lp in reversed(rows):
+        strides[lp.var] = inner
+        inner *= lp.extent
+    if reuse < PACK_MIN_REUSE or inner > PACK_MAX_FLOATS or _l1_conflicts(plan, rows) <= ways:
+        return None
+    return _DataPack(after, replace(data, strides=tuple(sorted(strides.items()))), rows, r1[0], inner)
+
+
+def _render_data_pack(plan: Plan, pack: _DataPack, w: _Writer) -> None:
+    """Copy the data micro-panel of the current S2 position into ``dpack`` (timed, in the kernel)."""
+    L, data = plan.levels, plan.buffers["data"]
+    outer = [lp for name in ("S0", "S1", "R0") for lp in _live(L[name])]
+    outer += _live(L["S2"])[: pack.after + 1]
+    k = pack.r1
+    w(f"/* pack the data micro-panel: {math.prod(lp.extent for lp in pack.rows)} rows x {k.extent} */")
+    w(f"float {PACK_NAME}[{pack.size}] __attribute__((aligned(64)));")
+    w("{")
+    w.depth += 1
+    w(f"const float* {C_DIALECT['restrict']} src = data + {_affine(_offset(data, outer))};")
+    for row in itertools.product(*[range(lp.extent) for lp in pack.rows]):
+        so = sum(data.stride(lp.var) * i for lp, i in zip(pack.rows, row))
+        po = sum(pack.buf.stride(lp.var) * i for lp, i in zip(pack.rows, row))
+        w(C_DIALECT["simd"])
+        w(f"for (long {k.var} = 0; {k.var} < {k.extent}; ++{k.var}) "
+          f"{PACK_NAME}[{po} + {k.var}] = src[{so} + {k.var}];")
+    w.depth -= 1
+    w("}")
+
+
+def _render_register_block(plan: Plan, w: _Writer, pack: "_DataPack | None" = None) -> None:
+    """Accumulators in registers across the R1 loop: load (or zero), R1 FMAs, store. With a data
+    ``pack``, the data operand is read from the packed micro-panel instead of the data buffer."""
     L = plan.levels
     B = plan.buffers
     vec = plan.vec
@@ -234,6 +327,13 @@ def _render_register_block(plan: Plan, w: _Writer) -> None:
             return f"*({ptr})"
         if stride == 1:
             return f"*(const vfu*)({ptr})"
+        if stride == 2:
+            # two overlapping loads of ptr[0 .. 2*vec-2] and one two-source permute (vpermi2ps), not
+            # vec scalar loads and inserts; the second load starts at vec-1 so nothing past the last
+            # element used is read
+            idx = ", ".join(str(2 * j if 2 * j < vec else 2 * j + 1) for j in range(vec))
+            return (f"__builtin_shuffle(*(const vfu*)({ptr}), *(const vfu*)({ptr} + {vec - 1}), "
+                    f"(int __attribute__((vector_size({4 * vec})))){{{idx}}})")
         lanes = ", ".join(f"({ptr})[{j * stride}]" for j in range(vec))
         return f"(vf){{{lanes}}}"
 
@@ -252,10 +352,10 @@ def _render_register_block(plan: Plan, w: _Writer) -> None:
             w(f"acc_{ri}_{c} = {load(f'{plan.acc} + acc_base + {elem_off(acc, row, c)}', acc_vs)};")
     w.close()
     # operand base pointers (outer loops incl. R0)
-    ops = [B["data"], B["weight"]]
+    ops = [B["data"] if pack is None else pack.buf, B["weight"]]
     for op in ops:
-        w(f"const float* {C_DIALECT['restrict']} {op.name}_p = {op.name} + "
-          f"{_affine(_offset(op, outer + r0))};")
+        base = PACK_NAME if pack is not None and op is pack.buf else f"{op.name} + {_affine(_offset(op, outer + r0))}"
+        w(f"const float* {C_DIALECT['restrict']} {op.name}_p = {base};")
     # R1 loops
     # the knob is a *max* unroll step; the emitted unroll is also capped so the unrolled body stays
     # under MAX_UNROLLED_FMAS statements (a 256x unroll of a 25-accumulator block takes gcc ~50 s)
@@ -295,7 +395,7 @@ def _render_register_block(plan: Plan, w: _Writer) -> None:
                     w(f"const {T} {nm} = {load(ptr, vs)};")
     for ri, row in enumerate(rows):
         for c in range(ncols):
-            a = names[("data", elem_off(B["data"], row, c))]
+            a = names[("data", elem_off(ops[0], row, c))]
             b = names[("weight", elem_off(B["weight"], row, c))]
             w(f"acc_{ri}_{c} += {a} * {b};")
     for _ in r1:
@@ -321,6 +421,10 @@ def _render_epilogue(plan: Plan, w: _Writer) -> None:
     task = plan.space.task
     w("/* fused epilogue over this S1 tile */")
     loops = [lp for a in plan.con.spatial for lp in (L["S2"] + L["S3"]) if lp.axis == a.name and lp.extent > 1]
+    # walk the accumulator in memory order (largest stride outermost, a stable sort): for a channel-blocked
+    # scratch this reads it sequentially and keeps the blocked lanes innermost; the per-axis order (lanes
+    # outside the spatial loops) hopped 4 KiB apart on both buffers and cost up to 7x the whole main nest
+    loops = sorted(loops, key=lambda lp: -B[plan.acc].stride(lp.var))
     outer = [lp for name in ("S0", "S1") for lp in _live(L[name])]
     allv = outer + loops
     for i, lp in enumerate(loops):

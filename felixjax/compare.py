@@ -42,6 +42,7 @@ from codegen.target import Target
 
 from .database import Database, TuningRecord
 from .strategies import SearchContext, Strategy, get_strategy, registered
+from .strategies.base import opening_defaults
 
 DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
 REACH = 0.95  # "reached" = latency <= best known / REACH
@@ -55,8 +56,9 @@ class _Run:
     """The tuning loop of :func:`felixjax.tuner.tune` for one (task, strategy, seed), as a stepper."""
 
     def __init__(self, task: Task, label: str, seed: int, strategy: Strategy, measurer, database: Database,
-                 target: Target, target_key: str, trials: int, seconds: float | None):
+                 target: Target, target_key: str, trials: int, seconds: float | None, defaults: bool = True):
         self.task, self.label, self.seed, self.strategy = task, label, seed, strategy
+        self.defaults = defaults
         self.measurer, self.database = measurer, database
         self.target, self.target_key = target, target_key
         self.trials, self.seconds = trials, seconds
@@ -88,7 +90,9 @@ class _Run:
         """One round: propose, build + measure (recording each result), update."""
         ctx, t0, simulated = self.ctx, time.perf_counter(), 0.0
         n = min(int(getattr(self.strategy, "batch_size", 16)), self.trials - len(ctx.history))
-        cands = [c for c in self.strategy.propose(ctx, n) if c not in ctx.measured][:n]
+        head = opening_defaults(ctx, n) if self.defaults else []
+        cands = head + [c for c in self.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
+        cands = cands[:n]
         if not cands:
             self.done = True  # the space is exhausted
             self.clock += time.perf_counter() - t0
@@ -407,7 +411,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             seeds: int | Iterable[int] = 3, target: Target | None = None, db: str | Database | None = "cmp.db",
             threads: int | None = None, out: str | os.PathLike | None = None, replay=None, *,
             progress: bool = True, protocol: TimingProtocol | None = None, runner: LocalRunner | None = None,
-            remeasure: int = 3, strategy_options: dict | None = None) -> Comparison:
+            remeasure: int = 3, strategy_options: dict | None = None, defaults: bool = True) -> Comparison:
     """Compare search strategies on tasks with equal budgets, interleaved, and summarize.
 
     Args:
@@ -429,6 +433,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         protocol, runner: timing protocol and a shared runner (default: one started here).
         remeasure: interleaved re-measurements of each run's final best.
         strategy_options: ``{name: {keyword: value}}`` for strategies given by name.
+        defaults: every run measures each sketch's hand-written default schedule first (as
+            :func:`felixjax.tune` does), so strategies start from the same point.
 
     Returns:
         A :class:`Comparison` (``.table()``, ``.to_csv(path)``, ``.plot(path)``).
@@ -469,7 +475,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
 
         measurers = {t.name: (_replay_measurer(replay, t, target) if replay is not None else
                               Measurer(t, target, runner, threads=threads, protocol=protocol)) for t in task_list}
-        runs = [_Run(t, name, seed, make(), measurers[t.name], database, target, target_key, trials, seconds)
+        runs = [_Run(t, name, seed, make(), measurers[t.name], database, target, target_key, trials, seconds,
+                     defaults)
                 for t in task_list for seed in seed_list for name, make in factories]
         # interleave: always advance the run that used the smallest share of its budget (ties: in order)
         while True:

@@ -16,10 +16,11 @@ with ``alpha = 0.2``, ``beta = 2``, ``window = 3``. Similar tasks share an op ki
 ``int(log_1.618(flops + 1))``; a task that stays ``beta`` times slower than its group's best after many
 more rounds leaves the group. A task whose round measured nothing new (its space is exhausted) drops out.
 
-``build_model`` lowers each anchor task with its best record in the database (``Space.default()`` of the
-first sketch where there is none), turns the fused graph into a ``codegen.netbuild.NetSpec``, compiles one
-library and returns a :class:`CompiledModel`: ``exe(x)`` runs the compiled C (never a Python fallback),
-``exe.export(dir)`` writes a standalone folder that builds with ``make``.
+``build_model`` lowers each anchor task with its best record in the database (``Space.default()`` of
+``codegen.space.default_sketch`` where there is none), turns the fused graph into a
+``codegen.netbuild.NetSpec``, compiles one library and returns a :class:`CompiledModel`: ``exe(x)`` runs
+the compiled C (never a Python fallback), ``exe.export(dir)`` writes a standalone folder that builds with
+``make``.
 
 Example:
     >>> import numpy as np
@@ -50,7 +51,7 @@ from codegen.build import DEFAULT_FLAGS
 from codegen.lower import Plan, lower
 from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task
-from codegen.space import Config, Space, sketches_for
+from codegen.space import Config, Space, default_sketch
 from codegen.target import Target
 
 from .database import Database, TuningRecord
@@ -433,7 +434,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
 @dataclass(frozen=True)
 class Schedule:
     """The schedule one task is built with: ``source`` is ``"tuned"`` (best database record),
-    ``"given"`` (passed in ``configs``) or ``"default"`` (``Space.default()`` of the first sketch)."""
+    ``"given"`` (passed in ``configs``) or ``"default"`` (``Space.default()`` of ``default_sketch``)."""
 
     task: Task
     weight: int
@@ -507,13 +508,12 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
                      configs: Mapping[Task, Config] | None = None) -> list[Schedule]:
     """The schedule of every distinct task: ``configs`` first, then the database's best record, then the
-    default schedule of the first sketch (also where a stored config no longer lowers)."""
+    default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no longer lowers)."""
     database, own = _open_db(db)
     out = []
     try:
         for task, weight in model.tasks:
-            first = sketches_for(task)[0]
-            default = Space(task, first, target).default()
+            default = Space(task, default_sketch(task, target), target).default()
             cfg, source, lat, note = default, "default", None, ""
             rec = database.best(task, target) if database is not None else None
             if configs and task in configs:

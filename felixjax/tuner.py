@@ -32,6 +32,7 @@ from codegen.target import Target
 
 from .database import Database, TuningRecord
 from .strategies import SearchContext, Strategy, get_strategy
+from .strategies.base import opening_defaults
 
 
 class Measurer:
@@ -146,7 +147,8 @@ def tune(task: Task, target: Target | None = None, strategy: str | Strategy = "g
          seconds: float | None = None, db: str | Database | None = None, seed: int = 0, run: str | None = None,
          runner: LocalRunner | None = None, threads: int | None = None, protocol: TimingProtocol | None = None,
          batch: int | None = None, progress: bool | Callable[[dict], None] = True,
-         strategy_options: dict | None = None, renderer: Callable[[Plan], str] = render) -> TuneResult:
+         strategy_options: dict | None = None, defaults: bool = True,
+         renderer: Callable[[Plan], str] = render) -> TuneResult:
     """Tune one operator: rounds of propose -> build -> measure -> record -> update.
 
     Args:
@@ -164,6 +166,8 @@ def tune(task: Task, target: Target | None = None, strategy: str | Strategy = "g
         batch: candidates per round (default: the strategy's ``batch_size``).
         progress: print a line per round to stderr, or a callable receiving a progress dict.
         strategy_options: keyword arguments for a strategy given by name.
+        defaults: measure every sketch's hand-written default schedule in the first round, before
+            the strategy's proposals (see :func:`~felixjax.strategies.base.opening_defaults`).
         renderer: plan -> source (a testing hook: tests plant crashing kernels through it).
 
     Returns:
@@ -203,7 +207,9 @@ def tune(task: Task, target: Target | None = None, strategy: str | Strategy = "g
         while not out_of_budget():
             n = min(batch or getattr(strat, "batch_size", 16), trials - len(ctx.history))
             t = time.perf_counter()
-            cands = [c for c in strat.propose(ctx, n) if c not in ctx.measured][:n]
+            head = opening_defaults(ctx, n) if defaults else []
+            cands = head + [c for c in strat.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
+            cands = cands[:n]
             stats["propose_s"] += time.perf_counter() - t
             if not cands:
                 break  # the space is exhausted

@@ -196,3 +196,53 @@ def test_register_block_accumulators_stay_in_registers():
                                                                                           "2", "3", "4", "5",
                                                                                           "6", "7", "8", "9"))]
     assert not zmm_stores, zmm_stores
+
+
+# ---- the packed data micro-panel (gemm_packed, rows thrashing one L1 set) ---------------------------
+
+PACKED_CASES = [  # (task, tiles, parallel): 16 data rows 4 KiB apart share one L1 set, reused across S2
+    (ops.matmul(64, 48, 1024), ((1, 1, 1, 1), (2, 1, 2, 16), (1, 1, 3, 16), (2, 512)), 1),
+    (ops.matmul(32, 64, 1024, batch=2), ((1, 1, 1, 2), (1, 1, 4, 8), (1, 1, 4, 16), (2, 512)), 1),
+    (ops.matmul(64, 32, 1024, bias=True, act="relu"), ((1, 1, 1, 1), (1, 2, 2, 16), (1, 1, 2, 16), (4, 256)), 1),
+    (ops.dense(16, 1024, 64), ((1, 1, 1, 1), (1, 1, 1, 16), (1, 1, 4, 16), (2, 512)), 1),
+    (ops.matmul(32, 64, 1024, bias=True), ((1, 1, 1, 1), (2, 1, 1, 16), (1, 2, 2, 16), (4, 256)), 2),
+]
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("case", range(len(PACKED_CASES)))
+def test_packed_data_panels_match_numpy(case):
+    from codegen.render_c import _data_pack
+
+    task, tiles, par = PACKED_CASES[case]
+    sp = Space(task, "gemm_packed", Target.cpu())
+    tiles = tiles if len(tiles) == len(sp.axes) else tiles[1:]  # dense has no batch axis
+    cfg = Config("gemm_packed", tiles, par, 16, 8)
+    plan = lower(sp, cfg)
+    assert _data_pack(plan) is not None  # the case exercises the pack
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    kern = Kernel(plan, b.lib_path, threads=2)
+    arrays = task.random_inputs(seed=4)
+    ref = task.reference(*arrays)
+    for _ in range(2):
+        ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
+        assert ok, f"{task.name} {cfg}: {msg}"
+
+
+@pytest.mark.cc
+def test_activations_vectorize_without_libm_calls():
+    """relu / relu6 epilogues compile to compares and selects (a per-element fminf/fmaxf call cost
+    several times a small conv's FMAs), and NaN passes through as numpy's clip does."""
+    t = ops.conv2d(1, 16, 8, 8, out_channels=32, kernel=1, bias=True, act="relu6")
+    sp = Space(t, "conv_direct", TARGET)
+    plan = lower(sp, sp.default())
+    asm = assemble(render(plan))
+    assert "fminf" not in asm and "fmaxf" not in asm
+    b = build(render(plan))
+    kern = Kernel(plan, b.lib_path, threads=1)
+    arrays = [a.copy() for a in t.random_inputs(seed=0)]
+    arrays[0][0, 0, 0, 0] = np.nan
+    out = kern(*arrays)
+    assert np.isnan(out[0, :, 0, 0]).all()  # every output channel reads the NaN pixel
+    assert np.isfinite(np.delete(out.reshape(32, -1), 0, axis=1)).all()

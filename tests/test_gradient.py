@@ -31,7 +31,7 @@ def test_gradient_reaches_the_optimum_neighbourhood_sooner_than_random():
     level = 1.2 * _reference_best(oracle)
     seeds = [0, 1, 2]
     cmp = fj.compare([CONV], ["gradient", "random"], trials=64, seeds=seeds, db=None, replay=True, progress=False,
-                     remeasure=0, strategy_options=SMALL)
+                     remeasure=0, strategy_options=SMALL, defaults=False)  # search logic alone
     grad = [_trials_to(cmp.histories[(CONV.name, "gradient", s)], level) for s in seeds]
     rand = [_trials_to(cmp.histories[(CONV.name, "random", s)], level) for s in seeds]
     assert np.median(grad) < np.median(rand), (grad, rand)

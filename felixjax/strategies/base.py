@@ -108,3 +108,24 @@ def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:
             if len(out) >= limit:
                 break
     return out
+
+
+def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
+    """The first round's head start: every sketch's hand-written default schedule
+    (:meth:`~codegen.space.Space.default`), at most ``n``, on a run with no record yet.
+
+    The tuning loops (``fj.tune``, ``fj.compare``) measure these before the strategy's proposals,
+    whatever the strategy, so no run ends worse than the untuned default and comparisons stay
+    apples to apples.
+    """
+    if ctx.history:
+        return []
+    out = []
+    for name in sorted(ctx.spaces):
+        try:
+            cfg = ctx.spaces[name].default()
+        except ValueError:  # a space whose default cannot be built: the strategy alone proposes
+            continue
+        if cfg not in ctx.measured:
+            out.append(cfg)
+    return out[:n]
