@@ -345,9 +345,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,<all cores>; quick 1)")
     ap.add_argument("--budget-min", type=float, default=None,
                     help="wall-clock budget of the whole run in minutes (default 150; quick 6)")
-    ap.add_argument("--starts", type=int, default=None, help="gradient starts per round (default 256; quick 64)")
+    ap.add_argument("--starts", type=int, default=None, help="gradient starts per sketch per round (default: the strategy's, 64)")
     ap.add_argument("--steps", type=int, default=32, help="Adam steps per round (default 32)")
-    ap.add_argument("--batch", type=int, default=None, help="candidates measured per round (default 32; quick 8)")
+    ap.add_argument("--batch", type=int, default=None, help="candidates measured per round (default: the strategy's, 64; quick 8)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 7; quick 3)")
     ap.add_argument("--min-time", type=float, default=None, help="seconds per timed block (default 0.05; quick 0.01)")
     ap.add_argument("--seed", type=int, default=0)
@@ -364,8 +364,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.trials = args.trials if args.trials is not None else (16 if q else 256)
     args.threads = args.threads or ("1" if q else None)
     args.budget_min = args.budget_min if args.budget_min is not None else (6.0 if q else 150.0)
-    args.starts = args.starts if args.starts is not None else (64 if q else 256)
-    args.batch = args.batch if args.batch is not None else (8 if q else 32)
+    defaults = GradientSearch()
+    args.starts = args.starts if args.starts is not None else defaults.starts
+    args.batch = args.batch if args.batch is not None else (8 if q else defaults.batch_size)
     args.rounds = args.rounds if args.rounds is not None else (3 if q else 7)
     args.min_time = args.min_time if args.min_time is not None else (0.01 if q else 0.05)
     args.tune_protocol = (TimingProtocol.quick() if q else TimingProtocol(warmup=1, min_repeat_ms=10, repeats=3))

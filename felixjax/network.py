@@ -274,36 +274,6 @@ def _default_strategy() -> str:
     return "gradient" if "gradient" in registered() else "random"
 
 
-class DefaultsFirst:
-    """Wraps a search strategy so every sketch's default schedule is measured first (one or two trials per
-    task): the tuned build of a model is then never slower than its default build (up to timing noise).
-
-    Example:
-        >>> from felixjax.strategies import get_strategy
-        >>> DefaultsFirst(get_strategy("random")).name
-        'random'
-    """
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-        self.name = inner.name
-
-    @property
-    def batch_size(self) -> int:
-        return getattr(self.inner, "batch_size", 16)
-
-    def propose(self, ctx: Any, n: int) -> list[Config]:
-        from .strategies.base import fresh
-
-        out = fresh(ctx, [sp.default() for sp in ctx.spaces.values()], n)
-        if len(out) < n:
-            out += [c for c in self.inner.propose(ctx, n - len(out)) if c not in out]
-        return out[:n]
-
-    def update(self, ctx: Any, records: list) -> None:
-        self.inner.update(ctx, records)
-
-
 def _round_progress(p: dict) -> None:
     best = p["best"]
     b = f"best {best.latency_s * 1e3:.4f} ms ({best.gflops:.1f} GFLOP/s)" if best else "no correct kernel yet"
@@ -336,7 +306,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         threads: threads per measured kernel (default: all cores of the target).
         run: the run name in the database (default ``"{strategy}:{seed}"``, shared with ``fj.tune``).
         runner, protocol, strategy_options: passed to :func:`felixjax.tune`.
-        include_defaults: measure every sketch's default schedule first (:class:`DefaultsFirst`), so the
+        include_defaults: measure every sketch's default schedule first (``fj.tune(defaults=True)``), so the
             tuned build never loses to the default build.
         alpha, beta, window: the scheduler's constants (Ansor's defaults).
 
@@ -401,9 +371,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             tt = info[i]
             n = min(per_round, trials - used)
             strat = get_strategy(strategy, **(strategy_options or {})) if isinstance(strategy, str) else strategy
-            res = tune(tt.task, target, DefaultsFirst(strat) if include_defaults else strat, trials=tt.trials + n,
-                       db=database, seed=seed, run=run, runner=runner, threads=threads, protocol=protocol,
-                       progress=False)
+            res = tune(tt.task, target, strat, trials=tt.trials + n, db=database, seed=seed, run=run, runner=runner,
+                       threads=threads, protocol=protocol, progress=False, defaults=include_defaults)
             new = len(res.history) - tt.trials
             tt.trials, tt.rounds = len(res.history), tt.rounds + 1
             used += new

@@ -95,6 +95,10 @@ class GradientSearch:
         harvest_every: keep every k-th iterate of each trajectory (plus the last).
         neighbours_of: the ±1 integer neighbourhood of this many best rounded points is scored too.
         eps_greedy: share of random picks among the proposals.
+        batch_size: candidates per round (64, as Ansor and Felix's paper runs measure).
+        perturbed_share: share of the starts drawn around the best measured configs of the sketch.
+        warmup_passes: descent passes on a sketch's first round (Felix descends longer on its
+            warm-up round); later rounds run one pass of ``starts``.
         scorer: a :class:`~felixjax.model.Scorer` with ``relaxations``/``inputs``/``model``
             (default: :func:`felixjax.model.make_scorer`).
     """
