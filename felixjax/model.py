@@ -89,6 +89,15 @@ class CostModelScorer:
         gradient strategy's descent compiles once per process whichever model is active."""
         return Blend(self.prior, self.mlp, 1.0 if self.active == "mlp" else 0.0)
 
+    def _padded(self, xs: np.ndarray):
+        """``(chunk padded to 64 or CHUNK rows, real rows)`` over ``xs``: two shapes, two compilations."""
+        xs = np.asarray(xs, np.float32)
+        for lo in range(0, len(xs), self.CHUNK):
+            chunk = xs[lo: lo + self.CHUNK]
+            n = len(chunk)
+            size = 64 if n <= 64 else self.CHUNK
+            yield np.concatenate([chunk, np.repeat(chunk[-1:], size - n, axis=0)]), n
+
     def features_x(self, sketch: str, xs: np.ndarray):
         """Hard-mode features of integer points ``[B, N_X]`` of one sketch, as numpy ``Features``.
 
@@ -102,13 +111,8 @@ class CostModelScorer:
         from .features import batch_features
         from .smooth import Smooth
 
-        xs = np.asarray(xs, np.float32)
         parts = []
-        for lo in range(0, len(xs), self.CHUNK):
-            chunk = xs[lo: lo + self.CHUNK]
-            n = len(chunk)
-            size = 64 if n <= 64 else self.CHUNK
-            pad = np.concatenate([chunk, np.repeat(chunk[-1:], size - n, axis=0)])
+        for pad, n in self._padded(xs):
             f = batch_features(self.inputs[sketch], jnp.asarray(pad), Smooth.hard_mode())
             parts.append(Features(*(np.asarray(a)[:n] for a in f)))
         return Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
@@ -142,11 +146,7 @@ class CostModelScorer:
         blend = self.differentiable
         fn = _hard_score_for(blend)
         out = []
-        for lo in range(0, len(xs), self.CHUNK):
-            chunk = xs[lo: lo + self.CHUNK]
-            n = len(chunk)
-            size = 64 if n <= 64 else self.CHUNK
-            pad = np.concatenate([chunk, np.repeat(chunk[-1:], size - n, axis=0)])
+        for pad, n in self._padded(xs):
             out.append(np.asarray(fn(blend.params, self.inputs[sketch], jnp.asarray(pad)))[:n])
         return np.concatenate(out).astype(np.float64)
 
