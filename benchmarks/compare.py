@@ -45,8 +45,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import felixjax as fj  # noqa: E402
-from benchmarks.kernels import SUITE, machine_lines, select_ops  # noqa: E402
-from benchmarks.tune_ops import provenance, write_section  # noqa: E402
+from benchmarks.kernels import SUITE, machine_lines, select_ops, write_doc  # noqa: E402
+from benchmarks.tune_ops import provenance  # noqa: E402
 from codegen.measure import TimingProtocol  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax.compare import Comparison  # noqa: E402
@@ -54,9 +54,9 @@ from felixjax.compare import Comparison  # noqa: E402
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 SECTIONS = {  # mode -> (begin, end, heading, image name)
     "measured": ("<!-- compare:begin -->", "<!-- compare:end -->",
-                 "## Gradient vs genetic search (benchmarks/compare.py)", "compare_curves.png"),
+                 "Gradient vs genetic search (benchmarks/compare.py)", "compare_curves.png"),
     "replay": ("<!-- compare_replay:begin -->", "<!-- compare_replay:end -->",
-               "## Gradient vs genetic search, replayed on the synthetic oracle (benchmarks/compare.py --replay)",
+               "Gradient vs genetic search, replayed on the synthetic oracle (benchmarks/compare.py --replay)",
                "compare_replay_curves.png"),
 }
 QUICK_OPS = "dense4096"
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         img.write_bytes(Path(plot).read_bytes())
         text += (f"\n\n![best so far against trials and seconds](img/{image})\n\n"
                  f"CSV of every measurement: `{_rel(args.out)}/cmp.csv`.")
-        write_section(text, begin, end, heading, args.doc)
+        write_doc(text, args.doc, begin=begin, end=end, heading=heading)
         _log(f"wrote {args.doc} and {img}")
     print(text)
     _log(f"outputs in {args.out}; {time.perf_counter() - started:.0f} s")

@@ -41,7 +41,6 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import math  # noqa: E402
-import re  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -54,7 +53,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout: `benchmarks` a
 
 
 import felixjax as fj  # noqa: E402
-from benchmarks.kernels import SUITE, _git, machine_lines, select_ops  # noqa: E402
+from benchmarks.kernels import SUITE, _git, machine_lines, select_ops, write_doc  # noqa: E402
 from codegen.measure import LocalRunner, TimingProtocol  # noqa: E402
 from codegen.ops import Task  # noqa: E402
 from codegen.target import Target  # noqa: E402
@@ -62,7 +61,7 @@ from felixjax import baselines  # noqa: E402
 from felixjax.strategies.gradient import GradientSearch  # noqa: E402
 
 BEGIN, END = "<!-- tune_ops:begin -->", "<!-- tune_ops:end -->"
-HEADING = "## Gradient tuning against peers (benchmarks/tune_ops.py)"
+HEADING = "Gradient tuning against peers (benchmarks/tune_ops.py)"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 PEERS = ("numpy", "onnxruntime", "jax")
 HEADERS = {"felixjax": "felixjax (tuned)", "numpy": "numpy", "onnxruntime": "onnxruntime", "jax": "jax.jit"}
@@ -304,18 +303,6 @@ def render_targets(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def write_section(text: str, begin: str, end: str, heading: str, path: Path = DOC) -> None:
-    """Replace the text between ``begin`` and ``end`` in ``path`` (appended under ``heading`` if absent)."""
-    section = f"{begin}\n{text.rstrip()}\n{end}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if begin in old and end in old:
-        new = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: section, old, count=1, flags=re.S)
-    else:
-        new = old.rstrip() + f"\n\n{heading}\n\n" + section + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def provenance(started: float, argv: list[str] | None, script: str, load_start: float) -> tuple[str, str]:
     """(the "Measured ... with `command`" line, the load-average line) of a benchmark run."""
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
@@ -426,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(header) + "\n" + render_targets(rows) + "\n\n" + render_tables(rows, target.cores)
     print(text)
     if args.write:
-        write_section(text, BEGIN, END, HEADING, args.doc)
+        write_doc(text, args.doc, begin=BEGIN, end=END, heading=HEADING)
         _log(f"wrote {args.doc}")
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared generator helper
-from nbgen import build_notebook, write_notebook  # noqa: E402
+from nbgen import IMPORT_FELIXJAX, build_notebook, write_notebook  # noqa: E402
 
 NOTEBOOK = Path(__file__).with_name("01_kernels.ipynb")
 
@@ -25,15 +25,7 @@ The operator: a 3×3 convolution, 1×32×28×28 input, 32 output channels, paddi
     ("code", """import sys
 from pathlib import Path
 
-try:
-    import felixjax as fj
-except ImportError:  # a checkout that is not pip-installed: put the repository on the path
-    root = Path.cwd()
-    while not (root / "felixjax").is_dir() and root != root.parent:
-        root = root.parent
-    sys.path.insert(0, str(root))
-    import felixjax as fj
-
+""" + IMPORT_FELIXJAX + """
 import numpy as np
 
 task = fj.ops.conv2d(1, 32, 28, 28, out_channels=32, kernel=3, padding=1, act="relu")

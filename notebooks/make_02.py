@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared generator helper
-from nbgen import build_notebook, write_notebook  # noqa: E402
+from nbgen import IMPORT_FELIXJAX, build_notebook, write_notebook  # noqa: E402
 
 NOTEBOOK = Path(__file__).with_name("02_gradient_tuning.ipynb")
 
@@ -38,15 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-try:
-    import felixjax as fj
-except ImportError:  # a checkout that is not pip-installed: put the repository on the path
-    root = Path.cwd()
-    while not (root / "felixjax").is_dir() and root != root.parent:
-        root = root.parent
-    sys.path.insert(0, str(root))
-    import felixjax as fj
-
+""" + IMPORT_FELIXJAX + """
 import jax
 import jax.numpy as jnp
 import matplotlib

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared generator helper
-from nbgen import build_notebook, write_notebook  # noqa: E402
+from nbgen import IMPORT_FELIXJAX, build_notebook, write_notebook  # noqa: E402
 
 NOTEBOOK = Path(__file__).with_name("03_gradient_vs_genetic.ipynb")
 
@@ -40,15 +40,7 @@ picks up the gradient search as soon as it is registered."""),
 import tempfile
 from pathlib import Path
 
-try:
-    import felixjax as fj
-except ImportError:  # a checkout that is not pip-installed: put the repository on the path
-    root = Path.cwd()
-    while not (root / "felixjax").is_dir() and root != root.parent:
-        root = root.parent
-    sys.path.insert(0, str(root))
-    import felixjax as fj
-
+""" + IMPORT_FELIXJAX + """
 from IPython.display import Image, Markdown, display
 
 strategies = [s for s in ("gradient", "genetic", "random") if s in fj.strategies()]

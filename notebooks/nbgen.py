@@ -4,6 +4,18 @@ from __future__ import annotations
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+#: The first code cell of every notebook imports felixjax this way (``sys`` and ``Path`` imported
+#: before it), so a notebook runs from a checkout that is not pip-installed too.
+IMPORT_FELIXJAX = '''try:
+    import felixjax as fj
+except ImportError:  # a checkout that is not pip-installed: put the repository on the path
+    root = Path.cwd()
+    while not (root / "felixjax").is_dir() and root != root.parent:
+        root = root.parent
+    sys.path.insert(0, str(root))
+    import felixjax as fj
+'''
+
 
 def build_notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     """A v4 notebook of ``("md" | "code", source)`` cells with stable ids (regenerating is a no-op)."""
