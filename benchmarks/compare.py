@@ -155,6 +155,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="folder for cmp.db, cmp.csv, table.md and curves.png (default "
                          "results/compare[_replay][_quick]); runs already in its cmp.db are resumed, not repeated: "
                          "use a fresh folder for a fresh run")
+    ap.add_argument("--build-cache", type=Path, default=None,
+                    help="compiled-kernel cache of the measured runs (default <out>/build, fresh with a fresh --out): "
+                         "a shared cache left by earlier runs would hand some runs free compiles of kernels they "
+                         "happen to repeat, and their seconds would not be comparable")
     ap.add_argument("--warmup", type=int, default=None,
                     help="trials of an untimed replayed run per strategy first, so JIT compilation is not charged "
                          "to whichever run comes first (0: off; default 64; quick 24)")
@@ -192,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     mode = "replay" if args.replay else "measured"
     args.out.mkdir(parents=True, exist_ok=True)
+    if not args.replay:
+        # codegen.build reads $FELIXJAX_CACHE at every build: every run of this benchmark pays its own compiles
+        os.environ["FELIXJAX_CACHE"] = str(args.build_cache or args.out / "build")
     db = fj.Database(str(args.out / "cmp.db"))
     parts: list[Comparison] = []
     skipped: list[str] = []
@@ -245,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(cmp.tasks)} op(s), {budget}; "
               + ("latencies from the synthetic oracle, 0.3 s simulated per trial" if args.replay else
                  f"kernels at {args.threads} thread(s), timing protocol while tuning {args.protocol}; each run's "
-                 f"final best re-timed {args.remeasure}x interleaved")
+                 f"final best re-timed {args.remeasure}x interleaved; compiled kernels cached in "
+                 f"{_rel(Path(os.environ['FELIXJAX_CACHE']))}, empty at the start of a fresh run (every compile "
+                 f"is on the runs' clocks)")
               + (f"; strategy options {args.options}" if args.options else "; strategy defaults")
               + ("; every run measures the hand-written default schedules first" if args.defaults else
                  "; runs start from scratch (no hand-written default measured)"),
