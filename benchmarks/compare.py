@@ -15,7 +15,8 @@ geomean involving censored medians is a bound, and is flagged.
 
 ``--replay`` swaps the hardware for the synthetic oracle of ``felixjax.testing`` (no building or timing;
 each trial costs a simulated 0.3 s on its run's clock): search logic alone, repeatably, in minutes. It
-writes its own section (``compare_replay`` markers), never the measured one.
+writes its own section (``compare_replay`` markers), never the measured one; so does ``--cost-model``
+(``compare_pretrained``), where both strategies start from the same pretrained MLP.
 
 ``--budget-min`` bounds the whole run: each operator gets an equal share of what is left, split evenly
 over its strategy x seed runs as their seconds budget (replay: trials only; operators not started
@@ -58,6 +59,9 @@ SECTIONS = {  # mode -> (begin, end, heading, image name)
     "replay": ("<!-- compare_replay:begin -->", "<!-- compare_replay:end -->",
                "Gradient vs genetic search, replayed on the synthetic oracle (benchmarks/compare.py --replay)",
                "compare_replay_curves.png"),
+    "pretrained": ("<!-- compare_pretrained:begin -->", "<!-- compare_pretrained:end -->",
+                   "Gradient vs genetic search, both from a pretrained cost model (benchmarks/compare.py --cost-model)",
+                   "compare_pretrained_curves.png"),
 }
 QUICK_OPS = "dense4096"
 NEED_TRIALS, NEED_SECONDS, NEED_FINAL = 3.0, 3.0, 1.0
@@ -82,6 +86,20 @@ def merge(parts: list[Comparison], strategies: list[str], seeds: list[int], tria
         histories.update(c.histories)
         remeasured.update(c.remeasured)
     return Comparison(tasks, strategies, seeds, trials, None, histories, remeasured, replay)
+
+
+def pretrained_line(path: Path) -> str:
+    """Provenance of a pretrained cost model, from the report ``felixjax pretrain`` writes next to it."""
+    import json
+
+    rep_path = Path(str(path) + ".json")
+    if not rep_path.exists():
+        return f"- cost model: both strategies start from `{_rel(path)}` (no pretraining report next to it)"
+    rep = json.loads(rep_path.read_text())
+    return (f"- cost model: both strategies start from `{_rel(path)}`, pretrained on {len(rep['train_tasks'])} "
+            f"task(s) ({rep['train_rows']} measured configs) of {', '.join(map(_rel, map(Path, rep['databases'])))}; "
+            f"on {len(rep['heldout_tasks'])} held-out task(s) its within-task pairwise accuracy is "
+            f"{rep['heldout_mlp_pairwise']:.3f} (roofline prior {rep['heldout_prior_pairwise']:.3f})")
 
 
 def verdicts(cmp: Comparison) -> list[str]:
@@ -151,6 +169,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--defaults", action="store_true",
                     help="measure each sketch's hand-written default first in every run (fj.tune's default); off "
                          "here so the strategies' own search speed is compared, as Felix and Ansor start")
+    ap.add_argument("--cost-model", type=Path, default=None, metavar="NPZ",
+                    help="start gradient's and genetic's cost model from this pretrained checkpoint (felixjax "
+                         "pretrain; train it on databases without these ops) instead of the roofline prior")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder for cmp.db, cmp.csv, table.md and curves.png (default "
                          "results/compare[_replay][_quick]); runs already in its cmp.db are resumed, not repeated: "
@@ -182,6 +203,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # quick: small rounds so a 24-trial run still has several; full: the strategies' defaults
     args.options = ({"gradient": {"starts": 64, "batch_size": 8}, "genetic": {"population": 256, "batch_size": 8},
                      "random": {}} if q else {})
+    if args.cost_model is not None:
+        if not args.cost_model.exists():
+            ap.error(f"--cost-model {args.cost_model}: no such file (make one with felixjax pretrain)")
+        for name in ("gradient", "genetic"):
+            args.options.setdefault(name, {})["cost_model"] = str(args.cost_model)
     return args
 
 
@@ -194,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = select_ops(args.ops)
     order = sorted(tasks.items(), key=lambda kv: kv[1].flops)  # cheapest first: unused budget flows on
     seeds = list(range(args.seeds))
-    mode = "replay" if args.replay else "measured"
+    mode = "replay" if args.replay else ("pretrained" if args.cost_model else "measured")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.replay:
         # codegen.build reads $FELIXJAX_CACHE at every build: every run of this benchmark pays its own compiles
@@ -262,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "clocks exclude one-off compilation)" if args.warmup else
                                                      "off (the first run of each strategy pays its compilations)"),
               load, ""]
+    if args.cost_model is not None:
+        header.insert(-2, pretrained_line(args.cost_model))
     if skipped:
         header.append(f"Not run (budget spent before they started): {', '.join(skipped)}.\n")
     text = "\n".join(header) + "\n" + "\n".join(verdicts(cmp)) + "\n\n" + cmp.table() + "\n\n" + \

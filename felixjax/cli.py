@@ -1,4 +1,4 @@
-"""The ``felixjax`` command line: tune, compare, build, zoo, report.
+"""The ``felixjax`` command line: tune, compare, build, zoo, report, pretrain.
 
 Errors in user input are one clear line on stderr and exit code 2, never a traceback.
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import textwrap
 
@@ -21,6 +22,9 @@ EXAMPLES = {
   felixjax report runs.db --plot curve.png""",
     "compare": """example:
   felixjax compare --suite ops --strategies gradient,genetic,random --seeds 3 --trials 512 --out results/""",
+    "pretrain": """example:
+  felixjax pretrain runs.db other.db -o cost_model.npz --exclude matmul_512x512x512
+  felixjax tune --op "matmul:m=512,n=512,k=512" --cost-model cost_model.npz""",
     "build": """example:
   felixjax build model.onnx --db runs.db -o out/""",
     "zoo": """example:
@@ -54,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
     t.add_argument("--no-compare", action="store_true", help="skip timing onnxruntime next to the best kernel")
     t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
+    t.add_argument("--cost-model", default=None, metavar="NPZ",
+                   help="start the search's cost model from this pretrained checkpoint (felixjax pretrain)")
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
     r.add_argument("db")
@@ -71,6 +77,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--replay", action="store_true",
                    help="no hardware: replay each operator's synthetic latency oracle (search logic only)")
     c.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+    c.add_argument("--cost-model", default=None, metavar="NPZ",
+                   help="pretrained cost model (felixjax pretrain) for every strategy that has one (gradient, "
+                        "genetic): both start from the same model")
+
+    pt = add("pretrain", "pretrain the MLP cost model on the measurements of tuning databases (other tasks), "
+                         "holding whole tasks out to measure transfer")
+    pt.add_argument("db", nargs="+", help="tuning databases to learn from")
+    pt.add_argument("-o", "--output", required=True, metavar="NPZ", help="checkpoint to write (and NPZ.json report)")
+    pt.add_argument("--exclude", action="append", default=[], metavar="TASK",
+                    help="task name to leave out, e.g. one a comparison will tune (repeatable)")
+    pt.add_argument("--holdout", type=float, default=0.2, help="share of whole tasks held out (default 0.2)")
+    pt.add_argument("--seed", type=int, default=0)
 
     b = add("build", "compile an ONNX model into one C library from its best tuned schedules and export a "
                      "standalone folder (C source, header, Makefile, weights) that builds with make")
@@ -126,9 +144,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     rows = []
+    options = _cost_model_options(args.strategy, args.cost_model)
     for task in tasks:
         res = fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
-                      seed=args.seed, threads=args.threads)
+                      seed=args.seed, threads=args.threads, strategy_options=options)
         best = res.best
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
@@ -186,9 +205,37 @@ def _tune_model(args: argparse.Namespace, target) -> int:
     return tune_model_cli(args, target)
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    import os
+def _cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
+    from .network import cost_model_options
 
+    if cost_model is not None and not os.path.exists(cost_model):
+        raise UserError(f"{cost_model}: no such cost-model checkpoint (make one with felixjax pretrain)")
+    try:
+        return cost_model_options(strategy, cost_model)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from .pretrain import pretrain
+
+    for db in args.db:
+        if not os.path.exists(db):
+            raise UserError(f"{db}: no such database")
+    if not 0 <= args.holdout < 1:
+        raise UserError(f"--holdout must be in [0, 1) (got {args.holdout})")
+    rep = pretrain(args.db, args.output, exclude=args.exclude, holdout=args.holdout, seed=args.seed, progress=True)
+    print(f"trained on {len(rep['train_tasks'])} task(s), {rep['train_rows']} configs, in {rep['seconds']:.0f} s; "
+          f"wrote {args.output} and {args.output}.json")
+    if rep["heldout_tasks"]:
+        print(f"held-out tasks ({len(rep['heldout_tasks'])}): within-task pairwise accuracy, MLP "
+              f"{rep['heldout_mlp_pairwise']:.3f} vs roofline prior {rep['heldout_prior_pairwise']:.3f}")
+        for name, v in sorted(rep["heldout"].items()):
+            print(f"  {name}: {v['configs']} configs, MLP {v['mlp_pairwise']:.3f}, prior {v['prior_pairwise']:.3f}")
+    return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
     from .network import build_model_cli
 
     if not os.path.exists(args.model):
@@ -201,8 +248,6 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    import os
-
     from .report import report
 
     if not os.path.exists(args.db):
@@ -212,8 +257,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    import os
-
     import felixjax as fj
     from .suites import SUITES
 
@@ -233,16 +276,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         tasks = [args.suite] if args.suite else [fj.ops.parse_spec(s) for s in args.op]
     except ValueError as e:
         raise UserError(str(e)) from None
+    options = None
+    if args.cost_model is not None:
+        from .network import COST_MODEL_STRATEGIES
+
+        options = {n: _cost_model_options(n, args.cost_model)
+                   for n in (names or fj.strategies()) if n in COST_MODEL_STRATEGIES}
     os.makedirs(args.out, exist_ok=True)
     cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                      db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
-                     replay=True if args.replay else None)
+                     replay=True if args.replay else None, strategy_options=options)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build}
+COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,
+            "pretrain": _cmd_pretrain}
 
 
 def main(argv: list[str] | None = None) -> int:

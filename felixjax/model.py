@@ -38,9 +38,12 @@ class RandomScorer:
 class CostModelScorer:
     """The learned scorer of one task: hard-mode features -> roofline prior or Flax MLP.
 
-    Cold start (DESIGN.md ⑥): no pretraining data exists, so the analytic roofline prior ranks the
+    Cold start (DESIGN.md ⑥): without a pretrained model the analytic roofline prior ranks the
     first rounds; after each round the MLP is fine-tuned on every measurement of the run and takes
-    over once its held-out pairwise ranking accuracy beats the prior's on the same rows.
+    over once its held-out pairwise ranking accuracy beats the prior's on the same rows. With
+    ``pretrained`` (a checkpoint of :func:`felixjax.pretrain.pretrain`, trained on other tasks) the
+    MLP ranks from the first round, is fine-tuned from those weights, and the same comparison
+    decides later rounds.
 
     Attributes:
         relaxations: one :class:`~felixjax.relax.Relaxation` per sketch (features are computed from
@@ -55,7 +58,8 @@ class CostModelScorer:
     #: smaller budget per round keeps the update under a second).
     SAMPLE_BUDGET = 4096
 
-    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128, train_config=None):
+    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128, train_config=None,
+                 pretrained: str | None = None):
         from costmodels import MLPCostModel, RooflineModel, TrainConfig
 
         from . import jaxcache
@@ -72,8 +76,16 @@ class CostModelScorer:
                                    efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
                                    softness=0.1)
         cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
-        self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
-        self.active = "prior"
+        if pretrained is None:
+            self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
+        else:
+            from .pretrain import load_pretrained
+
+            self.mlp = load_pretrained(pretrained)
+            self.mlp.config = cfg  # online fine-tuning, from the pretrained weights and standardization
+            self.mlp._rng = np.random.default_rng(seed)
+        self.pretrained = None if pretrained is None else str(pretrained)
+        self.active = "prior" if pretrained is None else "mlp"
         self.metrics: dict = {}
         self._feats: list = []
         self._lat: list[float] = []
@@ -222,7 +234,8 @@ def _hard_score_for(model):
     return _HARD_SCORE[key]
 
 
-def make_scorer(ctx) -> Scorer:
-    """The default scorer of a search context (used by the genetic and gradient strategies)."""
+def make_scorer(ctx, cost_model: str | None = None) -> Scorer:
+    """The default scorer of a search context (used by the genetic and gradient strategies);
+    ``cost_model``: a pretrained MLP checkpoint (``felixjax pretrain``) to start from."""
     seed = int(ctx.rng.integers(2**31))
-    return CostModelScorer(ctx.spaces, ctx.target, seed=seed)
+    return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model)

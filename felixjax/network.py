@@ -745,6 +745,19 @@ def time_interleaved(blocks: Mapping[str, Callable[[int], float]], *, rounds: in
 # Command line
 # ----------------------------------------------------------------------------------------------
 
+def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
+    """``strategy_options`` that start a learned strategy from a pretrained cost model (None: none)."""
+    if cost_model is None:
+        return None
+    if strategy not in COST_MODEL_STRATEGIES:
+        raise ValueError(f"--cost-model needs a strategy with a cost model ({', '.join(COST_MODEL_STRATEGIES)}), "
+                         f"not {strategy!r}")
+    return {"cost_model": cost_model}
+
+
+COST_MODEL_STRATEGIES = ("gradient", "genetic")
+
+
 def tune_model_cli(args: Any, target: Target) -> int:
     """``felixjax tune model.onnx --trials N --db runs.db``: tune, print the summary table, build the
     model and (unless ``--no-compare``) check and time it against onnxruntime."""
@@ -755,7 +768,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
     print(f"{model.name}: {len(model.tasks)} tasks, {sum(w for _, w in model.tasks)} anchor ops; budget "
           f"{args.trials} trials ({args.strategy})", file=sys.stderr, flush=True)
     res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
-                     seconds=args.seconds, threads=args.threads, progress=_round_progress)
+                     seconds=args.seconds, threads=args.threads, progress=_round_progress,
+                     strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)))
     print(res.table())
     print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
     exe = res.build(threads=args.threads)

@@ -77,6 +77,27 @@ class GeneticWithOracle(GeneticSearch):
 cmp2 = fj.compare(tasks, [GeneticWithOracle, "random"], trials=128, seeds=2, db=None, replay=True,
                   progress=False)
 display(Markdown(cmp2.table()))"""),
+    ("md", """## Starting both strategies from a pretrained cost model
+
+Felix and Ansor start from a model pretrained on other programs (TenSet) instead of a prior.
+`felixjax.pretrain.pretrain` does that from your own databases: here a database of random-search
+measurements of *other* convolutions (replayed, so instant), with one of them held out whole to
+report transfer to an unseen task. Both strategies then start from the same checkpoint
+(`cost_model=`) and fine-tune it online."""),
+    ("code", """from felixjax.pretrain import pretrain
+
+others = [fj.ops.conv2d(1, 16, 28, 28, out_channels=32, kernel=3, padding=1),
+          fj.ops.conv2d(1, 32, 14, 14, out_channels=64, kernel=3, padding=1),
+          fj.ops.conv2d(1, 64, 14, 14, out_channels=32, kernel=1)]
+fj.compare(others, ["random"], trials=96, seeds=1, db=str(out / "others.db"), replay=True, progress=False, remeasure=0)
+report = pretrain([out / "others.db"], out / "cost_model.npz", holdout=0.34, sample_budget=30_000, max_epochs=60)
+print("trained on", report["train_tasks"], "held out", report["heldout_tasks"])
+print(f"held-out pairwise accuracy: MLP {report['heldout_mlp_pairwise']:.3f}, "
+      f"roofline prior {report['heldout_prior_pairwise']:.3f}")"""),
+    ("code", """pre = {"cost_model": str(out / "cost_model.npz")}
+cmp3 = fj.compare(tasks, ["gradient", "genetic"], trials=64, seeds=1, db=None, replay=True, progress=False,
+                  strategy_options={"gradient": {"starts": 64, "steps": 32, **pre}, "genetic": pre})
+display(Markdown(cmp3.table()))"""),
     ("md", """## On hardware
 
 The same comparison with real, checked, timed C kernels, on the operator suite of the benchmark
@@ -87,7 +108,9 @@ output folder:
 felixjax compare --suite ops --strategies gradient,genetic,random --seeds 3 --trials 512 --out results/
 ```
 
-Add `--replay` to run it against the synthetic oracle instead, as above."""),
+Add `--replay` to run it against the synthetic oracle instead, as above, and `--cost-model
+cost_model.npz` (from `felixjax pretrain runs.db -o cost_model.npz`) to start both from a pretrained
+model."""),
 ]
 
 

@@ -309,6 +309,8 @@ class GeneticSearch:
             ``None`` uses ``felixjax.model.make_scorer(ctx)`` when it exists, else a seeded
             :class:`~felixjax.model.RandomScorer`.
         batch_size: proposals per round (64, Ansor's ``num_measures_per_round``).
+        cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
+            scorer to start from (the same option as the gradient strategy's).
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -327,7 +329,7 @@ class GeneticSearch:
     def __init__(self, *, population: int = 2048, generations: int = 4, mutation_prob: float = 0.85,
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
-                 scorer=None, batch_size: int = 64):
+                 scorer=None, batch_size: int = 64, cost_model: str | None = None):
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
         unknown = set(weights) - set(MUTATIONS)
         if unknown:
@@ -341,7 +343,7 @@ class GeneticSearch:
         self.mutation_weights = dict(zip(MUTATIONS, (w / w.sum()).tolist()))
         self.min_unmeasured, self.max_fail = int(min_unmeasured), int(max_fail)
         self.batch_size = int(batch_size)
-        self._scorer_arg = scorer
+        self._scorer_arg, self.cost_model = scorer, cost_model
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -363,7 +365,7 @@ class GeneticSearch:
                 from .. import model
 
                 make = getattr(model, "make_scorer", None)
-                self._scorers[key] = (make(ctx) if make is not None
+                self._scorers[key] = (make(ctx, self.cost_model) if make is not None
                                       else model.RandomScorer(int(ctx.rng.integers(2 ** 31))))
         return self._scorers[key]
 

@@ -101,17 +101,19 @@ class GradientSearch:
             warm-up round); later rounds run one pass of ``starts``.
         scorer: a :class:`~felixjax.model.Scorer` with ``relaxations``/``inputs``/``model``
             (default: :func:`felixjax.model.make_scorer`).
+        cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
+            scorer to start from, instead of the roofline prior.
     """
 
     name = "gradient"
 
     def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
                  harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
-                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None):
+                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None):
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
-        self.scorer = scorer
+        self.scorer, self.cost_model = scorer, cost_model
         self.last_round: dict = {}
         self._keys: dict[str, set] = {}
         self._keyed = (None, 0)  # (context, history records already keyed)
@@ -120,7 +122,7 @@ class GradientSearch:
         if self.scorer is None:
             from ..model import make_scorer
 
-            self.scorer = make_scorer(ctx)
+            self.scorer = make_scorer(ctx, self.cost_model)
         return self.scorer
 
     def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:

@@ -1,0 +1,203 @@
+"""Cross-task pretraining of the MLP cost model from tuning databases (DESIGN.md ⑥, the cold start).
+
+A fresh tuning run has no measurements of its task, so its first rounds are ranked by the roofline
+prior. Felix and Ansor start from a model pretrained on TenSet instead; here the data are the user's
+own databases: every correctly measured config of every task in them (other operators, other
+networks), featurized exactly as the tuner does (hard-mode features of the config's relaxed point).
+
+``pretrain`` holds out whole tasks (never rows of a task it trains on), trains the MLP on the rest
+with the within-task rank loss, reports the held-out tasks' pairwise accuracy of the MLP next to the
+prior's (the number that says whether the pretrained model transfers), and saves the model as a
+``.npz`` checkpoint (arrays plus JSON metadata, no pickle) that ``fj.tune(strategy_options=
+{"cost_model": path})``, ``felixjax tune --cost-model`` and ``felixjax compare --cost-model`` load.
+
+Example:
+    >>> from felixjax.pretrain import split_tasks
+    >>> train, held = split_tasks(["a", "b", "c", "d", "e"], holdout=0.2, seed=0)
+    >>> len(train), len(held), sorted(train + held) == ["a", "b", "c", "d", "e"]
+    (4, 1, True)
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from costmodels import Features
+
+
+@dataclass(frozen=True)
+class PretrainData:
+    """Features and latencies of many tasks; ``groups[i]`` indexes ``tasks``.
+
+    ``prior`` holds the roofline prior's score of every row (computed with each record's own
+    target), so held-out comparisons need no second pass over the configs.
+    """
+
+    features: Features
+    latencies: np.ndarray
+    groups: np.ndarray
+    prior: np.ndarray
+    tasks: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.latencies)
+
+    def rows(self, tasks: Iterable[str]) -> np.ndarray:
+        keep = [i for i, t in enumerate(self.tasks) if t in set(tasks)]
+        return np.flatnonzero(np.isin(self.groups, keep))
+
+
+def split_tasks(tasks: Sequence[str], *, holdout: float, seed: int) -> tuple[list[str], list[str]]:
+    """(training tasks, held-out tasks): a seeded share ``holdout`` of whole tasks, at least one
+    held out when there are three or more, none with fewer."""
+    order = [tasks[i] for i in np.random.default_rng(seed).permutation(len(tasks))]
+    n_out = max(1, int(round(holdout * len(tasks)))) if len(tasks) >= 3 and holdout > 0 else 0
+    return order[n_out:], order[:n_out]
+
+
+def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (), min_records: int = 16,
+                 progress: bool = False) -> PretrainData:
+    """Every correctly measured config of every task in ``dbs`` (one row per task and config: the
+    fastest measurement), featurized in hard mode.
+
+    Args:
+        dbs: database paths (``fj.Database`` files).
+        exclude: task names (``Task.name``) to leave out, e.g. the tasks a comparison will tune, so
+            the pretrained model has never seen their measurements.
+        min_records: tasks with fewer distinct measured configs are skipped.
+        progress: print a line per task to stderr.
+    """
+    import sys
+
+    from codegen.space import Space, sketches_for
+    from codegen.target import Target
+    from costmodels import pad_accesses
+
+    from .database import Database
+    from .model import CostModelScorer
+
+    excluded = set(exclude)
+    per_task: dict[str, dict] = {}  # task name -> {config: record}
+    meta: dict[str, tuple] = {}
+    for path in dbs:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no tuning database at {path}")
+        with Database(path) as db:
+            for task, target_key in db.tasks():
+                if task.name in excluded:
+                    continue
+                best = per_task.setdefault(task.name, {})
+                for r in db.records(task=task, target=target_key):
+                    if r.ok and (r.config not in best or r.latency_s < best[r.config].latency_s):
+                        best[r.config] = r
+                meta.setdefault(task.name, (task, target_key))
+    feats, lats, groups, priors, names = [], [], [], [], []
+    for name in sorted(per_task):
+        recs = list(per_task[name].values())
+        task, _ = meta[name]
+        target = Target.from_json(recs[0].target) if recs and recs[0].target else Target.cpu()
+        spaces = {s.name: Space(task, s, target) for s in sketches_for(task)}
+        recs = [r for r in recs if r.config.sketch in spaces]
+        if len(recs) < min_records:
+            continue
+        scorer = CostModelScorer(spaces, target)
+        f = scorer.features([r.config for r in recs])
+        feats.append(f)
+        priors.append(np.asarray(scorer.prior.predict(f), np.float64))
+        lats.append(np.array([r.latency_s for r in recs]))
+        groups.append(np.full(len(recs), len(names), np.int64))
+        names.append(name)
+        if progress:
+            print(f"[pretrain] {name}: {len(recs)} configs", file=sys.stderr, flush=True)
+    if not names:
+        raise ValueError(f"no task with >= {min_records} correctly measured configs in {list(map(str, dbs))}"
+                         + (f" (excluded: {sorted(excluded)})" if excluded else ""))
+    slots = max(f.access.shape[1] for f in feats)
+    feats = [pad_accesses(f, slots) for f in feats]
+    features = Features(*(np.concatenate([getattr(f, k) for f in feats]) for k in ("access", "mask", "glob")))
+    return PretrainData(features, np.concatenate(lats), np.concatenate(groups), np.concatenate(priors),
+                        tuple(names))
+
+
+def _take(data: PretrainData, rows: np.ndarray) -> tuple[Features, np.ndarray, np.ndarray]:
+    f = data.features
+    return Features(f.access[rows], f.mask[rows], f.glob[rows]), data.latencies[rows], data.groups[rows]
+
+
+def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclude: Iterable[str] = (),
+             holdout: float = 0.2, seed: int = 0, hidden: int = 128, sample_budget: int = 200_000,
+             max_epochs: int = 200, min_records: int = 16, progress: bool = False) -> dict:
+    """Trains the MLP on the measurements of many tasks and saves it to ``out`` (``.npz``).
+
+    Args:
+        dbs: tuning databases to learn from.
+        out: checkpoint path; a JSON report is written next to it (``<out>.json``).
+        exclude: task names left out entirely (see :func:`load_dataset`).
+        holdout: share of the tasks held out whole, to measure transfer to unseen tasks; the saved
+            model never trains on them (0: train on every task, no transfer measurement).
+        seed: seeds the task split, initialization and batching.
+        hidden: MLP width (the tuner's default is 128).
+        sample_budget: samples seen in training (epochs = budget / rows, up to ``max_epochs``).
+        max_epochs: epoch cap.
+        min_records: tasks with fewer distinct measured configs are skipped.
+        progress: print per-task lines.
+
+    Returns:
+        The report (also written as JSON): tasks trained on and held out, rows, seconds, the
+        held-out tasks' mean within-task pairwise accuracy of the MLP and of the roofline prior
+        (``nan`` without held-out tasks) and per held-out task.
+    """
+    from costmodels import MLPCostModel, TrainConfig, pairwise_accuracy
+
+    from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
+
+    t0 = time.perf_counter()
+    data = load_dataset(dbs, exclude=exclude, min_records=min_records, progress=progress)
+    train_tasks, held_tasks = split_tasks(list(data.tasks), holdout=holdout, seed=seed)
+    cfg = TrainConfig(sample_budget=sample_budget, max_epochs=max_epochs)
+    model = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
+    f, lat, groups = _take(data, data.rows(train_tasks))
+    fit = model.update(f, lat, groups)
+    per_task = {}
+    for name in held_tasks:
+        rows = data.rows([name])
+        hf, hlat, _ = _take(data, rows)
+        per_task[name] = {"configs": len(rows), "mlp_pairwise": pairwise_accuracy(model.predict(hf), hlat),
+                          "prior_pairwise": pairwise_accuracy(data.prior[rows], hlat)}
+
+    def mean(key: str) -> float:
+        return float(np.mean([v[key] for v in per_task.values()])) if per_task else float("nan")
+
+    report = {"checkpoint": str(out), "databases": [str(p) for p in dbs], "excluded": sorted(set(exclude)),
+              "train_tasks": sorted(train_tasks), "heldout_tasks": sorted(held_tasks), "rows": len(data),
+              "train_rows": int(len(lat)), "seed": seed, "hidden": hidden,
+              "fit": {k: float(v) for k, v in fit.items()},
+              "heldout_mlp_pairwise": mean("mlp_pairwise"), "heldout_prior_pairwise": mean("prior_pairwise"),
+              "heldout": per_task, "seconds": time.perf_counter() - t0}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    model.save(out)
+    Path(str(out) + ".json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def load_pretrained(path: str | os.PathLike):
+    """The MLP of a checkpoint written by :func:`pretrain`, checked against this feature set."""
+    from costmodels import MLPCostModel
+
+    from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no cost-model checkpoint at {path} (make one with `felixjax pretrain`)")
+    model = MLPCostModel.load(path)
+    if (model.n_access_features, model.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
+        raise ValueError(f"{path} was trained on {model.n_access_features} access / {model.n_glob_features} global "
+                         f"features; this felixjax computes {N_ACCESS_FEATURES} / {N_GLOBAL_FEATURES}: pretrain again")
+    if not model.fitted:
+        raise ValueError(f"{path} holds an untrained model")
+    return model

@@ -1,0 +1,132 @@
+"""Cross-task pretraining of the cost model: whole tasks held out, exclusions honoured, the checkpoint
+starts the scorer of both learned strategies, and bad input is one clear error."""
+import json
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen.measure import MeasureResult
+from codegen.space import Space, sketches_for
+from costmodels import MLPCostModel, pairwise_accuracy
+from felixjax.cli import main as cli
+from felixjax.database import TuningRecord
+from felixjax.model import CostModelScorer
+from felixjax.pretrain import load_dataset, load_pretrained, pretrain, split_tasks
+from felixjax.testing import SyntheticOracle
+
+TARGET = fj.Target.cpu()
+TASKS = [fj.ops.matmul(64, 48, 32), fj.ops.matmul(32, 64, 64), fj.ops.matmul(48, 32, 96),
+         fj.ops.dense(1, 128, 64)]
+
+
+@pytest.fixture(scope="module")
+def oracle_db(tmp_path_factory):
+    """A database of synthetic-oracle measurements: 48 random configs per sketch of four small tasks."""
+    path = tmp_path_factory.mktemp("pre") / "runs.db"
+    with fj.Database(path) as db:
+        for task in TASKS:
+            oracle = SyntheticOracle(task, TARGET)
+            trial = 0
+            for sk in sketches_for(task):
+                sp = Space(task, sk, TARGET)
+                rng = np.random.default_rng(trial)
+                for c in dict.fromkeys(sp.sample(rng) for _ in range(48)):
+                    db.add(TuningRecord(task, TARGET.key, "random:0", trial, c, MeasureResult("ok", (oracle(c),)), 0))
+                    trial += 1
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(oracle_db, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "cm.npz"
+    report = pretrain([oracle_db], out, holdout=0.25, seed=0, sample_budget=20_000, max_epochs=40)
+    return out, report
+
+
+def test_split_holds_out_whole_tasks():
+    names = [f"t{i}" for i in range(10)]
+    train, held = split_tasks(names, holdout=0.2, seed=3)
+    assert len(held) == 2 and not set(train) & set(held) and sorted(train + held) == sorted(names)
+    assert split_tasks(names, holdout=0.2, seed=3) == (train, held)  # seeded
+    assert split_tasks(names[:2], holdout=0.5, seed=0)[1] == []  # too few tasks to hold one out
+
+
+def test_dataset_rows_features_and_exclusion(oracle_db):
+    data = load_dataset([oracle_db])
+    assert set(data.tasks) == {t.name for t in TASKS}
+    assert len(data) == len(data.groups) == len(data.prior) == data.features.glob.shape[0]
+    assert np.isfinite(data.features.glob).all() and (data.latencies > 0).all()
+    less = load_dataset([oracle_db], exclude=[TASKS[0].name])
+    assert TASKS[0].name not in less.tasks and len(less) == len(data) - len(data.rows([TASKS[0].name]))
+    with pytest.raises(ValueError, match="no task with"):
+        load_dataset([oracle_db], exclude=[t.name for t in TASKS])
+    with pytest.raises(FileNotFoundError):
+        load_dataset([oracle_db.parent / "missing.db"])
+
+
+def test_pretrain_report_and_checkpoint(checkpoint, oracle_db):
+    out, rep = checkpoint
+    assert len(rep["heldout_tasks"]) == 1 and len(rep["train_tasks"]) == 3
+    assert not set(rep["heldout_tasks"]) & set(rep["train_tasks"])
+    assert json.loads(open(str(out) + ".json").read())["heldout_tasks"] == rep["heldout_tasks"]
+    for key in ("heldout_mlp_pairwise", "heldout_prior_pairwise"):
+        assert 0.0 <= rep[key] <= 1.0
+    # the model learned its training tasks: within-task ranking well above chance on their rows
+    model = load_pretrained(out)
+    data = load_dataset([oracle_db])
+    rows = data.rows(rep["train_tasks"])
+    f = data.features
+    sub = type(f)(f.access[rows], f.mask[rows], f.glob[rows])
+    assert pairwise_accuracy(model.predict(sub), data.latencies[rows], data.groups[rows]) > 0.7
+
+
+def test_scorer_starts_from_the_pretrained_model(checkpoint):
+    out, _ = checkpoint
+    task = fj.ops.matmul(96, 64, 32)  # a task the model never saw
+    spaces = {s.name: Space(task, s, TARGET) for s in sketches_for(task)}
+    fresh = CostModelScorer(spaces, TARGET)
+    pre = CostModelScorer(spaces, TARGET, pretrained=str(out))
+    assert fresh.active == "prior" and pre.active == "mlp" and pre.pretrained == str(out)
+    cfgs = [sp.sample(np.random.default_rng(i)) for i, sp in enumerate(spaces.values())]
+    want = load_pretrained(out).predict(pre.features(cfgs))
+    np.testing.assert_allclose(pre.score(cfgs), want, rtol=1e-5, atol=1e-5)
+    sk = next(iter(spaces))
+    xs = np.stack([pre.relaxations[sk].to_x(c) for c in cfgs if c.sketch == sk])
+    np.testing.assert_allclose(pre.score_x(sk, xs), pre.score([c for c in cfgs if c.sketch == sk]), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["gradient", "genetic"])
+def test_strategies_tune_from_a_pretrained_model(checkpoint, strategy):
+    out, _ = checkpoint
+    task = fj.ops.matmul(96, 64, 32)
+    opts = {"cost_model": str(out), "batch_size": 16}
+    opts.update({"starts": 16, "steps": 8} if strategy == "gradient" else {"population": 128})
+    cmp = fj.compare([task], [strategy], trials=32, seeds=[0], db=None, replay=True, progress=False, remeasure=0,
+                     strategy_options={strategy: opts}, defaults=False)
+    (history,) = cmp.histories.values()
+    assert len(history) == 32 and all(r.ok for r in history)
+
+
+def test_bad_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="felixjax pretrain"):
+        load_pretrained(tmp_path / "none.npz")
+    MLPCostModel(3, 2, hidden=8).save(tmp_path / "small.npz")
+    with pytest.raises(ValueError, match="features"):
+        load_pretrained(tmp_path / "small.npz")
+
+
+def test_cli_pretrain_and_cost_model_errors(oracle_db, tmp_path, capsys):
+    out = tmp_path / "m.npz"
+    assert cli(["pretrain", str(oracle_db), "-o", str(out), "--holdout", "0.25"]) == 0
+    text = capsys.readouterr().out
+    assert "held-out tasks (1)" in text and out.exists()
+    for argv, msg in ((["pretrain", str(tmp_path / "nope.db"), "-o", str(out)], "no such database"),
+                      (["tune", "--op", "matmul:m=8,n=8,k=8", "--cost-model", str(tmp_path / "x.npz")],
+                       "no such cost-model"),
+                      (["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--cost-model", str(out)],
+                       "needs a strategy with a cost model")):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
