@@ -123,13 +123,13 @@ def test_sigkill_then_resume_loses_nothing_and_remeasures_nothing(tmp_path):
     before = fj.Database(db_path).records(task=t)
     assert 5 <= len(before) < 40, len(before)
     # resume: same command; records committed before the kill are kept and never measured again
-    subprocess.run([sys.executable, str(script), db_path, "12" if len(before) < 12 else str(len(before) + 4)],
-                   env=env, check=True, timeout=300)
+    budget = 12 if len(before) < 12 else len(before) + 4
+    subprocess.run([sys.executable, str(script), db_path, str(budget)], env=env, check=True, timeout=300)
     after = fj.Database(db_path).records(task=t)
     assert [r.config for r in after[: len(before)]] == [r.config for r in before]
     assert len({r.config for r in after}) == len(after), "a config was measured twice"
     assert [r.trial for r in after] == list(range(len(after)))
-    assert len(after) == max(12, len(before) + 4)
+    assert len(after) == budget
 
 
 def test_cli_tune_and_report(tmp_path, capsys):

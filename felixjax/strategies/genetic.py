@@ -365,7 +365,8 @@ class GeneticSearch:
                 from .. import model
 
                 make = getattr(model, "make_scorer", None)
-                self._scorers[key] = (make(ctx, self.cost_model) if make is not None
+                args = (ctx,) if self.cost_model is None else (ctx, self.cost_model)  # make(ctx) stays valid
+                self._scorers[key] = (make(*args) if make is not None
                                       else model.RandomScorer(int(ctx.rng.integers(2 ** 31))))
         return self._scorers[key]
 
