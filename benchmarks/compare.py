@@ -51,6 +51,7 @@ from benchmarks.tune_ops import provenance  # noqa: E402
 from codegen.measure import TimingProtocol  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax.compare import Comparison  # noqa: E402
+from felixjax.strategies.base import COST_MODEL_STRATEGIES  # noqa: E402
 
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 SECTIONS = {  # mode -> (begin, end, heading, image name)
@@ -206,7 +207,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.cost_model is not None:
         if not args.cost_model.exists():
             ap.error(f"--cost-model {args.cost_model}: no such file (make one with felixjax pretrain)")
-        for name in ("gradient", "genetic"):
+        for name in COST_MODEL_STRATEGIES:
             args.options.setdefault(name, {})["cost_model"] = str(args.cost_model)
     return args
 

@@ -206,7 +206,7 @@ def _tune_model(args: argparse.Namespace, target) -> int:
 
 
 def _cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
-    from .network import cost_model_options
+    from .strategies.base import cost_model_options
 
     if cost_model is not None and not os.path.exists(cost_model):
         raise UserError(f"{cost_model}: no such cost-model checkpoint (make one with felixjax pretrain)")
@@ -278,7 +278,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     options = None
     if args.cost_model is not None:
-        from .network import COST_MODEL_STRATEGIES
+        from .strategies.base import COST_MODEL_STRATEGIES
 
         options = {n: _cost_model_options(n, args.cost_model)
                    for n in (names or fj.strategies()) if n in COST_MODEL_STRATEGIES}

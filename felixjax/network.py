@@ -745,22 +745,11 @@ def time_interleaved(blocks: Mapping[str, Callable[[int], float]], *, rounds: in
 # Command line
 # ----------------------------------------------------------------------------------------------
 
-def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
-    """``strategy_options`` that start a learned strategy from a pretrained cost model (None: none)."""
-    if cost_model is None:
-        return None
-    if strategy not in COST_MODEL_STRATEGIES:
-        raise ValueError(f"--cost-model needs a strategy with a cost model ({', '.join(COST_MODEL_STRATEGIES)}), "
-                         f"not {strategy!r}")
-    return {"cost_model": cost_model}
-
-
-COST_MODEL_STRATEGIES = ("gradient", "genetic")
-
-
 def tune_model_cli(args: Any, target: Target) -> int:
     """``felixjax tune model.onnx --trials N --db runs.db``: tune, print the summary table, build the
     model and (unless ``--no-compare``) check and time it against onnxruntime."""
+    from .strategies.base import cost_model_options
+
     model = load_onnx(args.model)
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")

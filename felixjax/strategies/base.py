@@ -129,3 +129,16 @@ def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
         if cfg not in ctx.measured:
             out.append(cfg)
     return out[:n]
+
+
+def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
+    """``strategy_options`` that start a learned strategy from a pretrained cost model (None: none)."""
+    if cost_model is None:
+        return None
+    if strategy not in COST_MODEL_STRATEGIES:
+        raise ValueError(f"--cost-model needs a strategy with a cost model ({', '.join(COST_MODEL_STRATEGIES)}), "
+                         f"not {strategy!r}")
+    return {"cost_model": cost_model}
+
+
+COST_MODEL_STRATEGIES = ("gradient", "genetic")
