@@ -27,7 +27,7 @@ from costmodels.base import (
     pairwise_accuracy,
     ranking_metrics,
 )
-from costmodels.checkpoint import load_model
+from costmodels.loading import load_model
 from costmodels.ensemble import EnsembleCostModel
 from costmodels.mlp import MLPCostModel, SegmentSumMLP, TrainConfig
 from costmodels.roofline import RooflineModel

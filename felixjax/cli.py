@@ -8,10 +8,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import textwrap
+
+from .report import text_table as _table
 
 EXAMPLES = {
     "tune": """examples:
@@ -178,23 +179,6 @@ def _against_onnxruntime(res, threads: int) -> dict:
         print(f"  (onnxruntime comparison skipped: {e})", file=sys.stderr)
         return {}
     return cmp
-
-
-def _table(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "inf" if math.isinf(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")
-    return str(v)
 
 
 def _tune_model(args: argparse.Namespace, target) -> int:

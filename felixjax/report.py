@@ -67,15 +67,30 @@ def plot_curves(db: Database, path: str) -> str:
     return path
 
 
+def text_table(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_fmt_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt_cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")
+    return str(v)
+
+
 def report(path: str, *, plot: str | None = None) -> str:
     """The ``felixjax report`` text (and optionally a PNG of the tuning curves)."""
-    from .cli import _table
-
     with Database(path) as db:
         rows = summary_rows(db)
         if not rows:
             return "(empty database)"
-        text = f"{path}: {len(db)} measurements, {len({r['task'] for r in rows})} task(s)\n\n" + _table(rows)
+        text = f"{path}: {len(db)} measurements, {len({r['task'] for r in rows})} task(s)\n\n" + text_table(rows)
         if plot:
             text += f"\n\ntuning curves: {plot_curves(db, plot)}"
     return text
