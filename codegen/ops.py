@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from . import limits as _limits
+
 ACTIVATIONS = (None, "relu", "relu6")
 OPS = ("matmul", "dense", "conv2d")
 
@@ -138,7 +140,7 @@ class Task:
             vals = v if isinstance(v, tuple) else (v,)
             if any((not isinstance(x, int)) or isinstance(x, bool) for x in vals):
                 raise ValueError(f"{self.op} parameter {k}={v!r} must be integer")
-        self.contraction()  # validates shapes
+        self.check_size()  # validates shapes, then sizes against codegen.limits (before any allocation)
 
     # ---- parameters ---------------------------------------------------------------------------
     @property
@@ -153,9 +155,28 @@ class Task:
 
     @staticmethod
     def from_json(d: dict) -> "Task":
+        """Inverse of :meth:`to_json`. Byte and FLOP limits are not applied here (a stored task may have
+        been made under raised limits); ``random_inputs`` and ``reference`` still check them."""
         params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d["params"].items()))
-        return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
-                    d.get("dtype", "float32"))
+        lenient = {"max_buffer_bytes": None, "max_total_bytes": None, "max_flops": None}
+        with _limits.override(**lenient):
+            return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
+                        d.get("dtype", "float32"))
+
+    def check_size(self, limits: "_limits.Limits | dict | None" = None, *, itemsize: int = 4) -> None:
+        """Validate the shapes, then raise :class:`codegen.limits.SizeLimitError` if an extent, a buffer
+        (inputs and output, ``itemsize`` bytes per element), all of them together, or the FLOPs exceed
+        ``limits`` (default: :func:`codegen.limits.current`). Allocates nothing."""
+        con = self.contraction()
+        lim = _limits.resolve(limits)
+        for a in con.axes:
+            _limits.check_extent(f"axis {a.name}", a.extent, lim, what=self.name)
+        names = ["data", "weight"] + (["bias"] if self.bias else []) + (["residual"] if self.residual else [])
+        buffers = list(zip(names, self.input_shapes())) + [("out", con.out.shape)]
+        if con.data.shape != con.data_api_shape:
+            buffers.append(("padded data", con.data.shape))
+        _limits.check_buffers(buffers, lim, itemsize=itemsize, what=self.name)
+        _limits.check_flops(self.flops, lim, what=self.name)
 
     @property
     def key(self) -> str:
@@ -267,13 +288,21 @@ class Task:
         return 2 * outputs * con.reduction_size + epi * outputs
 
     # ---- numerics ------------------------------------------------------------------------------
-    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Random float32 inputs in API order (data, weights, bias, residual), uniform in [-1, 1)."""
+    def random_inputs(self, seed: int = 0, *, limits: "_limits.Limits | dict | None" = None) -> list[np.ndarray]:
+        """Random float32 inputs in API order (data, weights, bias, residual), uniform in [-1, 1).
+
+        Raises :class:`codegen.limits.SizeLimitError` before allocating when the inputs (generated in
+        float64, then cast) exceed ``limits``."""
+        self.check_size(limits, itemsize=8)
         rng = np.random.default_rng(seed)
         return [rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in self.input_shapes()]
 
-    def reference(self, *arrays: np.ndarray) -> np.ndarray:
-        """Numpy reference output (computed in float64, returned as float32)."""
+    def reference(self, *arrays: np.ndarray, limits: "_limits.Limits | dict | None" = None) -> np.ndarray:
+        """Numpy reference output (computed in float64, returned as float32).
+
+        Raises :class:`codegen.limits.SizeLimitError` before allocating when the float64 copies or the
+        FLOPs exceed ``limits``."""
+        self.check_size(limits, itemsize=8)
         shapes = self.input_shapes()
         if len(arrays) != len(shapes):
             raise ValueError(f"{self.name} takes {len(shapes)} inputs (data, weights"
@@ -333,7 +362,7 @@ def _params(**kw: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = False, act: str | None = None,
-           residual: bool = False) -> Task:
+           residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``C[M, N] = A[M, K] @ B[K, N]`` (``[batch, ...]`` on every operand when ``batch`` is given).
 
     ``B`` is treated as the weights (packed once at load, as at inference).
@@ -344,24 +373,27 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
     """
     params = _params(m=int(m), n=int(n), k=int(k)) if not batch else _params(m=int(m), n=int(n), k=int(k),
                                                                              batch=int(batch))
-    return Task("matmul", params, bias, act, residual)
+    with _limits.override(limits):
+        return Task("matmul", params, bias, act, residual)
 
 
 def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, act: str | None = None,
-          residual: bool = False) -> Task:
+          residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``y[N, OUT] = x[N, IN] @ W.T + b`` with ``W`` of shape ``[OUT, IN]``.
 
     Example:
         >>> dense(1, 4096, 1000, bias=True).input_shapes()
         [(1, 4096), (1000, 4096), (1000,)]
     """
-    return Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act, residual)
+    with _limits.override(limits):
+        return Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
+                    residual)
 
 
 def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
-           residual: bool = False) -> Task:
+           residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
     """2-D convolution, NCHW input, OIHW weights ``[out_channels, c // groups, kh, kw]``.
 
     ``padding`` is an int, ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``.
@@ -372,16 +404,18 @@ def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | t
         (1, 64, 56, 56)
     """
     r, s = _as_pair(kernel, "kernel")
-    return Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
-                                  stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
-                                  dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
-                bias, act, residual)
+    with _limits.override(limits):
+        return Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
+                                      stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
+                                      dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
+                    bias, act, residual)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int, int] = 3,
                      stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
                      dilation: int | tuple[int, int] = 1, multiplier: int = 1, bias: bool = False,
-                     act: str | None = None, residual: bool = False) -> Task:
+                     act: str | None = None, residual: bool = False,
+                     limits: "_limits.Limits | dict | None" = None) -> Task:
     """Depthwise convolution: ``conv2d`` with ``groups = c`` and ``c * multiplier`` output channels.
 
     Example:
@@ -389,7 +423,7 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
         (256, 1, 3, 3)
     """
     return conv2d(n, c, h, w, out_channels=c * multiplier, kernel=kernel, stride=stride, padding=padding,
-                  dilation=dilation, groups=c, bias=bias, act=act, residual=residual)
+                  dilation=dilation, groups=c, bias=bias, act=act, residual=residual, limits=limits)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""Size limits (codegen.limits): absurd sizes are refused with one clear error, fast, before allocating;
+divisors come from the factorization (never a scan up to n)."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+from codegen import limits, ops
+from codegen.limits import Limits, SizeLimitError
+from codegen.space import Space, default_config, divisors, factorize, sketches_for
+from codegen.target import Target
+
+
+def _fast(fn, budget_s=1.0):
+    t0 = time.perf_counter()
+    with pytest.raises(SizeLimitError) as info:
+        fn()
+    assert time.perf_counter() - t0 < budget_s
+    return str(info.value)
+
+
+def test_huge_channels_refused_fast():
+    msg = _fast(lambda: ops.conv2d(1, 10**11, 8, 8, out_channels=8, kernel=1))
+    assert "axis c" in msg and "maximum extent" in msg and "FELIXJAX_MAX_EXTENT" in msg
+
+
+def test_million_cubed_matmul_refused_fast():
+    msg = _fast(lambda: ops.matmul(10**6, 10**6, 10**6))
+    assert "matmul_1000000x1000000x1000000" in msg and "FELIXJAX_MAX_BUFFER_BYTES" in msg
+    assert "limits={'max_buffer_bytes': ...}" in msg
+
+
+def test_flops_limit_and_keyword():
+    # small buffers, many FLOPs: 2 * 4096^3 = 1.4e11
+    t = ops.matmul(4096, 4096, 4096)
+    assert t.flops > 1e11
+    msg = _fast(lambda: ops.matmul(4096, 4096, 4096, limits={"max_flops": 1e9}))
+    assert "FLOPs exceed the limit" in msg and "FELIXJAX_MAX_FLOPS" in msg
+    with pytest.raises(SizeLimitError):
+        t.random_inputs(limits={"max_flops": 1e9})
+    with pytest.raises(SizeLimitError):
+        t.reference(np.zeros((1, 1)), np.zeros((1, 1)), limits={"max_flops": 1e9})
+
+
+def test_environment_variable(monkeypatch):
+    monkeypatch.setenv("FELIXJAX_MAX_BUFFER_BYTES", "1000")
+    msg = _fast(lambda: ops.matmul(64, 64, 64))
+    assert "data of shape (64, 64)" in msg and "per-buffer limit" in msg
+    assert ops.matmul(64, 64, 64, limits={"max_buffer_bytes": 10**6}).flops == 2 * 64**3  # keyword wins
+    monkeypatch.setenv("FELIXJAX_MAX_BUFFER_BYTES", "lots")
+    with pytest.raises(ValueError, match="FELIXJAX_MAX_BUFFER_BYTES"):
+        ops.matmul(8, 8, 8)
+    monkeypatch.setenv("FELIXJAX_MAX_BUFFER_BYTES", "inf")
+    monkeypatch.setenv("FELIXJAX_MAX_TOTAL_BYTES", "inf")
+    monkeypatch.setenv("FELIXJAX_MAX_FLOPS", "inf")
+    assert ops.matmul(10**6, 10**6, 10**6).name == "matmul_1000000x1000000x1000000"
+
+
+def test_total_bytes_limit():
+    lim = {"max_buffer_bytes": 5000, "max_total_bytes": 9000}
+    msg = _fast(lambda: ops.matmul(32, 32, 32, limits=lim))  # 3 buffers of 4096 bytes
+    assert "in all" in msg and "FELIXJAX_MAX_TOTAL_BYTES" in msg
+
+
+def test_override_block_and_from_json():
+    with limits.override(max_flops="inf", max_buffer_bytes="inf", max_total_bytes="inf"):
+        big = ops.matmul(10**6, 10**6, 10**6)
+    # a stored task loads whatever today's limits are; allocating it is still refused
+    assert ops.Task.from_json(big.to_json()) == big
+    _fast(lambda: big.random_inputs())
+
+
+def test_defaults_follow_ram():
+    d = Limits.defaults()
+    ram = limits.physical_memory_bytes()
+    assert d.max_buffer_bytes == ram // 4 and d.max_total_bytes == ram // 2
+    assert d.max_flops == 1e13 and d.max_extent == 2**31 - 1
+    assert issubclass(SizeLimitError, ValueError)
+
+
+def test_ordinary_tasks_unaffected():
+    t = ops.conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1, bias=True)
+    a = t.random_inputs()
+    assert t.reference(*a).shape == (1, 64, 56, 56)
+
+
+# ---- divisors from the factorization -------------------------------------------------------------
+
+def test_divisors_match_brute_force():
+    for n in list(range(1, 1200)) + [2**20, 3**7 * 5, 9973 * 2, 1000, 720720]:
+        assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0), n
+        assert math.prod(p**e for p, e in factorize(n)) == n
+
+
+def test_divisors_of_huge_extents_fast():
+    t0 = time.perf_counter()
+    assert divisors(2**31 - 1) == (1, 2**31 - 1)  # a Mersenne prime
+    assert divisors(2**30) == tuple(2**i for i in range(31))
+    assert len(divisors(2**2 * 3 * 5 * 7 * 11 * 13 * 17 * 19 * 23 * 29)) == 3 * 2**9
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_space_on_large_prime_extent_fast():
+    t0 = time.perf_counter()
+    task = ops.dense(1, 2**31 - 1, 1, limits={"max_buffer_bytes": "inf", "max_total_bytes": "inf"})
+    sp = Space(task, sketches_for(task)[0], Target.cpu())
+    sp.validate(default_config(sp))
+    assert time.perf_counter() - t0 < 1.0
