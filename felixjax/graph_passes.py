@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from codegen import ops
+from codegen.limits import SizeLimitError
 from codegen.ops import Task
 
 ANCHOR_OPS = ("conv2d", "dense", "matmul")
@@ -512,6 +513,8 @@ def _anchor_for(node: Node, constants: dict, shapes: dict) -> list[Node] | None:
             else:
                 return None
             return [Node("matmul", (x, wname), (y,), {"task": task}, node.name)]
+    except SizeLimitError:
+        raise  # too large to tune or to run: refused, never silently left to the numpy executor
     except ValueError:
         return None  # a shape the Task constructors reject stays a cheap op
     return None

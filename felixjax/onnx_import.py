@@ -32,9 +32,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from codegen.limits import check_buffers
+from codegen.limits import override as size_limits
 from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
+from felixjax.onnx_shapes import fix_hint, fold_model
 
 MIN_OPSET = 6
 SUPPORTED_OPS = (
@@ -147,14 +150,20 @@ class Model:
 
 
 def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
-              input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+              input_shapes: Mapping[str, Sequence[int]] | None = None, limits: Any = None,
+              input_values: Mapping[str, Any] | None = None) -> Model:
     """Import an ONNX model (path, bytes or ModelProto), run the graph passes, extract the tasks.
 
-    ``input_shapes`` pins the dimensions of inputs declared with dynamic (symbolic) sizes.
+    ``input_shapes`` pins the dimensions of inputs declared with dynamic (symbolic) sizes; once pinned,
+    shape subgraphs (``Shape -> Gather -> Concat -> Reshape`` ...) fold to constants
+    (:mod:`felixjax.onnx_shapes`). ``input_values`` turns inputs into constants: the way to pass a
+    non-float input such as an int64 image-size tensor. ``limits``
+    (a dict such as ``{"max_buffer_bytes": 2**34}``) changes the size limits of ``codegen.limits``.
 
     Raises:
         ModelFormatError: the bytes are not a readable ONNX model.
         UnsupportedModelError: an op, attribute, dtype or dynamic shape felixjax does not support.
+        codegen.limits.SizeLimitError: a tensor or a task is larger than the size limits.
 
     Example:
         >>> from felixjax import zoo
@@ -162,9 +171,10 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         >>> m.tasks[0][0].name, m.input_shapes
         ('conv2d_1x3x32x32_k32_3x3_s1_p1_bias_relu6', {'input': (1, 3, 32, 32)})
     """
-    proto, name = _read(model)
-    source, opset = import_graph(proto, input_shapes=input_shapes)
-    return Model(name=name, graph=optimize(source), source=source, opset=opset)
+    with size_limits(limits):
+        proto, name = _read(model)
+        source, opset = import_graph(proto, input_shapes=input_shapes, input_values=input_values)
+        return Model(name=name, graph=optimize(source), source=source, opset=opset)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,8 +297,8 @@ def _infer_types(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
 # Stage ①: canonical graph
 # ----------------------------------------------------------------------------------------------
 
-def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[int]] | None = None
-                 ) -> tuple[Graph, int]:
+def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 input_values: Mapping[str, Any] | None = None) -> tuple[Graph, int]:
     """Stage ① alone: the canonical, constant-folded graph of ``proto`` and its default-domain opset.
 
     Example:
@@ -298,9 +308,16 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
         ('Conv', 'BatchNormalization', 13)
     """
     opset = _opset(proto)
+    _check_inputs(proto, input_shapes, input_values)
+    try:
+        proto = fold_model(proto, input_shapes=input_shapes, input_values=input_values)
+    except (UnsupportedModelError, ModelFormatError):
+        raise
+    except Exception as e:  # a malformed graph the folder cannot read
+        raise ModelFormatError(f"cannot fold the model's constants: {type(e).__name__}: {e}") from None
     graph = proto.graph
     _check_ops(graph)
-    types = _infer_types(proto, input_shapes)
+    types = _infer_types(proto, None)
     inits = {t.name for t in graph.initializer}
     consts: dict[str, np.ndarray] = {}
     for t in graph.initializer:
@@ -315,14 +332,15 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
         elem, shape = types[name]
         if elem != TensorProto.FLOAT:
             raise UnsupportedModelError(f"input {name!r} has dtype {_dtype_name(elem)}; felixjax supports float32 "
-                                        f"tensors only")
+                                        f"tensors only (pin a non-float input to a value with "
+                                        f"load_onnx(..., input_values={{{name!r}: ...}}))")
         if shape is None or any(not isinstance(d, int) for d in shape):
-            raise UnsupportedModelError(
-                f"input {name!r} has a dynamic shape {_show_shape(shape)}; felixjax needs static shapes: "
-                f"pin it with load_onnx(..., input_shapes={{{name!r}: (...)}})")
+            raise UnsupportedModelError(f"input {name!r} has a dynamic shape {_show_shape(shape)}; felixjax needs "
+                                        f"static shapes: {fix_hint(name, shape)}")
         if 0 in shape:
             raise UnsupportedModelError(f"input {name!r} has a zero-sized dimension {shape}; empty tensors are not "
                                         f"supported")
+        _check_size("model input", name, shape)
         shapes[name] = shape
 
     nodes: list[Node] = []
@@ -330,6 +348,9 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for index, onode in enumerate(graph.node):
         ctx = _Ctx(onode, index, opset, consts, types, shapes, taken, read)
+        for o in ctx.outputs:  # inferred sizes, before the importer or folding allocates anything
+            if o and (s := ctx.static_shape(o)) is not None:
+                _check_size(f"node {ctx.name!r} (op {ctx.op})", o, s)
         for node in _IMPORTERS[onode.op_type](ctx):
             if all(i == "" or i in consts for i in node.inputs):  # fold now: later parameters may need it
                 outs = evaluate(node, [consts[i] if i else None for i in node.inputs],
@@ -358,6 +379,36 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
         if out.name not in shapes:
             raise UnsupportedModelError(f"output {out.name!r} is not produced by any node")
     return Graph(tuple(nodes), inputs, tuple(o.name for o in graph.output), shapes, constants), opset
+
+
+def _check_size(what: str, value: str, shape: Sequence[int]) -> None:
+    """Refuse a value whose shape is negative (ModelFormatError) or too large for ``codegen.limits``
+    (SizeLimitError: the value, its size, the limit and how to raise it), before anything allocates it."""
+    if any(d < 0 for d in shape):
+        raise ModelFormatError(f"{what}: {value!r} has a negative dimension {tuple(shape)}")
+    check_buffers([(f"{value!r}", shape)], what=what)
+
+
+def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None,
+                  input_values: Mapping[str, Any] | None) -> None:
+    """Refuse, before any work, an input that is dynamic and not pinned or not float and not given a value."""
+    inits = {t.name for t in proto.graph.initializer}
+    pinned, values = set(input_shapes or ()), set(input_values or ())
+    for vi in proto.graph.input:
+        if vi.name in inits or vi.name in values or not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if tt.elem_type != TensorProto.FLOAT:
+            raise UnsupportedModelError(
+                f"input {vi.name!r} has dtype {_dtype_name(tt.elem_type)}; felixjax runs float32 tensors only: pin "
+                f"this input to a value with load_onnx(..., input_values={{{vi.name!r}: ...}})")
+        if vi.name in pinned:
+            continue
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) \
+            if tt.HasField("shape") else None
+        if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape):
+            raise UnsupportedModelError(f"input {vi.name!r} has a dynamic shape {_show_shape(shape)}; felixjax needs "
+                                        f"static shapes: {fix_hint(vi.name, shape)}")
 
 
 def _dtype_name(elem: int) -> str:

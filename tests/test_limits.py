@@ -107,3 +107,43 @@ def test_space_on_large_prime_extent_fast():
     sp = Space(task, sketches_for(task)[0], Target.cpu())
     sp.validate(default_config(sp))
     assert time.perf_counter() - t0 < 1.0
+
+
+# ---- the ONNX import path ------------------------------------------------------------------------
+
+def _onnx_model(op, x_shape, y_shape, w_shape=None):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))
+    inits = []
+    if op == "Conv":
+        inits = [numpy_helper.from_array(np.ones(w_shape, np.float32), "w")]
+        node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    else:
+        node = helper.make_node(op, ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def test_huge_onnx_input_refused_fast():
+    from felixjax import load_onnx
+
+    data = _onnx_model("Relu", (1, 3, 10**6, 10**6), (1, 3, 10**6, 10**6))
+    msg = _fast(lambda: load_onnx(data))
+    assert "'x'" in msg and "(1, 3, 1000000, 1000000)" in msg and "FELIXJAX_MAX_BUFFER_BYTES" in msg
+
+
+def test_huge_onnx_intermediate_and_flops_refused():
+    from felixjax import load_onnx
+
+    # the input fits, the convolution's output (1 x 2^16 x 1000 x 1000 floats) does not
+    data = _onnx_model("Conv", (1, 3, 1000, 1000), (1, 2**16, 1000, 1000), (2**16, 3, 3, 3))
+    msg = _fast(lambda: load_onnx(data, limits={"max_buffer_bytes": 2**30}))
+    assert "node 'Conv_0' (op Conv)" in msg and "'y'" in msg
+    # buffers fit, FLOPs do not: refused, not silently left to the numpy executor
+    data = _onnx_model("Conv", (1, 64, 512, 512), (1, 64, 512, 512), (64, 64, 3, 3))
+    msg = _fast(lambda: load_onnx(data, limits={"max_flops": 1e9}))
+    assert "FLOPs" in msg
+    assert len(load_onnx(data).tasks) == 1
