@@ -1,0 +1,282 @@
+"""Emission of the whole-network C file: the tuned kernels, one function per cheap-op step, the entry
+points (run, run_with, time_with, profile_with, set_threads), the header and the weights blob."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..render_c import _Writer, render_kernel
+from .cheap_ops import _PRELUDE, _RENDERERS, CHEAP_OPS, _Ctx
+from .memory import ALIGN, MemoryPlan, _aligned_zeros, plan_memory
+from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value
+
+
+# ----------------------------------------------------------------------------------------------
+# Emission of the whole file
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class NetSource:
+    """A generated whole-network build: C source, header, weights blob and memory plan.
+
+    Attributes:
+        source: ``model.c`` (self-contained).
+        header: ``model.h`` (the C interface, sizes as macros).
+        weights: the float32 weights blob ``fj_model_init`` takes (``weights.bin``).
+        memory: the static memory plan.
+        input_shapes, output_shapes: in entry-point order.
+        kernels: number of distinct tuned kernel functions.
+    """
+
+    source: str
+    header: str
+    weights: np.ndarray
+    memory: MemoryPlan
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    kernels: int
+    steps: int
+
+    @property
+    def arena_bytes(self) -> int:
+        return 4 * self.memory.arena_floats
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 * self.memory.weight_floats
+
+
+def _check_step(step: Step, values: Sequence[Value]) -> None:
+    if step.op == "kernel":
+        if step.plan is None:
+            raise NetBuildError(f"{step.where()}: a kernel step needs a plan")
+        task = step.plan.space.task
+        shapes = task.input_shapes()
+        if len(step.inputs) != len(shapes) or any(i is None for i in step.inputs):
+            raise NetBuildError(f"{step.where()}: takes {len(shapes)} inputs (data, weight[, bias][, residual])")
+        for k, (i, s) in enumerate(zip(step.inputs, shapes)):
+            if values[i].size != math.prod(s):
+                raise NetBuildError(f"{step.where()}: input {k} has {values[i].size} elements, the task "
+                                    f"expects shape {s}")
+        if len(step.outputs) != 1 or step.outputs[0] is None or values[step.outputs[0]].size != math.prod(
+                task.output_shape):
+            raise NetBuildError(f"{step.where()}: one output of shape {task.output_shape} expected")
+        return
+    if step.op not in _RENDERERS:
+        raise NetBuildError(f"{step.where()}: op {step.op!r} has no C implementation; supported: "
+                            f"{', '.join(CHEAP_OPS)}")
+    if not step.outputs or step.outputs[0] is None:
+        raise NetBuildError(f"{step.where()}: the first output is required")
+
+
+def emit(spec: NetSpec) -> NetSource:
+    """Generate the C source, header and weights blob of a network (see the module docstring).
+
+    Raises:
+        NetBuildError: a malformed spec or an op / attribute the C build does not implement.
+    """
+    values = spec.values
+    for v in values:
+        if v.kind not in VALUE_KINDS:
+            raise NetBuildError(f"value kind {v.kind!r}; expected one of {VALUE_KINDS}")
+        if v.kind == "const" and (v.data is None or np.asarray(v.data).size != v.size):
+            raise NetBuildError(f"constant of shape {v.shape} has no data of that size")
+    for step in spec.steps:
+        _check_step(step, values)
+    mem = plan_memory(spec)
+
+    # weights blob
+    blob = _aligned_zeros(mem.weight_floats)
+    for (v, s), off in mem.packed.items():
+        plan = spec.steps[s].plan
+        wshape = plan.space.task.input_shapes()[1]
+        packed = plan.pack_weight(np.asarray(values[v].data, dtype=np.float32).reshape(wshape))
+        blob[off: off + packed.size] = packed
+    for v, (kind, off) in mem.where.items():
+        if kind == "const":
+            data = np.asarray(values[v].data, dtype=np.float32).reshape(-1)
+            blob[off: off + data.size] = data
+
+    blob.flags.writeable = False
+
+    def ref(v: int) -> str:
+        kind, x = mem.where[mem.root(v)]
+        return {"input": f"in[{x}]", "output": f"out[{x}]", "const": f"(W + {x})", "arena": f"(A + {x})"}[kind]
+
+    w = _Writer()
+    n_kernels = 0
+    w("/* felixjax whole-network build (generated: do not edit).")
+    w(f" * {len(spec.steps)} steps, arena {mem.arena_floats} floats, weights {mem.weight_floats} floats. */")
+    w(_PRELUDE.rstrip("\n"))
+    w()
+    # tuned kernels, one function per distinct (task, config)
+    kernel_names: dict[tuple[str, str], str] = {}
+    for step in spec.steps:
+        if step.op != "kernel":
+            continue
+        key = (step.plan.space.task.key, step.plan.config.dumps())
+        if key in kernel_names:
+            continue
+        name = kernel_names[key] = f"fj_k{len(kernel_names)}"
+        w(f"/* kernel {name}: {step.plan.space.task.name}, sketch {step.plan.config.sketch} */")
+        render_kernel(step.plan, w, name=name, static=True, local_types=True)
+        w()
+    n_kernels = len(kernel_names)
+    # cheap ops, one function per step
+    calls: list[str] = []
+    for s, step in enumerate(spec.steps):
+        if step.op == "kernel":
+            name = kernel_names[(step.plan.space.task.key, step.plan.config.dumps())]
+            args = [f"(float*){ref(step.inputs[0])}", f"(float*)(W + {mem.packed[(step.inputs[1], s)]})"]
+            args += [f"(float*){ref(i)}" for i in step.inputs[2:]]
+            args.append(ref(step.outputs[0]))
+            args.append(f"(A + {mem.scratch[s]})" if s in mem.scratch else "NULL")
+            calls.append(f"{{ float* b[] = {{{', '.join(args)}}}; {name}(b); }}  /* {step.plan.space.task.name} */")
+            continue
+        if step.op == "Reshape" and mem.where[step.outputs[0]][0] == "alias":
+            calls.append(f"/* step {s}: Reshape (aliases its input) */")
+            continue
+        ins = [i for i in step.inputs]
+        c = _Ctx(step, [values[i].shape if i is not None else None for i in ins],
+                 [values[o].shape if o is not None else None for o in step.outputs],
+                 [f"x{k}" if i is not None else None for k, i in enumerate(ins)],
+                 [f"y{k}" if o is not None else None for k, o in enumerate(step.outputs)],
+                 [np.asarray(values[i].data) if i is not None and values[i].kind == "const" else None for i in ins])
+        params = [f"const float* restrict x{k}" for k, i in enumerate(ins) if i is not None]
+        params += [f"float* restrict y{k}" for k, o in enumerate(step.outputs) if o is not None]
+        params.append("float* restrict ws")
+        w(f"/* step {s}: {step.op} */")
+        w.open(f"static void fj_s{s}({', '.join(params)})")
+        w(" ".join(f"(void){p.split()[-1]};" for p in params))
+        _RENDERERS[step.op](c, w)
+        w.close()
+        w()
+        args = [ref(i) for i in ins if i is not None]
+        args += [ref(o) for o in step.outputs if o is not None]
+        args.append(f"(A + {mem.scratch[s]})" if s in mem.scratch else "NULL")
+        calls.append(f"fj_s{s}({', '.join(args)});")
+    copies = [f"memcpy(out[{j}], {ref(v)}, {4 * values[v].size});" for j, v in mem.copies]
+
+    arena_decl = max(mem.arena_floats, ALIGN)
+    w(f"static float fj_arena[{arena_decl}] __attribute__((aligned(64)));")
+    w("static const float* fj_weights;")
+    w("static int fj_ready;")
+    w()
+    w("long fj_model_arena_floats(void) { return %dL; }" % mem.arena_floats)
+    w()
+    w.open("int fj_model_run_with(const float* weights, float* arena, const float* const* in, float* const* out)")
+    w("const float* W = weights;")
+    w("float* A = arena;")
+    w("(void)W; (void)A; (void)in;")
+    for line in calls + copies:
+        w(line)
+    w("return 0;")
+    w.close()
+    w()
+    w.open("int fj_model_init(const float* weights)")
+    w(f"if (!weights && {mem.weight_floats}L > 0) return 1;")
+    w("fj_weights = weights;")
+    w("fj_ready = 1;")
+    w("return 0;")
+    w.close()
+    w()
+    w.open("int fj_model_run(const float* const* inputs, float* const* outputs)")
+    w("if (!fj_ready) return 1;")
+    w("return fj_model_run_with(fj_weights, fj_arena, inputs, outputs);")
+    w.close()
+    w()
+    w.open("double fj_model_time_with(const float* weights, float* arena, const float* const* inputs, "
+           "float* const* outputs, long number)")
+    w("int (*volatile run)(const float*, float*, const float* const*, float* const*) = fj_model_run_with;")
+    w("struct timespec t0, t1;")
+    w("clock_gettime(CLOCK_MONOTONIC, &t0);")
+    w("for (long i = 0; i < number; ++i) { run(weights, arena, inputs, outputs); "
+      "__asm__ __volatile__(\"\" ::: \"memory\"); }")
+    w("clock_gettime(CLOCK_MONOTONIC, &t1);")
+    w("return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);")
+    w.close()
+    w()
+    w.open("void fj_model_profile_with(const float* weights, float* arena, const float* const* in, float* const* out, "
+           "double* seconds)")
+    w("/* one run with every step timed (seconds[k] += time of step k): where the time goes */")
+    w("const float* W = weights;")
+    w("float* A = arena;")
+    w("(void)W; (void)A; (void)in;")
+    w("struct timespec t0, t1;")
+    for k, line in enumerate(calls):
+        w(f"clock_gettime(CLOCK_MONOTONIC, &t0); {line}")
+        w(f"clock_gettime(CLOCK_MONOTONIC, &t1); seconds[{k}] += (double)(t1.tv_sec - t0.tv_sec) + "
+          "1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);")
+    for line in copies:
+        w(line)
+    w.close()
+    w()
+    w.open("void fj_model_set_threads(int n)")
+    w("#ifdef _OPENMP")
+    w("if (n > 0) omp_set_num_threads(n);")
+    w("#else")
+    w("(void)n;")
+    w("#endif")
+    w.close()
+
+    in_shapes = tuple(values[v].shape for v in spec.inputs)
+    out_shapes = tuple(values[v].shape for v in spec.outputs)
+    return NetSource(w.text(), _header(in_shapes, out_shapes, mem), blob, mem, in_shapes, out_shapes, n_kernels,
+                     len(spec.steps))
+
+
+def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:
+    def arr(shapes) -> str:
+        return ", ".join(f"{math.prod(s)}L" for s in shapes) or "0L"
+
+    def shape_lines(kind: str, shapes) -> list[str]:
+        return [f" *   {kind} {k}: float32 {' x '.join(map(str, s)) or 'scalar'} (row-major)"
+                for k, s in enumerate(shapes)]
+
+    lines = [
+        "/* felixjax whole-network build: the C interface (generated: do not edit).",
+        " *",
+        *shape_lines("input", in_shapes),
+        *shape_lines("output", out_shapes),
+        " *",
+        " * weights.bin holds FJ_MODEL_WEIGHT_FLOATS little-endian float32 values: pass them to fj_model_init",
+        " * (the pointer is kept, not copied). fj_model_run uses a static arena: one call at a time; use",
+        " * fj_model_run_with and an arena of fj_model_arena_floats() floats (64-byte aligned) per thread",
+        " * for concurrent calls. Input and output buffers must not overlap. All functions return 0 on success.",
+        " */",
+        "#ifndef FJ_MODEL_H",
+        "#define FJ_MODEL_H",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+        f"#define FJ_MODEL_NUM_INPUTS {len(in_shapes)}",
+        f"#define FJ_MODEL_NUM_OUTPUTS {len(out_shapes)}",
+        f"#define FJ_MODEL_WEIGHT_FLOATS {mem.weight_floats}L",
+        f"#define FJ_MODEL_ARENA_FLOATS {mem.arena_floats}L",
+        f"static const long fj_model_input_floats[] = {{{arr(in_shapes)}}};",
+        f"static const long fj_model_output_floats[] = {{{arr(out_shapes)}}};",
+        "",
+        "int fj_model_init(const float* weights);",
+        "int fj_model_run(const float* const* inputs, float* const* outputs);",
+        "int fj_model_run_with(const float* weights, float* arena, const float* const* inputs, float* const* outputs);",
+        "double fj_model_time_with(const float* weights, float* arena, const float* const* inputs, "
+        "float* const* outputs, long number);",
+        "void fj_model_profile_with(const float* weights, float* arena, const float* const* inputs, "
+        "float* const* outputs, double* seconds);",
+        "long fj_model_arena_floats(void);",
+        "void fj_model_set_threads(int n);",
+        "",
+        "#ifdef __cplusplus",
+        "}",
+        "#endif",
+        "#endif",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading into Python and exporting

@@ -1,0 +1,118 @@
+"""Loading a generated network: compile it through the build cache and call it from Python
+(:class:`NetLibrary`: run, timeit, profile)."""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..build import DEFAULT_FLAGS, build
+from .emission import NetSource
+from .memory import _aligned_zeros
+
+
+class NetLibrary:
+    """A compiled network as a callable: ``net(inputs) -> outputs`` (lists of float32 arrays in
+    entry-point order). Holds its own weights and arena, so several instances of one library are
+    independent. Calls are serialized by the caller (one at a time per instance).
+
+    Example:
+        >>> import numpy as np
+        >>> spec = NetSpec((Value((4,), "input"), Value((4,), "temp")), (0,), (1,), (Step("Sigmoid", (0,), (1,)),))
+        >>> float(load(emit(spec))([np.zeros(4, np.float32)])[0][0])
+        0.5
+    """
+
+    def __init__(self, net: NetSource, lib_path: str, *, threads: int | None = None):
+        self.net, self.lib_path = net, lib_path
+        lib = ctypes.CDLL(lib_path)
+        pp = ctypes.POINTER(ctypes.c_void_p)
+        lib.fj_model_run_with.argtypes = [ctypes.c_void_p, ctypes.c_void_p, pp, pp]
+        lib.fj_model_run_with.restype = ctypes.c_int
+        lib.fj_model_time_with.argtypes = [ctypes.c_void_p, ctypes.c_void_p, pp, pp, ctypes.c_long]
+        lib.fj_model_time_with.restype = ctypes.c_double
+        lib.fj_model_set_threads.argtypes = [ctypes.c_int]
+        lib.fj_model_profile_with.argtypes = [ctypes.c_void_p, ctypes.c_void_p, pp, pp, ctypes.c_void_p]
+        lib.fj_model_profile_with.restype = None
+        lib.fj_model_arena_floats.restype = ctypes.c_long
+        if lib.fj_model_arena_floats() != net.memory.arena_floats:
+            raise RuntimeError(f"{lib_path} does not match its source (arena size differs)")
+        self._lib = lib
+        if net.weights.ctypes.data % 64:
+            self._weights = _aligned_zeros(net.weights.size)
+            self._weights[:] = net.weights
+        else:
+            self._weights = net.weights  # read only by the library: shared, not copied
+        self._arena = _aligned_zeros(net.memory.arena_floats)
+        self.threads = threads
+        if threads:
+            lib.fj_model_set_threads(int(threads))
+
+    def set_threads(self, n: int) -> None:
+        """OpenMP threads of the calling thread's later runs."""
+        self.threads = int(n)
+        self._lib.fj_model_set_threads(int(n))
+
+    def _pointers(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]):
+        if len(inputs) != len(self.net.input_shapes):
+            raise ValueError(f"the network takes {len(self.net.input_shapes)} inputs, got {len(inputs)}")
+        for k, (x, s) in enumerate(zip(inputs, self.net.input_shapes)):
+            if tuple(x.shape) != tuple(s) or x.dtype != np.float32 or not x.flags.c_contiguous:
+                raise ValueError(f"input {k}: expected a C-contiguous float32 array of shape {s}, got "
+                                 f"{x.dtype} {x.shape}")
+        ins = (ctypes.c_void_p * max(1, len(inputs)))(*[x.ctypes.data for x in inputs])
+        outs = (ctypes.c_void_p * max(1, len(outputs)))(*[y.ctypes.data for y in outputs])
+        return ins, outs
+
+    def new_outputs(self) -> list[np.ndarray]:
+        return [np.empty(s, dtype=np.float32) for s in self.net.output_shapes]
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        """Run once into preallocated ``outputs`` (C-contiguous float32 of the output shapes)."""
+        if self._lib is None:
+            raise RuntimeError("the library was closed")
+        ins, outs = self._pointers(inputs, outputs)
+        rc = self._lib.fj_model_run_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs)
+        if rc:
+            raise RuntimeError(f"fj_model_run_with returned {rc}")
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        inputs = [np.require(np.asarray(x, dtype=np.float32), requirements="C") for x in inputs]
+        outputs = self.new_outputs()
+        self.run(inputs, outputs)
+        return outputs
+
+    def timeit(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], number: int) -> float:
+        """Seconds for ``number`` back-to-back runs, timed in C (no Python overhead per run)."""
+        ins, outs = self._pointers(inputs, outputs)
+        return float(self._lib.fj_model_time_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
+                                                  int(number)))
+
+    def profile(self, inputs: Sequence[np.ndarray], *, number: int = 1) -> np.ndarray:
+        """Seconds per step (spec order), averaged over ``number`` runs with every step timed in C."""
+        outputs = self.new_outputs()
+        ins, outs = self._pointers([np.require(np.asarray(x, dtype=np.float32), requirements="C") for x in inputs],
+                                   outputs)
+        acc = np.zeros(self.net.steps, dtype=np.float64)
+        for _ in range(number):
+            self._lib.fj_model_profile_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
+                                            acc.ctypes.data)
+        return acc / max(1, number)
+
+    def close(self) -> None:
+        """Forget the library (ctypes never unloads it; the process keeps the mapping)."""
+        self._lib = None
+
+
+def load(net: NetSource, *, flags: Sequence[str] = DEFAULT_FLAGS, threads: int | None = None,
+         timeout_s: float = 600.0) -> NetLibrary:
+    """Compile a generated network (through the build cache) and load it.
+
+    Raises:
+        RuntimeError: the compiler failed (the message holds its first errors).
+    """
+    res = build(net.source, flags=flags, timeout_s=timeout_s)
+    if res.status != "ok":
+        raise RuntimeError(f"building the network failed ({res.status}): {res.error}")
+    return NetLibrary(net, res.lib_path, threads=threads)

@@ -1,0 +1,69 @@
+"""The neutral description of a network (values and steps) that the front end fills in, and the
+error every stage of the whole-network build raises."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..lower import Plan
+
+VALUE_KINDS = ("input", "const", "temp")
+
+
+class NetBuildError(ValueError):
+    """The spec cannot be built: an unknown op, a malformed step, an unsupported attribute value."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The neutral description
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """A tensor of the network: a graph ``input``, a ``const`` (with its float32 ``data``) or a ``temp``
+    (an intermediate or output, produced by exactly one step)."""
+
+    shape: tuple[int, ...]
+    kind: str
+    data: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """``outputs = op(inputs)``; inputs and outputs are value ids (``None`` marks an absent optional
+    input or an output nobody reads). ``plan`` is set for ``op == "kernel"``; ``label`` only appears in
+    Python error messages, never in the C source."""
+
+    op: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    plan: Plan | None = None
+    label: str = ""
+
+    def where(self) -> str:
+        return f"step {self.label or self.op!r} ({'kernel ' + self.plan.space.task.name if self.plan else self.op})"
+
+
+@dataclass(frozen=True, eq=False)
+class NetSpec:
+    """A network as values and steps (see the module docstring). ``inputs`` / ``outputs`` are value ids
+    in the order of the C entry point's arrays."""
+
+    values: tuple[Value, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    steps: tuple[Step, ...]
+
+
+# ----------------------------------------------------------------------------------------------
+# Static memory plan
+# ----------------------------------------------------------------------------------------------

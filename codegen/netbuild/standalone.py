@@ -1,0 +1,123 @@
+"""Export of a generated network as a standalone folder (model.c, model.h, main.c, Makefile,
+weights.bin, README.txt) that builds with ``make`` and nothing but a C compiler."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .emission import NetSource
+
+_MAKEFILE = """\
+# Builds the felixjax network with nothing but a C compiler: `make` (demo program and shared library).
+# Drop -fopenmp to build single-threaded; replace -march=native when cross-compiling for a board.
+CFLAGS ?= -O3 -march=native -fopenmp -ffp-contract=fast
+LDLIBS = -lm
+
+all: demo libmodel.so
+
+model.o: model.c model.h
+\t$(CC) $(CFLAGS) -std=gnu11 -fPIC -c -o $@ model.c
+
+demo: main.c model.h model.o
+\t$(CC) $(CFLAGS) -std=gnu11 -o $@ main.c model.o $(LDLIBS)
+
+libmodel.so: model.o
+\t$(CC) $(CFLAGS) -shared -o $@ model.o $(LDLIBS)
+
+clean:
+\trm -f demo libmodel.so model.o
+
+.PHONY: all clean
+"""
+
+_MAIN_C = r"""/* Demo: run the network once on inputs read from a file, write the outputs to a file.
+ *
+ *   ./demo weights.bin inputs.bin outputs.bin [repeats]
+ *
+ * inputs.bin: every input in order, raw little-endian float32, row-major; outputs.bin likewise.
+ * With repeats > 0, also prints the mean latency of that many runs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "model.h"
+
+static float* read_floats(const char* path, long count) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "cannot open %s\n", path); return NULL; }
+    float* buf = (float*)malloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+    size_t got = buf ? fread(buf, sizeof(float), (size_t)count, f) : 0;
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (!buf || got != (size_t)count || extra) {
+        fprintf(stderr, "%s: expected exactly %ld float32 values\n", path, count);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s weights.bin inputs.bin outputs.bin [repeats]\n", argv[0]);
+        return 2;
+    }
+    long n_in = 0, n_out = 0;
+    for (int k = 0; k < FJ_MODEL_NUM_INPUTS; ++k) n_in += fj_model_input_floats[k];
+    for (int k = 0; k < FJ_MODEL_NUM_OUTPUTS; ++k) n_out += fj_model_output_floats[k];
+    float* weights = read_floats(argv[1], FJ_MODEL_WEIGHT_FLOATS);
+    float* inputs = read_floats(argv[2], n_in);
+    float* outputs = (float*)malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1));
+    if (!weights || !inputs || !outputs) return 1;
+    const float* in_ptrs[FJ_MODEL_NUM_INPUTS > 0 ? FJ_MODEL_NUM_INPUTS : 1];
+    float* out_ptrs[FJ_MODEL_NUM_OUTPUTS];
+    long off = 0;
+    for (int k = 0; k < FJ_MODEL_NUM_INPUTS; ++k) { in_ptrs[k] = inputs + off; off += fj_model_input_floats[k]; }
+    off = 0;
+    for (int k = 0; k < FJ_MODEL_NUM_OUTPUTS; ++k) { out_ptrs[k] = outputs + off; off += fj_model_output_floats[k]; }
+    if (fj_model_init(weights) || fj_model_run(in_ptrs, out_ptrs)) { fprintf(stderr, "run failed\n"); return 1; }
+    long repeats = argc > 4 ? atol(argv[4]) : 0;
+    if (repeats > 0) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (long i = 0; i < repeats; ++i) fj_model_run(in_ptrs, out_ptrs);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        printf("%.6f ms per run (%ld runs)\n", 1e3 * s / (double)repeats, repeats);
+    }
+    FILE* f = fopen(argv[3], "wb");
+    if (!f || fwrite(outputs, sizeof(float), (size_t)n_out, f) != (size_t)n_out) {
+        fprintf(stderr, "cannot write %s\n", argv[3]);
+        return 1;
+    }
+    fclose(f);
+    free(weights); free(inputs); free(outputs);
+    return 0;
+}
+"""
+
+
+def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "") -> Path:
+    """Write a standalone folder: model.c, model.h, main.c (a demo reading / writing raw float32 files),
+    Makefile, weights.bin and README.txt. ``make`` in that folder builds ``demo`` and ``libmodel.so``.
+
+    Returns the folder path.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "model.c").write_text('#include "model.h"\n' + net.source)
+    (d / "model.h").write_text(net.header)
+    (d / "main.c").write_text(_MAIN_C)
+    (d / "Makefile").write_text(_MAKEFILE)
+    np.asarray(net.weights[: net.memory.weight_floats], dtype="<f4").tofile(d / "weights.bin")
+    shapes = "\n".join([f"  input {k}: {list(s)}" for k, s in enumerate(net.input_shapes)]
+                       + [f"  output {k}: {list(s)}" for k, s in enumerate(net.output_shapes)])
+    (d / "README.txt").write_text(
+        (readme.rstrip() + "\n\n" if readme else "")
+        + "A felixjax whole-network build. Build with `make` (needs only a C compiler; OpenMP optional).\n\n"
+        "  make\n  ./demo weights.bin inputs.bin outputs.bin [repeats]\n\n"
+        "inputs.bin / outputs.bin: all inputs / outputs in order, raw little-endian float32, row-major.\n"
+        f"Tensors:\n{shapes}\n\n"
+        "Link model.c into your program and see model.h for the interface (fj_model_init, fj_model_run).\n")
+    return d

@@ -1,0 +1,270 @@
+"""Building a whole model: choose each task's schedule (given, tuned, default), turn the fused graph
+into a ``codegen.netbuild.NetSpec``, compile one C library (:class:`CompiledModel`)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codegen import netbuild
+from codegen.build import DEFAULT_FLAGS
+from codegen.lower import Plan, lower
+from codegen.ops import Task
+from codegen.space import Config, Space, default_sketch
+from codegen.target import Target
+
+from .database import Database
+from .errors import UnsupportedModelError
+from .graph_passes import Graph
+from .onnx_import import Model, load_onnx
+
+
+def _as_model(model: Model | str | os.PathLike | bytes | Any) -> Model:
+    return model if isinstance(model, Model) else load_onnx(model)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule one task is built with: ``source`` is ``"tuned"`` (best database record),
+    ``"given"`` (passed in ``configs``) or ``"default"`` (``Space.default()`` of ``default_sketch``)."""
+
+    task: Task
+    weight: int
+    config: Config
+    source: str
+    latency_s: float | None = None
+    note: str = ""
+
+
+def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
+    """The neutral ``codegen.netbuild`` description of a fused graph: value ids for inputs, constants and
+    node outputs; one step per node (anchors become kernel steps with their plans).
+
+    Raises:
+        UnsupportedModelError: a node the C build cannot run (names the node and its op).
+    """
+    ids: dict[str, int] = {}
+    values: list[netbuild.Value] = []
+
+    def add(name: str, kind: str, data: np.ndarray | None = None) -> int:
+        ids[name] = len(values)
+        values.append(netbuild.Value(tuple(graph.shapes[name]) if name in graph.shapes else tuple(np.shape(data)),
+                                     kind, data))
+        return ids[name]
+
+    for name in graph.inputs:
+        add(name, "input")
+
+    def value(name: str, node_label: str) -> int | None:
+        if not name:
+            return None
+        if name not in ids:
+            if name not in graph.constants:
+                raise UnsupportedModelError(f"node {node_label!r} reads {name!r}, which nothing produces")
+            data = np.asarray(graph.constants[name])
+            if data.dtype != np.float32:
+                data = data.astype(np.float32)
+            add(name, "const", data)
+        return ids[name]
+
+    steps = []
+    for node in graph.nodes:
+        ins = tuple(value(i, node.name) for i in node.inputs)
+        outs = []
+        for o in node.outputs:
+            if not o:
+                outs.append(None)
+                continue
+            if o in ids:
+                raise UnsupportedModelError(f"node {node.name!r} ({node.op}) writes {o!r}, which already exists")
+            outs.append(add(o, "temp"))
+        if node.is_anchor:
+            steps.append(netbuild.Step("kernel", ins, tuple(outs), plan=plans[node.task], label=node.name))
+        elif node.op in netbuild.CHEAP_OPS:
+            steps.append(netbuild.Step(node.op, ins, tuple(outs), dict(node.attrs), label=node.name))
+        else:
+            raise UnsupportedModelError(f"node {node.name!r} (op {node.op}): the C build has no kernel for it; "
+                                        f"supported: {', '.join(netbuild.CHEAP_OPS)} and the anchors")
+    outputs = tuple(value(o, "graph output") for o in graph.outputs)
+    return netbuild.NetSpec(tuple(values), tuple(ids[i] for i in graph.inputs), outputs, tuple(steps))
+
+
+def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, bool]:
+    if db is None or isinstance(db, Database):
+        return db, False
+    if str(db) != ":memory:" and not os.path.exists(db):
+        raise FileNotFoundError(f"{db}: no such database")
+    return Database(db), True
+
+
+def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
+                     configs: Mapping[Task, Config] | None = None) -> list[Schedule]:
+    """The schedule of every distinct task: ``configs`` first, then the database's best record, then the
+    default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no longer lowers)."""
+    database, own = _open_db(db)
+    out = []
+    try:
+        for task, weight in model.tasks:
+            default = Space(task, default_sketch(task, target), target).default()
+            cfg, source, lat, note = default, "default", None, ""
+            rec = database.best(task, target) if database is not None else None
+            if configs and task in configs:
+                cfg, source = configs[task], "given"
+            elif rec is not None:
+                cfg, source, lat = rec.config, "tuned", rec.latency_s
+            if source != "default":
+                try:
+                    lower(Space(task, cfg.sketch, target), cfg)
+                except (ValueError, KeyError) as e:
+                    cfg, source, lat, note = default, "default", None, f"stored config rejected: {e}"
+            out.append(Schedule(task, weight, cfg, source, lat, note))
+    finally:
+        if own:
+            database.close()
+    return out
+
+
+class CompiledModel:
+    """A model compiled into one C library: ``exe(x) -> numpy``, ``exe.export(dir)``.
+
+    ``x`` is one array (single-input models), a sequence in input order or a dict by input name; the
+    result is the output array, or a list in output order when the model has several outputs.
+    """
+
+    def __init__(self, model: Model, target: Target, schedules: list[Schedule], net: netbuild.NetSource,
+                 library: netbuild.NetLibrary):
+        self.model, self.target, self.schedules = model, target, schedules
+        self.net, self.library = net, library
+
+    @property
+    def source(self) -> str:
+        """The generated C source (``model.c``)."""
+        return self.net.source
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.model.input_names
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.model.output_names
+
+    def _inputs(self, x: Any) -> list[np.ndarray]:
+        names = self.model.input_names
+        if isinstance(x, np.ndarray):
+            x = [x]
+        if isinstance(x, Mapping):
+            unknown = set(x) - set(names)
+            if unknown:
+                raise ValueError(f"unknown inputs {sorted(unknown)}; the model takes {list(names)}")
+            missing = [n for n in names if n not in x]
+            if missing:
+                raise ValueError(f"missing inputs {missing}; the model takes {list(names)}")
+            x = [x[n] for n in names]
+        x = list(x)
+        if len(x) != len(names):
+            raise ValueError(f"the model takes {len(names)} inputs {list(names)}, got {len(x)}")
+        out = []
+        for name, a, shape in zip(names, x, self.net.input_shapes):
+            a = np.require(np.asarray(a, dtype=np.float32), requirements="C")  # keeps 0-d arrays 0-d
+            if a.shape != tuple(shape):
+                raise ValueError(f"input {name!r} has shape {a.shape}, the model expects {tuple(shape)}")
+            out.append(a)
+        return out
+
+    def run(self, x: Any) -> list[np.ndarray]:
+        """All outputs, as a list in output order."""
+        return self.library(self._inputs(x))
+
+    def __call__(self, x: Any) -> np.ndarray | list[np.ndarray]:
+        outs = self.run(x)
+        return outs[0] if len(outs) == 1 else outs
+
+    def timeit(self, x: Any = None, *, number: int = 10) -> float:
+        """Seconds per run, averaged over ``number`` runs timed in C (random inputs when ``x`` is None)."""
+        if x is None:
+            rng = np.random.default_rng(0)
+            x = [rng.standard_normal(s).astype(np.float32) for s in self.net.input_shapes]
+        ins = self._inputs(x)
+        outs = self.library.new_outputs()
+        return self.library.timeit(ins, outs, number) / number
+
+    def set_threads(self, n: int) -> None:
+        """OpenMP threads of later runs (from this Python thread)."""
+        self.library.set_threads(n)
+
+    def profile(self, x: Any = None, *, number: int = 10) -> list[dict]:
+        """Where the time goes: one row per graph node (``name``, ``op``: the task name for anchors,
+        ``ms`` averaged over ``number`` runs with every step timed in C), in execution order."""
+        if x is None:
+            rng = np.random.default_rng(0)
+            x = [rng.standard_normal(s).astype(np.float32) for s in self.net.input_shapes]
+        secs = self.library.profile(self._inputs(x), number=number)
+        return [{"name": n.name, "op": n.task.name if n.is_anchor else n.op, "ms": 1e3 * float(t)}
+                for n, t in zip(self.model.graph.nodes, secs)]
+
+    def export(self, directory: str | os.PathLike) -> Path:
+        """Write a standalone folder (model.c, model.h, main.c, Makefile, weights.bin, README.txt) that
+        builds with ``make`` and only a C compiler."""
+        lines = [f"Model: {self.model.name}; inputs {list(self.model.input_names)}, outputs "
+                 f"{list(self.model.output_names)} (in this order in inputs.bin / outputs.bin).", "Schedules:"]
+        lines += [f"  {s.task.name} x{s.weight}: {s.source} ({s.config.sketch})" for s in self.schedules]
+        return netbuild.export(self.net, directory, readme="\n".join(lines))
+
+    def summary(self) -> str:
+        """Schedules, memory and code size of the build, one line each."""
+        tuned = sum(s.source != "default" for s in self.schedules)
+        lines = [f"{self.model.name}: {self.net.steps} steps, {len(self.schedules)} tasks ({tuned} tuned, "
+                 f"{len(self.schedules) - tuned} default), arena {self.net.arena_bytes / 2**20:.2f} MiB, "
+                 f"weights {self.net.weight_bytes / 2**20:.2f} MiB, {self.net.source.count(chr(10))} lines of C"]
+        for s in self.schedules:
+            lat = f", {s.latency_s * 1e3:.4f} ms measured" if s.latency_s is not None else ""
+            lines.append(f"  {s.task.name} x{s.weight}: {s.source} {s.config.sketch}{lat}"
+                         + (f" ({s.note})" if s.note else ""))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        tuned = sum(s.source != "default" for s in self.schedules)
+        return f"CompiledModel({self.model.name}, {len(self.schedules)} tasks, {tuned} tuned)"
+
+
+def build_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *,
+                db: str | os.PathLike | Database | None = None, configs: Mapping[Task, Config] | None = None,
+                threads: int | None = None, flags: Sequence[str] = DEFAULT_FLAGS) -> CompiledModel:
+    """Compile a whole model into one C library from the best schedule of each task.
+
+    Args:
+        model: a :class:`~felixjax.onnx_import.Model` or anything :func:`~felixjax.load_onnx` reads.
+        target: the machine the schedules are for (default ``Target.cpu()``).
+        db: a tuning database (path or :class:`Database`): each task's best record on ``target``.
+        configs: explicit configs per task (override the database).
+        threads: OpenMP threads of the compiled model (default: the target's cores).
+        flags: compiler flags (a shared library).
+
+    Raises:
+        UnsupportedModelError: a node the C build cannot run.
+        FileNotFoundError: ``db`` names a file that does not exist.
+        RuntimeError: the compiler failed.
+
+    Example:
+        >>> import numpy as np, felixjax as fj
+        >>> from felixjax.network import build_model
+        >>> exe = build_model(fj.zoo.make_model("resnet18", dataset="cifar10"))
+        >>> exe(np.zeros((1, 3, 32, 32), np.float32)).shape
+        (1, 10)
+    """
+    model = _as_model(model)
+    target = target or Target.cpu()
+    schedules = choose_schedules(model, target, db=db, configs=configs)
+    plans = {s.task: lower(Space(s.task, s.config.sketch, target), s.config) for s in schedules}
+    spec = graph_to_spec(model.graph, plans)
+    try:
+        net = netbuild.emit(spec)
+    except netbuild.NetBuildError as e:
+        raise UnsupportedModelError(str(e)) from None
+    library = netbuild.load(net, flags=flags, threads=threads or target.cores)
+    return CompiledModel(model, target, schedules, net, library)

@@ -1,0 +1,61 @@
+"""Command-line glue of the whole-network commands (``felixjax tune model.onnx``, ``felixjax build``)."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from codegen.target import Target
+
+from .onnx_import import load_onnx
+from .network_build import build_model
+from .network_tune import _round_progress, tune_model
+from .ort_compare import compare_onnxruntime
+
+
+def tune_model_cli(args: Any, target: Target) -> int:
+    """``felixjax tune model.onnx --trials N --db runs.db``: tune, print the summary table, build the
+    model and (unless ``--no-compare``) check and time it against onnxruntime."""
+    from .strategies.base import cost_model_options
+
+    model = load_onnx(args.model)
+    if not model.tasks:
+        print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
+        return 0
+    print(f"{model.name}: {len(model.tasks)} tasks, {sum(w for _, w in model.tasks)} anchor ops; budget "
+          f"{args.trials} trials ({args.strategy})", file=sys.stderr, flush=True)
+    res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
+                     seconds=args.seconds, threads=args.threads, progress=_round_progress,
+                     strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)))
+    print(res.table())
+    print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
+    exe = res.build(threads=args.threads)
+    if getattr(args, "show_source", False):
+        print(exe.source)
+    if not getattr(args, "no_compare", False):
+        cmp = compare_onnxruntime(exe, args.model, threads=args.threads or target.cores)
+        print(f"end to end ({cmp['threads']} threads): felixjax {cmp['felixjax_ms']:.3f} ms, onnxruntime "
+              f"{cmp['onnxruntime_ms']:.3f} ms (x{cmp['speedup']:.2f}); outputs agree to "
+              f"{cmp['max_rel_err']:.1e}")
+    return 0
+
+
+def build_model_cli(args: Any, target: Target) -> int:
+    """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
+    the library against the numpy reference on a random input, export the standalone folder."""
+    model = load_onnx(args.model)
+    exe = build_model(model, target, db=args.db, threads=args.threads)
+    rng = np.random.default_rng(0)
+    x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]
+    if not args.no_check:
+        ref = model.run_numpy(x)
+        ref = ref if isinstance(ref, list) else [ref]
+        for k, (y, r) in enumerate(zip(exe.run(x), ref)):
+            e = float(np.abs(y - r).max()) / max(float(np.abs(r).max()), 1e-30)
+            if not e <= 1e-3:
+                raise RuntimeError(f"output {k} of the build differs from the numpy reference ({e:.2g})")
+    out = exe.export(args.output)
+    print(exe.summary())
+    print(f"wrote {out}/ (model.c, model.h, main.c, Makefile, weights.bin, README.txt); build it with `make -C {out}`")
+    return 0
