@@ -9,15 +9,26 @@ Example:
     >>> db = fj.Database(os.path.join(tempfile.mkdtemp(), "runs.db"))
     >>> len(db)
     0
+
+Trust (issue 12): a file is opened only when it is a felixjax database: it carries the felixjax
+``application_id`` (``user_version`` is the schema version), or it has exactly the ``records`` and
+``meta`` tables of a database written before the marker existed (then it is stamped). Anything else
+(another application's SQLite file, a non-SQLite file) is refused before a byte is written; a file
+that fails ``PRAGMA quick_check`` is refused as corrupted. ``Database(path, readonly=True)`` reads a
+read-only file; writes wait out another process's lock (busy timeout plus retries with backoff).
+Pending configurations are claimed in a ``claims`` table (never counted as records) so that tuners
+sharing a database and a run do not measure the same configuration twice.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -25,6 +36,13 @@ from codegen.measure import MeasureResult
 from codegen.ops import Task
 from codegen.space import Config
 from codegen.target import Target
+
+from .errors import DatabaseError
+
+#: ``PRAGMA application_id`` of every felixjax database ("FJAX").
+APPLICATION_ID = 0x464A4158
+#: ``PRAGMA user_version``: the schema version this code writes (0 = unmarked, written before the marker).
+SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -49,6 +67,17 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_task ON records (task_key, target_key, run);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS claims (
+    task_key TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    run TEXT NOT NULL,
+    config TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (task_key, target_key, run, config)
+);
 """
 
 _COLUMNS = ("task_key", "target_key", "run", "trial", "sketch", "config", "status", "latency", "latencies",
@@ -117,32 +146,246 @@ def _target_key(target: Target | str) -> str:
     return target if isinstance(target, str) else target.key
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_KNOWN_TABLES = {"records", "meta", "claims", "sqlite_sequence"}
+_CORRUPT_HINTS = ("malformed", "not a database", "corrupt", "disk image")
+_BUSY_HINTS = ("locked", "busy")
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # another user's live process (or we cannot tell): keep its claims
+    return True
+
+
+def _writable(path: str) -> bool:
+    """Whether this process may write the database file and create its journal files beside it."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _uri(path: str, **params: str) -> str:
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + urllib.parse.urlencode(params)
+
+
+def _header(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(100)
+
+
+def _corrupted(path: str, why: str) -> DatabaseError:
+    why = " ".join(str(why).split())[:200]
+    return DatabaseError(f"{path}: corrupted felixjax database ({why}); refusing to use it: restore a backup, or "
+                         f"export what is still readable with the sqlite3 shell's .recover")
+
+
+def _readonly_error(path: str) -> DatabaseError:
+    return DatabaseError(f"{path}: the database is read-only (no write permission on the file or its folder); "
+                         f"reading commands (report, build, pretrain) work, writing (tune, compare) needs a writable "
+                         f"copy")
+
+
+def _inspect(path: str, timeout: float) -> int:
+    """Check an existing file without writing to it; returns its ``user_version`` (0: unmarked, to stamp).
+
+    Raises `DatabaseError` for a non-SQLite file, another application's SQLite file, a newer schema or a
+    corrupted database."""
+    try:
+        head = _header(path)
+    except IsADirectoryError:
+        raise DatabaseError(f"{path}: is a folder, not a felixjax database") from None
+    except PermissionError:
+        raise DatabaseError(f"{path}: cannot read the database (permission denied)") from None
+    if not head:
+        return 0  # an empty file: SQLite treats it as a new database
+    if len(head) < 100 or not head.startswith(_SQLITE_MAGIC):
+        raise DatabaseError(f"{path}: not a felixjax database (not an SQLite file, or its header is corrupted); "
+                            f"left untouched")
+    app_id = int.from_bytes(head[68:72], "big", signed=True)
+    if app_id not in (0, APPLICATION_ID):
+        raise DatabaseError(f"{path}: not a felixjax database (SQLite application_id {app_id & 0xFFFFFFFF:#010x} "
+                            f"belongs to another application); left untouched")
+    # A WAL-mode file without a -wal file is closed by everyone: read it as immutable so that
+    # inspecting it creates no -shm/-wal files either; otherwise read it through its WAL.
+    wal = head[18] == 2 and head[19] == 2
+    params = {"mode": "ro"}
+    if wal and not os.path.exists(path + "-wal"):
+        params["immutable"] = "1"
+    try:
+        conn = sqlite3.connect(_uri(path, **params), uri=True, timeout=timeout, isolation_level=None,
+                               check_same_thread=False)
+    except sqlite3.Error as e:
+        raise DatabaseError(f"{path}: cannot open the database ({e})") from None
+    try:
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}
+                       for t in ("records", "meta", "claims") if t in tables}
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and any(h in str(e).lower() for h in _BUSY_HINTS):
+                raise DatabaseError(f"{path}: the database stayed locked by another process ({e})") from None
+            raise _corrupted(path, e) from None
+        if app_id == APPLICATION_ID:
+            if version > SCHEMA_VERSION:
+                raise DatabaseError(f"{path}: written by a newer felixjax (schema {version}; this one reads up to "
+                                    f"{SCHEMA_VERSION}): upgrade felixjax")
+        elif tables:  # unmarked: a database of the previous version, recognized by its schema
+            foreign = sorted(tables - _KNOWN_TABLES)
+            if foreign or not {"records", "meta"} <= tables:
+                shown = ", ".join(sorted(tables - {"sqlite_sequence"})[:6])
+                raise DatabaseError(f"{path}: not a felixjax database (an SQLite file with other tables: {shown}); "
+                                    f"left untouched")
+            if not set(("id",) + _COLUMNS) <= columns["records"] or columns["meta"] != {"key", "value"}:
+                raise DatabaseError(f"{path}: not a felixjax database (its records/meta tables have other columns); "
+                                    f"left untouched")
+        try:
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+        except sqlite3.DatabaseError as e:
+            raise _corrupted(path, e) from None
+        if problems != ["ok"]:
+            raise _corrupted(path, "quick_check: " + "; ".join(problems))
+        return version if app_id == APPLICATION_ID else 0
+    finally:
+        conn.close()
+
+
 class Database:
-    """SQLite store of tuning records; safe to open from several threads of one process.
+    """SQLite store of tuning records; safe to open from several threads of one process and from
+    several processes at once (claims keep concurrent tuners of one run off each other's configs).
 
     Args:
         path: database file (created if missing). ``":memory:"`` works for tests.
+        readonly: open an existing file for reading only (``mode=ro``): works on read-only files and
+            folders; every write raises `~felixjax.errors.DatabaseError`.
+        timeout_s: how long a read or write waits for another process's lock (SQLite busy timeout plus
+            retries with exponential backoff) before `DatabaseError` says the database is locked.
+
+    Raises:
+        felixjax.errors.DatabaseError: the file is not a felixjax database (left untouched), is
+            corrupted, is read-only while ``readonly`` is false, or stays locked past ``timeout_s``.
+        FileNotFoundError: ``readonly`` and there is no such file.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, readonly: bool = False, *, timeout_s: float = 60.0):
         self.path = os.fspath(path)
-        if self.path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+        self.readonly = bool(readonly)
+        self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        memory = self.path == ":memory:" or self.path.startswith("file::memory:")
+        busy = min(5.0, self.timeout_s)
+        exists = not memory and os.path.exists(self.path)
+        if self.readonly and not memory and not exists:
+            raise FileNotFoundError(f"{self.path}: no such database")
+        version = _inspect(self.path, busy) if exists else 0
+        if self.readonly:
+            if memory:
+                self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self._run(lambda c: c.executescript(_SCHEMA), write=False)
+                return
+            self._conn = self._connect_ro(busy)
+            return
+        if not memory:
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+            except OSError as e:
+                raise DatabaseError(f"{self.path}: cannot create the database's folder ({e.strerror})") from None
+            if not _writable(self.path):
+                raise _readonly_error(self.path)
         try:
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as e:
-            raise ValueError(f"{self.path}: not a felixjax database ({e})") from None
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy)
+        except sqlite3.Error as e:
+            raise DatabaseError(f"{self.path}: cannot open the database ({e})") from None
+
+        def setup(c: sqlite3.Connection) -> None:
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("PRAGMA synchronous=NORMAL")
+            c.executescript(_SCHEMA)
+            if version < SCHEMA_VERSION:  # new, or written before the marker: stamp it
+                c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+        self._run(setup)
+
+    def _connect_ro(self, busy: float) -> sqlite3.Connection:
+        last: Exception | None = None
+        for params in ({"mode": "ro"}, {"mode": "ro", "immutable": "1"}):
+            # immutable only when plain read-only fails: a read-only folder where no -shm file can be made
+            # (and so no WAL writer can be at work either)
+            try:
+                conn = sqlite3.connect(_uri(self.path, **params), uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=busy)
+                conn.execute("SELECT COUNT(*) FROM records").fetchone()
+                return conn
+            except sqlite3.OperationalError as e:  # "unable to open" / "attempt to write a readonly database"
+                last = e
+                if any(h in str(e).lower() for h in _BUSY_HINTS):
+                    break
+        raise DatabaseError(f"{self.path}: cannot open the database for reading ({last})")
+
+    # ---- running statements: retries on contention, one-line errors -----------------------------
+    def _run(self, fn, *, write: bool = True):
+        """``fn(conn)`` under the thread lock; "database is locked" is retried with exponential backoff
+        up to ``timeout_s``; corruption and read-only files become `DatabaseError`."""
+        if self._conn is None:
+            raise DatabaseError(f"{self.path}: the database is closed")
+        if write and self.readonly:
+            raise DatabaseError(f"{self.path}: opened read-only (Database(..., readonly=True)); cannot write")
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.05
+        while True:
+            with self._lock:
+                try:
+                    return fn(self._conn)
+                except BaseException as e:
+                    if self._conn.in_transaction:
+                        try:
+                            self._conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass
+                    if not isinstance(e, sqlite3.DatabaseError):
+                        raise
+                    err = e
+            msg = str(err).lower()
+            if isinstance(err, sqlite3.OperationalError) and any(h in msg for h in _BUSY_HINTS):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DatabaseError(f"{self.path}: the database stayed locked by another process for "
+                                        f"{self.timeout_s:g} s ({err})") from None
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 2.0)
+                continue
+            if "readonly" in msg or "read-only" in msg:
+                raise _readonly_error(self.path) from None
+            if not isinstance(err, sqlite3.OperationalError) or any(h in msg for h in _CORRUPT_HINTS):
+                raise _corrupted(self.path, err) from None
+            raise err
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._run(lambda c: c.execute(sql, args).fetchall(), write=False)
 
     def __repr__(self) -> str:
         return f"Database({self.path!r}, {len(self)} records)"
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def __enter__(self) -> "Database":
         return self
@@ -151,28 +394,106 @@ class Database:
         self.close()
 
     def __len__(self) -> int:
-        with self._lock:
-            return self._conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        return self._query("SELECT COUNT(*) FROM records")[0][0]
 
     # ---- writing -------------------------------------------------------------------------------
     def add(self, rec: TuningRecord) -> TuningRecord:
-        """Insert and commit one record (a few microseconds against ~0.2 s of measuring)."""
+        """Insert and commit one record (a few microseconds against ~0.2 s of measuring); its claim, if
+        any, goes in the same transaction."""
         r = rec.result
         row = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
                r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,
                r.timestamp, rec.elapsed_s, rec.task.flops, json.dumps(rec.task.to_json(), sort_keys=True),
                json.dumps(rec.target, sort_keys=True))
-        with self._lock:
-            cur = self._conn.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
-                                     f"({', '.join('?' * len(_COLUMNS))})", row)
+
+        def insert(c: sqlite3.Connection) -> int:
+            c.execute("BEGIN IMMEDIATE")
+            cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
+                            f"({', '.join('?' * len(_COLUMNS))})", row)
+            c.execute("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
+                      row[:3] + (row[5],))
+            c.execute("COMMIT")
+            return cur.lastrowid
+
+        rowid = self._run(insert)
         return TuningRecord(rec.task, rec.target_key, rec.run, rec.trial, rec.config, rec.result, rec.elapsed_s,
-                            rec.target, cur.lastrowid)
+                            rec.target, rowid)
+
+    # ---- claims: concurrent tuners of one run measure each configuration once --------------------
+    def claim(self, task: Task, target: Target | str, run: str, configs: Iterable[Config], *,
+              owner: str | None = None, ttl_s: float = 3600.0) -> list[Config]:
+        """Atomically claim the configurations of ``configs`` that are neither measured in (task, target,
+        run) nor claimed by another live owner; returns those claimed, in their order (duplicates once).
+
+        A claim lives in the ``claims`` table (never a record: no count, history or budget sees it) until
+        :meth:`add` stores its record or :meth:`release` drops it. Claims whose process (same host) is gone,
+        or older than ``ttl_s`` seconds, are ignored and deleted. ``owner`` defaults to ``"host:pid"``;
+        re-claiming one's own configuration succeeds (and renews it).
+        """
+        owner = owner or _owner()
+        host, pid, now_s = socket.gethostname(), os.getpid(), time.time()
+        scope = (task.key, _target_key(target), run)
+        wanted = list(dict.fromkeys(configs))
+        keys = [c.dumps() for c in wanted]
+
+        def txn(c: sqlite3.Connection) -> list[Config]:
+            c.execute("BEGIN IMMEDIATE")
+            held = c.execute("SELECT config, owner, host, pid, created FROM claims WHERE task_key = ? AND "
+                             "target_key = ? AND run = ?", scope).fetchall()
+            live: dict[str, str] = {}
+            stale = []
+            for key, who, h, p, created in held:
+                if created < now_s - ttl_s or (h == host and not _pid_alive(p)):
+                    stale.append((key,))
+                else:
+                    live[key] = who
+            if stale:
+                c.executemany("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
+                              [scope + k for k in stale])
+            measured = {r[0] for r in c.execute("SELECT DISTINCT config FROM records WHERE task_key = ? AND "
+                                                "target_key = ? AND run = ?", scope)}
+            got, rows = [], []
+            for cfg, key in zip(wanted, keys):
+                if key in measured or live.get(key, owner) != owner:
+                    continue
+                got.append(cfg)
+                rows.append(scope + (key, owner, host, pid, now_s))
+            c.executemany("INSERT OR REPLACE INTO claims (task_key, target_key, run, config, owner, host, pid, "
+                          "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            c.execute("COMMIT")
+            return got
+
+        return self._run(txn)
+
+    def release(self, task: Task, target: Target | str, run: str, configs: Iterable[Config] | None = None, *,
+                owner: str | None = None) -> int:
+        """Drop ``owner``'s claims in (task, target, run): those of ``configs``, or all when ``None``;
+        returns how many were dropped."""
+        owner = owner or _owner()
+        scope = (task.key, _target_key(target), run)
+        where = "task_key = ? AND target_key = ? AND run = ? AND owner = ?"
+
+        def txn(c: sqlite3.Connection) -> int:
+            if configs is None:
+                return c.execute(f"DELETE FROM claims WHERE {where}", scope + (owner,)).rowcount
+            c.execute("BEGIN IMMEDIATE")
+            n = sum(c.execute(f"DELETE FROM claims WHERE {where} AND config = ?", scope + (owner, cfg.dumps())).rowcount
+                    for cfg in dict.fromkeys(configs))
+            c.execute("COMMIT")
+            return n
+
+        return self._run(txn)
+
+    def claims(self, task: Task | None = None, target: Target | str | None = None, *,
+               run: str | None = None) -> list[tuple[Config, str]]:
+        """The claims on record (expired ones included until a :meth:`claim` clears them): (config, owner)."""
+        where, args = self._where(task, target, run)
+        return [(Config.from_json(k), o) for k, o in
+                self._query(f"SELECT config, owner FROM claims {where} ORDER BY created, config", args)]
 
     # ---- reading -------------------------------------------------------------------------------
     def _rows(self, where: str, args: tuple, order: str = "id") -> Iterator[TuningRecord]:
-        with self._lock:
-            rows = self._conn.execute(f"SELECT id, {', '.join(_COLUMNS)} FROM records {where} ORDER BY {order}",
-                                      args).fetchall()
+        rows = self._query(f"SELECT id, {', '.join(_COLUMNS)} FROM records {where} ORDER BY {order}", args)
         tasks: dict[str, Task] = {}
         for row in rows:
             d = dict(zip(("id",) + _COLUMNS, row))
@@ -184,7 +505,7 @@ class Database:
 
     @staticmethod
     def _where(task: Task | None, target: Target | str | None, run: str | None,
-               ok_only: bool = False) -> tuple[str, tuple]:
+               ok_only: bool = False, since: int | None = None) -> tuple[str, tuple]:
         conds, args = [], []
         if task is not None:
             conds.append("task_key = ?")
@@ -197,28 +518,41 @@ class Database:
             args.append(run)
         if ok_only:
             conds.append("status = 'ok'")
+        if since is not None:
+            conds.append("id > ?")
+            args.append(int(since))
         return ("WHERE " + " AND ".join(conds) if conds else ""), tuple(args)
 
     def records(self, task: Task | None = None, target: Target | str | None = None, *,
-                run: str | None = None) -> list[TuningRecord]:
-        """Records in insertion order, optionally filtered by task, target and run."""
-        where, args = self._where(task, target, run)
+                run: str | None = None, since: int | None = None, retimes: bool = False) -> list[TuningRecord]:
+        """Records in insertion order, optionally filtered by task, target and run.
+
+        ``since``: only records whose row id (``TuningRecord.id``) is greater, e.g. those other
+        processes added after a record this one knows, or after :meth:`last_id`.
+        ``retimes``: without a ``run``, also the ``retime:<run>`` rows (a session's end-of-run
+        re-timings of its best configs, which belong to no run's history).
+        """
+        where, args = self._where(task, target, run, since=since)
+        if run is None and not retimes:
+            where = (where + " AND " if where else "WHERE ") + "run NOT LIKE 'retime:%'"
         return list(self._rows(where, args))
+
+    def last_id(self) -> int:
+        """The row id of the newest record (0 when empty): a point to pass as ``records(since=...)``."""
+        return self._query("SELECT COALESCE(MAX(id), 0) FROM records")[0][0]
 
     def best(self, task: Task, target: Target | str, *, run: str | None = None) -> TuningRecord | None:
         """The fastest correct record of a task on a target (``None`` if there is none)."""
         where, args = self._where(task, target, run, ok_only=True)
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
-    def count(self, task: Task, target: Target | str, *, run: str | None = None) -> int:
-        where, args = self._where(task, target, run)
-        with self._lock:
-            return self._conn.execute(f"SELECT COUNT(*) FROM records {where}", args).fetchone()[0]
+    def count(self, task: Task, target: Target | str, *, run: str | None = None, since: int | None = None) -> int:
+        where, args = self._where(task, target, run, since=since)
+        return self._query(f"SELECT COUNT(*) FROM records {where}", args)[0][0]
 
     def tasks(self) -> list[tuple[Task, str]]:
         """Distinct (task, target_key) pairs in the database."""
-        with self._lock:
-            rows = self._conn.execute("SELECT DISTINCT task, target_key FROM records ORDER BY id").fetchall()
+        rows = self._query("SELECT DISTINCT task, target_key FROM records ORDER BY id")
         seen, out = set(), []
         for t, k in rows:
             if (t, k) not in seen:
@@ -226,9 +560,11 @@ class Database:
                 out.append((Task.from_json(json.loads(t)), k))
         return out
 
-    def runs(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._conn.execute("SELECT DISTINCT run FROM records ORDER BY run")]
+    def runs(self, *, retimes: bool = False) -> list[str]:
+        """Names of the tuning runs (``retime:<run>`` rows, a session's end-of-run re-timings, only
+        with ``retimes=True``)."""
+        names = [r[0] for r in self._query("SELECT DISTINCT run FROM records ORDER BY run")]
+        return names if retimes else [n for n in names if not n.startswith("retime:")]
 
     # ---- sharing -------------------------------------------------------------------------------
     def export_jsonl(self, path: str | os.PathLike) -> int:
@@ -251,13 +587,11 @@ class Database:
         return n
 
     def set_meta(self, key: str, value: str) -> None:
-        with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        self._run(lambda c: c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
 
     def get_meta(self, key: str, default: str | None = None) -> str | None:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else default
 
 
 def now() -> float:

@@ -18,3 +18,9 @@ class UnsupportedModelError(ValueError):
 
 class ModelFormatError(UnsupportedModelError):
     """The file or bytes are not a valid ONNX model (malformed, truncated, missing graph or opset)."""
+
+
+class DatabaseError(ValueError):
+    """A tuning database felixjax cannot use: not a felixjax database (another application's or a
+    non-SQLite file, left untouched), corrupted, read-only for a write, or locked past the timeout.
+    The message is one line naming the file and what to do."""

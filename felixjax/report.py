@@ -86,7 +86,7 @@ def _fmt_cell(v) -> str:
 
 def report(path: str, *, plot: str | None = None) -> str:
     """The ``felixjax report`` text (and optionally a PNG of the tuning curves)."""
-    with Database(path) as db:
+    with Database(path, readonly=True) as db:
         rows = summary_rows(db)
         if not rows:
             return "(empty database)"

@@ -1,0 +1,385 @@
+"""The tuning database under bad input and sharing (issue 12): application marker and legacy databases,
+foreign / non-SQLite / corrupted files refused without writing a byte, read-only files, lock contention,
+and the claims that keep concurrent tuners of one run off each other's configurations."""
+import hashlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+import felixjax.database as fjdb
+from codegen.measure import MeasureResult
+from codegen.space import Space, sketches_for
+from felixjax.database import APPLICATION_ID, SCHEMA_VERSION, Database, TuningRecord
+from felixjax.errors import DatabaseError
+
+LEGACY = Path(__file__).parent / "data" / "legacy_v0.db"  # written by the unmarked Database of before issue 12
+TARGET = fj.Target.cpu()
+TASK = fj.ops.matmul(32, 32, 32)
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0  # root ignores file permissions
+
+
+def configs(n: int, seed: int = 0):
+    sp = Space(TASK, sketches_for(TASK)[0], TARGET)
+    rng = np.random.default_rng(seed)
+    out = list(dict.fromkeys(sp.sample(rng) for _ in range(4 * n)))[:n]
+    assert len(out) == n
+    return out
+
+
+def rec(cfg, trial=0, run="r:0", lat=1e-5):
+    return TuningRecord(TASK, TARGET.key, run, trial, cfg, MeasureResult("ok", (lat,)), 0.0)
+
+
+def snapshot(path: Path) -> tuple:
+    """Bytes and mtime of a file, and the files of its folder."""
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns, sorted(os.listdir(path.parent))
+
+
+def marker(path) -> tuple[int, int]:
+    c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return c.execute("PRAGMA application_id").fetchone()[0], c.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        c.close()
+
+
+def filled(path, n=6) -> list:
+    cs = configs(n)
+    with Database(path) as db:
+        for i, c in enumerate(cs):
+            db.add(rec(c, i))
+    return cs
+
+
+# ---- marker, legacy databases ------------------------------------------------------------------------
+def test_new_database_carries_the_marker(tmp_path):
+    Database(tmp_path / "a.db").close()
+    assert marker(tmp_path / "a.db") == (APPLICATION_ID, SCHEMA_VERSION)
+
+
+def test_legacy_database_is_read_and_stamped(tmp_path):
+    path = tmp_path / "legacy.db"
+    shutil.copy(LEGACY, path)
+    assert marker(path) == (0, 0)
+    with Database(path, readonly=True) as db:  # reading does not stamp
+        assert len(db) == 6
+    assert marker(path) == (0, 0)
+    with Database(path) as db:
+        assert len(db) == 6 and db.get_meta("created_by") == "felixjax-legacy-fixture"
+        (task, key), = db.tasks()
+        assert task.name == TASK.name and db.count(task, key, run="random:0") == 6
+        assert db.best(task, key).latency_s == pytest.approx(1e-5)
+        assert sum(r.ok for r in db.records()) == 5
+        db.add(TuningRecord(task, key, "random:0", 6, configs(8)[7], MeasureResult("ok", (2e-5,))))
+    assert marker(path) == (APPLICATION_ID, SCHEMA_VERSION)
+    with Database(path) as db:
+        assert len(db) == 7
+
+
+# ---- refusing files that are not ours, without writing a byte ---------------------------------------------
+def test_foreign_sqlite_file_is_refused_untouched(tmp_path):
+    path = tmp_path / "other.sqlite"
+    c = sqlite3.connect(path)
+    c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    c.execute("INSERT INTO users (name) VALUES ('ada')")
+    c.commit()
+    c.close()
+    before = snapshot(path)
+    for readonly in (False, True):
+        with pytest.raises(DatabaseError, match="not a felixjax database.*users") as e:
+            Database(path, readonly=readonly)
+        assert "\n" not in str(e.value)
+    assert snapshot(path) == before  # no felixjax table, no journal-mode change, no -wal/-shm file
+    c = sqlite3.connect(path)
+    assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert [r[0] for r in c.execute("SELECT name FROM sqlite_master")] == ["users"]
+    c.close()
+
+
+def test_other_application_id_is_refused_untouched(tmp_path):
+    path = tmp_path / "app.db"
+    c = sqlite3.connect(path)
+    c.execute("PRAGMA application_id = 1234")
+    c.execute("CREATE TABLE records (x)")  # even with a table of our name
+    c.commit()
+    c.close()
+    before = snapshot(path)
+    with pytest.raises(DatabaseError, match="application_id 0x000004d2"):
+        Database(path)
+    assert snapshot(path) == before
+
+
+def test_legacy_lookalike_with_other_columns_is_refused(tmp_path):
+    path = tmp_path / "look.db"
+    c = sqlite3.connect(path)
+    c.execute("CREATE TABLE records (id INTEGER PRIMARY KEY, payload TEXT)")
+    c.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    c.commit()
+    c.close()
+    before = snapshot(path)
+    with pytest.raises(DatabaseError, match="other columns"):
+        Database(path)
+    assert snapshot(path) == before
+
+
+@pytest.mark.parametrize("content", [b"hello, I am a text file\n", b"\x00" * 5000, b"SQLite format 3\x00abc"])
+def test_non_sqlite_file_is_refused_untouched(tmp_path, content):
+    path = tmp_path / "notes.db"
+    path.write_bytes(content)
+    before = snapshot(path)
+    with pytest.raises(DatabaseError, match="not a felixjax database \\(not an SQLite file"):
+        Database(path)
+    assert snapshot(path) == before
+
+
+def test_empty_file_becomes_a_database(tmp_path):
+    path = tmp_path / "empty.db"
+    path.touch()
+    with Database(path) as db:
+        assert len(db) == 0
+    assert marker(path) == (APPLICATION_ID, SCHEMA_VERSION)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "new.db"
+    Database(path).close()
+    c = sqlite3.connect(path)
+    c.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    c.close()
+    with pytest.raises(DatabaseError, match="newer felixjax"):
+        Database(path)
+
+
+# ---- corruption ------------------------------------------------------------------------------------
+def corrupt(path: Path) -> None:
+    """Overwrite the first page of the records table with garbage."""
+    c = sqlite3.connect(path)
+    page = c.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'").fetchone()[0]
+    size = c.execute("PRAGMA page_size").fetchone()[0]
+    c.close()
+    assert not Path(str(path) + "-wal").exists()
+    with open(path, "r+b") as f:
+        f.seek((page - 1) * size)
+        f.write(bytes(range(256)) * (size // 256))
+
+
+def test_corrupted_database_is_refused_for_writing_and_reading(tmp_path):
+    path = tmp_path / "bad.db"
+    filled(path, 6)
+    corrupt(path)
+    before = snapshot(path)
+    for readonly in (False, True):
+        with pytest.raises(DatabaseError, match="corrupted felixjax database") as e:
+            Database(path, readonly=readonly)
+        assert "\n" not in str(e.value)
+    assert snapshot(path) == before  # nothing written into it
+
+
+def test_tune_refuses_a_corrupted_database(tmp_path):
+    path = tmp_path / "bad.db"
+    filled(path, 6)
+    corrupt(path)
+    before = snapshot(path)
+    with pytest.raises(DatabaseError, match="corrupted"):
+        fj.tune(TASK, TARGET, "random", trials=2, db=str(path), progress=False)
+    assert snapshot(path) == before
+
+
+def test_reading_commands_give_one_line_on_a_corrupted_database(tmp_path, capsys):
+    from felixjax.cli import main as cli
+
+    path = tmp_path / "bad.db"
+    filled(path, 6)
+    corrupt(path)
+    assert cli(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "corrupted felixjax database" in err and len(err.splitlines()) == 1
+
+
+# ---- read-only files -----------------------------------------------------------------------------------
+def test_readonly_open_reads_and_refuses_writes(tmp_path):
+    path = tmp_path / "ro.db"
+    cs = filled(path, 4)
+    before = snapshot(path)
+    with Database(path, readonly=True) as db:
+        assert len(db) == 4 and [r.config for r in db.records()] == cs
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.add(rec(configs(5)[4], 4))
+        with pytest.raises(DatabaseError, match="read-only"):
+            db.claim(TASK, TARGET, "r:0", cs)
+    assert snapshot(path)[:2] == before[:2]
+    with pytest.raises(FileNotFoundError):
+        Database(tmp_path / "missing.db", readonly=True)
+
+
+def test_writing_a_readonly_file_says_read_only(tmp_path, monkeypatch):
+    path = tmp_path / "ro.db"
+    filled(path, 2)
+    monkeypatch.setattr(fjdb, "_writable", lambda p: False)  # as a non-root user sees a chmod 444 file
+    with pytest.raises(DatabaseError, match="read-only") as e:
+        Database(path)
+    assert "not a felixjax database" not in str(e.value)
+    from felixjax.report import report
+
+    assert "2 measurements" in report(str(path))  # reading commands work
+    from felixjax.pretrain import load_dataset
+
+    with pytest.raises(ValueError, match="no task with >= 16"):  # it read the 2 records, too few to train on
+        load_dataset([path])
+
+
+@pytest.mark.skipif(ROOT, reason="root ignores file permissions")
+def test_chmod_readonly_file_and_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "runs.db"
+    filled(path, 3)
+    os.chmod(path, 0o444)
+    os.chmod(folder, 0o555)
+    try:
+        with pytest.raises(DatabaseError, match="read-only"):
+            Database(path)
+        with Database(path, readonly=True) as db:
+            assert len(db) == 3
+    finally:
+        os.chmod(folder, 0o755)
+        os.chmod(path, 0o644)
+
+
+# ---- contention ----------------------------------------------------------------------------------------
+def hold_write_lock(path, seconds: float, locked: threading.Event) -> threading.Thread:
+    def hold():
+        c = sqlite3.connect(path, isolation_level=None)
+        c.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(seconds)
+        c.execute("COMMIT")
+        c.close()
+
+    th = threading.Thread(target=hold, daemon=True)
+    th.start()
+    assert locked.wait(10)
+    return th
+
+
+def test_writer_waits_out_a_six_second_lock(tmp_path):
+    path = tmp_path / "busy.db"
+    cs = filled(path, 2)
+    with Database(path) as db:
+        locked = threading.Event()
+        th = hold_write_lock(path, 6.0, locked)
+        more = configs(4)[2:]
+        for i, c in enumerate(more):  # a tuner's writes while another process holds the lock
+            db.add(rec(c, 2 + i))
+        got = db.claim(TASK, TARGET, "r:0", cs + more + configs(5)[4:])
+        th.join()
+        assert len(db) == 4 and got == configs(5)[4:]
+
+
+def test_lock_held_past_the_timeout_is_one_clear_error(tmp_path):
+    path = tmp_path / "busy.db"
+    filled(path, 1)
+    with Database(path, timeout_s=0.3) as db:
+        locked = threading.Event()
+        th = hold_write_lock(path, 1.5, locked)
+        with pytest.raises(DatabaseError, match="locked by another process"):
+            db.add(rec(configs(2)[1], 1))
+        th.join()
+        assert len(db) == 1
+
+
+# ---- claims ----------------------------------------------------------------------------------------------
+def test_claims_are_exclusive_and_not_records(tmp_path):
+    cs = configs(8)
+    with Database(tmp_path / "c.db") as db:
+        db.add(rec(cs[0], 0))  # measured: never claimable
+        a = db.claim(TASK, TARGET, "r:0", cs[:5] + cs[:2], owner="a")
+        assert a == cs[1:5]
+        assert db.claim(TASK, TARGET, "r:0", cs, owner="b") == cs[5:]
+        assert db.claim(TASK, TARGET, "r:0", cs[1:3], owner="a") == cs[1:3]  # one's own claims renew
+        assert db.claim(TASK, TARGET, "other:0", cs, owner="c") == cs  # claims are per run
+        assert len(db) == 1 and db.count(TASK, TARGET, run="r:0") == 1 and db.runs() == ["r:0"]
+        assert [r.config for r in db.records()] == [cs[0]]
+        db.add(rec(cs[1], 1))  # storing the record drops its claim
+        assert cs[1] not in {c for c, _ in db.claims(TASK, TARGET, run="r:0")}
+        assert db.release(TASK, TARGET, "r:0", [cs[2]], owner="a") == 1
+        assert db.claim(TASK, TARGET, "r:0", cs, owner="b") == [cs[2]] + cs[5:]  # and renews its own
+        assert db.release(TASK, TARGET, "r:0", owner="a") == 2  # cs[3], cs[4]
+        assert db.claim(TASK, TARGET, "r:0", cs, owner="b") == [cs[2], cs[3], cs[4]] + cs[5:]
+
+
+def test_claims_of_dead_processes_and_old_claims_expire(tmp_path):
+    path = tmp_path / "c.db"
+    cs = configs(4)
+    with Database(path) as db:
+        assert db.claim(TASK, TARGET, "r:0", cs[:2], owner="dead") == cs[:2]
+        assert db.claim(TASK, TARGET, "r:0", cs[2:], owner="old") == cs[2:]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    c = sqlite3.connect(path)
+    c.execute("UPDATE claims SET pid = ? WHERE owner = 'dead'", (dead.pid,))
+    c.execute("UPDATE claims SET created = created - 7200 WHERE owner = 'old'")
+    c.commit()
+    c.close()
+    with Database(path) as db:
+        assert db.claim(TASK, TARGET, "r:0", cs, owner="new", ttl_s=3600) == cs
+        assert {o for _, o in db.claims()} == {"new"}
+        assert db.claim(TASK, TARGET, "r:0", cs, owner="newer", ttl_s=3600) == []  # a live one holds
+
+
+def test_default_owner_is_host_and_pid(tmp_path):
+    import socket
+
+    cs = configs(2)
+    with Database(tmp_path / "c.db") as db:
+        assert db.claim(TASK, TARGET, "r:0", cs) == cs
+        assert {o for _, o in db.claims()} == {f"{socket.gethostname()}:{os.getpid()}"}
+        assert db.release(TASK, TARGET, "r:0") == 2
+
+
+def test_concurrent_claimers_split_the_configs(tmp_path):
+    path = tmp_path / "c.db"
+    Database(path).close()
+    cs = configs(40)
+    got: dict[str, list] = {}
+
+    def worker(name):
+        with Database(path) as db:
+            mine = []
+            for i in range(0, len(cs), 5):
+                mine += db.claim(TASK, TARGET, "r:0", cs[i:i + 10], owner=name)
+            got[name] = list(dict.fromkeys(mine))  # its own claims renew: count each once
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [c for mine in got.values() for c in mine]
+    assert sorted(every, key=lambda c: c.dumps()) == sorted(cs, key=lambda c: c.dumps())  # each exactly once
+
+
+def test_records_since_a_known_row(tmp_path):
+    cs = configs(5)
+    with Database(tmp_path / "s.db") as db:
+        assert db.last_id() == 0
+        first = [db.add(rec(c, i)) for i, c in enumerate(cs[:2])]
+        mark = db.last_id()
+        assert mark == first[-1].id
+        with Database(tmp_path / "s.db") as other:  # another tuner adds records
+            for i, c in enumerate(cs[2:]):
+                other.add(rec(c, 2 + i))
+        new = db.records(TASK, TARGET, run="r:0", since=mark)
+        assert [r.config for r in new] == cs[2:] and all(r.id > mark for r in new)
+        assert db.count(TASK, TARGET, run="r:0", since=mark) == 3
+        assert db.records(since=db.last_id()) == []
+        assert "id" not in new[0].to_json() and TuningRecord.from_json(new[0].to_json()) == new[0]
