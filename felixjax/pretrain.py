@@ -88,7 +88,7 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     for path in dbs:
         if not Path(path).exists():
             raise FileNotFoundError(f"no tuning database at {path}")
-        with Database(path) as db:
+        with Database(path, readonly=True) as db:
             for task, target_key in db.tasks():
                 if task.name in excluded:
                     continue
