@@ -98,7 +98,7 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
         return db, False
     if str(db) != ":memory:" and not os.path.exists(db):
         raise FileNotFoundError(f"{db}: no such database")
-    return Database(db), True
+    return Database(db, readonly=True), True  # build only reads: works on read-only files
 
 
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
