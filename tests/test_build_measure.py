@@ -233,7 +233,7 @@ def test_measure_result_json_and_latency():
     assert MeasureResult.from_json(bad.to_json()) == bad
     with pytest.raises(ValueError):
         MeasureResult("fast")
-    assert set(STATUSES) == {"ok", "compile_error", "runtime_error", "timeout", "wrong_result"}
+    assert set(STATUSES) == {"ok", "compile_error", "runtime_error", "timeout", "wrong_result", "noisy"}
 
 
 def test_timing_protocol_json_and_validation():

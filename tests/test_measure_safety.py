@@ -1,0 +1,193 @@
+"""Measurement safety (issue 12): a machine-wide measuring lock (two processes never time at once),
+disturbed measurements recorded as `noisy` (never a clean `ok`), broken timers recorded as failures."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from codegen.build import build
+from codegen.measure import (
+    TIMING_HARNESS_C,
+    LocalRunner,
+    MeasureLock,
+    MeasureResult,
+    RunRequest,
+    TimingProtocol,
+    disturbed,
+    invalid_latencies,
+    lock_path,
+)
+
+QUICK = TimingProtocol.quick()
+VADD_BODY = """
+void fj_kernel(float* const* bufs) {
+  const float* a = bufs[0]; float* out = bufs[1];
+  for (int i = 0; i < 64; ++i) out[i] = 2.0f * a[i];
+}
+"""
+X = np.arange(64, dtype=np.float32)
+
+
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path, monkeypatch):
+    """Each test's measuring lock lives in its own directory: never blocks other test sessions."""
+    monkeypatch.setenv("FELIXJAX_LOCK_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _request(lib: str | None = None, **kw) -> RunRequest:
+    return RunRequest(lib, [X], (64,), 0, 2 * X, **kw)
+
+
+def _timer(body: str) -> str:
+    """A kernel library with a planted fj_time."""
+    return ("#include <math.h>\n#include <omp.h>\n" + VADD_BODY +
+            "double fj_time(float* const* bufs, long number) {\n"
+            "  for (long i = 0; i < number; ++i) fj_kernel(bufs);\n" + body + "\n}\n"
+            "void fj_set_threads(int n) { omp_set_num_threads(n); }\n")
+
+
+# ---- broken timers --------------------------------------------------------------------------------
+
+@pytest.mark.cc
+@pytest.mark.parametrize("value", ["NAN", "INFINITY", "-1.0"])
+def test_timer_returning_nan_inf_or_negative_is_a_failed_measurement(tmp_path, value):
+    lib = build(_timer(f"return {value};"), cache_dir=tmp_path / "build")
+    assert lib.status == "ok", lib.error
+    good = build(VADD_BODY + TIMING_HARNESS_C, cache_dir=tmp_path / "build")
+    with LocalRunner(protocol=QUICK) as r:
+        res = r.run(_request(), build=lib)
+        assert res.status == "runtime_error" and "timer" in res.error, res.error
+        assert not res.ok and res.latency_s == math.inf
+        assert r.run(_request(), build=good).status in ("ok", "noisy")  # the runner keeps working
+
+
+def test_invalid_latencies_and_disturbed_checks():
+    assert invalid_latencies([1e-3, 2e-3]) is None
+    for bad in ([], [float("nan")], [1e-3, math.inf], [0.0], [-1e-3]):
+        assert invalid_latencies(bad) is not None
+    assert not disturbed(0.1, 0.099) and disturbed(0.1, 0.05) and not disturbed(0.1, 0.05, None)
+    assert not disturbed(2e-4, 1e-4)  # less than a millisecond lost: clock noise, not disturbance
+
+
+# ---- disturbed measurements -----------------------------------------------------------------------
+
+@pytest.mark.cc
+def test_descheduled_measurement_is_noisy_not_ok(tmp_path):
+    # a kernel that sleeps looks exactly like one descheduled by a busy machine: wall >> CPU time
+    sleepy = ("#include <time.h>\n" + VADD_BODY.replace(
+        "for (int i", "struct timespec ts = {0, 2000000}; nanosleep(&ts, NULL);\n  for (int i")
+        + TIMING_HARNESS_C)
+    lib = build(sleepy, cache_dir=tmp_path / "build")
+    assert lib.status == "ok", lib.error
+    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2)) as r:
+        res = r.run(_request(), build=lib)
+    assert res.status == "noisy", (res.status, res.error)
+    assert "disturbed" in res.error and "3 attempts" in res.error
+    assert not res.ok and res.latency_s == math.inf and len(res.latencies) == 2  # kept, as upper bounds
+    assert MeasureResult.from_json(json.loads(json.dumps(res.to_json()))) == res
+    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2), max_wall_cpu_ratio=None) as r:
+        assert r.run(_request(), build=lib).status == "ok"  # detection off
+
+
+def test_old_records_parse():
+    old = {"status": "ok", "latencies": [1e-3, 2e-3], "error": "", "build_s": 0.1, "run_s": 0.2,
+           "timestamp": 1.7e9}
+    r = MeasureResult.from_json(old)
+    assert r.ok and r.latency_s == 1.5e-3
+    assert MeasureResult("noisy", (1e-3,)).latency_s == math.inf
+
+
+# ---- the machine-wide measuring lock ------------------------------------------------------------
+
+def test_lock_excludes_other_holders_and_names_them(private_lock_dir):
+    a = MeasureLock("unit")
+    assert a.path == lock_path("unit") and a.path.startswith(str(private_lock_dir))
+    assert a.acquire(0.1)
+    b = MeasureLock("unit", timeout_s=0.1)
+    t0 = time.monotonic()
+    assert not b.acquire()
+    assert 0.09 < time.monotonic() - t0 < 2.0
+    assert b.describe_holder() == f"process {os.getpid()}"
+    assert MeasureLock("other-device").acquire(0.1)  # one lock per device
+    a.release()
+    assert b.acquire(1.0)  # a waiter that gave up never holds it: released means free
+    b.release()
+
+
+def test_lock_waiter_gets_it_when_released(private_lock_dir):
+    a = MeasureLock("unit")
+    assert a.acquire(0.1)
+    code = ("import sys, time; from codegen.measure import MeasureLock\n"
+            "lk = MeasureLock('unit'); t = time.monotonic(); ok = lk.acquire(20.0)\n"
+            "print(ok, time.monotonic() - t)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir)})
+    time.sleep(1.0)
+    a.release()
+    out, _ = proc.communicate(timeout=60)
+    ok, waited = out.split()
+    assert ok == "True" and float(waited) > 0.5
+
+
+@pytest.mark.cc
+def test_lock_timeout_measures_but_records_noisy(tmp_path):
+    good = build(VADD_BODY + TIMING_HARNESS_C, cache_dir=tmp_path / "build")
+    holder = MeasureLock("cpu")
+    assert holder.acquire(0.1)
+    try:
+        with LocalRunner(protocol=QUICK, lock_timeout_s=0.2) as r:
+            res = r.run(_request(), build=good)
+    finally:
+        holder.release()
+    assert res.status == "noisy" and "without the measuring lock" in res.error, res.error
+    assert f"process {os.getpid()}" in res.error
+
+
+_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    from codegen.build import build
+    from codegen.measure import LocalRunner, RunRequest, TimingProtocol, TIMING_HARNESS_C
+    me, other, out, cache = sys.argv[1:5]
+    src = '''{body}''' + TIMING_HARNESS_C
+    lib = build(src, cache_dir=cache)
+    x = np.arange(64, dtype=np.float32)
+    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2)) as r:
+        open(me, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(other) and time.monotonic() < deadline:  # start together
+            time.sleep(0.005)
+        statuses = [r.run(RunRequest(None, [x], (64,), 0, 2 * x), build=lib).status for _ in range(8)]
+        json.dump({{"intervals": list(r.lock_history), "statuses": statuses}}, open(out, "w"))
+""")
+
+
+@pytest.mark.cc
+def test_two_processes_never_measure_at_once(tmp_path, private_lock_dir):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(body=VADD_BODY))
+    build(VADD_BODY + TIMING_HARNESS_C, cache_dir=tmp_path / "build")  # compile once, before racing
+    env = {**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir), "PYTHONPATH": os.getcwd()}
+    ready = [tmp_path / "ready0", tmp_path / "ready1"]
+    outs = [tmp_path / "out0.json", tmp_path / "out1.json"]
+    procs = [subprocess.Popen([sys.executable, str(script), str(ready[i]), str(ready[1 - i]), str(outs[i]),
+                               str(tmp_path / "build")], env=env) for i in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    runs = [json.loads(o.read_text()) for o in outs]
+    a, b = ([tuple(iv) for iv in run["intervals"]] for run in runs)
+    assert len(a) == len(b) == 8
+    for s, e in a:
+        for s2, e2 in b:
+            assert e <= s2 or e2 <= s, f"measurements overlap: {(s, e)} and {(s2, e2)}"
+    # the processes did run at the same time (so the lock, not luck, kept them apart)
+    assert min(e for _, e in a) < max(e for _, e in b) and min(e for _, e in b) < max(e for _, e in a)
