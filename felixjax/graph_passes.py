@@ -72,6 +72,7 @@ import numpy as np
 from codegen import ops
 from codegen.limits import SizeLimitError
 from codegen.ops import Task
+from felixjax import graph_ops
 
 ANCHOR_OPS = ("conv2d", "dense", "matmul")
 ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
@@ -251,11 +252,6 @@ def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axis:
     return [y.astype(x.dtype), mean.astype(x.dtype), inv_std.astype(x.dtype)]
 
 
-def _pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any) -> np.ndarray:
-    crop = tuple(slice(max(0, -b), x.shape[d] - max(0, -e)) for d, (b, e) in enumerate(pads))
-    return np.pad(x[crop], [(max(0, b), max(0, e)) for b, e in pads], constant_values=value)
-
-
 def evaluate(node: Node, args: Sequence[np.ndarray | None],
              out_shapes: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
     """Numpy semantics of one canonical node: ``args`` and ``out_shapes`` follow ``node.inputs`` and
@@ -336,7 +332,10 @@ def evaluate(node: Node, args: Sequence[np.ndarray | None],
             e = np.exp(x - x.max(axis=axes, keepdims=True))
             return [(e / e.sum(axis=axes, keepdims=True)).astype(x.dtype)]
         if op == "Pad":
-            return [_pad(x, a["pads"], args[1].item())]
+            return [graph_ops.pad(x, a["pads"], args[1].item(), a.get("mode", "constant"))]
+        extra = graph_ops.evaluate_extra(op, a, args, out_shapes)
+        if extra is not None:
+            return extra
     raise ValueError(f"node {node.name!r}: no numpy semantics for op {op!r}")
 
 

@@ -37,6 +37,9 @@ from codegen.limits import override as size_limits
 from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
+from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
+from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
+from felixjax.onnx_ops import OPS as _NEW_OPS
 from felixjax.onnx_shapes import fix_hint, fold_model
 
 MIN_OPSET = 6
@@ -45,7 +48,7 @@ SUPPORTED_OPS = (
     "Erf", "BatchNormalization", "LayerNormalization", "ReduceMean", "MaxPool", "AveragePool",
     "GlobalAveragePool", "Flatten", "Reshape", "Transpose", "Concat", "Softmax", "Pad", "Identity", "Dropout",
     "Constant", "ConstantOfShape",
-)
+) + _NEW_OPS
 
 # Attributes each op may carry (any other one is refused, never ignored).
 _ATTRS: dict[str, set[str]] = {
@@ -61,6 +64,7 @@ _ATTRS: dict[str, set[str]] = {
     "Clip": {"min", "max"}, "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"},
     "ConstantOfShape": {"value"},
     **{op: {"broadcast", "axis"} for op in ("Add", "Sub", "Mul", "Div", "Pow")},
+    **_NEW_ATTRS,
 }
 
 
@@ -406,7 +410,7 @@ def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[in
             continue
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) \
             if tt.HasField("shape") else None
-        if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape):
+        if shape is None or any(not isinstance(d, int) for d in shape):
             raise UnsupportedModelError(f"input {vi.name!r} has a dynamic shape {_show_shape(shape)}; felixjax needs "
                                         f"static shapes: {fix_hint(vi.name, shape)}")
 
@@ -705,8 +709,8 @@ def _pad(ctx: _Ctx) -> list[Node]:
     x = ctx.input(0)
     rank = len(ctx.shape(x))
     mode = ctx.attrs.get("mode", "constant")
-    if mode != "constant":
-        ctx.fail(f"mode={mode!r} is not supported (supported: constant)")
+    if mode not in ("constant", "reflect", "edge"):
+        ctx.fail(f"mode={mode!r} is not supported (supported: constant, reflect, edge)")
     if ctx.opset < 11:
         pads, value = [int(p) for p in ctx.attrs.get("pads", [])], np.float32(ctx.attrs.get("value", 0.0))
         value_name = ctx.new_const("value", value)
@@ -721,7 +725,9 @@ def _pad(ctx: _Ctx) -> list[Node]:
     per_dim = [(0, 0)] * rank
     for j, axis in enumerate(axes):
         per_dim[axis] = (pads[j], pads[j + len(axes)])
-    return [_node(ctx, "Pad", [x, value_name], {"pads": tuple(per_dim)})]
+    if mode == "reflect" and any(max(b, e) >= d for (b, e), d in zip(per_dim, ctx.shape(x))):
+        ctx.fail(f"reflect pads {per_dim} must be smaller than the dims {ctx.shape(x)}")
+    return [_node(ctx, "Pad", [x, value_name], {"pads": tuple(per_dim), "mode": mode})]
 
 
 def _identity(ctx: _Ctx) -> list[Node]:
@@ -768,4 +774,5 @@ _IMPORTERS = {
     "MaxPool": _pool, "AveragePool": _pool, "GlobalAveragePool": _global_avg_pool, "Flatten": _flatten,
     "Reshape": _reshape, "Transpose": _transpose, "Concat": _concat, "Softmax": _softmax, "Pad": _pad,
     "Identity": _identity, "Dropout": _dropout, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
+    **_NEW_IMPORTERS,
 }

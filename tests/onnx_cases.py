@@ -7,10 +7,10 @@ Sources, all offline and shipped with the ``onnx`` wheel:
 - ``pytorch-converted``, ``pytorch-operator``, ``simple``: folders of model.onnx + input/output protobufs.
 
 A case enters the manifest when every node is a supported op, its data tensors are float32, and its
-convolutions / pools are 2-D. Integer or bool graph inputs that only feed *parameter* slots (Reshape's
-shape, Pad's pads and axes, ReduceMean's axes, ConstantOfShape's shape, Dropout's training_mode) are
-frozen into initializers with their test values, as a static-shape exporter would emit them; the manifest
-lists them per case. Everything else is excluded with its reason.
+convolutions / pools are 2-D. Graph inputs that only feed *parameter* slots (:data:`PARAMETER_SLOTS`:
+Reshape's shape, Pad's pads and axes, reduction axes, Slice's starts / ends / axes / steps, Gather's
+indices, Resize's roi / scales / sizes, Where's condition, ...) are frozen into initializers with their
+test values, as a static-shape exporter would emit them; the manifest lists them per case. Everything else is excluded with its reason.
 
     python tests/onnx_cases.py      # classify all cases, run the included ones, write
                                     # tests/data/onnx_node_manifest.json and docs/onnx_node_tests.md
@@ -43,8 +43,11 @@ REPORT = ROOT / "docs" / "onnx_node_tests.md"
 FILE_KINDS = ("pytorch-converted", "pytorch-operator", "simple")
 # (op, input index) slots whose value must be known at import time; int/bool graph inputs there are frozen
 PARAMETER_SLOTS = {("Reshape", 1), ("Pad", 1), ("Pad", 3), ("ReduceMean", 1), ("ConstantOfShape", 0),
-                   ("Dropout", 2)}
-SPATIAL_OPS = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool")
+                   ("Dropout", 2), ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4), ("Gather", 1),
+                   ("Expand", 1), ("Split", 1), ("Squeeze", 1), ("Unsqueeze", 1), ("ReduceSum", 1),
+                   ("ReduceMax", 1), ("ReduceMin", 1), ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1),
+                   ("Where", 0)}
+SPATIAL_OPS = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ConvTranspose", "GlobalMaxPool")
 
 
 @dataclass
@@ -117,11 +120,10 @@ def classify(case: Case) -> tuple[str | None, list[str]]:
     frozen = []
     for vi in _runtime_inputs(case.model):
         elem = vi.type.tensor_type.elem_type
-        if elem == TensorProto.FLOAT:
-            continue
         slots = [(n.op_type, k) for n in g.node for k, i in enumerate(n.input) if i == vi.name]
-        if elem in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL) and slots \
-                and all(s in PARAMETER_SLOTS for s in slots):
+        if elem == TensorProto.FLOAT and not (slots and all(s in PARAMETER_SLOTS for s in slots)):
+            continue
+        if slots and all(s in PARAMETER_SLOTS for s in slots):
             frozen.append(vi.name)
         else:
             return f"non-float32 data input {vi.name!r} ({TensorProto.DataType.Name(elem)})", []

@@ -370,17 +370,17 @@ def test_truncated_file(tmp_path):
 
 def test_unsupported_op_names_node_and_op():
     model = _model([helper.make_node("Relu", ["x"], ["r"], name="r0"),
-                    helper.make_node("LRN", ["r"], ["y"], name="lrn1", size=3)],
+                    helper.make_node("Hardmax", ["r"], ["y"], name="hm1")],
                    [_vi("x", [1, 4, 5, 5])], [_vi("y", [1, 4, 5, 5])])
-    with pytest.raises(UnsupportedModelError, match=r"node 'lrn1' \(op LRN\) is not supported.*supported ops: Conv"):
+    with pytest.raises(UnsupportedModelError, match=r"node 'hm1' \(op Hardmax\) is not supported.*supported ops: Conv"):
         load_onnx(model)
 
 
 def test_unsupported_attribute_value():
-    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad", mode="wrap")],
                    [_vi("x", [1, 1, 4, 4])], [_vi("y", [1, 1, 6, 6])],
-                   [_init("p", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))])
-    with pytest.raises(UnsupportedModelError, match=r"node 'pad' \(op Pad\): mode='reflect'.*supported: constant"):
+                   [_init("p", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], opset=19)
+    with pytest.raises(UnsupportedModelError, match=r"node 'pad' \(op Pad\): mode='wrap'.*supported: constant"):
         load_onnx(model)
 
 

@@ -1,0 +1,120 @@
+"""Numpy semantics of the canonical ops added by ``felixjax.onnx_ops`` (the reference for the C build).
+
+``felixjax.graph_passes.evaluate`` handles the core ops and asks :func:`evaluate_extra` for these.
+
+Example:
+    >>> import numpy as np
+    >>> evaluate_extra("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, [np.array([-5, 0, 5], np.float32)], None)
+    [array([0. , 0.5, 1. ], dtype=float32)]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _f32(y: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return np.asarray(y).astype(like.dtype, copy=False)
+
+
+def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        y = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    else:
+        erf = np.frompyfunc(math.erf, 1, 1)
+        y = 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)).astype(np.float64))
+    return y.astype(x.dtype)
+
+
+def lrn(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np.ndarray:
+    """ONNX LRN across channels (axis 1)."""
+    sq = x.astype(np.float64) ** 2
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    acc = np.zeros_like(sq)
+    for k in range(c):
+        acc[:, k] = sq[:, max(0, k - lo): min(c, k + hi + 1)].sum(axis=1)
+    return (x / (bias + alpha / size * acc) ** beta).astype(x.dtype)
+
+
+def resize(x: np.ndarray, taps: Sequence[tuple], extrapolation_value: float) -> np.ndarray:
+    """Separable resize: one weighted gather per resized axis, then extrapolated rows (tf_crop_and_resize)."""
+    y = x.astype(np.float64)
+    mask = None
+    for axis, index, weight, extra in taps:
+        shape = (1,) * axis + weight.shape + (1,) * (y.ndim - axis - 1)
+        y = (np.take(y, index, axis=axis) * weight.reshape(shape)).sum(axis=axis + 1)
+        if extra is not None:
+            m = extra.reshape((1,) * axis + extra.shape + (1,) * (y.ndim - axis - 1))
+            mask = m if mask is None else (mask | m)
+    if mask is not None:
+        y = np.where(mask, extrapolation_value, y)
+    return y.astype(x.dtype)
+
+
+def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = "constant") -> np.ndarray:
+    """ONNX Pad: negative pads crop first; then constant, reflect or edge padding."""
+    crop = tuple(slice(max(0, -b), x.shape[d] - max(0, -e)) for d, (b, e) in enumerate(pads))
+    widths = [(max(0, b), max(0, e)) for b, e in pads]
+    if mode == "constant":
+        return np.pad(x[crop], widths, constant_values=value)
+    return np.pad(x[crop], widths, mode=mode)
+
+
+def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | None],
+                   out_shapes: Sequence[Sequence[int]] | None) -> list[np.ndarray] | None:
+    """One output list for the ops of ``felixjax.onnx_ops``; None for an op it does not know."""
+    x = args[0] if args else None
+    if op == "Exp":
+        return [np.exp(x)]
+    if op == "Log":
+        return [np.log(x)]
+    if op == "Neg":
+        return [np.negative(x)]
+    if op == "Floor":
+        return [np.floor(x)]
+    if op == "Ceil":
+        return [np.ceil(x)]
+    if op == "Abs":
+        return [np.abs(x)]
+    if op == "Reciprocal":
+        return [_f32(1 / x, x)]
+    if op == "Softplus":
+        return [_f32(np.logaddexp(0, x.astype(np.float64)), x)]
+    if op == "HardSwish":
+        return [_f32(x * np.clip(x / np.float32(6) + np.float32(0.5), 0, 1), x)]
+    if op == "HardSigmoid":
+        return [_f32(np.clip(np.float32(a["alpha"]) * x + np.float32(a["beta"]), 0, 1), x)]
+    if op == "LeakyRelu":
+        return [_f32(np.where(x < 0, x * np.float32(a["alpha"]), x), x)]
+    if op == "Elu":
+        return [_f32(np.where(x < 0, np.float32(a["alpha"]) * np.expm1(x), x), x)]
+    if op == "Gelu":
+        return [_gelu(x, a["approximate"])]
+    if op in ("Max", "Min"):
+        f = np.maximum if op == "Max" else np.minimum
+        return [f(x, args[1]).astype(np.result_type(x, args[1]))]
+    if op == "PRelu":
+        return [_f32(np.where(x < 0, x * args[1], x), x)]
+    if op == "Where":
+        return [np.where(args[0] != 0, args[1], args[2]).astype(np.result_type(args[1], args[2]))]
+    if op == "Slice":
+        return [np.ascontiguousarray(x[tuple(slice(*s) for s in a["slices"])])]
+    if op == "Gather":
+        return [np.take(x, a["indices"], axis=a["axis"])]
+    if op == "Expand":
+        return [np.ascontiguousarray(np.broadcast_to(x, a["shape"]))]
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin"):
+        axes, keep = tuple(a["axes"]), bool(a["keepdims"])
+        if op == "ReduceSum":
+            return [np.sum(x, axis=axes, keepdims=keep, dtype=np.float64).astype(x.dtype)]
+        return [(np.max if op == "ReduceMax" else np.min)(x, axis=axes, keepdims=keep)]
+    if op == "LRN":
+        return [lrn(x, a["size"], a["alpha"], a["beta"], a["bias"])]
+    if op == "Resize":
+        return [resize(x, a["taps"], a["extrapolation_value"])]
+    return None

@@ -1,0 +1,551 @@
+"""Stage ① importers for the ops real exporters emit beyond the core set of ``felixjax.onnx_import``.
+
+Each importer takes the importer context of one ONNX node (``onnx_import._Ctx``: inputs, attributes,
+shapes, constants, ``fail``) and returns canonical nodes (see ``felixjax.graph_passes``). Several ops are
+rewritten into canonical ones the rest of the stack already runs:
+
+    Squeeze / Unsqueeze / Flatten       Reshape
+    Cast to float32 / CastLike          Identity
+    Split                               one Slice per output
+    Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
+    GlobalMaxPool                       ReduceMax over the spatial axes
+    InstanceNormalization               Reshape -> LayerNormalization -> Reshape -> ScaleShift
+    ConvTranspose                       zero insertion (Reshape, Pad, Reshape), Pad, Conv with the flipped,
+                                        transposed weights (a tunable conv2d anchor once weights are constant)
+    Upsample / Resize                   Resize with per-axis tap tables (source index, weight) computed here,
+                                        once, for every mode / coordinate_transformation_mode / nearest_mode
+
+Canonical forms added by this module (numpy semantics in ``felixjax.graph_ops``):
+
+=====================================  ==================  =============================================
+op                                     inputs              attrs
+=====================================  ==================  =============================================
+``Exp Log Neg Floor Ceil Abs``         x
+``Reciprocal HardSwish Softplus``      x
+``HardSigmoid``                        x                   alpha, beta
+``LeakyRelu Elu``                      x                   alpha
+``Gelu``                               x                   approximate ("none" | "tanh")
+``Max Min PRelu``                      a, b                (numpy broadcasting; PRelu: b is the slope)
+``Where``                              cond, a, b          (cond: a float 0/1 constant)
+``Slice``                              x                   slices: ((start, stop or None, step) per dim)
+``Gather``                             x                   axis, indices (an int64 array, >= 0)
+``Expand``                             x                   shape (the output shape)
+``ReduceSum ReduceMax ReduceMin``      x                   axes (sorted, >= 0), keepdims
+``LRN``                                x (N, C, ...)       size, alpha, beta, bias
+``Resize``                             x                   taps: ((axis, index (out, T), weight (out, T),
+                                                           extrapolated rows or None) per resized axis),
+                                                           extrapolation_value
+=====================================  ==================  =============================================
+
+``Pad`` gains ``mode`` ("constant", "reflect", "edge").
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from felixjax.graph_passes import Node
+
+UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus")
+PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu")
+OPS = UNARY + PARAM_UNARY + (
+    "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
+    "Cast", "CastLike", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalMaxPool", "InstanceNormalization", "LRN",
+    "Resize", "Upsample", "ConvTranspose",
+    # only ever folded to constants (static shapes); the importer explains when they are not
+    "Shape", "Size",
+)
+ATTRS: dict[str, set[str]] = {
+    "HardSigmoid": {"alpha", "beta"}, "LeakyRelu": {"alpha"}, "Elu": {"alpha"}, "Gelu": {"approximate"},
+    "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
+    "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
+    "CastLike": {"saturate", "round_mode"},
+    **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in ("ReduceSum", "ReduceMax", "ReduceMin")},
+    "InstanceNormalization": {"epsilon"}, "LRN": {"size", "alpha", "beta", "bias"},
+    "Resize": {"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+               "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy"},
+    "Upsample": {"mode", "scales", "height_scale", "width_scale"},
+    "ConvTranspose": {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+                      "strides"},
+    "Shape": {"start", "end"},
+}
+
+
+def _node(ctx: Any, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None,
+          outputs: Sequence[str] | None = None) -> Node:
+    return Node(op, tuple(inputs), tuple(outputs if outputs is not None else ctx.outputs[:1]), dict(attrs or {}),
+                ctx.name)
+
+
+def _tmp(ctx: Any, suffix: str, shape: Sequence[int]) -> str:
+    """A fresh intermediate value of ``shape`` (float32)."""
+    name = ctx.fresh(suffix)
+    ctx.types[name] = (TensorProto.FLOAT, tuple(int(d) for d in shape))
+    return name
+
+
+def _ints(ctx: Any, k: int, attr: str, what: str) -> list[int] | None:
+    """An int list from input ``k`` (a constant) or, in older opsets, attribute ``attr``."""
+    if ctx.input(k):
+        return [int(v) for v in ctx.const(ctx.input(k), what).reshape(-1)]
+    if attr in ctx.attrs:
+        return [int(v) for v in ctx.attrs[attr]]
+    return None
+
+
+# ---- pointwise ---------------------------------------------------------------------------------
+
+def _unary(ctx: Any) -> list[Node]:
+    return [_node(ctx, ctx.op, ctx.inputs[:1])]
+
+
+def _param_unary(ctx: Any) -> list[Node]:
+    a = ctx.attrs
+    if ctx.op == "HardSigmoid":
+        attrs = {"alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))}
+    elif ctx.op == "LeakyRelu":
+        attrs = {"alpha": float(a.get("alpha", 0.01))}
+    elif ctx.op == "Elu":
+        attrs = {"alpha": float(a.get("alpha", 1.0))}
+    else:
+        approx = a.get("approximate", "none")
+        if approx not in ("none", "tanh"):
+            ctx.fail(f"approximate={approx!r} is not supported (supported: none, tanh)")
+        attrs = {"approximate": approx}
+    return [_node(ctx, ctx.op, ctx.inputs[:1], attrs)]
+
+
+def _chain(ctx: Any, op: str, inputs: Sequence[str], out: str) -> list[Node]:
+    """``out = op(op(op(x0, x1), x2), ...)`` with intermediates of their broadcast shapes."""
+    inputs = [i for i in inputs]
+    if len(inputs) == 1:
+        return [_node(ctx, "Identity", inputs, outputs=[out])]
+    nodes, acc = [], inputs[0]
+    shape = ctx.shape(acc)
+    for k, x in enumerate(inputs[1:], 1):
+        shape = np.broadcast_shapes(shape, ctx.shape(x))
+        y = out if k == len(inputs) - 1 else _tmp(ctx, f"{op.lower()}{k}", shape)
+        nodes.append(_node(ctx, op, [acc, x], outputs=[y]))
+        acc = y
+    return nodes
+
+
+def _variadic(ctx: Any) -> list[Node]:
+    if not ctx.inputs:
+        ctx.fail("needs at least one input")
+    if ctx.op in ("Max", "Min"):
+        return _chain(ctx, ctx.op, ctx.inputs, ctx.outputs[0])
+    if ctx.op == "Sum":
+        return _chain(ctx, "Add", ctx.inputs, ctx.outputs[0])
+    n = len(ctx.inputs)  # Mean
+    if n == 1:
+        return [_node(ctx, "Identity", ctx.inputs[:1])]
+    shape = ctx.out_shape(ctx.outputs[0])
+    total = _tmp(ctx, "sum", shape)
+    return _chain(ctx, "Add", ctx.inputs, total) + [
+        _node(ctx, "Mul", [total, ctx.new_const("inv_n", np.float32(1.0 / n))])]
+
+
+def _prelu(ctx: Any) -> list[Node]:
+    x, slope = ctx.input(0), ctx.input(1)
+    xs, ss = ctx.shape(x), ctx.shape(slope)
+    try:
+        np.broadcast_shapes(tuple(xs), tuple(ss))
+    except ValueError:
+        # older exporters: a (C,) slope is per channel (axis 1)
+        if len(ss) == 1 and len(xs) >= 2 and ss[0] == xs[1] and slope in ctx.consts:
+            slope = ctx.new_const("slope", ctx.consts[slope].reshape((-1,) + (1,) * (len(xs) - 2)))
+        else:
+            ctx.fail(f"slope of shape {ss} does not broadcast to the input {xs}")
+    return [_node(ctx, "PRelu", [x, slope])]
+
+
+def _where(ctx: Any) -> list[Node]:
+    cond = ctx.const(ctx.input(0), "the condition")
+    c = ctx.new_const("cond", cond.astype(bool).astype(np.float32))
+    return [_node(ctx, "Where", [c, ctx.input(1), ctx.input(2)])]
+
+
+# ---- data movement -----------------------------------------------------------------------------
+
+def _reshape_to(ctx: Any, shape: Sequence[int]) -> list[Node]:
+    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": tuple(int(d) for d in shape)})]
+
+
+def _squeeze(ctx: Any) -> list[Node]:
+    xs = ctx.shape(ctx.input(0))
+    axes = _ints(ctx, 1, "axes", "axes")
+    if ctx.op == "Squeeze":
+        axes = [k for k, d in enumerate(xs) if d == 1] if axes is None else \
+            sorted({ctx.axis(a, len(xs), "axes entry") for a in axes})
+        if any(xs[a] != 1 for a in axes):
+            ctx.fail(f"cannot squeeze axes {axes} of shape {xs}")
+        return _reshape_to(ctx, [d for k, d in enumerate(xs) if k not in axes])
+    if axes is None:
+        ctx.fail("axes are required")
+    rank = len(xs) + len(axes)
+    axes = sorted({ctx.axis(a, rank, "axes entry") for a in axes})
+    shape = list(xs)
+    for a in axes:
+        shape.insert(a, 1)
+    return _reshape_to(ctx, shape)
+
+
+def _cast(ctx: Any) -> list[Node]:
+    if ctx.op == "Cast":
+        to = int(ctx.attrs.get("to", 0))
+    else:
+        like = ctx.input(1)
+        to = TensorProto.FLOAT if like in ctx.consts and ctx.consts[like].dtype == np.float32 else \
+            ctx.types.get(like, (0,))[0]
+    if to != TensorProto.FLOAT:
+        ctx.fail(f"a cast of a data tensor to {TensorProto.DataType.Name(to).lower() if to else 'another type'} "
+                 f"is not supported (felixjax runs float32 tensors; casts of constants and shapes fold)")
+    return [_node(ctx, "Identity", ctx.inputs[:1])]
+
+
+def slice_spec(dim: int, start: int, end: int, step: int) -> tuple[int, int | None, int]:
+    """ONNX Slice clamping for one axis as a Python slice (``stop`` None: run to the front)."""
+    if step == 0:
+        raise ValueError("step 0")
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return start, (None if end < 0 else end), step
+
+
+def _slice(ctx: Any) -> list[Node]:
+    xs = ctx.shape(ctx.input(0))
+    if ctx.opset < 10:
+        starts, ends = [int(v) for v in ctx.attrs["starts"]], [int(v) for v in ctx.attrs["ends"]]
+        axes, steps = [int(v) for v in ctx.attrs.get("axes", range(len(starts)))], [1] * len(starts)
+    else:
+        starts, ends = _ints(ctx, 1, "", "starts"), _ints(ctx, 2, "", "ends")
+        axes = _ints(ctx, 3, "", "axes") or list(range(len(starts)))
+        steps = _ints(ctx, 4, "", "steps") or [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        ctx.fail("starts, ends, axes and steps differ in length")
+    slices = [(0, d, 1) for d in xs]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = ctx.axis(a, len(xs), "axes entry")
+        if st == 0:
+            ctx.fail("a step of 0")
+        slices[a] = slice_spec(xs[a], s, e, st)
+    return [_node(ctx, "Slice", ctx.inputs[:1], {"slices": tuple(slices)})]
+
+
+def _gather(ctx: Any) -> list[Node]:
+    xs = ctx.shape(ctx.input(0))
+    axis = ctx.axis(int(ctx.attrs.get("axis", 0)), len(xs))
+    idx = ctx.const(ctx.input(1), "the indices").astype(np.int64)
+    if idx.size and (idx.min() < -xs[axis] or idx.max() >= xs[axis]):
+        ctx.fail(f"indices out of range for axis {axis} of size {xs[axis]}")
+    idx = np.where(idx < 0, idx + xs[axis], idx)
+    return [_node(ctx, "Gather", ctx.inputs[:1], {"axis": axis, "indices": idx})]
+
+
+def _expand(ctx: Any) -> list[Node]:
+    xs = ctx.shape(ctx.input(0))
+    target = [int(v) for v in ctx.const(ctx.input(1), "the shape").reshape(-1)]
+    try:
+        shape = np.broadcast_shapes(tuple(xs), tuple(target))
+    except ValueError:
+        ctx.fail(f"cannot expand {xs} to {target}")
+    return [_node(ctx, "Expand", ctx.inputs[:1], {"shape": tuple(int(d) for d in shape)})]
+
+
+def _split(ctx: Any) -> list[Node]:
+    xs = ctx.shape(ctx.input(0))
+    axis = ctx.axis(int(ctx.attrs.get("axis", 0)), len(xs))
+    n = len(ctx.onode.output)
+    sizes = _ints(ctx, 1, "split", "split")
+    if sizes is None:
+        if "num_outputs" in ctx.attrs:
+            n = int(ctx.attrs["num_outputs"])
+        chunk = -(-xs[axis] // n)
+        sizes = [min(chunk, xs[axis] - k * chunk) for k in range(n)]
+    if sum(sizes) != xs[axis] or min(sizes) < 0 or len(sizes) != len(ctx.onode.output):
+        ctx.fail(f"split sizes {sizes} do not divide axis {axis} of size {xs[axis]} into {len(ctx.onode.output)} "
+                 f"outputs")
+    nodes, begin = [], 0
+    for size, out in zip(sizes, ctx.onode.output):
+        if out:
+            slices = [(0, d, 1) for d in xs]
+            slices[axis] = (begin, begin + size, 1)
+            nodes.append(_node(ctx, "Slice", ctx.inputs[:1], {"slices": tuple(slices)}, [out]))
+        begin += size
+    return nodes
+
+
+# ---- reductions and normalization ----------------------------------------------------------------
+
+def _reduce(ctx: Any) -> list[Node]:
+    x = ctx.input(0)
+    rank = len(ctx.shape(x))
+    axes = _ints(ctx, 1, "axes", "axes") or []
+    if not axes:
+        if int(ctx.attrs.get("noop_with_empty_axes", 0)):
+            return [_node(ctx, "Identity", [x])]
+        axes = list(range(rank))
+    axes = sorted({ctx.axis(v, rank, "axes entry") for v in axes})
+    return [_node(ctx, ctx.op, [x], {"axes": tuple(axes), "keepdims": int(ctx.attrs.get("keepdims", 1))})]
+
+
+def _global_max_pool(ctx: Any) -> list[Node]:
+    rank = len(ctx.shape(ctx.input(0)))
+    if rank < 3:
+        ctx.fail("the input needs spatial axes (rank >= 3)")
+    return [_node(ctx, "ReduceMax", ctx.inputs[:1], {"axes": tuple(range(2, rank)), "keepdims": 1})]
+
+
+def _instance_norm(ctx: Any) -> list[Node]:
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    xs = ctx.shape(x)
+    if len(xs) < 3:
+        ctx.fail("the input needs spatial axes (rank >= 3)")
+    rows, cols = xs[0] * xs[1], math.prod(xs[2:])
+    flat, normed, back = _tmp(ctx, "rows", (rows, cols)), _tmp(ctx, "normalized", (rows, cols)), _tmp(ctx, "y", xs)
+    ones = ctx.new_const("ones", np.ones(cols, np.float32))
+    return [_node(ctx, "Reshape", [x], {"shape": (rows, cols)}, [flat]),
+            _node(ctx, "LayerNormalization", [flat, ones], {"axis": 1, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))},
+                  [normed]),
+            _node(ctx, "Reshape", [normed], {"shape": tuple(xs)}, [back]),
+            _node(ctx, "ScaleShift", [back, scale, bias])]
+
+
+def _lrn(ctx: Any) -> list[Node]:
+    if len(ctx.shape(ctx.input(0))) < 3:
+        ctx.fail("the input needs a channel axis and spatial axes (rank >= 3)")
+    if "size" not in ctx.attrs:
+        ctx.fail("size is required")
+    a = ctx.attrs
+    return [_node(ctx, "LRN", ctx.inputs[:1], {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)),
+                                               "beta": float(a.get("beta", 0.75)), "bias": float(a.get("bias", 1.0))})]
+
+
+# ---- Resize / Upsample ---------------------------------------------------------------------------
+
+def resize_taps(in_size: int, out_size: int, scale: float, mode: str, ctm: str, nearest_mode: str,
+                cubic_a: float = -0.75, exclude_outside: bool = False, antialias: bool = False,
+                roi: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The 1-D resize of one axis as taps: ``y[o] = sum_t weight[o, t] * x[index[o, t]]`` (and rows that are
+    the extrapolation value), computed by onnx's reference resize on the identity matrix (exact semantics)."""
+    from onnx.reference.ops import op_resize as R
+
+    if mode == "nearest":
+        def coeffs(r, s):
+            return R._nearest_coeffs(r, mode=nearest_mode)
+    elif mode == "cubic":
+        f = R._cubic_coeffs_antialias if antialias else R._cubic_coeffs
+
+        def coeffs(r, s):
+            return f(r, s, A=cubic_a)
+    else:
+        coeffs = R._linear_coeffs_antialias if antialias else R._linear_coeffs
+    w = R._interpolate_1d_along_axis(np.eye(in_size), 0, scale, out_size, coeffs, roi=list(roi) if roi else None,
+                                     extrapolation_value=np.nan, coordinate_transformation_mode=ctm,
+                                     exclude_outside=exclude_outside)
+    extrapolated = np.isnan(w).any(axis=1)
+    w = np.where(np.isnan(w), 0.0, w)
+    taps = max(1, int((w != 0).sum(axis=1).max()))
+    order = np.argsort(w == 0, axis=1, kind="stable")[:, :taps]   # nonzero columns first, in index order
+    index = order.astype(np.int64)
+    weight = np.take_along_axis(w, order, axis=1)
+    return index, weight, (extrapolated if extrapolated.any() else None)
+
+
+def _resize(ctx: Any) -> list[Node]:
+    x = ctx.input(0)
+    xs = ctx.shape(x)
+    rank = len(xs)
+    a = ctx.attrs
+    mode = a.get("mode", "nearest")
+    mode = "linear" if mode == "bilinear" else mode
+    if mode not in ("nearest", "linear", "cubic"):
+        ctx.fail(f"mode={mode!r} is not supported (supported: nearest, linear, cubic)")
+    roi = None
+    if ctx.op == "Upsample" or ctx.opset < 11:
+        ctm, nearest_mode = "asymmetric", "floor"
+        if "scales" in a:
+            scales = [float(s) for s in a["scales"]]
+        elif "height_scale" in a:
+            scales = [1.0, 1.0, float(a["height_scale"]), float(a["width_scale"])]
+        else:
+            scales = [float(s) for s in ctx.const(ctx.input(1), "scales").reshape(-1)]
+        sizes, axes, policy = None, list(range(rank)), "stretch"
+        extrap, cubic_a, exclude, antialias = 0.0, -0.75, False, False
+        if mode == "cubic":
+            ctx.fail("mode='cubic' needs opset 11 or newer")
+    else:
+        ctm = a.get("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = a.get("nearest_mode", "round_prefer_floor")
+        extrap, cubic_a = float(a.get("extrapolation_value", 0.0)), float(a.get("cubic_coeff_a", -0.75))
+        exclude, antialias = bool(a.get("exclude_outside", 0)), bool(a.get("antialias", 0))
+        policy = a.get("keep_aspect_ratio_policy", "stretch")
+        axes = [ctx.axis(int(v), rank, "axes entry") for v in a.get("axes", range(rank))]
+        scales = sizes = None
+        if ctx.input(2) and ctx.const(ctx.input(2), "scales").size:
+            scales = [float(s) for s in ctx.consts[ctx.input(2)].reshape(-1)]
+        if ctx.input(3) and ctx.const(ctx.input(3), "sizes").size:
+            sizes = [int(s) for s in ctx.consts[ctx.input(3)].reshape(-1)]
+        if ctm == "tf_crop_and_resize":
+            r = [float(v) for v in ctx.const(ctx.input(1), "roi").reshape(-1)]
+            if len(r) != 2 * len(axes):
+                ctx.fail(f"roi has {len(r)} entries, expected {2 * len(axes)}")
+            roi = {ax: (r[k], r[k + len(axes)]) for k, ax in enumerate(axes)}
+    known = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+             "tf_crop_and_resize")
+    if ctm not in known:
+        ctx.fail(f"coordinate_transformation_mode={ctm!r} is not supported (supported: {', '.join(known)})")
+    if nearest_mode not in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+        ctx.fail(f"nearest_mode={nearest_mode!r} is not supported")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        ctx.fail(f"keep_aspect_ratio_policy={policy!r} is not supported")
+    full_scale, full_out = [1.0] * rank, list(xs)
+    if sizes is not None:
+        if len(sizes) != len(axes):
+            ctx.fail(f"sizes has {len(sizes)} entries, expected {len(axes)}")
+        for ax, s in zip(axes, sizes):
+            full_out[ax], full_scale[ax] = s, s / xs[ax]
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            scale = pick(full_scale[ax] for ax in axes)
+            for ax in axes:
+                full_scale[ax], full_out[ax] = scale, int(scale * xs[ax] + 0.5)
+    elif scales is not None:
+        if len(scales) != len(axes):
+            ctx.fail(f"scales has {len(scales)} entries, expected {len(axes)}")
+        for ax, s in zip(axes, scales):
+            if s <= 0:
+                ctx.fail(f"scale {s} must be positive")
+            full_scale[ax], full_out[ax] = s, int(s * xs[ax])
+    else:
+        ctx.fail("needs scales or sizes")
+    if min(full_out) <= 0:
+        ctx.fail(f"the output shape {tuple(full_out)} is empty")
+    taps = []
+    for ax in range(rank):
+        axis_roi = roi.get(ax) if roi else None
+        if math.isclose(full_scale[ax], 1.0) and full_out[ax] == xs[ax] and (
+                axis_roi is None or (math.isclose(axis_roi[0], 0.0) and math.isclose(axis_roi[1], 1.0))):
+            continue
+        if roi is not None and axis_roi is None:
+            axis_roi = (0.0, 1.0)
+        index, weight, extra = resize_taps(xs[ax], full_out[ax], full_scale[ax], mode, ctm, nearest_mode, cubic_a,
+                                           exclude, antialias, axis_roi)
+        taps.append((ax, index, weight, extra))
+    if not taps:
+        return [_node(ctx, "Identity", [x])]
+    return [_node(ctx, "Resize", [x], {"taps": tuple(taps), "extrapolation_value": extrap,
+                                       "shape": tuple(full_out)})]
+
+
+# ---- ConvTranspose ---------------------------------------------------------------------------------
+
+def _conv_transpose(ctx: Any) -> list[Node]:
+    x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    xs, ws = ctx.shape(x), ctx.shape(w)
+    if len(xs) != 4:
+        ctx.fail(f"only 2-D transposed convolution (4-D NCHW input) is supported; the input is {len(xs)}-D")
+    g = int(ctx.attrs.get("group", 1))
+    cin, cout_g, kh, kw = ws
+    if cin != xs[1] or cin % g:
+        ctx.fail(f"weights {ws} do not fit input {xs} with group={g}")
+    kernel = (kh, kw)
+    if tuple(int(k) for k in ctx.attrs.get("kernel_shape", kernel)) != kernel:
+        ctx.fail(f"kernel_shape does not match the weights {ws}")
+    s, d = ctx.pair("strides", 1), ctx.pair("dilations", 1)
+    op = ctx.pair("output_padding", 0)
+    auto = ctx.attrs.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER") or "output_shape" in ctx.attrs and auto != "VALID":
+        out = [int(v) for v in ctx.attrs["output_shape"]][-2:] if "output_shape" in ctx.attrs else \
+            [xs[2] * s[0], xs[3] * s[1]]
+        given = [int(v) for v in ctx.attrs.get("pads", [0, 0, 0, 0])]
+        pads_b, pads_e = [], []
+        for i in range(2):
+            total = s[i] * (xs[2 + i] - 1) + op[i] + (kernel[i] - 1) * d[i] + 1 - out[i]
+            small, big = total // 2, total - total // 2
+            if auto == "NOTSET":   # as onnx's reference: begin pads as given, the end fits output_shape
+                pads_b.append(given[i] if len(given) == 4 else 0)
+                pads_e.append(total - pads_b[-1])
+            else:
+                pads_b.append(big if auto == "SAME_LOWER" else small)
+                pads_e.append(small if auto == "SAME_LOWER" else big)
+    elif auto == "VALID":
+        pads_b, pads_e = [0, 0], [0, 0]
+    elif auto == "NOTSET":
+        p = [int(v) for v in ctx.attrs.get("pads", [0, 0, 0, 0])]
+        if len(p) != 4:
+            ctx.fail(f"pads={p} must have 4 entries (2-D spatial only)")
+        pads_b, pads_e = p[:2], p[2:]
+    else:
+        ctx.fail(f"auto_pad={auto!r} is not supported")
+    n, c, h, wd = xs
+    out_hw = [s[i] * (xs[2 + i] - 1) + op[i] + (kernel[i] - 1) * d[i] + 1 - pads_b[i] - pads_e[i] for i in range(2)]
+    if min(out_hw) <= 0:
+        ctx.fail(f"the output would be empty ({out_hw})")
+    nodes = []
+    cur, cur_shape = x, (n, c, h, wd)
+    if s != (1, 1):   # zero insertion: (n,c,h,1,w,1) -> pad to (n,c,h,sh,w,sw) -> (n,c,h*sh,w*sw)
+        r1 = _tmp(ctx, "x6", (n, c, h, 1, wd, 1))
+        r2 = _tmp(ctx, "x6z", (n, c, h, s[0], wd, s[1]))
+        cur_shape = (n, c, h * s[0], wd * s[1])
+        r3 = _tmp(ctx, "zeros_inserted", cur_shape)
+        zero = ctx.new_const("zero", np.float32(0.0))
+        nodes += [_node(ctx, "Reshape", [x], {"shape": (n, c, h, 1, wd, 1)}, [r1]),
+                  _node(ctx, "Pad", [r1, zero], {"pads": ((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)),
+                                                 "mode": "constant"}, [r2]),
+                  _node(ctx, "Reshape", [r2], {"shape": cur_shape}, [r3])]
+        cur = r3
+    begin = [d[i] * (kernel[i] - 1) - pads_b[i] for i in range(2)]
+    end = [d[i] * (kernel[i] - 1) - pads_e[i] + op[i] - (s[i] - 1) for i in range(2)]
+    if min(begin + end) < 0:  # crop first; the Conv pads the rest
+        crop = [(min(0, begin[i]), min(0, end[i])) for i in range(2)]
+        cur_shape = (n, c) + tuple(cur_shape[2 + i] + crop[i][0] + crop[i][1] for i in range(2))
+        cropped = _tmp(ctx, "cropped", cur_shape)
+        zero = ctx.new_const("zero", np.float32(0.0))
+        nodes.append(_node(ctx, "Pad", [cur, zero], {"pads": ((0, 0), (0, 0)) + tuple(crop), "mode": "constant"},
+                           [cropped]))
+        cur = cropped
+    conv_pads = (max(0, begin[0]), max(0, begin[1]), max(0, end[0]), max(0, end[1]))
+    # weights (cin, cout/g, kh, kw) -> (cout, cin/g, kh, kw), spatially flipped
+    cout = cout_g * g
+    w5 = _tmp(ctx, "w5", (g, cin // g, cout_g, kh, kw))
+    wt = _tmp(ctx, "w5t", (g, cout_g, cin // g, kh, kw))
+    w4 = _tmp(ctx, "w4", (cout, cin // g, kh, kw))
+    wf = _tmp(ctx, "w_flipped", (cout, cin // g, kh, kw))
+    nodes += [_node(ctx, "Reshape", [w], {"shape": (g, cin // g, cout_g, kh, kw)}, [w5]),
+              _node(ctx, "Transpose", [w5], {"perm": (0, 2, 1, 3, 4)}, [wt]),
+              _node(ctx, "Reshape", [wt], {"shape": (cout, cin // g, kh, kw)}, [w4]),
+              _node(ctx, "Slice", [w4], {"slices": ((0, cout, 1), (0, cin // g, 1), (kh - 1, None, -1),
+                                                    (kw - 1, None, -1))}, [wf])]
+    attrs = {"kernel": kernel, "strides": (1, 1), "dilations": d, "groups": g, "pads": conv_pads}
+    return nodes + [_node(ctx, "Conv", [cur, wf] + ([b] if b else []), attrs)]
+
+
+# ---- ops that must fold ---------------------------------------------------------------------------
+
+def _must_fold(ctx: Any) -> list[Node]:
+    ctx.fail("this op computes shapes or indices and must fold to a constant once the input shapes are static; "
+             "it reads a value computed at run time (pin dynamic inputs with input_shapes= / --input-shape, "
+             "non-float inputs with input_values=)")
+
+
+IMPORTERS = {
+    **{op: _unary for op in UNARY}, **{op: _param_unary for op in PARAM_UNARY},
+    **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Where": _where,
+    "Slice": _slice, "Gather": _gather, "Expand": _expand, "Split": _split, "Squeeze": _squeeze,
+    "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
+    **{op: _reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "GlobalMaxPool": _global_max_pool,
+    "InstanceNormalization": _instance_norm, "LRN": _lrn, "Resize": _resize, "Upsample": _resize,
+    "ConvTranspose": _conv_transpose,
+    **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
+                                 "NonZero", "Tile")},
+}

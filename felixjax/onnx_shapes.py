@@ -1,0 +1,252 @@
+"""Shape pinning and constant folding on the ONNX protobuf, before stage ① imports it.
+
+Exporters write shape arithmetic into the graph (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``,
+``Range``, ``ConstantOfShape``, ``Cast`` ...) and leave batch and image sizes symbolic. Once the graph
+inputs are pinned (``input_shapes=``, and ``input_values=`` for non-float inputs such as an image-size
+tensor), every such subgraph is a constant. :func:`fold_model` finds them by alternating onnx shape
+inference with folding: a ``Shape`` / ``Size`` of a statically shaped value and any node whose inputs are
+all constants (any op onnx's reference evaluator knows) become initializers, until nothing changes. What
+is left is the data-flow graph with static shapes everywhere.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper
+    >>> nodes = [helper.make_node("Shape", ["x"], ["s"]),
+    ...          helper.make_node("Reshape", ["x", "s2"], ["y"]),
+    ...          helper.make_node("Slice", ["s", "z", "o"], ["n"]),
+    ...          helper.make_node("Concat", ["n", "m1"], ["s2"], axis=0)]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
+    ...                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    ...                       [helper.make_tensor("z", TensorProto.INT64, [1], [0]),
+    ...                        helper.make_tensor("o", TensorProto.INT64, [1], [1]),
+    ...                        helper.make_tensor("m1", TensorProto.INT64, [1], [-1])])
+    >>> m = fold_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), input_shapes={"x": (2, 3, 4)})
+    >>> [n.op_type for n in m.graph.node], numpy_helper.to_array(m.graph.initializer[-1]).tolist()
+    (['Reshape'], [2, -1])
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from felixjax.errors import ModelFormatError, UnsupportedModelError
+
+MAX_FOLD_ELEMENTS = 1 << 24   # a node whose constant inputs or output are larger than this is not folded
+MAX_ROUNDS = 32               # shape inference / folding alternations (each resolves one more level)
+# ops never folded even with constant inputs (random or stateful outputs)
+_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+            "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty", "SplitToSequence", "Optional"}
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``"x=1x3x224x224"`` -> ``("x", (1, 3, 224, 224))`` (the ``--input-shape`` syntax; ``,`` also separates).
+
+    Example:
+        >>> parse_input_shape("images=1x3x640x640")
+        ('images', (1, 3, 640, 640))
+    """
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name or not re.fullmatch(r"\d+([x,]\d+)*", dims.strip()):
+        raise ValueError(f"bad input shape {text!r}: expected NAME=D1xD2x..., e.g. x=1x3x224x224")
+    return name, tuple(int(d) for d in re.split(r"[x,]", dims.strip()))
+
+
+def fix_hint(name: str, shape: Sequence[Any] | None) -> str:
+    """How to pin a dynamic input, in Python and on the command line."""
+    dims = [str(d) if isinstance(d, int) and d > 0 else (str(d) if d else f"d{k}") for k, d in
+            enumerate(shape or [])] or ["D1", "D2"]
+    return (f"pin it with load_onnx(..., input_shapes={{{name!r}: ({', '.join(dims)})}}) or on the command line "
+            f"with --input-shape {name}={'x'.join(dims)} (replace the names by sizes)")
+
+
+def _static(shape: Sequence[Any] | None) -> bool:
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+def _shape_of(vi: onnx.ValueInfoProto) -> tuple | None:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+
+
+def _infer(graph_nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs, consts: dict,
+           opsets, ir_version: int) -> dict[str, tuple | None]:
+    """Shape inference with small constants as initializers (their values feed shape computations)."""
+    g = onnx.GraphProto(name="fold")
+    g.node.extend(graph_nodes)
+    g.input.extend(inputs)
+    g.output.extend(outputs)
+    for name, v in consts.items():
+        if v.dtype.kind in "iub" or v.size <= 64:
+            g.initializer.append(numpy_helper.from_array(v, name))
+        else:
+            g.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
+    model = helper.make_model(g, opset_imports=opsets, ir_version=max(ir_version, 4))
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as e:  # onnx.shape_inference.InferenceError
+        raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    return {vi.name: _shape_of(vi) for vi in
+            list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output)}
+
+
+def _evaluate(node: onnx.NodeProto, args: list[np.ndarray | None], opsets) -> list[np.ndarray] | None:
+    """Outputs of one all-constant node through onnx's reference evaluator (None if it cannot)."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"in{k}" if a is not None else "" for k, a in enumerate(args)]
+    n2 = onnx.NodeProto()
+    n2.CopyFrom(node)
+    del n2.input[:]
+    n2.input.extend(names)
+    del n2.output[:]
+    n2.output.extend(f"out{k}" if o else "" for k, o in enumerate(node.output))
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+           for n, a in zip(names, args) if a is not None]
+    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in n2.output if o]
+    model = helper.make_model(helper.make_graph([n2], "n", ins, outs), opset_imports=opsets)
+    try:
+        res = ReferenceEvaluator(model).run(None, {n: a for n, a in zip(names, args) if a is not None})
+    except Exception:
+        return None
+    return [np.asarray(r) for r in res]
+
+
+def _fold_node(node: onnx.NodeProto, consts: dict, shapes: dict, opsets) -> list[np.ndarray] | None:
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx") or op in _NO_FOLD:
+        return None
+    if op in ("Shape", "Size"):
+        shape = shapes.get(node.input[0]) if node.input[0] not in consts else consts[node.input[0]].shape
+        if not _static(shape):
+            return None
+        if op == "Size":
+            return [np.array(math.prod(shape), np.int64)]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        rank = len(shape)
+        start, end = int(attrs.get("start", 0)), int(attrs.get("end", rank))
+        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+        return [np.array(shape[start:end], np.int64)]
+    if any(i and i not in consts for i in node.input) or op == "Constant" and not node.output:
+        return None
+    args = [consts[i] if i else None for i in node.input]
+    if sum(a.size for a in args if a is not None) > MAX_FOLD_ELEMENTS:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if op == "ConstantOfShape":  # fast paths for what exporters write hundreds of times
+        shape = [int(d) for d in args[0].reshape(-1)] if args else []
+        if math.prod(shape) > MAX_FOLD_ELEMENTS or min(shape, default=0) < 0:
+            return None
+        fill = numpy_helper.to_array(attrs["value"]).reshape(-1) if "value" in attrs else np.zeros(1, np.float32)
+        return [np.full(shape, fill[0], dtype=fill.dtype)] if fill.size == 1 else None
+    if op == "Unsqueeze" and "axes" in attrs and len(args) == 1:
+        axes = sorted(int(a) % (args[0].ndim + len(attrs["axes"])) for a in attrs["axes"])
+        y = args[0]
+        for a in axes:
+            y = np.expand_dims(y, a)
+        return [y]
+    if op == "Identity":
+        return [args[0]]
+    return _evaluate(node, args, opsets)
+
+
+def fold_model(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               input_values: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+    """A copy of ``proto`` with inputs pinned and every constant / shape subgraph folded to initializers.
+
+    ``input_shapes`` pins the dims of inputs (they must agree with the static dims the model declares);
+    ``input_values`` turns inputs into constants (any dtype: an int64 image-size input, a bool flag).
+    Nodes that stay keep their order; initializers nobody reads are dropped.
+    """
+    g = proto.graph
+    opsets = list(proto.opset_import)
+    inits = {t.name for t in g.initializer}
+    runtime = [vi for vi in g.input if vi.name not in inits]
+    runtime_names = [vi.name for vi in runtime]
+    pinned, values = dict(input_shapes or {}), dict(input_values or {})
+    unknown = sorted((set(pinned) | set(values)) - set(runtime_names))
+    if unknown:
+        raise UnsupportedModelError(f"input_shapes / input_values name {unknown}, which are not inputs of the model "
+                                    f"(inputs: {runtime_names})")
+    consts: dict[str, np.ndarray] = {}
+    for t in g.initializer:
+        try:
+            consts[t.name] = numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelFormatError(f"initializer {t.name!r} is corrupt ({e})") from None
+    inputs = []
+    for vi in runtime:
+        declared = _shape_of(vi)
+        if vi.name in values:
+            elem = vi.type.tensor_type.elem_type
+            try:
+                dtype = helper.tensor_dtype_to_np_dtype(elem)
+            except Exception:
+                dtype = None
+            value = np.asarray(values[vi.name], dtype=dtype)
+            if declared is not None and (len(declared) != value.ndim or any(
+                    isinstance(d, int) and d > 0 and d != s for d, s in zip(declared, value.shape))):
+                raise UnsupportedModelError(f"input_values[{vi.name!r}] has shape {value.shape}; the model declares "
+                                            f"{_show(declared)}")
+            consts[vi.name] = value
+            continue
+        if vi.name in pinned:
+            shape = tuple(int(d) for d in pinned[vi.name])
+            if declared is not None and (len(declared) != len(shape) or any(
+                    isinstance(d, int) and d > 0 and d != s for d, s in zip(declared, shape))):
+                raise UnsupportedModelError(f"input_shapes[{vi.name!r}] = {shape} does not fit the model's declared "
+                                            f"shape {_show(declared)}")
+            if min(shape, default=1) <= 0:
+                raise UnsupportedModelError(f"input_shapes[{vi.name!r}] = {shape}: sizes must be positive")
+            vi = helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, list(shape))
+        inputs.append(vi)
+    nodes = list(g.node)
+    outputs = list(g.output)
+    for _ in range(MAX_ROUNDS):
+        shapes = _infer(nodes, inputs, outputs, consts, opsets, proto.ir_version)
+        kept, changed = [], False
+        for node in nodes:
+            outs = _fold_node(node, consts, shapes, opsets)
+            if outs is not None and len(outs) >= len([o for o in node.output if o]):
+                for name, v in zip(node.output, outs):
+                    if name:
+                        consts[name] = v
+                changed = True
+            else:
+                kept.append(node)
+        nodes = kept
+        if not changed:
+            break
+    outputs = [_typed_output(vi, shapes.get(vi.name), consts) for vi in outputs]
+    read = {i for n in nodes for i in n.input} | {o.name for o in outputs}
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    del graph.node[:], graph.input[:], graph.initializer[:], graph.value_info[:]
+    del graph.output[:]
+    graph.node.extend(nodes)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    graph.initializer.extend(numpy_helper.from_array(np.require(v, requirements="C"), k) for k, v in consts.items()
+                             if k in read)
+    return out
+
+
+def _typed_output(vi: onnx.ValueInfoProto, inferred: tuple | None, consts: dict) -> onnx.ValueInfoProto:
+    """The graph output with its inferred static shape (a declared symbolic batch dim would clash)."""
+    if not vi.type.HasField("tensor_type"):
+        return vi
+    shape = consts[vi.name].shape if vi.name in consts else inferred
+    elem = vi.type.tensor_type.elem_type
+    return helper.make_tensor_value_info(vi.name, elem, list(shape) if _static(shape) else None)
+
+
+def _show(shape: Sequence[Any] | None) -> str:
+    return "unknown" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
