@@ -70,6 +70,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from codegen.build import BuildResult
+from codegen.renderers.harness import TIMING_HARNESS_C
 
 __all__ = [
     "STATUSES",
@@ -84,25 +85,7 @@ __all__ = [
 
 STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result", "noisy")
 
-TIMING_HARNESS_C = r"""
-/* felixjax timing harness: append to a source that defines fj_kernel. */
-#include <time.h>
-#include <omp.h>
-void fj_kernel(float* const* bufs);
-double fj_time(float* const* bufs, long number) {
-  /* Called through a volatile pointer so the kernel is not inlined and hoisted out of the loop. */
-  void (*volatile kernel)(float* const*) = fj_kernel;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long i = 0; i < number; ++i) {
-    kernel(bufs);
-    __asm__ __volatile__("" ::: "memory");
-  }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-}
-void fj_set_threads(int n) { omp_set_num_threads(n); }
-"""
+# TIMING_HARNESS_C (the C timing harness) lives in codegen.renderers.harness; imported above.
 
 _EPS32 = float(np.finfo(np.float32).eps)
 _TINY32 = float(np.finfo(np.float32).tiny)

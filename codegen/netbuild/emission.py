@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..render_c import _Writer, render_kernel
+from ..renderers.c import render_kernel
+from ..renderers.cstyle import Writer as _Writer
 from .cheap_ops import _PRELUDE, _RENDERERS, CHEAP_OPS, _Ctx
 from .memory import ALIGN, MemoryPlan, _aligned_zeros, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value

@@ -1,0 +1,29 @@
+"""The C dialect: C11 (GNU) + OpenMP + GCC vector extensions, the CPU target's renderer.
+
+Every spelling is a field of :class:`~codegen.renderers.cstyle.Dialect`; the defaults of that table are the
+C spellings, so this table only names the prelude and the harness. ``render`` / ``render_kernel`` are
+the bound methods of the C renderer.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> from codegen.lower import lower
+    >>> sp = Space(matmul(64, 64, 64), "gemm_packed", Target.cpu())
+    >>> "fj_kernel" in render(lower(sp, sp.default()))
+    True
+"""
+from __future__ import annotations
+
+from .cstyle import CStyleRenderer, Dialect
+from .harness import TIMING_HARNESS_C
+
+C_DIALECT = Dialect(
+    name="c",
+    prelude="#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n",
+    harness=TIMING_HARNESS_C,
+)
+
+C_RENDERER = CStyleRenderer(C_DIALECT)
+render = C_RENDERER.render
+render_kernel = C_RENDERER.render_kernel

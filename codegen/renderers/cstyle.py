@@ -1,0 +1,509 @@
+"""The C-family renderer base: a lowered :class:`~codegen.lower.Plan` -> readable source, every
+target-specific spelling taken from a :class:`Dialect` table.
+
+The structure mirrors the plan: an optional timed input copy (padding / channel blocking), the main
+nest ``S0 S1 R0 S2 R1 S3`` with the outer ``S0`` loops fused into one parallel loop, a register block of
+vector accumulators held across the ``R1`` loop, and the fused epilogue after each ``S1`` tile's
+reduction. For ``gemm_packed``, where the register block's data rows would thrash one L1 set (rows a
+multiple of 4 KiB apart outnumbering the L1 ways, e.g. 16 rows of a K=1024 matrix), the data micro-panel
+is copied (timed) into a padded contiguous stack buffer inside the ``S2`` loops and reused by the inner
+``S2`` loops: a function of the config, not a knob (see :func:`_data_pack`).
+
+What is shared (the loop structure, the register block, the epilogue) lives in :class:`CStyleRenderer`;
+what differs between C + OpenMP + GCC vector extensions and, later, CUDA (vector types, loads, stores,
+broadcasts, FMA, the parallel loop / thread mapping, pragmas, restrict, alignment, function qualifiers,
+the kernel signature and the timing harness) is a :class:`Dialect` field. A new target is a new table
+(and, where its loop structure differs, a sketch), not a new renderer.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..lower import Buffer, Loop, Plan
+
+MAX_UNROLLED_FMAS = 2048
+
+PACK_NAME = "dpack"
+PACK_MIN_REUSE = 2  # pack only when the micro-panel is reused by at least this many register blocks
+PACK_MAX_FLOATS = 16384  # 64 KiB of stack per thread at most
+PACK_PAD = 16  # floats between packed rows (one cache line): consecutive rows fall in different L1 sets
+L1_SET_BYTES = 4096  # bytes of address space one L1 way covers (64 sets x 64 B on every x86 core)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Every target-specific spelling of a C-family renderer.
+
+    Templates are ``str.format`` strings; the placeholders each takes are named in the comment next to
+    it. ``{T}`` is the vector (or scalar) value type, ``{S}`` the scalar element type.
+    """
+
+    name: str
+    prelude: str  # includes / helpers at the top of a standalone kernel source
+    harness: str  # appended to a standalone kernel source: the timing entry points (see codegen.renderers.harness)
+    # element types by Task dtype, and the spelling of a zero of the scalar type
+    scalar_types: dict[str, str] = field(default_factory=lambda: {"float32": "float"})
+    zero: str = "0.0f"
+    # qualifiers
+    restrict: str = "restrict"
+    static: str = "static "  # internal linkage (several kernels in one file)
+    kernel_qualifier: str = ""  # e.g. CUDA's "__global__ "
+    # the kernel ABI: signature and how each buffer is bound to a typed pointer
+    kernel_signature: str = "{qual}void {name}(float* const* bufs)"  # {qual}, {name}
+    bind_arg: str = "{const}{S}* {restrict} {name} = bufs[{i}];"  # {const}, {S}, {restrict}, {name}, {i}
+    bind_workspace: str = "{S}* {restrict} ws = bufs[{i}];"  # {S}, {restrict}, {i}
+    # vector types: declared once per source (or per function with local_types)
+    vector_typedefs: tuple[str, ...] = (
+        "typedef {S} vf __attribute__((vector_size({bytes})));",
+        "typedef {S} vfu __attribute__((vector_size({bytes}), aligned({align})));  /* unaligned */")
+    vector_typedefs_local: tuple[str, ...] = (
+        "typedef {S} vf __attribute__((vector_size({bytes})));",
+        "typedef {S} vfu __attribute__((vector_size({bytes}), aligned({align})));")
+    vector_type: str = "vf"
+    vector_zero: str = "({T}){{0}}"  # {T}
+    load_scalar: str = "*({ptr})"  # {ptr}
+    load_unaligned: str = "*(const vfu*)({ptr})"  # {ptr}
+    # stride-2 load: two overlapping unaligned loads and one two-source permute; {idx}: lane indices
+    load_stride2: str = ("__builtin_shuffle(*(const vfu*)({ptr}), *(const vfu*)({ptr} + {second}), "
+                         "(int __attribute__((vector_size({bytes})))){{{idx}}})")  # {ptr}, {second}, {bytes}, {idx}
+    load_gather: str = "(vf){{{lanes}}}"  # {lanes}: comma-separated scalar loads
+    store_unaligned: str = "*(vfu*)({ptr}) = {v};"  # {ptr}, {v}
+    lane: str = "{v}[{j}]"  # {v}, {j}
+    fma: str = "{acc} += {a} * {b};"  # {acc}, {a}, {b} (a vector and a vector or a broadcast scalar)
+    # loops and thread mapping
+    loop: str = "for (long {var} = 0; {var} < {n}; ++{var})"  # {var}, {n}
+    parallel_for: str = "#pragma omp parallel for schedule(static)"  # before the parallel loop ("" for none)
+    collapse: str = " collapse({n})"  # appended to parallel_for for a collapsed nest of {n} loops
+    parallel_loop: str = "for (long {var} = 0; {var} < {n}; ++{var})"  # the fused parallel loop: {var}, {n}
+    unroll: str = "#pragma GCC unroll {n}"
+    simd: str = "#pragma omp simd"
+    stack_array: str = "{S} {name}[{n}] __attribute__((aligned({align})));"  # {S}, {name}, {n}, {align}
+    # activations of the fused epilogue ({v}: the value); compare-and-select, not fmaxf/fminf: without
+    # -ffinite-math-only gcc emits a libm call per element for those (the relu6 epilogue of a 1x1 conv
+    # then cost 4x its FMAs); a select vectorizes, and lets a NaN pass as numpy's maximum / clip do.
+    activations: dict[str | None, str] = field(default_factory=lambda: {
+        None: "{v}", "relu": "({v} < 0.0f ? 0.0f : {v})",
+        "relu6": "({v} < 0.0f ? 0.0f : ({v} > 6.0f ? 6.0f : {v}))"})
+
+    def scalar(self, dtype: str) -> str:
+        try:
+            return self.scalar_types[dtype]
+        except KeyError:
+            raise ValueError(f"dialect {self.name!r} has no element type for dtype {dtype!r}") from None
+
+
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+class Writer:
+    """Indented lines of C-family source."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append(("    " * self.depth + line) if line else "")
+
+    def open(self, line: str) -> None:
+        self(line + " {")
+        self.depth += 1
+
+    def close(self, tail: str = "") -> None:
+        self.depth -= 1
+        self("}" + tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+_Writer = Writer  # the old private name (codegen.render_c._Writer)
+
+
+def _affine(terms: dict[str, int], const: int = 0) -> str:
+    """Render sum(coeff * var) + const as a C expression (vars are long)."""
+    parts = [(f"{c}*{v}" if c != 1 else v) for v, c in sorted(terms.items()) if c]
+    if const or not parts:
+        parts.append(str(const))
+    return " + ".join(parts)
+
+
+def _offset(buf: Buffer, loops: list[Loop]) -> dict[str, int]:
+    """The strides of ``buf`` restricted to the given (non-trivial) loops."""
+    return {lp.var: buf.stride(lp.var) for lp in loops if lp.extent > 1 and buf.stride(lp.var)}
+
+
+def _live(loops: tuple[Loop, ...]) -> list[Loop]:
+    return [lp for lp in loops if lp.extent > 1]
+
+
+@dataclass(frozen=True)
+class _DataPack:
+    """A contiguous copy of the data micro-panel one register block reads (its rows x the R1 range),
+    made inside the S2 loops and reused by the inner S2 loops the data does not depend on (GEMM's
+    "packed A"). Layout ``[rows][R1]`` with rows ``R1 + PACK_PAD`` floats apart."""
+
+    after: int  # index in the live S2 loops after whose opening the pack is made (-1: before them)
+    buf: Buffer  # the data operand with the pack's strides (same name, so loads are named alike)
+    rows: tuple[Loop, ...]  # S3 loops (not the vector axis) the data depends on, outermost first
+    r1: Loop  # the R1 loop (the contiguous dimension of every packed row)
+    size: int  # floats
+
+
+def _l1_conflicts(plan: Plan, rows: tuple[Loop, ...]) -> int:
+    """The most register-block data rows whose addresses share one L1 set (rows a multiple of 4 KiB
+    apart all land in the same set and evict each other once they outnumber the cache's ways)."""
+    data = plan.buffers["data"]
+    sets: dict[int, int] = {}
+    for row in itertools.product(*[range(lp.extent) for lp in rows]):
+        off = 4 * sum(data.stride(lp.var) * i for lp, i in zip(rows, row))
+        key = (off % L1_SET_BYTES) // 64
+        sets[key] = sets.get(key, 0) + 1
+    return max(sets.values(), default=0)
+
+
+def _data_pack(plan: Plan) -> "_DataPack | None":
+    """The data micro-panel pack of a ``gemm_packed`` plan, made only where it pays: the register
+    block's data rows thrash an L1 set (more rows in one set than the L1 has ways) and the panel is
+    reused by at least :data:`PACK_MIN_REUSE` register blocks. Not a knob: a function of the config."""
+    if plan.config.sketch != "gemm_packed" or plan.data_copy:
+        return None
+    L, data = plan.levels, plan.buffers["data"]
+    rows = tuple(lp for lp in _live(L["S3"]) if lp.axis != plan.vector_axis and data.stride(lp.var))
+    r1 = _live(L["R1"])
+    if len(r1) != 1 or data.stride(r1[0].var) != 1 or not rows:
+        return None
+    s2 = _live(L["S2"])
+    dep = [i for i, lp in enumerate(s2) if data.stride(lp.var)]
+    after = dep[-1] if dep else -1
+    reuse = math.prod(lp.extent for lp in s2[after + 1:])
+    ways = max(1, int(plan.space.target.l1d_bytes) // L1_SET_BYTES)
+    strides = {r1[0].var: 1}
+    inner = r1[0].extent + PACK_PAD
+    for lp in reversed(rows):
+        strides[lp.var] = inner
+        inner *= lp.extent
+    if reuse < PACK_MIN_REUSE or inner > PACK_MAX_FLOATS or _l1_conflicts(plan, rows) <= ways:
+        return None
+    return _DataPack(after, replace(data, strides=tuple(sorted(strides.items()))), rows, r1[0], inner)
+
+
+class CStyleRenderer:
+    """Renders plans in one :class:`Dialect`. ``render(plan)`` is a standalone kernel source (prelude,
+    vector types, the kernel, the harness); ``render_kernel(plan, w)`` only the kernel function."""
+
+    def __init__(self, dialect: Dialect):
+        self.d = dialect
+
+    def __repr__(self) -> str:
+        return f"CStyleRenderer({self.d.name})"
+
+    # ---- entry points ---------------------------------------------------------------------------
+
+    def render(self, plan: Plan) -> str:
+        """Full source of one kernel: header comment, vector types, the kernel and the harness."""
+        task, cfg = plan.space.task, plan.config
+        w = Writer()
+        w("/* felixjax generated kernel")
+        w(f" * task:   {task.name}  ({task.key})")
+        w(f" * sketch: {cfg.sketch}")
+        w(f" * config: {cfg.dumps()}")
+        w(" * loop order S0 S1 R0 S2 R1 S3; S3 is a register block held across R1. */")
+        w(self.d.prelude.rstrip("\n"))
+        if plan.vec > 1:
+            self._vector_typedefs(plan, w, self.d.vector_typedefs)
+        w()
+        self.render_kernel(plan, w)
+        return w.text() + self.d.harness
+
+    def render_kernel(self, plan: Plan, w: Writer, *, name: str = "fj_kernel", static: bool = False,
+                      local_types: bool = False) -> None:
+        """Render only the kernel function of ``plan`` into ``w``.
+
+        ``name`` renames the function and ``static`` gives it internal linkage, so several kernels can
+        share one translation unit (the whole-network build). ``local_types`` declares the vector types
+        inside the function body, since kernels of one file may use different vector widths.
+        """
+        d = self.d
+        S = d.scalar(plan.space.task.dtype)
+        B = plan.buffers
+        if not (name.isascii() and name.isidentifier()):
+            raise ValueError(f"kernel name {name!r} is not a C identifier")
+        qual = (d.static if static else "") + d.kernel_qualifier
+        w.open(d.kernel_signature.format(qual=qual, name=name))
+        if local_types and plan.vec > 1:
+            self._vector_typedefs(plan, w, d.vector_typedefs_local)
+        for i, arg in enumerate(plan.args):
+            w(d.bind_arg.format(const="" if arg == "out" else "const ", S=S, restrict=d.restrict, name=arg, i=i))
+        w(d.bind_workspace.format(S=S, restrict=d.restrict, i=len(plan.args)))
+        for bname, buf in B.items():
+            if buf.storage == "workspace":
+                w(f"{S}* {d.restrict} {bname} = ws + {buf.ws_offset};")
+        w("(void)ws;")
+        if plan.data_copy:
+            self._data_copy(plan, w)
+        self._main(plan, w)
+        w.close()
+
+    # ---- pieces ---------------------------------------------------------------------------------
+
+    def _vector_typedefs(self, plan: Plan, w: Writer, lines: tuple[str, ...]) -> None:
+        S = self.d.scalar(plan.space.task.dtype)
+        size = _itemsize(plan.space.task.dtype)
+        for line in lines:
+            w(line.format(S=S, bytes=size * plan.vec, align=size))
+
+    def _data_copy(self, plan: Plan, w: Writer) -> None:
+        """Timed layout change of the data input: zero padding and optional channel blocking."""
+        d = self.d
+        con = plan.con
+        dst = plan.buffers["data"].layout
+        shape = dst.shape
+        w(f"/* copy the data input into its padded{' / blocked' if any(x.kind == 'block' for x in dst.dims) else ''}"
+          f" layout (timed) */")
+        # loop over the logical padded coordinates; the innermost dimension is vectorizable
+        names = [f"i{k}" for k in range(len(shape))]
+        w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 1 else ""))
+        for k, n in enumerate(shape):
+            if k == len(shape) - 1:
+                w(d.simd)
+            w.open(d.loop.format(var=names[k], n=n))
+        dst_terms = []
+        for k, dl in enumerate(dst.dims):
+            if dl.kind == "plain":
+                dst_terms.append(f"{dl.stride}*{names[k]}")
+            else:
+                dst_terms.append(f"{dl.stride}*({names[k]} / {dl.block}) + {names[k]} % {dl.block}")
+        api = con.data_api_shape
+        src_strides = [math.prod(api[k + 1:]) for k in range(len(api))]
+        conds, src_terms = [], []
+        for k, (before, _after) in enumerate(con.pad):
+            idx = f"({names[k]} - {before})" if before else names[k]
+            if before or _after:
+                conds.append(f"{idx} >= 0 && {idx} < {api[k]}")
+            src_terms.append(f"{src_strides[k]}*{idx}")
+        cond = " && ".join(conds) if conds else "1"
+        w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? data_in[{' + '.join(src_terms)}] : {d.zero};")
+        for _ in shape:
+            w.close()
+
+    def _main(self, plan: Plan, w: Writer) -> None:
+        d = self.d
+        L = plan.levels
+        fused = _live(plan.parallel)
+        serial_s0 = _live(L["S0"][len(plan.parallel):])
+        w("/* main nest: S0 S1 R0 S2 R1 S3 */")
+        depth0 = w.depth
+        if fused:
+            total = math.prod(lp.extent for lp in fused)
+            if total > 1 and d.parallel_for:
+                w(d.parallel_for)
+            w.open(d.parallel_loop.format(var="fused", n=total))
+            for i, lp in enumerate(fused):
+                below = math.prod(f.extent for f in fused[i + 1:])
+                expr = f"fused / {below}" if below > 1 else "fused"
+                w(f"const long {lp.var} = {expr if i == 0 else f'({expr}) % {lp.extent}'};")
+        for lp in serial_s0 + _live(L["S1"]):
+            w.open(d.loop.format(var=lp.var, n=lp.extent))
+        # ---- reduction R0, S2, register block ---------------------------------------------------
+        r0 = _live(L["R0"])
+        for lp in r0:
+            w.open(d.loop.format(var=lp.var, n=lp.extent))
+        first = " && ".join(f"{lp.var} == 0" for lp in r0) or "1"
+        w(f"const int first = {first};")
+        pack = _data_pack(plan)
+        for i, lp in enumerate(_live(L["S2"])):
+            w.open(d.loop.format(var=lp.var, n=lp.extent))
+            if pack is not None and i == pack.after:
+                self._data_pack(plan, pack, w)
+        if pack is not None and pack.after < 0:
+            self._data_pack(plan, pack, w)
+        self._register_block(plan, w, pack)
+        for _ in _live(L["S2"]):
+            w.close()
+        for _ in r0:
+            w.close()
+        if plan.epilogue:
+            self._epilogue(plan, w)
+        while w.depth > depth0:
+            w.close()
+
+    def _data_pack(self, plan: Plan, pack: _DataPack, w: Writer) -> None:
+        """Copy the data micro-panel of the current S2 position into ``dpack`` (timed, in the kernel)."""
+        d = self.d
+        S = d.scalar(plan.space.task.dtype)
+        L, data = plan.levels, plan.buffers["data"]
+        outer = [lp for name in ("S0", "S1", "R0") for lp in _live(L[name])]
+        outer += _live(L["S2"])[: pack.after + 1]
+        k = pack.r1
+        w(f"/* pack the data micro-panel: {math.prod(lp.extent for lp in pack.rows)} rows x {k.extent} */")
+        w(d.stack_array.format(S=S, name=PACK_NAME, n=pack.size, align=64))
+        w("{")
+        w.depth += 1
+        w(f"const {S}* {d.restrict} src = data + {_affine(_offset(data, outer))};")
+        for row in itertools.product(*[range(lp.extent) for lp in pack.rows]):
+            so = sum(data.stride(lp.var) * i for lp, i in zip(pack.rows, row))
+            po = sum(pack.buf.stride(lp.var) * i for lp, i in zip(pack.rows, row))
+            w(d.simd)
+            w(f"{d.loop.format(var=k.var, n=k.extent)} {PACK_NAME}[{po} + {k.var}] = src[{so} + {k.var}];")
+        w.depth -= 1
+        w("}")
+
+    def _load(self, ptr: str, stride: int, vec: int, size: int) -> str:
+        """A vector of ``vec`` elements ``stride`` apart from ``ptr`` (or one scalar when ``vec == 1``)."""
+        d = self.d
+        if vec == 1:
+            return d.load_scalar.format(ptr=ptr)
+        if stride == 1:
+            return d.load_unaligned.format(ptr=ptr)
+        if stride == 2:
+            # two overlapping loads of ptr[0 .. 2*vec-2] and one two-source permute (vpermi2ps), not
+            # vec scalar loads and inserts; the second load starts at vec-1 so nothing past the last
+            # element used is read
+            idx = ", ".join(str(2 * j if 2 * j < vec else 2 * j + 1) for j in range(vec))
+            return d.load_stride2.format(ptr=ptr, second=vec - 1, bytes=size * vec, idx=idx)
+        lanes = ", ".join(f"({ptr})[{j * stride}]" for j in range(vec))
+        return d.load_gather.format(lanes=lanes)
+
+    def _register_block(self, plan: Plan, w: Writer, pack: "_DataPack | None" = None) -> None:
+        """Accumulators in registers across the R1 loop: load (or zero), R1 FMAs, store. With a data
+        ``pack``, the data operand is read from the packed micro-panel instead of the data buffer."""
+        d = self.d
+        S = d.scalar(plan.space.task.dtype)
+        size = _itemsize(plan.space.task.dtype)
+        L = plan.levels
+        B = plan.buffers
+        vec = plan.vec
+        vaxis = plan.vector_axis
+        s3 = [lp for lp in L["S3"] if lp.extent > 1]
+        rows_loops = [lp for lp in s3 if lp.axis != vaxis]
+        vloop = next((lp for lp in L["S3"] if lp.axis == vaxis), None)
+        ncols = (vloop.extent if vloop else 1) // vec
+        rows = list(itertools.product(*[range(lp.extent) for lp in rows_loops]))
+        outer = [lp for name in ("S0", "S1", "S2") for lp in _live(L[name])]
+        r0 = _live(L["R0"])
+        r1 = _live(L["R1"])
+        acc = B[plan.acc]
+        T = d.vector_type if vec > 1 else S
+        w("/* register block: %d row(s) x %d column(s) of %s accumulators */" % (
+            len(rows), ncols, f"{vec}-lane" if vec > 1 else "scalar"))
+        w("{")
+        w.depth += 1
+        w(f"const long acc_base = {_affine(_offset(acc, outer))};")
+
+        def elem_off(buf: Buffer, row: tuple[int, ...], col: int) -> int:
+            off = sum(buf.stride(lp.var) * i for lp, i in zip(rows_loops, row))
+            if vloop is not None:
+                off += buf.stride(vloop.var) * col * vec
+            return off
+
+        acc_vs = acc.stride(vloop.var) if vloop is not None else 0
+        for ri, row in enumerate(rows):
+            for c in range(ncols):
+                w(f"{T} acc_{ri}_{c};")
+        w.open("if (first)")
+        for ri in range(len(rows)):
+            for c in range(ncols):
+                w(f"acc_{ri}_{c} = {d.vector_zero.format(T=T)};" if vec > 1 else f"acc_{ri}_{c} = {d.zero};")
+        w.close(" else {")
+        w.depth += 1
+        for ri, row in enumerate(rows):
+            for c in range(ncols):
+                ld = self._load(f"{plan.acc} + acc_base + {elem_off(acc, row, c)}", acc_vs, vec, size)
+                w(f"acc_{ri}_{c} = {ld};")
+        w.close()
+        # operand base pointers (outer loops incl. R0)
+        ops = [B["data"] if pack is None else pack.buf, B["weight"]]
+        for op in ops:
+            base = (PACK_NAME if pack is not None and op is pack.buf
+                    else f"{op.name} + {_affine(_offset(op, outer + r0))}")
+            w(f"const {S}* {d.restrict} {op.name}_p = {base};")
+        # R1 loops
+        # the knob is a *max* unroll step; the emitted unroll is also capped so the unrolled body stays
+        # under MAX_UNROLLED_FMAS statements (a 256x unroll of a 25-accumulator block takes gcc ~50 s)
+        fmas = max(1, len(rows) * ncols)
+        cap = 1 << max(0, (MAX_UNROLLED_FMAS // fmas).bit_length() - 1)
+        unroll = min(plan.unroll, cap)
+        cum = 1
+        unroll_pragmas = {}
+        for lp in reversed(r1):
+            if lp is r1[-1]:
+                n = min(unroll, lp.extent)
+                if n > 1:
+                    unroll_pragmas[lp.var] = n
+            elif cum * lp.extent <= unroll:
+                unroll_pragmas[lp.var] = lp.extent
+            cum *= lp.extent
+        for lp in r1:
+            if lp.var in unroll_pragmas:
+                w(d.unroll.format(n=unroll_pragmas[lp.var]))
+            w.open(d.loop.format(var=lp.var, n=lp.extent))
+        names: dict[tuple[str, int], str] = {}
+        for op in ops:
+            r1off = _affine(_offset(op, r1))
+            vs = op.stride(vloop.var) if vloop is not None else 0
+            for row in rows:
+                for c in range(ncols):
+                    off = elem_off(op, row, c)
+                    if (op.name, off) in names:
+                        continue
+                    nm = f"{op.name[0]}{len(names)}"
+                    names[(op.name, off)] = nm
+                    ptr = f"{op.name}_p + {r1off} + {off}" if r1off != "0" else f"{op.name}_p + {off}"
+                    if vs == 0:  # broadcast operand: one scalar per row
+                        w(f"const {S} {nm} = {op.name}_p[{r1off} + {off}];" if r1off != "0" else
+                          f"const {S} {nm} = {op.name}_p[{off}];")
+                    else:
+                        w(f"const {T} {nm} = {self._load(ptr, vs, vec, size)};")
+        for ri, row in enumerate(rows):
+            for c in range(ncols):
+                a = names[("data", elem_off(ops[0], row, c))]
+                b = names[("weight", elem_off(B["weight"], row, c))]
+                w(d.fma.format(acc=f"acc_{ri}_{c}", a=a, b=b))
+        for _ in r1:
+            w.close()
+        # store
+        for ri, row in enumerate(rows):
+            for c in range(ncols):
+                off = elem_off(acc, row, c)
+                if vec == 1:
+                    w(f"{plan.acc}[acc_base + {off}] = acc_{ri}_{c};")
+                elif acc_vs == 1:
+                    w(d.store_unaligned.format(ptr=f"{plan.acc} + acc_base + {off}", v=f"acc_{ri}_{c}"))
+                else:
+                    for j in range(vec):
+                        w(f"{plan.acc}[acc_base + {off + j * acc_vs}] = {d.lane.format(v=f'acc_{ri}_{c}', j=j)};")
+        w.close()
+
+    def _epilogue(self, plan: Plan, w: Writer) -> None:
+        """After an S1 tile's reduction: out = act(acc + bias + residual), unpacking a blocked scratch."""
+        d = self.d
+        S = d.scalar(plan.space.task.dtype)
+        L = plan.levels
+        B = plan.buffers
+        task = plan.space.task
+        w("/* fused epilogue over this S1 tile */")
+        loops = [lp for a in plan.con.spatial for lp in (L["S2"] + L["S3"]) if lp.axis == a.name and lp.extent > 1]
+        # walk the accumulator in memory order (largest stride outermost, a stable sort): for a channel-blocked
+        # scratch this reads it sequentially and keeps the blocked lanes innermost; the per-axis order (lanes
+        # outside the spatial loops) hopped 4 KiB apart on both buffers and cost up to 7x the whole main nest
+        loops = sorted(loops, key=lambda lp: -B[plan.acc].stride(lp.var))
+        outer = [lp for name in ("S0", "S1") for lp in _live(L[name])]
+        allv = outer + loops
+        for i, lp in enumerate(loops):
+            if i == len(loops) - 1:
+                w(d.simd)
+            w.open(d.loop.format(var=lp.var, n=lp.extent))
+        w(f"{S} v = {plan.acc}[{_affine(_offset(B[plan.acc], allv))}];")
+        if "bias" in B:
+            w(f"v += bias[{_affine(_offset(B['bias'], allv))}];")
+        if "residual" in B:
+            w(f"v += residual[{_affine(_offset(B['residual'], allv))}];")
+        w(f"out[{_affine(_offset(B['out'], allv))}] = {d.activations[task.act].format(v='v')};")
+        for _ in loops:
+            w.close()

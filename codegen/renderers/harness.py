@@ -1,0 +1,36 @@
+"""Timing harnesses: the entry points a standalone kernel source gets appended so the runner can time
+it without Python overhead per call.
+
+Every kernel library exports the kernel ABI (see :mod:`codegen.renderers`)::
+
+    void fj_kernel(float* const* bufs);               // one call of the kernel
+    double fj_time(float* const* bufs, long number);  // `number` calls, returns total seconds
+    void fj_set_threads(int n);                       // omp_set_num_threads
+
+:data:`TIMING_HARNESS_C` provides the last two for C + OpenMP (the timed loop runs in C: a volatile
+function pointer and a memory clobber keep the compiler from hoisting the kernel out of it). A CUDA
+harness (events around a launch loop) is another string here, named by its dialect table.
+"""
+from __future__ import annotations
+
+TIMING_HARNESS_C = r"""
+/* felixjax timing harness: append to a source that defines fj_kernel. */
+#include <time.h>
+#include <omp.h>
+void fj_kernel(float* const* bufs);
+double fj_time(float* const* bufs, long number) {
+  /* Called through a volatile pointer so the kernel is not inlined and hoisted out of the loop. */
+  void (*volatile kernel)(float* const*) = fj_kernel;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < number; ++i) {
+    kernel(bufs);
+    __asm__ __volatile__("" ::: "memory");
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+void fj_set_threads(int n) { omp_set_num_threads(n); }
+"""
+
+HARNESSES = {"c": TIMING_HARNESS_C}
