@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from typing import Any
 
 import jax
@@ -93,9 +95,21 @@ def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, 
         >>> load_npz(p)[0]["w"].tolist()
         [1.0, 1.0]
     """
-    with np.load(path, allow_pickle=False) as data:
-        flat = {name: data[name] for name in data.files}
-    meta = json.loads(flat.pop(_META_KEY).tobytes().decode("utf-8"))
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            flat = {name: data[name] for name in data.files}
+        meta = json.loads(flat.pop(_META_KEY).tobytes().decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("its metadata is not a JSON object")
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a cost-model checkpoint (a truncated or damaged .npz: {e})") from None
+    except KeyError:
+        raise ValueError(f"{path}: not a cost-model checkpoint (an .npz without felixjax metadata)") from None
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        # np.load(allow_pickle=False) of a file that is no .npz/.npy assumes pickle and refuses it
+        why = ("it holds pickled object arrays, which are never loaded" if "Object arrays" in str(e) else
+               "not an .npz file" if "pickle" in str(e) or isinstance(e, (TypeError, AttributeError)) else e)
+        raise ValueError(f"{path}: not a cost-model checkpoint ({why})") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"unsupported checkpoint format {meta.get('format_version')!r}")
     return flat, meta

@@ -609,6 +609,9 @@ class MLPCostModel:
         flat, meta = load_npz(path)
         if meta.get("kind") != cls.KIND:
             raise ValueError(f"{path} holds a {meta.get('kind')!r}, not a {cls.KIND!r}")
-        model = cls._from_config(meta["config"], meta["state"])
-        model.params = unflatten_params(model.params, flat)
+        try:
+            model = cls._from_config(meta["config"], meta["state"])
+            model.params = unflatten_params(model.params, flat)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: a damaged {cls.KIND!r} checkpoint ({e!s:.200})") from None
         return model

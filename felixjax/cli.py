@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
     t.add_argument("--cost-model", default=None, metavar="NPZ",
                    help="start the search's cost model from this pretrained checkpoint (felixjax pretrain)")
+    t.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
     r.add_argument("db")
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cost-model", default=None, metavar="NPZ",
                    help="pretrained cost model (felixjax pretrain) for every strategy that has one (gradient, "
                         "genetic): both start from the same model")
+    c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
 
     pt = add("pretrain", "pretrain the MLP cost model on the measurements of tuning databases (other tasks), "
                          "holding whole tasks out to measure transfer")
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
+    b.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
@@ -148,7 +151,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     options = _cost_model_options(args.strategy, args.cost_model)
     for task in tasks:
         res = fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
-                      seed=args.seed, threads=args.threads, strategy_options=options)
+                      seed=args.seed, threads=args.threads, strategy_options=options, progress=not args.quiet)
         best = res.best
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
@@ -266,13 +269,26 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
         options = {n: _cost_model_options(n, args.cost_model)
                    for n in (names or fj.strategies()) if n in COST_MODEL_STRATEGIES}
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)
     cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                      db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
-                     replay=True if args.replay else None, strategy_options=options)
+                     replay=True if args.replay else None, strategy_options=options, progress=not args.quiet)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
     return 0
+
+
+def _check_budgets(args: argparse.Namespace) -> None:
+    """Budgets and thread counts that would run nothing, or forever, are user errors."""
+    for name in ("trials", "seeds", "threads"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise UserError(f"--{name} must be >= 1 (got {v})")
+    v = getattr(args, "seconds", None)
+    if v is not None and not (v > 0 and math.isfinite(v)):
+        raise UserError(f"--seconds must be a positive number of seconds (got {v:g})")
 
 
 COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,
@@ -284,11 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _check_budgets(args)
         return COMMANDS[args.cmd](args)
     except UserError as e:
         print(f"felixjax {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+            FileExistsError) as e:
         msg = textwrap.shorten(str(e), 400)
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
         return 2

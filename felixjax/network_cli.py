@@ -23,10 +23,12 @@ def tune_model_cli(args: Any, target: Target) -> int:
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
         return 0
-    print(f"{model.name}: {len(model.tasks)} tasks, {sum(w for _, w in model.tasks)} anchor ops; budget "
-          f"{args.trials} trials ({args.strategy})", file=sys.stderr, flush=True)
+    quiet = getattr(args, "quiet", False)
+    if not quiet:
+        print(f"{model.name}: {len(model.tasks)} tasks, {sum(w for _, w in model.tasks)} anchor ops; budget "
+              f"{args.trials} trials ({args.strategy})", file=sys.stderr, flush=True)
     res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
-                     seconds=args.seconds, threads=args.threads, progress=_round_progress,
+                     seconds=args.seconds, threads=args.threads, progress=False if quiet else _round_progress,
                      strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)))
     print(res.table())
     print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")

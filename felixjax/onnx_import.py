@@ -329,6 +329,10 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
             consts[t.name] = numpy_helper.to_array(t)
         except Exception as e:
             raise ModelFormatError(f"initializer {t.name!r} is corrupt ({e})") from None
+        if consts[t.name].dtype.kind in "fc" and not np.isfinite(consts[t.name]).all():
+            bad = consts[t.name].size - int(np.isfinite(consts[t.name]).sum())
+            raise UnsupportedModelError(f"initializer {t.name!r} holds {bad} NaN/Inf value(s); felixjax refuses "
+                                        f"non-finite weights (their outputs would be NaN/Inf)")
 
     inputs = tuple(vi.name for vi in graph.input if vi.name not in inits)
     shapes: dict[str, tuple[int, ...]] = {}

@@ -1,0 +1,149 @@
+"""Command-line input validation (issue 12): every user error is one line on stderr and exit code 2,
+nothing runs; bad cost-model checkpoints and non-finite ONNX weights are clear errors; --quiet."""
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from felixjax.cli import _parser
+from felixjax.cli import main as cli
+
+OP = ["--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--no-compare"]
+
+
+def one_line_exit_2(argv, capsys, msg) -> str:
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag, value, msg", [
+    ("--seconds", "0", "--seconds must be a positive"),
+    ("--seconds", "-1", "--seconds must be a positive"),
+    ("--seconds", "nan", "--seconds must be a positive"),
+    ("--threads", "0", "--threads must be >= 1"),
+    ("--threads", "-1", "--threads must be >= 1"),
+    ("--trials", "0", "--trials must be >= 1"),
+    ("--trials", "-3", "--trials must be >= 1"),
+])
+def test_tune_budgets_and_threads(flag, value, msg, tmp_path, capsys):
+    db = tmp_path / "t.db"
+    one_line_exit_2(["tune", *OP, "--db", str(db), flag, value], capsys, msg)
+    assert not db.exists()  # nothing ran
+
+
+@pytest.mark.parametrize("flag, value", [("--seconds", "0"), ("--seconds", "-1"), ("--threads", "0"),
+                                         ("--threads", "-2"), ("--trials", "-1"), ("--seeds", "0")])
+def test_compare_budgets_and_threads(flag, value, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    one_line_exit_2(["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--out", str(out), flag, value], capsys,
+                    "must be")
+    assert not out.exists()
+
+
+def test_build_threads(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    fj.zoo.save("transformer_block", str(model))
+    one_line_exit_2(["build", str(model), "-o", str(tmp_path / "b"), "--threads", "0"], capsys, "--threads must be")
+
+
+def test_compare_out_naming_an_existing_file(tmp_path, capsys):
+    out = tmp_path / "results.txt"
+    out.write_text("keep me\n")
+    one_line_exit_2(["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--trials", "2", "--seeds", "1",
+                     "--out", str(out)], capsys, "is a file, not a folder")
+    assert out.read_text() == "keep me\n"
+
+
+def bad_checkpoints(tmp_path) -> dict:
+    text = tmp_path / "notes.txt"
+    text.write_text("this is not a checkpoint\n")
+    good = tmp_path / "ok.npz"
+    np.savez(good, w=np.ones(4096))
+    trunc = tmp_path / "trunc.npz"
+    trunc.write_bytes(good.read_bytes()[:300])
+    nometa = tmp_path / "nometa.npz"
+    np.savez(nometa, w=np.ones(3))
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, obj=np.array([{"a": 1}], dtype=object))
+    npy = tmp_path / "plain.npy"
+    np.save(npy, np.ones(3))
+    junkzip = tmp_path / "junk.npz"
+    with zipfile.ZipFile(junkzip, "w") as z:
+        z.writestr("readme.txt", "hi")
+    return {"text": text, "truncated": trunc, "no metadata": nometa, "pickled": pickled, "npy": npy,
+            "zip": junkzip}
+
+
+def test_load_pretrained_rejects_bad_files_with_a_clear_value_error(tmp_path):
+    from felixjax.pretrain import load_pretrained
+
+    for kind, path in bad_checkpoints(tmp_path).items():
+        with pytest.raises(ValueError, match="not a cost-model checkpoint") as e:
+            load_pretrained(path)
+        assert str(path) in str(e.value) and "\n" not in str(e.value), kind
+
+
+@pytest.mark.parametrize("kind", ["text", "truncated", "pickled"])
+def test_cli_cost_model_bad_file(kind, tmp_path, capsys):
+    path = bad_checkpoints(tmp_path)[kind]
+    argv = ["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "gradient", "--no-compare", "--trials", "1",
+            "--db", str(tmp_path / "t.db"), "--cost-model", str(path)]
+    err = one_line_exit_2(argv, capsys, "not a cost-model checkpoint")
+    assert "allow_pickle" not in err and "BadZipFile" not in err
+
+
+def nan_model(path, value=np.nan):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).random((8, 4)).astype(np.float32)
+    w[1, 2] = value
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "fc.weight"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                          [numpy_helper.from_array(w, "fc.weight")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_naming_the_initializer(value, tmp_path):
+    path = nan_model(tmp_path / "nan.onnx", value)
+    with pytest.raises(fj.UnsupportedModelError, match="initializer 'fc.weight' holds 1 NaN/Inf"):
+        fj.load_onnx(str(path))
+
+
+def test_cli_build_on_nan_weights(tmp_path, capsys):
+    path = nan_model(tmp_path / "nan.onnx")
+    one_line_exit_2(["build", str(path), "-o", str(tmp_path / "out")], capsys, "'fc.weight' holds 1 NaN/Inf")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_tune_on_a_foreign_database(tmp_path, capsys):
+    db = tmp_path / "notes.db"
+    db.write_text("my notes\n")
+    one_line_exit_2(["tune", *OP, "--trials", "1", "--db", str(db)], capsys, "not a felixjax database")
+    assert db.read_text() == "my notes\n"
+
+
+def test_quiet_flag_on_tune_compare_build():
+    p = _parser()
+    assert p.parse_args(["tune", "--op", "matmul:m=8,n=8,k=8", "--quiet"]).quiet
+    assert p.parse_args(["compare", "--suite", "ops", "--out", "x", "--quiet"]).quiet
+    assert p.parse_args(["build", "m.onnx", "-o", "x", "--quiet"]).quiet
+    assert not p.parse_args(["tune", "--op", "matmul:m=8,n=8,k=8"]).quiet
+
+
+def test_quiet_compare_prints_no_progress(tmp_path, capsys):
+    argv = ["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--trials", "4", "--seeds", "1",
+            "--strategies", "random", "--out", str(tmp_path / "q")]
+    assert cli(argv + ["--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err.strip() == "" and "random" in quiet.out
+    assert cli(argv[:-1] + [str(tmp_path / "loud")]) == 0
+    assert capsys.readouterr().err.strip() != ""  # without --quiet, progress lines on stderr
