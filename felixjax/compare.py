@@ -29,98 +29,23 @@ import csv
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
-from codegen.measure import LocalRunner, MeasureResult, TimingProtocol
+from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task, parse_spec
-from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 
 from .database import Database, TuningRecord
-from .strategies import SearchContext, Strategy, get_strategy, registered
-from .strategies.base import opening_defaults
+from .session import TaskRun, TuningSession
+from .strategies import Strategy, get_strategy, registered
+from .suites import SUITES, suite
+from .testing import ReplayRunner
 
 DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
 REACH = 0.95  # "reached" = latency <= best known / REACH
-
-
-# ----------------------------------------------------------------------------------------------
-# One run, advanced one round at a time
-# ----------------------------------------------------------------------------------------------
-
-class _Run:
-    """The tuning loop of :func:`felixjax.tuner.tune` for one (task, strategy, seed), as a stepper."""
-
-    def __init__(self, task: Task, label: str, seed: int, strategy: Strategy, measurer, database: Database,
-                 target: Target, target_key: str, trials: int, seconds: float | None, defaults: bool = True):
-        self.task, self.label, self.seed, self.strategy = task, label, seed, strategy
-        self.defaults = defaults
-        self.measurer, self.database = measurer, database
-        self.target, self.target_key = target, target_key
-        self.trials, self.seconds = trials, seconds
-        self.run = f"{label}:{seed}"
-        self.trial_s = float(getattr(measurer, "trial_s", 0.0))  # simulated cost of a replayed trial
-        self.target_json = target.to_json()
-        history = database.records(task, target_key, run=self.run)
-        self.ctx = SearchContext(task, target, {sk.name: Space(task, sk, target) for sk in sketches_for(task)},
-                                 np.random.default_rng(seed), {r.config for r in history}, list(history))
-        self.clock = history[-1].elapsed_s if history else 0.0  # seconds this run has spent so far
-        self.rounds = 0
-        if history:
-            strategy.update(self.ctx, list(history))
-        self.done = self._out_of_budget(self.clock)
-
-    @property
-    def history(self) -> list[TuningRecord]:
-        return self.ctx.history
-
-    def _out_of_budget(self, elapsed: float) -> bool:
-        return len(self.ctx.history) >= self.trials or (self.seconds is not None and elapsed >= self.seconds)
-
-    def progress(self) -> float:
-        """Share of the budget used (the scheduler advances the least advanced run first)."""
-        p = len(self.ctx.history) / self.trials
-        return max(p, self.clock / self.seconds) if self.seconds else p
-
-    def step(self) -> None:
-        """One round: propose, build + measure (recording each result), update."""
-        ctx, t0, simulated = self.ctx, time.perf_counter(), 0.0
-        n = min(int(getattr(self.strategy, "batch_size", 16)), self.trials - len(ctx.history))
-        head = opening_defaults(ctx, n) if self.defaults else []
-        cands = head + [c for c in self.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
-        cands = cands[:n]
-        if not cands:
-            self.done = True  # the space is exhausted
-            self.clock += time.perf_counter() - t0
-            return
-        for c in cands:
-            ctx.spaces[c.sketch].validate(c)
-        new: list[TuningRecord] = []
-
-        def record(cfg: Config, res: MeasureResult) -> bool:
-            nonlocal simulated
-            simulated += self.trial_s
-            elapsed = self.clock + time.perf_counter() - t0 + simulated
-            rec = self.database.add(TuningRecord(self.task, self.target_key, self.run, len(ctx.history), cfg, res,
-                                                 elapsed, self.target_json))
-            ctx.history.append(rec)
-            ctx.measured.add(cfg)
-            new.append(rec)
-            return not self._out_of_budget(elapsed)
-
-        self.measurer.measure(cands, record)
-        self.strategy.update(ctx, new)
-        self.clock += time.perf_counter() - t0 + simulated
-        self.rounds += 1
-        self.done = self._out_of_budget(self.clock)
-
-    def best(self) -> TuningRecord | None:
-        ok = [r for r in self.ctx.history if r.ok]
-        return min(ok, key=lambda r: r.latency_s) if ok else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,8 +282,6 @@ class _quiet:
 # ----------------------------------------------------------------------------------------------
 
 def _as_tasks(tasks) -> list[Task]:
-    from .suites import SUITES, suite
-
     if isinstance(tasks, (Task, str)):
         tasks = [tasks]
     out: list[Task] = []
@@ -392,8 +315,6 @@ def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
 
 
 def _replay_measurer(replay, task: Task, target: Target):
-    from .testing import ReplayRunner
-
     if replay is True or replay == "synthetic":
         return ReplayRunner.from_oracle(task, target)
     if isinstance(replay, (str, os.PathLike)):
@@ -463,20 +384,15 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError("seeds must be >= 1")
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (got {trials})")
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"seconds must be > 0 (got {seconds})")
     target = target or Target.cpu()
     target_key = ("replay:" if replay is not None else "") + target.key
-    own_db = not isinstance(db, Database)
-    database = db if isinstance(db, Database) else Database(db if db is not None else ":memory:")
-    own_runner = replay is None and runner is None
-    if replay is None:
-        runner = runner or (LocalRunner() if protocol is None else LocalRunner(protocol=protocol))
-    try:
-        from .tuner import Measurer
-
-        measurers = {t.name: (_replay_measurer(replay, t, target) if replay is not None else
-                              Measurer(t, target, runner, threads=threads, protocol=protocol)) for t in task_list}
-        runs = [_Run(t, name, seed, make(), measurers[t.name], database, target, target_key, trials, seconds,
-                     defaults)
+    measurer = None if replay is None else (lambda t, tg: _replay_measurer(replay, t, tg))
+    with TuningSession(target, db=db, runner=runner, measurer=measurer, target_key=target_key, threads=threads,
+                       protocol=protocol, progress=False, defaults=defaults) as session:
+        # one cost model per (strategy, seed), shared by that run's tasks only
+        runs = [session.add(t, make(), seed=seed, label=name, trials=trials, seconds=seconds, group=(name, seed))
                 for t in task_list for seed in seed_list for name, make in factories]
         # interleave: always advance the run that used the smallest share of its budget (ties: in order)
         while True:
@@ -484,46 +400,37 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             if not active:
                 break
             run = min(active, key=lambda r: r.progress())
-            run.step()
+            session.step(run)
             if progress:
                 b = run.best()
                 best = f"{b.latency_s * 1e3:.4f} ms" if b else "-"
                 print(f"[compare] {run.task.name} {run.run}: round {run.rounds} {len(run.history)}/{trials} trials "
                       f"{run.clock:.1f} s  best {best}", file=sys.stderr, flush=True)
-        remeasured = _remeasure(runs, measurers, remeasure, progress)
+        remeasured = _remeasure(session, runs, remeasure, progress)
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
                             replay is not None)
-    finally:
-        if own_runner and runner is not None:
-            runner.close()
-        if own_db:
-            database.close()
     if out is not None:
         result.save(out)
     return result
 
 
-def _remeasure(runs: list[_Run], measurers: dict, repeats: int, progress: bool) -> dict:
-    """Time the final best of every run of a task again, interleaved: A B C A B C ..."""
+def _remeasure(session: TuningSession, runs: list[TaskRun], repeats: int, progress: bool) -> dict:
+    """Time the final best of every run of a task again, interleaved (A B C A B C ...), ``repeats``
+    times; the re-timings are stored as ``retime:<run>`` rows (no budget, no history)."""
     out: dict[tuple[str, str, int], list[float]] = {}
     if repeats < 1:
         return out
-    by_task: dict[str, list[_Run]] = {}
+    by_task: dict[str, list[TaskRun]] = {}
     for r in runs:
-        by_task.setdefault(r.task.name, []).append(r)
-    for name, task_runs in by_task.items():
-        bests = {(r.task.name, r.label, r.seed): r.best() for r in task_runs}
-        configs = list(dict.fromkeys(b.config for b in bests.values() if b is not None))
-        if not configs:
-            continue
-        lat: dict[Config, list[float]] = {c: [] for c in configs}
-        for _ in range(repeats):
-            measurers[name].measure(configs, lambda c, res: lat[c].append(res.latency_s) or True)
-        for key, b in bests.items():
-            if b is not None:
-                out[key] = list(lat[b.config])
+        by_task.setdefault(r.task.key, []).append(r)
+    for task_runs in by_task.values():
+        rows = session.retime(task_runs, top=1, repeats=repeats)
+        for r in task_runs:
+            if rows.get(r.run):
+                res = rows[r.run][0].result
+                out[(r.task.name, r.label, r.seed)] = list(res.latencies) if res.ok else [math.inf]
         if progress:
-            print(f"[compare] {name}: re-measured {len(configs)} final best(s) x {repeats}, interleaved",
-                  file=sys.stderr, flush=True)
+            print(f"[compare] {task_runs[0].task.name}: re-measured the final best of {len(task_runs)} run(s) "
+                  f"x {repeats}, interleaved", file=sys.stderr, flush=True)
     return out

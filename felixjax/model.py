@@ -6,11 +6,20 @@ on arrays only (DESIGN.md), so turning records into arrays happens here, in ``fe
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from codegen.space import Config
+from costmodels import Features, MLPCostModel
+
+from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES, batch_features, feature_inputs, features
+from .relax import Relaxation
+from .smooth import Smooth
 
 
 @runtime_checkable
@@ -35,40 +44,45 @@ class RandomScorer:
         pass
 
 
-class CostModelScorer:
-    """The learned scorer of one task: hard-mode features -> roofline prior or Flax MLP.
+class OnlineCostModel:
+    """One learned latency model for every task of a tuning session (DESIGN.md ⑥).
 
-    Cold start (DESIGN.md ⑥): without a pretrained model the analytic roofline prior ranks the
-    first rounds; after each round the MLP is fine-tuned on every measurement of the run and takes
-    over once its held-out pairwise ranking accuracy beats the prior's on the same rows. With
-    ``pretrained`` (a checkpoint of :func:`felixjax.pretrain.pretrain`, trained on other tasks) the
-    MLP ranks from the first round, is fine-tuned from those weights, and the same comparison
-    decides later rounds.
+    Holds the analytic roofline prior and the Flax MLP, and every measurement the session has fed
+    it, from every task (task ids as groups, so the rank loss and the held-out pairwise accuracy
+    compare configs of the same task only). After each round the MLP is fine-tuned from its current
+    weights on all of it (never refit from scratch per task or per round) and takes over from the
+    prior once its held-out pairwise accuracy beats the prior's on the same rows. With
+    ``pretrained`` (a checkpoint of :func:`felixjax.pretrain.pretrain`, or a loaded MLP) the MLP
+    ranks from the first round.
 
-    Attributes:
-        relaxations: one :class:`~felixjax.relax.Relaxation` per sketch (features are computed from
-            the relaxed point of a config, exactly, in hard mode).
-        active: ``"prior"`` or ``"mlp"``; ``metrics`` holds the last comparison.
+    Per-task views (:meth:`scorer`, a :class:`CostModelScorer`) turn configs into features; the
+    model itself sees arrays only.
+
+    Example:
+        >>> import felixjax as fj
+        >>> from codegen.space import Space, sketches_for
+        >>> shared = OnlineCostModel(fj.Target.cpu())
+        >>> t1, t2 = fj.ops.matmul(64, 64, 64), fj.ops.dense(1, 256, 64)
+        >>> s1 = shared.scorer({s.name: Space(t1, s, fj.Target.cpu()) for s in sketches_for(t1)})
+        >>> s2 = shared.scorer({s.name: Space(t2, s, fj.Target.cpu()) for s in sketches_for(t2)})
+        >>> (s1.group, s2.group, s1.shared is s2.shared)
+        (0, 1, True)
     """
 
     MIN_TRAIN = 24
-    CHUNK = 1024
     #: Online fine-tuning budget: each update sees about this many samples (TenSet/Felix train
     #: from scratch on 30000 per round; here the MLP continues from its weights every round, so a
     #: smaller budget per round keeps the update under a second).
     SAMPLE_BUDGET = 4096
 
-    def __init__(self, spaces: dict, target, *, seed: int = 0, hidden: int = 128, train_config=None,
-                 pretrained: str | None = None):
+    def __init__(self, target, *, seed: int = 0, hidden: int = 128, train_config=None, pretrained=None):
         from costmodels import MLPCostModel, RooflineModel, TrainConfig
 
         from . import jaxcache
-        from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES, feature_inputs
-        from .relax import Relaxation
+        from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 
         jaxcache.enable()
-        self.relaxations = {name: Relaxation(sp) for name, sp in spaces.items()}
-        self.inputs = {name: feature_inputs(r) for name, r in self.relaxations.items()}
+        self.target = target
         peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
         g = GLOBAL_FEATURES.index
         self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
@@ -78,18 +92,28 @@ class CostModelScorer:
         cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
         if pretrained is None:
             self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
+            self.pretrained = None
         else:
-            from .pretrain import load_pretrained
-
-            self.mlp = load_pretrained(pretrained)
+            self.mlp = load_pretrained(pretrained) if isinstance(pretrained, (str, os.PathLike)) else pretrained
             self.mlp.config = cfg  # online fine-tuning, from the pretrained weights and standardization
             self.mlp._rng = np.random.default_rng(seed)
-        self.pretrained = None if pretrained is None else str(pretrained)
+            self.pretrained = str(pretrained) if isinstance(pretrained, (str, os.PathLike)) else "object"
         self.active = "prior" if pretrained is None else "mlp"
         self.metrics: dict = {}
+        self.groups: dict[str, int] = {}  # task key -> group id
         self._feats: list = []
         self._lat: list[float] = []
+        self._grp: list[int] = []
         self._seen: set = set()
+        self.updates = 0
+
+    def group_of(self, task) -> int:
+        """The group id of a task (by key), assigned in order of first sight."""
+        return self.groups.setdefault(task.key, len(self.groups))
+
+    def scorer(self, spaces: dict) -> "CostModelScorer":
+        """A per-task view over this model (``spaces``: the task's spaces by sketch name)."""
+        return CostModelScorer(spaces, self.target, model=self)
 
     @property
     def model(self):
@@ -100,6 +124,89 @@ class CostModelScorer:
         """The active model as one differentiable function whose structure never changes, so the
         gradient strategy's descent compiles once per process whichever model is active."""
         return Blend(self.prior, self.mlp, 1.0 if self.active == "mlp" else 0.0)
+
+    @property
+    def samples(self) -> int:
+        return len(self._lat)
+
+    def add(self, group: int, configs: list, features, latencies) -> int:
+        """Remember measurements of one task (configs already seen in that group are skipped);
+        returns how many rows were new. Call :meth:`fit` to learn from them."""
+        keep = [i for i, c in enumerate(configs) if (group, c) not in self._seen]
+        if not keep:
+            return 0
+        idx = np.asarray(keep)
+        self._feats.append(Features(features.access[idx], features.mask[idx], features.glob[idx]))
+        self._lat += [float(latencies[i]) for i in keep]
+        self._grp += [group] * len(keep)
+        self._seen.update((group, configs[i]) for i in keep)
+        return len(keep)
+
+    def fit(self) -> dict:
+        """Fine-tune the MLP on every measurement so far and pick the better ranker."""
+        from costmodels import pad_accesses, pairwise_accuracy
+
+        if len(self._lat) < self.MIN_TRAIN:
+            return {}
+        slots = max(f.access.shape[1] for f in self._feats)
+        parts = [pad_accesses(f, slots) for f in self._feats]
+        feats = Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
+        self._feats = [feats]  # keep one concatenated block
+        lat = np.asarray(self._lat)
+        groups = np.asarray(self._grp, np.int64)
+        m = self.mlp.update(feats, lat, groups)
+        self.updates += 1
+        val = self.mlp.last_val_index
+        if len(val) >= 8:
+            sub = Features(feats.access[val], feats.mask[val], feats.glob[val])
+            prior_acc = pairwise_accuracy(self.prior.predict(sub), lat[val], groups[val])
+            mlp_acc = float(m.get("val_pairwise_accuracy", float("nan")))
+            self.metrics = {"n": len(lat), "tasks": len(set(self._grp)), "mlp_val_pairwise": mlp_acc,
+                            "prior_val_pairwise": prior_acc}
+            self.active = "mlp" if mlp_acc > prior_acc else "prior"
+        return self.metrics
+
+
+class CostModelScorer:
+    """The learned scorer of one task: a view of an :class:`OnlineCostModel` (shared by every task of
+    a session) that turns the task's configs into hard-mode features.
+
+    Without ``model`` it makes a model of its own (``seed``, ``hidden``, ``train_config`` and
+    ``pretrained`` go to it), which is what a strategy used on its own, outside a session, gets.
+
+    Attributes:
+        relaxations: one :class:`~felixjax.relax.Relaxation` per sketch (features are computed from
+            the relaxed point of a config, exactly, in hard mode).
+        inputs: the feature function's per-sketch inputs.
+        shared, group: the model and this task's group id in it.
+        active: ``"prior"`` or ``"mlp"`` (the shared model's); ``metrics`` holds its last comparison.
+    """
+
+    CHUNK = 1024
+    MIN_TRAIN = OnlineCostModel.MIN_TRAIN
+    SAMPLE_BUDGET = OnlineCostModel.SAMPLE_BUDGET
+
+    def __init__(self, spaces: dict, target=None, *, model: OnlineCostModel | None = None, seed: int = 0,
+                 hidden: int = 128, train_config=None, pretrained=None):
+        if model is None:
+            if target is None:
+                raise ValueError("CostModelScorer needs a target or a shared model")
+            model = OnlineCostModel(target, seed=seed, hidden=hidden, train_config=train_config,
+                                    pretrained=pretrained)
+        self.shared = model
+        self.relaxations = {name: Relaxation(sp) for name, sp in spaces.items()}
+        self.inputs = {name: feature_inputs(r) for name, r in self.relaxations.items()}
+        task = next(iter(spaces.values())).task if spaces else None
+        self.group = model.group_of(task) if task is not None else 0
+
+    # the shared model's state, seen from this task
+    prior = property(lambda self: self.shared.prior)
+    mlp = property(lambda self: self.shared.mlp)
+    active = property(lambda self: self.shared.active)
+    metrics = property(lambda self: self.shared.metrics)
+    pretrained = property(lambda self: self.shared.pretrained)
+    model = property(lambda self: self.shared.model)
+    differentiable = property(lambda self: self.shared.differentiable)
 
     def _padded(self, xs: np.ndarray):
         """``(chunk padded to 64 or CHUNK rows, real rows)`` over ``xs``: two shapes, two compilations."""
@@ -116,13 +223,6 @@ class CostModelScorer:
         Rows go through the jitted feature function in chunks padded to 64 or :attr:`CHUNK` rows, so
         it compiles twice at most whatever ``B`` is.
         """
-        import jax.numpy as jnp
-
-        from costmodels import Features
-
-        from .features import batch_features
-        from .smooth import Smooth
-
         parts = []
         for pad, n in self._padded(xs):
             f = batch_features(self.inputs[sketch], jnp.asarray(pad), Smooth.hard_mode())
@@ -131,8 +231,6 @@ class CostModelScorer:
 
     def features(self, configs: list[Config]):
         """Hard-mode features of configs (any mix of sketches), in order, as numpy ``Features``."""
-        from costmodels import Features
-
         order, parts = [], []
         for name in sorted({c.sketch for c in configs}):
             idx = [i for i, c in enumerate(configs) if c.sketch == name]
@@ -150,8 +248,6 @@ class CostModelScorer:
         """Scores of integer points ``[B, N_X]`` of one sketch (no :class:`Config` objects built):
         hard features and the active model in one jitted call per padded chunk, compiled once per
         process for every task and sketch (the model enters as parameters of a :class:`Blend`)."""
-        import jax.numpy as jnp
-
         xs = np.asarray(xs, np.float32)
         if not len(xs):
             return np.zeros(0)
@@ -162,29 +258,19 @@ class CostModelScorer:
             out.append(np.asarray(fn(blend.params, self.inputs[sketch], jnp.asarray(pad)))[:n])
         return np.concatenate(out).astype(np.float64)
 
-    def update(self, records: list) -> None:
-        from costmodels import Features, pairwise_accuracy
+    def soft_score(self, temperature: float):
+        """``fn(params, inputs, x) -> predicted score`` on soft features of one relaxed point: the
+        differentiable objective of the gradient strategy (pure; compiled once per model kind)."""
+        return _soft_score_for(self.differentiable, float(temperature))
 
-        new = [r for r in records if r.ok and r.config not in self._seen]
+    def update(self, records: list) -> None:
+        """Feed this task's new correct measurements to the shared model and fine-tune it."""
+        new = [r for r in records if r.ok and r.config.sketch in self.relaxations]
         if not new:
             return
-        f = self.features([r.config for r in new])
-        self._feats.append(f)
-        self._lat += [r.latency_s for r in new]
-        self._seen.update(r.config for r in new)
-        if len(self._lat) < self.MIN_TRAIN:
-            return
-        feats = Features(*(np.concatenate([getattr(p, k) for p in self._feats]) for k in ("access", "mask", "glob")))
-        lat = np.asarray(self._lat)
-        groups = np.zeros(len(lat), np.int64)
-        m = self.mlp.update(feats, lat, groups)
-        val = self.mlp.last_val_index
-        if len(val) >= 8:
-            sub = Features(feats.access[val], feats.mask[val], feats.glob[val])
-            prior_acc = pairwise_accuracy(self.prior.predict(sub), lat[val], groups[val])
-            mlp_acc = float(m.get("val_pairwise_accuracy", float("nan")))
-            self.metrics = {"n": len(lat), "mlp_val_pairwise": mlp_acc, "prior_val_pairwise": prior_acc}
-            self.active = "mlp" if mlp_acc > prior_acc else "prior"
+        cfgs = [r.config for r in new]
+        if self.shared.add(self.group, cfgs, self.features(cfgs), [r.latency_s for r in new]):
+            self.shared.fit()
 
 
 class Blend:
@@ -217,13 +303,6 @@ def _hard_score_for(model):
     """``jit(params, inputs, x [B, N_X]) -> scores [B]`` on exact (hard-mode) features."""
     key = model_key(model)
     if key not in _HARD_SCORE:
-        import jax
-
-        from costmodels import Features
-
-        from .features import features
-        from .smooth import Smooth
-
         hard = Smooth.hard_mode()
 
         def one(params, inputs, x):
@@ -234,8 +313,39 @@ def _hard_score_for(model):
     return _HARD_SCORE[key]
 
 
+_SOFT_SCORE: dict = {}
+
+
+def _soft_score_for(model, temperature: float):
+    """``fn(params, inputs, x [N_X]) -> score`` on soft features (not jitted: the caller composes it)."""
+    key = (model_key(model), temperature)
+    if key not in _SOFT_SCORE:
+        soft = Smooth.soft(temperature)
+
+        def one(params, inputs, x):
+            f = features(inputs, x, soft)
+            return model.apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
+
+        _SOFT_SCORE[key] = one
+    return _SOFT_SCORE[key]
+
+
 def make_scorer(ctx, cost_model: str | None = None) -> Scorer:
-    """The default scorer of a search context (used by the genetic and gradient strategies);
-    ``cost_model``: a pretrained MLP checkpoint (``felixjax pretrain``) to start from."""
+    """A scorer with a model of its own, for a strategy used outside a tuning session
+    (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from)."""
     seed = int(ctx.rng.integers(2**31))
     return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model)
+
+
+def load_pretrained(path: str | os.PathLike) -> MLPCostModel:
+    """The MLP of a checkpoint written by :func:`felixjax.pretrain.pretrain`, checked against this
+    feature set (a clear ``ValueError`` for a file that is not such a checkpoint)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no cost-model checkpoint at {path} (make one with `felixjax pretrain`)")
+    model = MLPCostModel.load(path)
+    if (model.n_access_features, model.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
+        raise ValueError(f"{path} was trained on {model.n_access_features} access / {model.n_glob_features} global "
+                         f"features; this felixjax computes {N_ACCESS_FEATURES} / {N_GLOBAL_FEATURES}: pretrain again")
+    if not model.fitted:
+        raise ValueError(f"{path} holds an untrained model")
+    return model

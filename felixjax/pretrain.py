@@ -30,6 +30,8 @@ import numpy as np
 
 from costmodels import Features
 
+from .model import CostModelScorer, load_pretrained  # noqa: F401  (load_pretrained: public here too)
+
 
 @dataclass(frozen=True)
 class PretrainData:
@@ -80,7 +82,6 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     from costmodels import pad_accesses
 
     from .database import Database
-    from .model import CostModelScorer
 
     excluded = set(exclude)
     per_task: dict[str, dict] = {}  # task name -> {config: record}
@@ -184,20 +185,3 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     model.save(out)
     Path(str(out) + ".json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
-
-
-def load_pretrained(path: str | os.PathLike):
-    """The MLP of a checkpoint written by :func:`pretrain`, checked against this feature set."""
-    from costmodels import MLPCostModel
-
-    from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
-
-    if not Path(path).exists():
-        raise FileNotFoundError(f"no cost-model checkpoint at {path} (make one with `felixjax pretrain`)")
-    model = MLPCostModel.load(path)
-    if (model.n_access_features, model.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
-        raise ValueError(f"{path} was trained on {model.n_access_features} access / {model.n_glob_features} global "
-                         f"features; this felixjax computes {N_ACCESS_FEATURES} / {N_GLOBAL_FEATURES}: pretrain again")
-    if not model.fitted:
-        raise ValueError(f"{path} holds an untrained model")
-    return model

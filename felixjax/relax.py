@@ -369,6 +369,11 @@ class Relaxation:
         ((2, 3),)
     """
 
+    #: the pure ``(relaxed space arrays, x)`` forms, for compiled callers (the gradient strategy's
+    #: descent takes them from here, so one compilation serves every task)
+    penalty_of = staticmethod(penalty)
+    project_of = staticmethod(project)
+
     def __init__(self, space: Space, *, elem_bytes: int = 4):
         self.space = space
         self.arrays = relaxed_space(space, elem_bytes=elem_bytes)

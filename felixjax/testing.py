@@ -37,6 +37,7 @@ from codegen.ops import Task
 from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 
+from .database import Database
 from .strategies.genetic import LEVELS, Codec
 
 CLOCK_HZ = 2.7e9
@@ -224,8 +225,6 @@ class ReplayRunner:
     def from_database(cls, db, task: Task, *, trial_s: float = 0.3) -> "ReplayRunner":
         """Replay the records of ``task`` in a database (path or :class:`~felixjax.Database`): each
         config's median over its ok measurements, else its last recorded failure."""
-        from .database import Database
-
         database = db if isinstance(db, Database) else Database(db)
         ok: dict[Config, list[float]] = {}
         failed: dict[Config, MeasureResult] = {}

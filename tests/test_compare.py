@@ -32,7 +32,9 @@ def test_one_call_writes_csv_table_and_plot(tmp_path):
     # the database holds every trial, runs named strategy:seed
     db = fj.Database(tmp_path / "cmp.db")
     assert db.runs() == ["genetic:0", "genetic:1", "random:0", "random:1"]
-    assert len(db) == 2 * 2 * 2 * 30
+    # every trial, plus one re-timing row per run (run "retime:<run>": no budget, no history)
+    assert len(db) == 2 * 2 * 2 * 30 + 2 * 2 * 2
+    assert db.runs(retimes=True)[-4:] == ["retime:genetic:0", "retime:genetic:1", "retime:random:0", "retime:random:1"]
     # CSV: every measurement, best so far monotone per run
     rows = list(csv.DictReader(open(out / "cmp.csv")))
     assert set(rows[0]) == {"strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",

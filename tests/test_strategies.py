@@ -256,9 +256,14 @@ def test_scorer_factory_wiring(monkeypatch):
 
     ctx = make_ctx(TASKS[0])
     monkeypatch.setattr(model, "make_scorer", lambda c: Fixed(), raising=False)
+    # no scorer option: the context's scorer (outside a session, a model of its own via make_scorer(ctx))
     assert isinstance(GeneticSearch().scorer(ctx), Fixed)
-    monkeypatch.delattr(model, "make_scorer", raising=False)
-    assert isinstance(GeneticSearch().scorer(ctx), model.RandomScorer)
+    assert GeneticSearch().scorer(ctx) is GeneticSearch().scorer(ctx)  # built once per context
+    # a session's context hands out its shared model's view of the task instead
+    shared = Fixed()
+    ctx2 = make_ctx(TASKS[1])
+    ctx2.scorer_factory = lambda c: shared
+    assert GeneticSearch().scorer(ctx2) is shared
     sc = Fixed()
     g = GeneticSearch(scorer=sc)
     assert g.scorer(ctx) is sc

@@ -26,25 +26,28 @@ def test_short_random_tuning_run_checks_every_kernel(tmp_path, runner):
     assert len(res.history) == 6 and [r.trial for r in res.history] == list(range(6))
     assert all(r.status == "ok" for r in res.history), res.status_counts()
     assert len({r.config for r in res.history}) == 6
+    assert res.best_while_tuning.latency_s == min(r.latency_s for r in res.history)
+    # res.best is the winner of the end-of-run re-timing of the top 3 (interleaved), one of the run's configs
     best = res.best
-    assert best.latency_s == min(r.latency_s for r in res.history) and best.gflops > 0
+    assert best.run == "retime:random:1" and best.config in {r.config for r in res.history} and best.gflops > 0
+    assert len(res.retimed) == 3
     # the best kernel as a callable, on fresh inputs
     arrays = t.random_inputs(seed=7)
     np.testing.assert_allclose(res.kernel(threads=1)(*arrays), t.reference(*arrays), rtol=1e-4, atol=1e-4)
     assert "fj_kernel" in res.source
     db = fj.Database(tmp_path / "r.db")
-    assert db.best(t, fj.Target.cpu()).latency_s == best.latency_s
-    assert len(db.records(task=t)) == 6
+    assert db.best(t, fj.Target.cpu(), run="random:1").latency_s == res.best_while_tuning.latency_s
+    assert len(db.records(task=t)) == 6 and len(db.records(task=t, retimes=True)) == 6 + 3
 
 
 def test_database_roundtrip_jsonl(tmp_path, runner):
     t = fj.ops.dense(2, 16, 8, bias=True)
     fj.tune(t, strategy="random", trials=3, db=str(tmp_path / "a.db"), runner=runner, threads=1, progress=False)
     a = fj.Database(tmp_path / "a.db")
-    assert a.export_jsonl(tmp_path / "a.jsonl") == 3
+    assert a.export_jsonl(tmp_path / "a.jsonl") == 3 + 3  # the run and its 3 re-timing rows
     b = fj.Database(tmp_path / "b.db")
-    assert b.import_jsonl(tmp_path / "a.jsonl") == 3
-    ra, rb = a.records(), b.records()
+    assert b.import_jsonl(tmp_path / "a.jsonl") == 6
+    ra, rb = a.records(retimes=True), b.records(retimes=True)
     assert [(r.config, r.result.latencies, r.status) for r in ra] == [(r.config, r.result.latencies, r.status)
                                                                      for r in rb]
     for line in open(tmp_path / "a.jsonl"):

@@ -12,37 +12,11 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-import numpy as np
+from codegen.space import Config
 
-from codegen.ops import Task
-from codegen.space import Config, Space
-from codegen.target import Target
-
-
-@dataclass
-class SearchContext:
-    """What a strategy may look at while proposing.
-
-    Attributes:
-        task, target: the workload and the machine.
-        spaces: one schedule space per sketch, by sketch name.
-        rng: the run's seeded generator (the only source of randomness, so a seed reproduces a run).
-        measured: every config already measured in this run (never propose these again).
-        history: this run's records in order (``TuningRecord``), resumed ones included.
-    """
-
-    task: Task
-    target: Target
-    spaces: dict[str, Space]
-    rng: np.random.Generator
-    measured: set[Config] = field(default_factory=set)
-    history: list = field(default_factory=list)
-
-    def space_of(self, cfg: Config) -> Space:
-        return self.spaces[cfg.sketch]
+from ..context import SearchContext
 
 
 @runtime_checkable

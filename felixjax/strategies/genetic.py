@@ -306,8 +306,8 @@ class GeneticSearch:
         min_unmeasured: random samples in the initial population at least (50, as Ansor).
         max_fail: retries of a child whose mutation left the space (10, as MetaSchedule).
         scorer: the cost model: a :class:`felixjax.model.Scorer`, or a factory ``ctx -> Scorer``;
-            ``None`` uses ``felixjax.model.make_scorer(ctx)`` when it exists, else a seeded
-            :class:`~felixjax.model.RandomScorer`.
+            ``None`` uses the context's scorer (in a tuning session, the model every task of the
+            run shares).
         batch_size: proposals per round (64, Ansor's ``num_measures_per_round``).
         cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
             scorer to start from (the same option as the gradient strategy's).
@@ -353,21 +353,16 @@ class GeneticSearch:
 
     # ---- wiring --------------------------------------------------------------------------------
     def scorer(self, ctx: SearchContext):
-        """The cost model of ``ctx.task`` (built on first use)."""
+        """The cost model's view of ``ctx.task``: the ``scorer`` option when given (an object, or a
+        factory called once per task), else the context's (the session's shared model)."""
+        arg = self._scorer_arg
+        if arg is None:
+            return ctx.get_scorer(self.cost_model)
+        if hasattr(arg, "score"):
+            return arg
         key = ctx.task.key
         if key not in self._scorers:
-            arg = self._scorer_arg
-            if arg is not None and hasattr(arg, "score"):
-                self._scorers[key] = arg
-            elif arg is not None:
-                self._scorers[key] = arg(ctx)
-            else:
-                from .. import model
-
-                make = getattr(model, "make_scorer", None)
-                args = (ctx,) if self.cost_model is None else (ctx, self.cost_model)  # make(ctx) stays valid
-                self._scorers[key] = (make(*args) if make is not None
-                                      else model.RandomScorer(int(ctx.rng.integers(2 ** 31))))
+            self._scorers[key] = arg(ctx)
         return self._scorers[key]
 
     def codec(self, ctx: SearchContext) -> Codec:

@@ -36,33 +36,24 @@ def _key(x: np.ndarray) -> bytes:
     return np.rint(x).astype(np.int16).tobytes()
 
 
-def _descent_for(model, steps: int, temperature: float):
-    from ..model import model_key
-
-    key = (model_key(model), steps, temperature)
+def _descent_for(score_fn, rel, steps: int):
+    """The jitted descent for one soft objective and relaxation kind (compiled once per process)."""
+    key = (id(score_fn), type(rel), steps)
     if key not in _COMPILED:
-        _COMPILED[key] = _descent(model.apply, steps, temperature)
+        _COMPILED[key] = _descent(score_fn, type(rel).penalty_of, type(rel).project_of, steps)
     return _COMPILED[key]
 
 
-def _descent(apply, steps: int, temperature: float):
-    """A jitted descent for one model ``apply`` (compiled once per model kind and step count)."""
-    from costmodels import Features
-
-    from ..features import features
-    from ..relax import penalty, project
-    from ..smooth import Smooth
-
-    soft = Smooth.soft(temperature)
-
-    def objective(params, inputs, x):
-        f = features(inputs, x, soft)
-        return -apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
+def _descent(score_fn, penalty, project, steps: int):
+    """``jit(params, inputs, rs, x0 [S, N_X], lr) -> iterates [steps, S, N_X]``: Adam on
+    ``-score_fn(params, inputs, x)`` plus the constraint penalty, projected after every step. The
+    model, the task's feature inputs and the relaxed space are arguments, so one compilation serves
+    every task and round."""
 
     def run(params, inputs, rs, x0, lr):
         sched = optax.piecewise_constant_schedule(lr, {int(0.3 * steps): 0.2})
         opt = optax.adam(sched)
-        g_obj_fn = jax.vmap(jax.grad(objective, argnums=2), in_axes=(None, None, 0))
+        g_obj_fn = jax.vmap(jax.grad(lambda p, i, x: -score_fn(p, i, x), argnums=2), in_axes=(None, None, 0))
         g_pen_fn = jax.vmap(jax.grad(lambda x: penalty(rs, x)))
 
         def step(carry, _):
@@ -99,8 +90,9 @@ class GradientSearch:
         perturbed_share: share of the starts drawn around the best measured configs of the sketch.
         warmup_passes: descent passes on a sketch's first round (Felix descends longer on its
             warm-up round); later rounds run one pass of ``starts``.
-        scorer: a :class:`~felixjax.model.Scorer` with ``relaxations``/``inputs``/``model``
-            (default: :func:`felixjax.model.make_scorer`).
+        scorer: a :class:`~felixjax.model.CostModelScorer`-like object (``relaxations``, ``inputs``,
+            ``differentiable``, ``soft_score``, ``score_x``/``score``, ``update``) used for every
+            task; default: the context's scorer (the session's shared model, seen from the task).
         cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
             scorer to start from, instead of the roofline prior.
     """
@@ -119,11 +111,9 @@ class GradientSearch:
         self._keyed = (None, 0)  # (context, history records already keyed)
 
     def _ensure_scorer(self, ctx: SearchContext):
-        if self.scorer is None:
-            from ..model import make_scorer
-
-            self.scorer = make_scorer(ctx, self.cost_model)
-        return self.scorer
+        """The ``scorer`` option when given, else the context's (the session's shared model, seen
+        from ``ctx.task``): never a scorer kept from another task."""
+        return self.scorer if self.scorer is not None else ctx.get_scorer(self.cost_model)
 
     def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:
         """Byte keys of the integer points of every measured config, per sketch (kept incrementally)."""
@@ -152,8 +142,8 @@ class GradientSearch:
     def _descend(self, ctx: SearchContext, scorer, name: str, rel) -> np.ndarray:
         """Every harvested iterate ``[H, N_X]`` of this round's descents on one sketch (a sketch with
         no measurement yet gets ``warmup_passes`` passes; each pass is the same compiled shape)."""
-        model = scorer.differentiable if hasattr(scorer, "differentiable") else scorer.model
-        run = _descent_for(model, self.steps, self.temperature)
+        model = scorer.differentiable
+        run = _descent_for(scorer.soft_score(self.temperature), rel, self.steps)
         keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
         if keep[-1] != self.steps - 1:
             keep.append(self.steps - 1)

@@ -1,0 +1,75 @@
+"""What a search strategy sees: :class:`SearchContext` (the interface between the tuning session and
+the strategies, so strategies import nothing else from felixjax).
+
+The session builds one context per (task, run): the task's schedule spaces, a seeded RNG (re-seeded
+each round from the run's seed, the task and the round, so a resumed run proposes what the
+uninterrupted one would have), the run's measured records, and the cost model's view of the task
+(:attr:`SearchContext.scorer`), which every task of the session shares.
+
+Example:
+    >>> import numpy as np, felixjax as fj
+    >>> from codegen.space import Space, sketches_for
+    >>> t = fj.ops.matmul(32, 32, 32)
+    >>> ctx = SearchContext(t, fj.Target.cpu(), {s.name: Space(t, s, fj.Target.cpu()) for s in sketches_for(t)},
+    ...                     np.random.default_rng(0))
+    >>> sorted(ctx.spaces), ctx.history
+    (['gemm_packed'], [])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from codegen.ops import Task
+from codegen.space import Config, Space
+from codegen.target import Target
+
+from . import model as _model
+
+
+@dataclass
+class SearchContext:
+    """What a strategy may look at while proposing.
+
+    Attributes:
+        task, target: the workload and the machine.
+        spaces: one schedule space per sketch, by sketch name.
+        rng: the seeded generator of this round (the only source of randomness, so a seed reproduces
+            a run).
+        measured: every config already measured in this run (never propose these again).
+        history: this run's records in order (``TuningRecord``), resumed ones included.
+        scorer_factory: ``ctx -> Scorer``; the session passes its shared cost model's view of the
+            task. Without one, :meth:`get_scorer` makes a scorer with a model of its own.
+        round: rounds of this run so far (resumed runs count their records' rounds).
+    """
+
+    task: Task
+    target: Target
+    spaces: dict[str, Space]
+    rng: np.random.Generator
+    measured: set[Config] = field(default_factory=set)
+    history: list = field(default_factory=list)
+    scorer_factory: Callable[["SearchContext"], Any] | None = None
+    round: int = 0
+    _scorer: Any = field(default=None, repr=False)
+
+    def space_of(self, cfg: Config) -> Space:
+        return self.spaces[cfg.sketch]
+
+    @property
+    def scorer(self):
+        """The cost model's view of this task (built on first use)."""
+        return self.get_scorer()
+
+    def get_scorer(self, cost_model: str | None = None):
+        """The scorer of this task: the session's shared one when the context has a factory, else a
+        scorer of its own (``cost_model``: a pretrained checkpoint to start that one from)."""
+        if self._scorer is None:
+            if self.scorer_factory is not None:
+                self._scorer = self.scorer_factory(self)
+            else:
+                args = (self,) if cost_model is None else (self, cost_model)  # make_scorer(ctx) stays valid
+                self._scorer = _model.make_scorer(*args)
+        return self._scorer

@@ -1,0 +1,63 @@
+"""Building and measuring the configs of one task on this machine (DESIGN.md ⑨–⑩).
+
+A :class:`Measurer` owns a task's inputs and its numpy reference, renders and builds every
+candidate (gcc in parallel), then measures them one at a time in the runner's process, so compiles
+never share the cores being timed. Anything with the same ``measure(configs, on_result)`` method
+(e.g. :class:`felixjax.testing.ReplayRunner`) can stand in for it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from codegen.build import build_many
+from codegen.lower import Plan, lower
+from codegen.measure import LocalRunner, MeasureResult, RunRequest, TimingProtocol
+from codegen.ops import Task
+from codegen.render_c import render
+from codegen.space import Config, Space, sketches_for
+from codegen.target import Target
+
+
+class Measurer:
+    """Builds and measures configs of one task: build phase (parallel gcc), then measure phase (one
+    kernel at a time in the runner's process), so compiles never share the cores being timed."""
+
+    def __init__(self, task: Task, target: Target, runner: LocalRunner, *, threads: int | None = None,
+                 protocol: TimingProtocol | None = None, build_workers: int = 2, input_seed: int = 0,
+                 renderer: Callable[[Plan], str] = render):
+        self.task, self.target, self.runner = task, target, runner
+        self.renderer = renderer
+        self.threads = int(threads or target.cores)
+        self.protocol = protocol
+        self.build_workers = build_workers
+        self.spaces = {sk.name: Space(task, sk, target) for sk in sketches_for(task)}
+        self.arrays = task.random_inputs(seed=input_seed)
+        self.expected = task.reference(*self.arrays)
+        self._packed: dict[tuple, np.ndarray] = {}
+
+    def plan(self, cfg: Config) -> Plan:
+        return lower(self.spaces[cfg.sketch], cfg)
+
+    def _inputs(self, plan: Plan) -> list[np.ndarray]:
+        wl = plan.buffers["weight"].layout
+        if wl not in self._packed:
+            if len(self._packed) > 8:
+                self._packed.clear()
+            self._packed[wl] = plan.pack_weight(self.arrays[1])
+        ins = [np.ascontiguousarray(self.arrays[0]), self._packed[wl]]
+        return ins + list(self.arrays[2:])
+
+    def measure(self, configs: list[Config], on_result: Callable[[Config, MeasureResult], bool]) -> None:
+        """Build all, then measure one by one; ``on_result`` returns False to stop early."""
+        plans, sources = [], []
+        for cfg in configs:
+            plans.append(self.plan(cfg))
+            sources.append(self.renderer(plans[-1]))
+        builds = build_many(sources, workers=self.build_workers)
+        for cfg, plan, b in zip(configs, plans, builds):
+            req = RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace, self.expected,
+                             reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol)
+            if not on_result(cfg, self.runner.run(req, build=b)):
+                return

@@ -1,0 +1,83 @@
+"""What a tuning run returns: :class:`TuneResult` (records, the best kernel, its source, a callable)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from codegen.build import build
+from codegen.lower import Plan, lower
+from codegen.ops import Task
+from codegen.render_c import render
+from codegen.runtime import Kernel
+from codegen.space import Space
+from codegen.target import Target
+
+from .database import TuningRecord
+
+
+@dataclass
+class TuneResult:
+    """Outcome of :func:`tune`: every record of the run, the best one, its source and a callable."""
+
+    task: Task
+    target: Target
+    run: str
+    history: list[TuningRecord]
+    stats: dict = field(default_factory=dict)
+    retimed: list[TuningRecord] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def best(self) -> TuningRecord | None:
+        """The best kernel: its re-timed record (timed again at the end of the run, interleaved with
+        the runner-ups) when the run re-timed, else its best record while tuning."""
+        ok = [r for r in self.retimed if r.ok]
+        if ok:
+            return min(ok, key=lambda r: r.latency_s)
+        return self.best_while_tuning
+
+    @property
+    def best_while_tuning(self) -> TuningRecord | None:
+        """The fastest record of the run's history (a minimum over noisy timings: optimistic)."""
+        ok = [r for r in self.history if r.ok]
+        return min(ok, key=lambda r: r.latency_s) if ok else None
+
+    def _best_plan(self) -> Plan:
+        if self.best is None:
+            raise RuntimeError(f"{self.task.name}: no correct kernel was measured in run {self.run!r} "
+                               f"(statuses: {self.status_counts()})")
+        return lower(Space(self.task, self.best.config.sketch, self.target), self.best.config)
+
+    @property
+    def source(self) -> str:
+        """C source of the best kernel."""
+        return render(self._best_plan())
+
+    def kernel(self, *, threads: int | None = None) -> Kernel:
+        """The best kernel as a callable ``kernel(*arrays) -> ndarray`` (API layouts)."""
+        plan = self._best_plan()
+        b = build(render(plan))
+        if b.status != "ok":
+            raise RuntimeError(f"rebuilding the best kernel failed: {b.error}")
+        return Kernel(plan, b.lib_path, threads=threads or self.target.cores)
+
+    def status_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.history:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(trial index, best latency so far) of this run."""
+        best, ys = math.inf, []
+        for r in self.history:
+            best = min(best, r.latency_s)
+            ys.append(best)
+        return np.arange(1, len(ys) + 1), np.array(ys)
+
+    def __repr__(self) -> str:
+        b = self.best
+        s = f"{b.gflops:.1f} GFLOP/s, {b.latency_s * 1e3:.4f} ms" if b else "no correct kernel"
+        return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s})"

@@ -1,0 +1,423 @@
+"""THE tuning loop (DESIGN.md ⑦–⑫): one session serves ``fj.tune``, ``fj.tune_model`` and ``fj.compare``.
+
+A :class:`TuningSession` owns what every tuning run shares: the database, the measurer of each task
+(one runner process per device), the budget, the RNG streams, and **one online cost model per
+model group** — every task of ``fj.tune``/``fj.tune_model`` shares one; ``fj.compare`` gives each
+(strategy, seed) its own, so one strategy's measurements never train another's model. Each
+(task, run) is a :class:`TaskRun` whose strategy instance and search context are created once and
+kept for the whole run.
+
+A round (:meth:`TuningSession.step`) is: pick up records other processes added to the run; propose
+(the strategy, after the opening defaults); claim the candidates in the database so a second tuner
+on the same run measures none of them; build and measure, committing each record as it arrives
+(progress inside the round); update the strategy and, through it, the shared model. The caller
+decides which run steps next (one run; interleaved runs; Ansor's task scheduler): see
+:mod:`felixjax.pipeline` and :mod:`felixjax.compare`.
+
+Example:
+    >>> import felixjax as fj
+    >>> from felixjax.testing import ReplayRunner
+    >>> t = fj.ops.matmul(32, 32, 32)
+    >>> with TuningSession(fj.Target.cpu(), measurer=lambda task, tg: ReplayRunner.from_oracle(task),
+    ...                    progress=False) as s:
+    ...     run = s.add(t, "random", seed=0, trials=8)
+    ...     while not run.done:
+    ...         _ = s.step(run)
+    >>> len(run.history), run.best().ok
+    (8, True)
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from codegen.lower import Plan
+from codegen.measure import LocalRunner, MeasureResult, TimingProtocol
+from codegen.ops import Task
+from codegen.render_c import render
+from codegen.space import Config, Space, sketches_for
+from codegen.target import Target
+
+from .context import SearchContext
+from .database import Database, TuningRecord
+from .measurer import Measurer
+from .model import OnlineCostModel
+from .strategies import Strategy, get_strategy
+from .strategies.base import opening_defaults
+
+RETIME_PREFIX = "retime:"  # re-timings of a run's best configs live in run "retime:<run>": no budget, no history
+
+
+def stream(*parts: Any) -> np.random.Generator:
+    """An independent, reproducible RNG stream for ``parts`` (seed, task key, round, ...)."""
+    words = []
+    for p in parts:
+        if isinstance(p, (int, np.integer)):
+            words.append(int(p) & 0xFFFFFFFF)
+        else:
+            words.append(int.from_bytes(hashlib.sha256(str(p).encode()).digest()[:4], "little"))
+    return np.random.default_rng(np.random.SeedSequence(words))
+
+
+def _finite_result(res: MeasureResult) -> MeasureResult:
+    """A timer that returned NaN, inf or a non-positive time is a failed measurement, not a result."""
+    if res.ok and not all(math.isfinite(t) and t > 0 for t in res.latencies):
+        return MeasureResult("runtime_error", error=f"the timer returned {list(res.latencies)}",
+                             build_s=res.build_s, run_s=res.run_s, timestamp=res.timestamp)
+    return res
+
+
+@dataclass
+class TaskRun:
+    """One (task, run) of a session: its strategy instance and context, kept for the whole run.
+
+    Attributes:
+        task, run, label, seed: what is tuned, the run's name in the database (``"{label}:{seed}"``
+            by default), the strategy's label and the seed of its RNG streams.
+        strategy: the strategy instance of this run (created once per task and run).
+        ctx: the strategy's :class:`~felixjax.context.SearchContext`; ``ctx.history`` is the run.
+        trials, seconds: this run's own budget (``None``: only the session's budget applies).
+        clock: seconds this run has spent (resumed runs continue from their last record).
+        rounds, done, resumed: rounds stepped here, whether the run is over, records found at start.
+        stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``).
+    """
+
+    task: Task
+    run: str
+    label: str
+    seed: int
+    strategy: Strategy
+    ctx: SearchContext
+    trials: int | None
+    seconds: float | None
+    group: Hashable
+    clock: float = 0.0
+    rounds: int = 0
+    done: bool = False
+    resumed: int = 0
+    stop_reason: str = ""
+    last_id: int = 0
+    stats: dict = field(default_factory=lambda: {"propose_s": 0.0, "update_s": 0.0, "build_measure_s": 0.0,
+                                                 "rounds": 0})
+
+    @property
+    def history(self) -> list[TuningRecord]:
+        return self.ctx.history
+
+    def best(self) -> TuningRecord | None:
+        ok = [r for r in self.ctx.history if r.ok]
+        return min(ok, key=lambda r: r.latency_s) if ok else None
+
+    def out_of_budget(self, clock: float | None = None) -> str:
+        """Why this run's own budget is spent ("" while it is not)."""
+        if self.trials is not None and len(self.ctx.history) >= self.trials:
+            return "trials"
+        if self.seconds is not None and (self.clock if clock is None else clock) >= self.seconds:
+            return "seconds"
+        return ""
+
+    def progress(self) -> float:
+        """Share of its own budget used (interleaving advances the least advanced run first)."""
+        p = len(self.ctx.history) / self.trials if self.trials else 0.0
+        return max(p, self.clock / self.seconds) if self.seconds else p
+
+
+class TuningSession:
+    """Budget, measurers, database, RNG streams and the shared online cost model of a tuning session.
+
+    Args:
+        target: the machine (``cuda-sim`` targets later; today ``Target.cpu()``).
+        db: database path or :class:`~felixjax.database.Database` (``None``: in memory).
+        runner: a shared :class:`~codegen.measure.LocalRunner` (default: started here on first use).
+        measurer: ``(task, target) -> measurer`` (anything with ``measure(configs, on_result)``,
+            e.g. a replay runner); default: a :class:`~felixjax.measurer.Measurer` on ``runner``.
+        target_key: the key records are stored under (default ``target.key``; replays use their own).
+        threads, protocol, renderer: how kernels are run, timed and rendered.
+        cost_model: a pretrained MLP checkpoint every model group starts from.
+        seed: seeds the cost models (runs seed their own streams).
+        trials, seconds: the session's budget over all runs (``None``: runs' own budgets only).
+        progress: print progress lines to stderr, or a callable receiving progress dicts.
+        defaults: measure every sketch's hand-written default schedule in a run's first round.
+    """
+
+    def __init__(self, target: Target | None = None, *, db: str | Database | None = None,
+                 runner: LocalRunner | None = None, measurer: Callable[[Task, Target], Any] | None = None,
+                 target_key: str | None = None, threads: int | None = None, protocol: TimingProtocol | None = None,
+                 renderer: Callable[[Plan], str] = render, cost_model: str | None = None, seed: int = 0,
+                 trials: int | None = None, seconds: float | None = None,
+                 progress: bool | Callable[[dict], None] = True, defaults: bool = True):
+        self.target = target or Target.cpu()
+        self.target_key = target_key or self.target.key
+        self._target_json = self.target.to_json()
+        self._own_db = not isinstance(db, Database)
+        self.db = db if isinstance(db, Database) else Database(db if db is not None else ":memory:")
+        self._own_runner = runner is None and measurer is None
+        self.runner = runner
+        self._measurer_factory = measurer
+        self.threads, self.protocol, self.renderer = threads, protocol, renderer
+        self.cost_model, self.seed = cost_model, seed
+        self.trials, self.seconds = trials, seconds
+        self.defaults = defaults
+        self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
+        self.models: dict[Hashable, OnlineCostModel] = {}
+        self.measurers: dict[str, Any] = {}
+        self.runs: list[TaskRun] = []
+        self.start = time.perf_counter()
+        self.used = 0  # trials measured by this session (resumed records are not counted here)
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._own_runner and self.runner is not None:
+            self.runner.close()
+            self.runner = None
+        if self._own_db:
+            self.db.close()
+
+    def __enter__(self) -> "TuningSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- shared parts --------------------------------------------------------------------------
+    def model(self, group: Hashable = "", *, cost_model: str | None = None) -> OnlineCostModel:
+        """The online cost model of a model group (created on first use, then shared by its tasks)."""
+        if group not in self.models:
+            seed = int(stream(self.seed, "model", repr(group)).integers(2**31))
+            self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model)
+        return self.models[group]
+
+    def measurer(self, task: Task):
+        """The measurer of a task (one per task, shared by its runs)."""
+        if task.key not in self.measurers:
+            if self._measurer_factory is not None:
+                self.measurers[task.key] = self._measurer_factory(task, self.target)
+            else:
+                if self.runner is None:
+                    self.runner = LocalRunner() if self.protocol is None else LocalRunner(protocol=self.protocol)
+                self.measurers[task.key] = Measurer(task, self.target, self.runner, threads=self.threads,
+                                                    protocol=self.protocol, renderer=self.renderer)
+        return self.measurers[task.key]
+
+    def out_of_budget(self) -> str:
+        if self.trials is not None and self.used >= self.trials:
+            return "session trials"
+        if self.seconds is not None and time.perf_counter() - self.start >= self.seconds:
+            return "session seconds"
+        return ""
+
+    # ---- runs ----------------------------------------------------------------------------------
+    def add(self, task: Task, strategy: str | Strategy = "gradient", *, seed: int = 0, trials: int | None = None,
+            seconds: float | None = None, run: str | None = None, label: str | None = None,
+            group: Hashable = "", strategy_options: dict | None = None) -> TaskRun:
+        """Start (or resume) a run of ``task``: records of the same ``run`` in the database are
+        reloaded, count against its budget, are shown to the strategy, and are never measured again.
+
+        ``strategy`` is a registered name (a fresh instance per run) or an object (used as given);
+        ``group`` names the cost model the run's scorer views (see :meth:`model`).
+        """
+        if isinstance(task, str):
+            from codegen.ops import parse_spec
+
+            task = parse_spec(task)
+        if not isinstance(task, Task):
+            raise TypeError(f"{task!r} is not a task: pass fj.ops.matmul(...) or a spec like 'matmul:m=64,n=64,k=64'")
+        if trials is not None and trials < 1:
+            raise ValueError(f"trials must be >= 1 (got {trials})")
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"seconds must be > 0 (got {seconds})")
+        strat = get_strategy(strategy, **(strategy_options or {}))
+        label = label or strat.name
+        run = run or f"{label}:{seed}"
+        history = self.db.records(task, self.target_key, run=run)
+        spaces = {sk.name: Space(task, sk, self.target) for sk in sketches_for(task)}
+        model_group = group
+
+        def scorer_factory(ctx: SearchContext):
+            return self.model(model_group, cost_model=getattr(strat, "cost_model", None)).scorer(ctx.spaces)
+
+        ctx = SearchContext(task, self.target, spaces, stream(seed, task.key, len(history)),
+                            {r.config for r in history}, list(history), scorer_factory=scorer_factory)
+        tr = TaskRun(task, run, label, seed, strat, ctx, trials, seconds, group,
+                     clock=history[-1].elapsed_s if history else 0.0, resumed=len(history),
+                     last_id=max((r.id or 0 for r in history), default=0))
+        if history:
+            t = time.perf_counter()
+            strat.update(ctx, list(history))
+            tr.stats["update_s"] += time.perf_counter() - t
+            self._event(tr, "resumed")
+        tr.stop_reason = tr.out_of_budget()
+        tr.done = bool(tr.stop_reason)
+        self.runs.append(tr)
+        return tr
+
+    def _pick_up_others(self, tr: TaskRun) -> None:
+        """Records another process added to this run since we last looked count here too (two
+        tuners on one database and run share its budget and never measure a config twice)."""
+        for r in self.db.records(tr.task, self.target_key, run=tr.run, since=tr.last_id):
+            tr.last_id = max(tr.last_id, r.id or 0)
+            if r.config not in tr.ctx.measured:
+                tr.ctx.history.append(r)
+                tr.ctx.measured.add(r.config)
+
+    def step(self, tr: TaskRun, n: int | None = None) -> list[TuningRecord]:
+        """One round of ``tr``: propose up to ``n`` (default: the strategy's batch size), claim,
+        build + measure (each record committed as it arrives), update. Returns the new records."""
+        if tr.done:
+            return []
+        ctx, t0 = tr.ctx, time.perf_counter()
+        self._pick_up_others(tr)
+        simulated = 0.0
+        trial_s = float(getattr(self.measurer(tr.task), "trial_s", 0.0))  # a replay's simulated trial cost
+        n = int(n or getattr(tr.strategy, "batch_size", 16))
+        if tr.trials is not None:
+            n = min(n, tr.trials - len(ctx.history))
+        if self.trials is not None:
+            n = min(n, self.trials - self.used)
+        if n <= 0:
+            return self._finish(tr, tr.out_of_budget() or self.out_of_budget() or "trials", t0)
+        ctx.rng = stream(tr.seed, tr.task.key, len(ctx.history))
+        ctx.round = tr.rounds
+        head = opening_defaults(ctx, n) if self.defaults else []
+        cands = head + [c for c in tr.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
+        cands = list(dict.fromkeys(cands))[:n]
+        tr.stats["propose_s"] += time.perf_counter() - t0
+        for c in cands:
+            ctx.spaces[c.sketch].validate(c)
+        claim = getattr(self.db, "claim", None)
+        if claim is not None and cands:
+            cands = claim(tr.task, self.target_key, tr.run, cands)
+        if not cands:
+            return self._finish(tr, "exhausted", t0)
+        new: list[TuningRecord] = []
+        t_meas = time.perf_counter()
+
+        def record(cfg: Config, res: MeasureResult) -> bool:
+            nonlocal simulated
+            simulated += trial_s
+            clock = tr.clock + time.perf_counter() - t0 + simulated
+            rec = self.db.add(TuningRecord(tr.task, self.target_key, tr.run, len(ctx.history), cfg,
+                                           _finite_result(res), clock, self._target_json))
+            ctx.history.append(rec)
+            ctx.measured.add(cfg)
+            new.append(rec)
+            tr.last_id = max(tr.last_id, rec.id or 0)
+            self.used += 1
+            self._event(tr, "measured", in_round=len(new), round_size=len(cands), clock=clock)
+            return not (tr.out_of_budget(clock) or self.out_of_budget())
+
+        try:
+            self.measurer(tr.task).measure(cands, record)
+        finally:
+            release = getattr(self.db, "release", None)
+            if release is not None:
+                rest = [c for c in cands if c not in ctx.measured]
+                if rest:
+                    release(tr.task, self.target_key, tr.run, rest)
+        tr.stats["build_measure_s"] += time.perf_counter() - t_meas
+        t = time.perf_counter()
+        tr.strategy.update(ctx, new)
+        tr.stats["update_s"] += time.perf_counter() - t
+        tr.rounds += 1
+        tr.stats["rounds"] += 1
+        tr.clock += time.perf_counter() - t0 + simulated
+        tr.stop_reason = tr.out_of_budget() or ("session" if self.out_of_budget() else "")
+        tr.done = bool(tr.stop_reason)
+        self._event(tr, "round", new=len(new))
+        return new
+
+    def _finish(self, tr: TaskRun, reason: str, t0: float) -> list[TuningRecord]:
+        tr.clock += time.perf_counter() - t0
+        tr.done, tr.stop_reason = True, reason
+        return []
+
+    # ---- re-timing -----------------------------------------------------------------------------
+    def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 2) -> dict[str, list[TuningRecord]]:
+        """Time the ``top`` best configs of each run of one task again, interleaved (A B C A B C ...),
+        ``repeats`` times, and store one row per config in run ``"retime:<run>"`` (no budget, no
+        history). Returns ``{run: [re-timed records, best first]}``."""
+        out: dict[str, list[TuningRecord]] = {}
+        if top < 1 or repeats < 1 or not runs:
+            return out
+        task = runs[0].task
+        if any(r.task.key != task.key for r in runs):
+            raise ValueError("retime() takes runs of one task")
+        picks: dict[str, list[Config]] = {}
+        for tr in runs:
+            ok = sorted((r for r in tr.history if r.ok), key=lambda r: r.latency_s)
+            picks[tr.run] = list(dict.fromkeys(r.config for r in ok))[:top]
+        configs = list(dict.fromkeys(c for cs in picks.values() for c in cs))
+        if not configs:
+            return out
+        lat: dict[Config, list[float]] = {c: [] for c in configs}
+        failed: dict[Config, MeasureResult] = {}
+
+        def keep(cfg: Config, res: MeasureResult) -> bool:
+            res = _finite_result(res)
+            if res.ok:
+                lat[cfg].append(res.latency_s)
+            else:
+                failed[cfg] = res
+            return True
+
+        for _ in range(repeats):
+            self.measurer(task).measure(configs, keep)
+        for tr in runs:
+            rows = []
+            for i, cfg in enumerate(picks[tr.run]):
+                res = (MeasureResult("ok", tuple(lat[cfg])) if lat[cfg] else
+                       failed.get(cfg, MeasureResult("runtime_error", error="re-timing gave no result")))
+                rows.append(self.db.add(TuningRecord(task, self.target_key, RETIME_PREFIX + tr.run, i, cfg, res,
+                                                     tr.clock, self._target_json)))
+            out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
+        return out
+
+    # ---- progress ------------------------------------------------------------------------------
+    def _event(self, tr: TaskRun, kind: str, **info) -> None:
+        if self.show is None:
+            return
+        best = tr.best()
+        left = (tr.trials - len(tr.history)) if tr.trials is not None else (
+            (self.trials - self.used) if self.trials is not None else None)
+        clock = info.get("clock", tr.clock)
+        measured_here = max(1, len(tr.history) - tr.resumed)
+        rate = measured_here / max(clock - (tr.history[tr.resumed - 1].elapsed_s if tr.resumed else 0.0), 1e-9)
+        self.show({"event": kind, "task": tr.task, "run": tr.run, "round": tr.rounds + (kind == "measured"),
+                   "trials": len(tr.history), "budget": tr.trials, "best": best, "rate": rate,
+                   "eta_s": (left / rate) if (left is not None and rate > 0) else None,
+                   "failures": sum(1 for r in tr.history if not r.ok), "elapsed_s": clock,
+                   "resumed": tr.resumed, **info})
+
+
+class _ProgressPrinter:
+    """One line per round, and inside a round at most one line every few seconds, on stderr."""
+
+    def __init__(self, every_s: float = 5.0):
+        self.every_s = every_s
+        self._last = 0.0
+
+    def __call__(self, p: dict) -> None:
+        now = time.monotonic()
+        if p["event"] == "measured" and now - self._last < self.every_s:
+            return
+        self._last = now
+        name, run = p["task"].name, p["run"]
+        best = p["best"]
+        b = f"best {best.gflops:7.1f} GFLOP/s ({best.latency_s * 1e3:.4f} ms)" if best else "best  -"
+        budget = f"/{p['budget']}" if p.get("budget") else ""
+        if p["event"] == "resumed":
+            msg = f"resumed: {p['resumed']} records found in the database, {b}"
+        elif p["event"] == "measured":
+            eta = f"  ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None else ""
+            msg = (f"round {p['round']:3d}: {p['in_round']}/{p['round_size']} measured  {p['trials']}{budget} trials  "
+                   f"{b}  {p['rate']:.1f} meas/s{eta}")
+        else:
+            msg = (f"round {p['round']:3d} done: {p['trials']}{budget} trials  {b}  {p['rate']:.1f} meas/s  "
+                   f"failures {p['failures']}")
+        print(f"[felixjax] {name} {run}: {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,150 @@
+"""The tuning session (felixjax/session.py): one loop for tune, tune_model and compare; one online
+cost model shared across tasks and rounds; per-task strategy state; RNG streams; progress inside a
+round; failed timers; re-timing; two tuners on one run. All on the replay runner (no compiling)."""
+import math
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+import felixjax.session as session_mod
+from codegen.measure import MeasureResult
+from felixjax.model import CostModelScorer
+from felixjax.session import TuningSession
+from felixjax.strategies.gradient import GradientSearch
+from felixjax.testing import ReplayRunner, SyntheticOracle
+
+TARGET = fj.Target.cpu()
+T1 = fj.ops.matmul(64, 48, 32)
+T2 = fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)
+
+
+def replay(task, target):
+    return ReplayRunner.from_oracle(task, target)
+
+
+def session(**kw):
+    kw.setdefault("progress", False)
+    return TuningSession(TARGET, measurer=replay, **kw)
+
+
+def test_a_strategy_reused_across_tasks_ranks_each_task_with_its_own_scorer(monkeypatch):
+    """Regression: a GradientSearch object reused across tasks kept the scorer of its first task."""
+    seen = []
+    real = CostModelScorer.score_x
+
+    def spy(self, sketch, xs):
+        seen.append((self.group, sketch, next(iter(self.relaxations.values())).space.task))
+        return real(self, sketch, xs)
+
+    monkeypatch.setattr(CostModelScorer, "score_x", spy)
+    gs = GradientSearch(starts=8, steps=4, batch_size=8, warmup_passes=1)
+    with session() as s:
+        r1 = s.add(T1, gs, trials=8)
+        s.step(r1)
+        seen.clear()
+        r2 = s.add(T2, gs, trials=8)
+        s.step(r2)
+        assert seen, "the second task's candidates were never ranked"
+        assert {task for _, _, task in seen} == {T2}
+        assert {sketch for _, sketch, _ in seen} <= set(r2.ctx.spaces)
+        # both tasks' views share one model, as different groups
+        v1, v2 = r1.ctx.scorer, r2.ctx.scorer
+        assert v1.shared is v2.shared and (v1.group, v2.group) == (0, 1)
+
+
+def test_one_online_model_is_shared_across_tasks_and_rounds():
+    with session() as s:
+        runs = [s.add(t, "genetic", trials=96, strategy_options={"population": 256}) for t in (T1, T2)]
+        model = s.model("")
+        mlp = model.mlp
+        while not all(r.done for r in runs):
+            for r in runs:
+                s.step(r, 32)
+        assert len(s.models) == 1 and s.model("") is model
+        assert model.mlp is mlp  # fine-tuned in place, never refit from a fresh model
+        assert model.samples == sum(sum(1 for rec in r.history if rec.ok) for r in runs)
+        assert model.updates >= 4  # after every round of every task
+        assert set(model.groups) == {T1.key, T2.key}
+
+
+def test_compare_gives_each_strategy_and_seed_its_own_model(monkeypatch):
+    made = []
+    real = session_mod.OnlineCostModel
+
+    class Spy(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(session_mod, "OnlineCostModel", Spy)
+    fj.compare([T1, T2], ["genetic", "random"], trials=40, seeds=2, db=None, replay=True, progress=False,
+               remeasure=0, strategy_options={"genetic": {"population": 128, "batch_size": 16}})
+    assert len(made) == 2  # genetic:0 and genetic:1 (random has no model)
+    for m in made:
+        assert set(m.groups) == {T1.key, T2.key}  # shared by that run's tasks only
+
+
+def test_rng_streams_make_a_resumed_run_propose_what_an_uninterrupted_one_did(tmp_path):
+    full = fj.tune(T2, strategy="random", trials=24, batch=8, db=None, measurer=replay, progress=False, retime=0)
+    db = str(tmp_path / "r.db")
+    fj.tune(T2, strategy="random", trials=16, batch=8, db=db, measurer=replay, progress=False, retime=0)
+    resumed = fj.tune(T2, strategy="random", trials=24, batch=8, db=db, measurer=replay, progress=False, retime=0)
+    assert resumed.stats["resumed"] == 16
+    assert [r.config for r in resumed.history] == [r.config for r in full.history]
+
+
+def test_progress_is_reported_inside_a_round():
+    events = []
+    fj.tune(T1, strategy="random", trials=12, batch=12, measurer=replay, progress=events.append, retime=0)
+    inside = [e for e in events if e["event"] == "measured"]
+    assert [e["in_round"] for e in inside] == list(range(1, 13))
+    assert all(e["round_size"] == 12 for e in inside) and inside[-1]["trials"] == 12
+    assert events[-1]["event"] == "round" and events[-1]["eta_s"] == pytest.approx(0.0)
+
+
+def test_a_timer_returning_nan_is_a_failed_measurement_not_a_crash():
+    oracle = SyntheticOracle(T1, TARGET)
+    calls = []
+
+    def lat(cfg):
+        calls.append(cfg)
+        return MeasureResult("ok", (math.nan,)) if len(calls) % 3 == 0 else oracle(cfg)
+
+    res = fj.tune(T1, strategy="random", trials=9, measurer=lambda t, tg: ReplayRunner(lat), progress=False, retime=0)
+    bad = [r for r in res.history if not r.ok]
+    assert len(res.history) == 9 and len(bad) == 3
+    assert all(r.status == "runtime_error" and "timer" in r.result.error for r in bad)
+
+
+def test_best_is_retimed_and_retimes_stay_out_of_history_and_budget(tmp_path):
+    db = str(tmp_path / "t.db")
+    res = fj.tune(T1, strategy="random", trials=10, db=db, measurer=replay, progress=False, retime=3)
+    assert len(res.history) == 10 and len(res.retimed) == 3
+    assert res.best.run == "retime:random:0" and res.best.config in {r.config for r in res.history}
+    assert res.best_while_tuning.latency_s <= min(r.latency_s for r in res.history if r.ok)
+    with fj.Database(db) as d:
+        assert d.count(T1, TARGET, run="random:0") == 10
+        assert d.runs() == ["random:0"] and len(d.records()) == 10
+        assert len(d.records(retimes=True)) == 13
+    again = fj.tune(T1, strategy="random", trials=10, db=db, measurer=replay, progress=False)
+    assert len(again.history) == 10  # the re-timing rows did not count against the budget
+
+
+def test_two_tuners_on_one_run_share_its_budget_and_measure_nothing_twice(tmp_path):
+    db = fj.Database(tmp_path / "two.db")
+    a, b = session(db=db), session(db=db)
+    ra, rb = a.add(T2, "random", trials=32), b.add(T2, "random", seed=1, run="random:0", trials=32)
+    while not (ra.done and rb.done):
+        for s, r in ((a, ra), (b, rb)):
+            s.step(r, 8)
+    configs = [r.config for r in db.records(T2, TARGET, run="random:0")]
+    assert len(configs) == len(set(configs)) and len(configs) <= 32 + 8
+    a.close(), b.close()
+
+
+def test_spec_strings_are_accepted_by_tune():
+    res = fj.tune("matmul:m=32,n=32,k=32", strategy="random", trials=2, measurer=replay, progress=False, retime=0)
+    assert res.task == fj.ops.matmul(32, 32, 32) and len(res.history) == 2
+    with pytest.raises(TypeError, match="not a task"):
+        fj.tune(3.5, strategy="random", trials=2, measurer=replay, progress=False)
