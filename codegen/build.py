@@ -5,6 +5,14 @@ temporary file and renames the result into the cache, so a half-written library 
 The cache key covers everything a `-march=native` binary depends on: source, flags, compiler
 version and CPU identity (a binary from another host may die of SIGILL).
 
+A kill -9 cannot leave debris behind for long: temporary files and folders carry their owner's pid
+in their name (`.tmp-<pid>-...` in the cache, `felixjax-tmp-<pid>-...` in the temp directory), and
+every running compiler is recorded in a pid file (`.tmp-<pid>-compiler-<cc pid>.json`: its argv and
+process group). The first build of a process removes the temporary files of dead owners and kills
+the compilers they left running (`clean_stale`) -- only when the owner pid is dead and, for a
+compiler, only when its command line is still the recorded one; never by name alone. Compilers run
+in a process group of their own, killed as a whole on timeout.
+
 Example:
     >>> from codegen.build import build
     >>> r = build("void f(void) {}")
@@ -21,9 +29,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -39,6 +50,7 @@ __all__ = [
     "build",
     "build_key",
     "build_many",
+    "clean_stale",
     "default_cache_dir",
 ]
 
@@ -56,6 +68,11 @@ DEFAULT_FLAGS: tuple[str, ...] = (
 _LIBS: tuple[str, ...] = ("-lm",)
 _MAX_ERROR_CHARS = 4000
 _SOURCE_NAME = "kernel.c"  # how compiler messages name the source (instead of a temp path)
+# Temporary files / folders: `.tmp-<owner pid>-...` (cache) or `felixjax-tmp-<owner pid>-...` (temp dir).
+_TMP_RE = re.compile(r"^(?:\.|felixjax-)tmp-(\d+)-")
+_COMPILER_RE = re.compile(r"^(?:\.|felixjax-)tmp-(\d+)-compiler-(\d+)\.json$")
+_cleaned: set[str] = set()  # directories this process has cleaned (once per process)
+_cleaned_lock = threading.Lock()
 
 
 class BuildError(RuntimeError):
@@ -146,12 +163,13 @@ def build(
 
     if lib.exists():
         return result("ok", cached=True)
-    fd, tmp_c = tempfile.mkstemp(prefix=f".{key[:16]}-", suffix=".c", dir=cache)
+    _clean_once(cache)
+    fd, tmp_c = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{key[:16]}-", suffix=".c", dir=cache)
     tmp_so = tmp_c[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        status, error = _run_compiler([CC, *flags, "-o", tmp_so, tmp_c, *_LIBS], timeout_s)
+        status, error = _run_compiler([CC, *flags, "-o", tmp_so, tmp_c, *_LIBS], timeout_s, pid_dir=cache)
         if status != "ok":
             return result(status, _trim(error.replace(tmp_c, _SOURCE_NAME)))
         os.replace(tmp_c, cache / f"{key}.c")  # kept next to the library, for reading
@@ -198,17 +216,22 @@ def assemble(
         >>> "ret" in assemble("int f(int x) { return x + 1; }")
         True
     """
-    with tempfile.TemporaryDirectory(prefix="felixjax-asm-") as tmp:
+    _clean_once(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=f"felixjax-tmp-{os.getpid()}-asm-") as tmp:
         src, asm = os.path.join(tmp, _SOURCE_NAME), os.path.join(tmp, "kernel.s")
         Path(src).write_text(source)
-        status, error = _run_compiler([CC, *flags, "-S", "-o", asm, src], timeout_s)
+        status, error = _run_compiler([CC, *flags, "-S", "-o", asm, src], timeout_s, pid_dir=tmp)
         if status != "ok":
             raise BuildError(f"{status}: {_trim(error)}")
         return Path(asm).read_text()
 
 
-def _run_compiler(argv: list[str], timeout_s: float) -> tuple[str, str]:
-    """Runs the compiler; returns (status, stderr). Kills the whole process group on timeout."""
+def _run_compiler(argv: list[str], timeout_s: float, *, pid_dir: str | os.PathLike | None = None
+                  ) -> tuple[str, str]:
+    """Runs the compiler; returns (status, stderr). Kills the whole process group on timeout.
+
+    With `pid_dir`, the compiler's pid, process group and argv are recorded there while it runs, so a
+    later process can kill it if this one dies first (`clean_stale`)."""
     try:
         # A session of its own, so a timeout can kill cc1/as/ld too, not only the gcc driver.
         proc = subprocess.Popen(
@@ -221,18 +244,156 @@ def _run_compiler(argv: list[str], timeout_s: float) -> tuple[str, str]:
         )
     except OSError as e:
         return "compile_error", f"cannot run {argv[0]}: {e}"
+    pid_file = _record_compiler(pid_dir, proc.pid, argv) if pid_dir is not None else None
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        return "timeout", f"{argv[0]} timed out after {timeout_s:g} s"
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            return "timeout", f"{argv[0]} timed out after {timeout_s:g} s"
+        except BaseException:  # interrupted (Ctrl-C): the compiler's group goes with us
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raise
+    finally:
+        if pid_file is not None:
+            _unlink(pid_file)
     if proc.returncode != 0:
         return "compile_error", (err or out or f"{argv[0]} exited with {proc.returncode}")
     return "ok", ""
+
+
+def _record_compiler(directory: str | os.PathLike, pid: int, argv: list[str]) -> str | None:
+    path = os.path.join(os.fspath(directory), f".tmp-{os.getpid()}-compiler-{pid}.json")
+    try:
+        with open(path, "w") as f:
+            json.dump({"owner": os.getpid(), "pid": pid, "pgid": pid, "argv": list(argv)}, f)
+        return path
+    except OSError:
+        return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's counts: never touch what may be live)."""
+    if pid <= 0:
+        return True  # not a real owner: never treat as dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else None
+
+
+def _kill_orphan_compiler(pid_file: str) -> bool:
+    """Kills the compiler (process group) recorded in `pid_file` if it still runs the recorded
+    command; returns whether it killed one."""
+    try:
+        with open(pid_file) as f:
+            rec = json.load(f)
+        pid, pgid, argv = int(rec["pid"]), int(rec.get("pgid", rec["pid"])), list(rec["argv"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if pid <= 0 or pgid <= 0 or not argv or _cmdline(pid) != [str(a) for a in argv]:
+        return False  # gone, or the pid now belongs to another program
+    try:
+        if os.getpgid(pid) == pgid:
+            os.killpg(pgid, signal.SIGKILL)  # the driver and its cc1 / as / ld
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def clean_stale(directory: str | os.PathLike) -> list[str]:
+    """Removes the temporary build files and folders in `directory` whose owner process is dead, after
+    killing the compilers those owners left running. Returns the removed names.
+
+    An entry is touched only when its name carries an owner pid (`.tmp-<pid>-...` or
+    `felixjax-tmp-<pid>-...`), that pid is not this process and no process with it exists, and it
+    belongs to this user; a compiler is killed only if its command line is still the recorded one.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     _ = open(os.path.join(d, f".tmp-{os.getpid()}-mine.c"), "w")
+        ...     clean_stale(d)
+        []
+    """
+    directory = os.fspath(directory)
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    removed = []
+    dead: dict[int, bool] = {}
+    # compilers first (top level and inside stale folders), then files and folders
+    for entry in entries:
+        m = _TMP_RE.match(entry.name)
+        if not m:
+            continue
+        owner = int(m.group(1))
+        if owner == os.getpid():
+            continue
+        if owner not in dead:
+            dead[owner] = not _pid_alive(owner)
+        if not dead[owner]:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if uid is not None and st.st_uid != uid:
+                continue
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if is_dir:
+                for inner in os.listdir(entry.path):
+                    if _COMPILER_RE.match(inner):
+                        _kill_orphan_compiler(os.path.join(entry.path, inner))
+                shutil.rmtree(entry.path)
+            else:
+                if _COMPILER_RE.match(entry.name):
+                    _kill_orphan_compiler(entry.path)
+                os.unlink(entry.path)
+            removed.append(entry.name)
+        except FileNotFoundError:
+            continue  # another process cleaned it first
+        except OSError:
+            continue
+    return removed
+
+
+def _clean_once(directory: str | os.PathLike) -> None:
+    """`clean_stale` on the first build of this process in `directory`."""
+    key = os.path.abspath(os.fspath(directory))
+    with _cleaned_lock:
+        if key in _cleaned:
+            return
+        _cleaned.add(key)
+    clean_stale(key)
 
 
 def _trim(text: str, limit: int = _MAX_ERROR_CHARS) -> str:

@@ -329,7 +329,8 @@ class LocalRunner:
         lock_timeout_s: how long to wait for the lock; past it the kernel is measured anyway and a
             correct result is recorded as `noisy` (the other process's kernel may have run alongside).
         max_wall_cpu_ratio: a timing attempt whose wall time exceeds this multiple of the child's CPU
-            time is disturbed (None: never). `remeasure`: attempts after a disturbed one before the
+            time is disturbed (None: never); default `$FELIXJAX_MAX_WALL_CPU_RATIO` (a number, or
+            ``off``), else 1.5. `remeasure`: attempts after a disturbed one before the
             result is `noisy`.
 
     Attributes:
@@ -350,7 +351,7 @@ class LocalRunner:
         device: str = "cpu",
         lock: bool = True,
         lock_timeout_s: float = _LOCK_TIMEOUT_S,
-        max_wall_cpu_ratio: float | None = _MAX_WALL_CPU_RATIO,
+        max_wall_cpu_ratio: float | None | str = "env",
         remeasure: int = _REMEASURE,
     ) -> None:
         self.protocol = protocol
@@ -360,7 +361,7 @@ class LocalRunner:
             lock = False
         self.measure_lock = MeasureLock(device, timeout_s=lock_timeout_s) if lock else None
         self.lock_history: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
-        self.max_wall_cpu_ratio = max_wall_cpu_ratio
+        self.max_wall_cpu_ratio = _wall_cpu_ratio() if max_wall_cpu_ratio == "env" else max_wall_cpu_ratio
         self.remeasure = max(0, int(remeasure))
         self.restarts = 0  # children replaced after a failure (for logs and tests)
         self._ctx = multiprocessing.get_context("spawn")  # never fork: parent may run JAX/OpenMP
@@ -417,8 +418,9 @@ class LocalRunner:
         with self._lock:
             start = time.perf_counter()
             self._ensure_child()  # a child's start-up (imports) is not measuring: outside the lock
+            wait_start = time.perf_counter()
             locked = self.measure_lock.acquire() if self.measure_lock is not None else True
-            acquired = time.monotonic()
+            acquired, waited_s = time.monotonic(), time.perf_counter() - wait_start
             try:
                 out = self._exchange(payload, timeout_s)
             except BaseException:
@@ -430,7 +432,7 @@ class LocalRunner:
                 if self.measure_lock is not None and locked:
                     self.measure_lock.release()
                 self.lock_history.append((acquired, time.monotonic()))
-            run_s = time.perf_counter() - start
+            run_s = time.perf_counter() - start - waited_s  # waiting for another process's turn is not ours
         status, latencies, error = _interpret(out, self.max_wall_cpu_ratio)
         if not locked and status == "ok":
             status, error = "noisy", (f"measured without the measuring lock: {self.measure_lock.describe_holder()} "
@@ -572,6 +574,21 @@ def invalid_latencies(latencies: Sequence[float]) -> str | None:
     except (TypeError, ValueError):
         good = False
     return None if good else f"the timer returned invalid latencies {lat} (NaN, inf or not positive)"
+
+
+def _wall_cpu_ratio() -> float | None:
+    raw = os.environ.get("FELIXJAX_MAX_WALL_CPU_RATIO", "").strip().lower()
+    if not raw:
+        return _MAX_WALL_CPU_RATIO
+    if raw in ("off", "none", "inf", "0"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"FELIXJAX_MAX_WALL_CPU_RATIO={raw!r}: expected a number > 1 or 'off'") from None
+    if not value > 1:
+        raise ValueError(f"FELIXJAX_MAX_WALL_CPU_RATIO={raw!r}: expected a number > 1 or 'off'")
+    return value
 
 
 def disturbed(wall_s: float, cpu_s: float, max_ratio: float | None = _MAX_WALL_CPU_RATIO) -> bool:

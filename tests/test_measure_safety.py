@@ -88,7 +88,7 @@ def test_descheduled_measurement_is_noisy_not_ok(tmp_path):
         + TIMING_HARNESS_C)
     lib = build(sleepy, cache_dir=tmp_path / "build")
     assert lib.status == "ok", lib.error
-    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2)) as r:
+    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2), max_wall_cpu_ratio=1.5) as r:
         res = r.run(_request(), build=lib)
     assert res.status == "noisy", (res.status, res.error)
     assert "disturbed" in res.error and "3 attempts" in res.error
@@ -96,6 +96,19 @@ def test_descheduled_measurement_is_noisy_not_ok(tmp_path):
     assert MeasureResult.from_json(json.loads(json.dumps(res.to_json()))) == res
     with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2), max_wall_cpu_ratio=None) as r:
         assert r.run(_request(), build=lib).status == "ok"  # detection off
+
+
+def test_wall_cpu_ratio_from_environment(monkeypatch):
+    monkeypatch.setenv("FELIXJAX_MAX_WALL_CPU_RATIO", "2.5")
+    assert LocalRunner().max_wall_cpu_ratio == 2.5
+    assert LocalRunner(max_wall_cpu_ratio=1.5).max_wall_cpu_ratio == 1.5  # the keyword wins
+    monkeypatch.setenv("FELIXJAX_MAX_WALL_CPU_RATIO", "off")
+    assert LocalRunner().max_wall_cpu_ratio is None
+    monkeypatch.delenv("FELIXJAX_MAX_WALL_CPU_RATIO")
+    assert LocalRunner().max_wall_cpu_ratio == 1.5
+    monkeypatch.setenv("FELIXJAX_MAX_WALL_CPU_RATIO", "fast")
+    with pytest.raises(ValueError, match="FELIXJAX_MAX_WALL_CPU_RATIO"):
+        LocalRunner()
 
 
 def test_old_records_parse():
@@ -144,7 +157,7 @@ def test_lock_timeout_measures_but_records_noisy(tmp_path):
     holder = MeasureLock("cpu")
     assert holder.acquire(0.1)
     try:
-        with LocalRunner(protocol=QUICK, lock_timeout_s=0.2) as r:
+        with LocalRunner(protocol=QUICK, lock_timeout_s=0.2, max_wall_cpu_ratio=None) as r:
             res = r.run(_request(), build=good)
     finally:
         holder.release()
@@ -191,3 +204,75 @@ def test_two_processes_never_measure_at_once(tmp_path, private_lock_dir):
             assert e <= s2 or e2 <= s, f"measurements overlap: {(s, e)} and {(s2, e2)}"
     # the processes did run at the same time (so the lock, not luck, kept them apart)
     assert min(e for _, e in a) < max(e for _, e in b) and min(e for _, e in b) < max(e for _, e in a)
+
+
+# ---- debris of killed builds ----------------------------------------------------------------------
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_temp_files_of_dead_owners_are_removed_live_ones_kept(tmp_path):
+    from codegen.build import clean_stale
+
+    dead = _dead_pid()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = sleeper.pid
+        (tmp_path / f".tmp-{dead}-abc-x.c").write_text("int x;")
+        (tmp_path / f".tmp-{dead}-abc-x.so").write_text("")
+        (tmp_path / f"felixjax-tmp-{dead}-asm-q").mkdir()
+        (tmp_path / f"felixjax-tmp-{dead}-asm-q" / "kernel.s").write_text("")
+        (tmp_path / f".tmp-{live}-abc-y.c").write_text("int y;")
+        (tmp_path / f"felixjax-tmp-{live}-asm-r").mkdir()
+        (tmp_path / f".tmp-{os.getpid()}-mine.c").write_text("")
+        (tmp_path / "abcdef.so").write_text("")           # a cached library: no owner pid in its name
+        (tmp_path / f".{dead}-named-like-a-pid.c").write_text("")  # not our pattern: never by name alone
+        removed = clean_stale(tmp_path)
+        assert sorted(removed) == sorted([f".tmp-{dead}-abc-x.c", f".tmp-{dead}-abc-x.so",
+                                          f"felixjax-tmp-{dead}-asm-q"])
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted([f".tmp-{live}-abc-y.c", f"felixjax-tmp-{live}-asm-r", f".tmp-{os.getpid()}-mine.c",
+                               "abcdef.so", f".{dead}-named-like-a-pid.c"])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_orphan_compiler_of_a_dead_owner_is_killed_only_if_its_command_matches(tmp_path):
+    from codegen.build import clean_stale
+
+    dead = _dead_pid()
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "orphan-cc"]
+    orphan = subprocess.Popen(argv, start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "unrelated"],
+                             start_new_session=True)
+    try:
+        time.sleep(0.3)  # let /proc/<pid>/cmdline show the new program
+        for proc, recorded in ((orphan, argv), (other, argv)):  # `other` runs another command than recorded
+            (tmp_path / f".tmp-{dead}-compiler-{proc.pid}.json").write_text(
+                json.dumps({"owner": dead, "pid": proc.pid, "pgid": proc.pid, "argv": recorded}))
+        clean_stale(tmp_path)
+        assert orphan.wait(timeout=10) == -9
+        assert other.poll() is None  # never killed: its command line is not the recorded one
+        assert not list(tmp_path.iterdir())  # both pid files of the dead owner are gone
+    finally:
+        for p in (orphan, other):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.mark.cc
+def test_build_names_temp_files_by_owner_and_cleans_dead_ones(tmp_path):
+    dead = _dead_pid()
+    stale = tmp_path / f".tmp-{dead}-0123456789abcdef-zz.c"
+    tmp_path.mkdir(exist_ok=True)
+    stale.write_text("int stale;")
+    sys.modules["codegen.build"]._cleaned.discard(os.path.abspath(tmp_path))
+    res = build("int fresh_symbol_for_cleanup_test;", cache_dir=tmp_path)
+    assert res.status == "ok", res.error
+    assert not stale.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]  # its own temp files are gone too
