@@ -194,15 +194,21 @@ def test_tune_refuses_a_corrupted_database(tmp_path):
     assert snapshot(path) == before
 
 
-def test_reading_commands_give_one_line_on_a_corrupted_database(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["report", "pretrain", "tune"])
+def test_commands_give_one_line_on_a_corrupted_database(command, tmp_path, capsys):
     from felixjax.cli import main as cli
 
     path = tmp_path / "bad.db"
     filled(path, 6)
     corrupt(path)
-    assert cli(["report", str(path)]) == 2
+    before = snapshot(path)
+    argv = {"report": ["report", str(path)], "pretrain": ["pretrain", str(path), "-o", str(tmp_path / "cm.npz")],
+            "tune": ["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--trials", "1", "--no-compare",
+                     "--db", str(path)]}[command]
+    assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "corrupted felixjax database" in err and len(err.splitlines()) == 1
+    assert "corrupted felixjax database" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert snapshot(path) == before
 
 
 # ---- read-only files -----------------------------------------------------------------------------------
