@@ -373,6 +373,8 @@ class Database:
                 raise _readonly_error(self.path) from None
             if not isinstance(err, sqlite3.OperationalError) or any(h in msg for h in _CORRUPT_HINTS):
                 raise _corrupted(self.path, err) from None
+            if any(h in msg for h in ("disk i/o", "disk is full", "unable to open")):
+                raise DatabaseError(f"{self.path}: {err}") from None
             raise err
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
