@@ -2,8 +2,8 @@
 model into one C library from the best schedules (``codegen.netbuild``).
 
 This module only re-exports (every old name stays importable from here); the code lives by job in
-``felixjax.scheduler`` (task scheduler), ``felixjax.network_tune`` (tune_model), ``felixjax.network_build``
-(schedules, graph to NetSpec, CompiledModel, build_model), ``felixjax.ort_compare`` (onnxruntime session,
+``felixjax.scheduler`` (task scheduler), ``felixjax.network_tune`` (the task-scheduled rounds), ``felixjax.network_build``
+(schedules, graph to NetSpec, CompiledModel), ``felixjax.pipeline`` (tune_model, build_model), ``felixjax.ort_compare`` (onnxruntime session,
 check and interleaved timing) and ``felixjax.network_cli`` (command-line glue).
 
 ``tune_model`` spends a trial budget over a model's distinct tasks. After a warm-up round per task it
@@ -40,9 +40,10 @@ Example:
 from __future__ import annotations
 
 # ruff: noqa: F401  (re-exports)
-from .network_build import CompiledModel, Schedule, _as_model, _open_db, build_model, choose_schedules, graph_to_spec
+from .network_build import CompiledModel, Schedule, _as_model, _open_db, choose_schedules, graph_to_spec
 from .network_cli import build_model_cli, tune_model_cli
-from .network_tune import NetworkTuneResult, TaskTuning, _default_strategy, _round_progress, tune_model
+from .network_tune import NetworkTuneResult, TaskTuning, _default_strategy, _round_progress
+from .pipeline import build_model, tune_model
 from .ort_compare import _ort_session, compare_onnxruntime, time_interleaved
 from .scheduler import NO_LATENCY, TaskScheduler, similarity_tag
 

@@ -9,8 +9,8 @@ import numpy as np
 from codegen.target import Target
 
 from .onnx_import import load_onnx
-from .network_build import build_model
-from .network_tune import _round_progress, tune_model
+from .network_tune import _round_progress
+from .pipeline import build_model, tune_model
 from .ort_compare import compare_onnxruntime
 
 
@@ -19,7 +19,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
     model and (unless ``--no-compare``) check and time it against onnxruntime."""
     from .strategies.base import cost_model_options
 
-    model = load_onnx(args.model)
+    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None)
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
         return 0
@@ -46,7 +46,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
 def build_model_cli(args: Any, target: Target) -> int:
     """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
     the library against the numpy reference on a random input, export the standalone folder."""
-    model = load_onnx(args.model)
+    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None)
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]

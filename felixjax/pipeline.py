@@ -16,15 +16,26 @@ Example:
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
-from codegen.lower import Plan
+from codegen import netbuild
+from codegen.build import DEFAULT_FLAGS
+from codegen.lower import Plan, lower
 from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task, parse_spec
 from codegen.render_c import render
+from codegen.space import Config, Space
 from codegen.target import Target
 
 from .database import Database
+from .errors import UnsupportedModelError
+from .network_build import CompiledModel, _as_model, choose_schedules, graph_to_spec
+from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
+from .onnx_import import Model
 from .results import TuneResult
 from .session import TuningSession
 from .strategies import Strategy
@@ -90,3 +101,116 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         retimed = session.retime([tr], top=retime).get(tr.run, []) if retime else []  # the best, timed again
         stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock)
     return TuneResult(task, session.target, tr.run, tr.history, stats, retimed, tr.stop_reason)
+
+
+def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, trials: int = 2000,
+               db: str | os.PathLike | Database | None = None, strategy: str | Any | None = None, seed: int = 0,
+               seconds: float | None = None, progress: bool | Callable[[dict], None] = True,
+               trials_per_round: int | None = None, threads: int | None = None, run: str | None = None,
+               runner: LocalRunner | None = None, protocol: TimingProtocol | None = None,
+               strategy_options: dict | None = None, include_defaults: bool = True, alpha: float = 0.2,
+               beta: float = 2.0, window: int = 3, cost_model: str | None = None,
+               measurer: Callable[[Task, Target], Any] | None = None) -> NetworkTuneResult:
+    """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
+
+    One tuning session serves every task: one strategy instance and context per task for the whole
+    run, and **one cost model shared by all tasks**, fine-tuned online after every round (task ids as
+    groups). Rounds go to the task whose next round is expected to cut the end-to-end latency the
+    most (Ansor's gradient task scheduler, :mod:`felixjax.scheduler`).
+
+    Args:
+        model: a :class:`~felixjax.onnx_import.Model` or anything :func:`~felixjax.load_onnx` reads.
+        target: the machine (default ``Target.cpu()``).
+        trials: total budget over all tasks (records of this ``run`` already in ``db`` count: a killed
+            run resumes where it stopped).
+        db: database path or :class:`Database` (``None``: in memory).
+        strategy: the search strategy per task (default ``"gradient"`` when registered, else ``"random"``).
+        seed: seeds the strategies' RNG streams, the cost model and the scheduler's tie-breaks.
+        seconds: wall-clock budget; no new round starts after it (the round in flight completes).
+        progress: print one line per round and the summary table to stderr, or a callable per round.
+        trials_per_round: trials of one round (default ``trials // (4 * tasks)``, clamped to 1..64,
+            so about a quarter of the budget is the warm-up and the rest is scheduled).
+        threads: threads per measured kernel (default: all cores of the target).
+        run: the run name in the database (default ``"{strategy}:{seed}"``, shared with ``fj.tune``).
+        runner, protocol, strategy_options: as for :func:`tune_task`.
+        include_defaults: measure every sketch's default schedule first, so the tuned build never
+            loses to the default build.
+        alpha, beta, window: the scheduler's constants (Ansor's defaults).
+        cost_model: a pretrained cost-model checkpoint to start the shared model from.
+        measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
+
+    Returns:
+        A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
+        compiles the model.
+
+    Example:
+        >>> import felixjax as fj
+        >>> m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+        >>> res = fj.tune_model(m, trials=8, strategy="random", progress=False)
+        >>> res.trials, len(res.tasks)
+        (8, 4)
+    """
+    model = _as_model(model)                                                  # ① import, ② fuse + dedupe
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1 (got {trials})")
+    strategy = strategy if strategy is not None else _default_strategy()
+    sname = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
+    run = run or f"{sname}:{seed}"
+    pairs = model.tasks
+    per_round = trials_per_round or min(64, max(1, trials // (4 * max(1, len(pairs)))))
+    if per_round < 1:
+        raise ValueError(f"trials_per_round must be >= 1 (got {per_round})")
+    show = progress if callable(progress) else (_round_progress if progress else None)
+    start = time.perf_counter()
+    with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
+                       cost_model=cost_model, seed=seed, seconds=seconds, progress=False,
+                       defaults=include_defaults) as session:                 # ⑥ one model for every task
+        runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
+                for t, _ in pairs]                                            # ③ spaces per task (+ resume)
+        session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
+        info, rounds = scheduled_rounds(session, runs, [w for _, w in pairs], per_round=per_round, alpha=alpha,
+                                        beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
+        target = session.target
+    result = NetworkTuneResult(model, target, run, sname, info, rounds, time.perf_counter() - start,
+                               builder=build_model)
+    if progress is True:
+        print(result.table(), file=sys.stderr, flush=True)
+    return result
+
+
+def build_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *,
+                db: str | os.PathLike | Database | None = None, configs: Mapping[Task, Config] | None = None,
+                threads: int | None = None, flags: Sequence[str] = DEFAULT_FLAGS) -> CompiledModel:
+    """Compile a whole model into one C library from the best schedule of each task.
+
+    Args:
+        model: a :class:`~felixjax.onnx_import.Model` or anything :func:`~felixjax.load_onnx` reads.
+        target: the machine the schedules are for (default ``Target.cpu()``).
+        db: a tuning database (path or :class:`Database`): each task's best record on ``target``.
+        configs: explicit configs per task (override the database).
+        threads: OpenMP threads of the compiled model (default: the target's cores).
+        flags: compiler flags (a shared library).
+
+    Raises:
+        UnsupportedModelError: a node the C build cannot run.
+        FileNotFoundError: ``db`` names a file that does not exist.
+        RuntimeError: the compiler failed.
+
+    Example:
+        >>> import numpy as np, felixjax as fj
+        >>> from felixjax.network import build_model
+        >>> exe = build_model(fj.zoo.make_model("resnet18", dataset="cifar10"))
+        >>> exe(np.zeros((1, 3, 32, 32), np.float32)).shape
+        (1, 10)
+    """
+    model = _as_model(model)                                                  # ① import, ② fuse + dedupe
+    target = target or Target.cpu()
+    schedules = choose_schedules(model, target, db=db, configs=configs)       # each task's best record (or default)
+    plans = {s.task: lower(Space(s.task, s.config.sketch, target), s.config) for s in schedules}  # ⑨ lower
+    spec = graph_to_spec(model.graph, plans)                                  # the network as kernels + buffers
+    try:
+        net = netbuild.emit(spec)                                             # memory plan + C emission
+    except netbuild.NetBuildError as e:
+        raise UnsupportedModelError(str(e)) from None
+    library = netbuild.load(net, flags=flags, threads=threads or target.cores)  # ⑩ compile + load
+    return CompiledModel(model, target, schedules, net, library)
