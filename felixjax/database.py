@@ -197,6 +197,17 @@ def _readonly_error(path: str) -> DatabaseError:
                          f"copy")
 
 
+def _unreadable_wal(path: str) -> DatabaseError | None:
+    """Read-only folder with a non-empty -wal left by a killed writer: SQLite cannot read its log
+    without making a -shm file, and reading the main file alone would miss records."""
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        return DatabaseError(f"{path}: its write-ahead log ({os.path.basename(wal)}) cannot be read in a read-only "
+                             f"folder; open it once where the folder is writable (or copy the .db and .db-wal files "
+                             f"together to one)")
+    return None
+
+
 def _inspect(path: str, timeout: float) -> int:
     """Check an existing file without writing to it; returns its ``user_version`` (0: unmarked, to stamp).
 
@@ -226,8 +237,22 @@ def _inspect(path: str, timeout: float) -> int:
     try:
         conn = sqlite3.connect(_uri(path, **params), uri=True, timeout=timeout, isolation_level=None,
                                check_same_thread=False)
-    except sqlite3.Error as e:
+        try:
+            conn.execute("PRAGMA application_id").fetchone()
+        except sqlite3.OperationalError as e:  # a WAL file left in a read-only folder: no -shm can be made
+            if not any(h in str(e).lower() for h in ("readonly", "read-only", "unable to open")):
+                raise
+            conn.close()
+            if (err := _unreadable_wal(path)) is not None:
+                raise err from None
+            conn = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True, timeout=timeout,
+                                   isolation_level=None, check_same_thread=False)
+    except sqlite3.OperationalError as e:
+        if any(h in str(e).lower() for h in _BUSY_HINTS):
+            raise DatabaseError(f"{path}: the database stayed locked by another process ({e})") from None
         raise DatabaseError(f"{path}: cannot open the database ({e})") from None
+    except sqlite3.DatabaseError as e:
+        raise _corrupted(path, e) from None
     try:
         try:
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -326,6 +351,8 @@ class Database:
         for params in ({"mode": "ro"}, {"mode": "ro", "immutable": "1"}):
             # immutable only when plain read-only fails: a read-only folder where no -shm file can be made
             # (and so no WAL writer can be at work either)
+            if "immutable" in params and (err := _unreadable_wal(self.path)) is not None:
+                raise err
             try:
                 conn = sqlite3.connect(_uri(self.path, **params), uri=True, check_same_thread=False,
                                        isolation_level=None, timeout=busy)
