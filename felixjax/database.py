@@ -360,6 +360,9 @@ class Database:
                 return conn
             except sqlite3.OperationalError as e:  # "unable to open" / "attempt to write a readonly database"
                 last = e
+                if "no such table" in str(e).lower():
+                    raise DatabaseError(f"{self.path}: an empty file, not yet a felixjax database (no records to "
+                                        f"read)") from None
                 if any(h in str(e).lower() for h in _BUSY_HINTS):
                     break
         raise DatabaseError(f"{self.path}: cannot open the database for reading ({last})")

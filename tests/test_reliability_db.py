@@ -144,6 +144,9 @@ def test_non_sqlite_file_is_refused_untouched(tmp_path, content):
 def test_empty_file_becomes_a_database(tmp_path):
     path = tmp_path / "empty.db"
     path.touch()
+    with pytest.raises(DatabaseError, match="empty file"):  # nothing to read, and reading writes nothing
+        Database(path, readonly=True)
+    assert path.stat().st_size == 0
     with Database(path) as db:
         assert len(db) == 0
     assert marker(path) == (APPLICATION_ID, SCHEMA_VERSION)
