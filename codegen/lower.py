@@ -77,10 +77,10 @@ class Layout:
             out = out + (dl.stride * i if dl.kind == "plain" else dl.stride * (i // dl.block) + i % dl.block)
         return out
 
-    def pack(self, array: np.ndarray) -> np.ndarray:
-        """Copy a logical-layout array into this layout (flat float32)."""
-        flat = np.zeros(self.size, dtype=np.float32)
-        flat[self.offsets().ravel()] = np.asarray(array, dtype=np.float32).ravel()
+    def pack(self, array: np.ndarray, dtype: np.dtype | str = np.float32) -> np.ndarray:
+        """Copy a logical-layout array into this layout (flat, of ``dtype``)."""
+        flat = np.zeros(self.size, dtype=dtype)
+        flat[self.offsets().ravel()] = np.asarray(array, dtype=dtype).ravel()
         return flat
 
     def unpack(self, flat: np.ndarray) -> np.ndarray:
@@ -150,7 +150,7 @@ class Plan:
     data_copy: bool  # the data input is copied (padded / blocked) inside the kernel
     acc: str  # buffer the reduction accumulates into ("out" or "scratch")
     epilogue: bool  # a fused epilogue pass runs after each S1 tile's reduction
-    workspace: int  # floats
+    workspace: int  # elements of ``dtype`` (see ``workspace_bytes``)
     vector_axis: str
     vec: int
     unroll: int
@@ -159,18 +159,33 @@ class Plan:
     def con(self) -> Contraction:
         return self.space.con
 
+    @property
+    def dtype(self) -> np.dtype:
+        """Element type of the kernel's buffers (the task's dtype; float32 until low precision lands)."""
+        return np.dtype(self.space.task.dtype)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Size of the workspace the kernel ABI passes last (a byte buffer, 64-byte aligned)."""
+        return self.workspace * self.dtype.itemsize
+
+    def arg_dtypes(self) -> tuple[np.dtype, ...]:
+        """Element type of every kernel argument buffer, in ABI order (``args``: inputs, then out)."""
+        return tuple(self.dtype for _ in self.args)
+
     def loops(self) -> tuple[Loop, ...]:
         """All loops in nest order ``S0 S1 R0 S2 R1 S3`` (extent-1 loops included)."""
         return tuple(lp for name in ("S0", "S1", "R0", "S2", "R1", "S3") for lp in self.levels[name])
 
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
-        return self.buffers["weight"].layout.pack(weight)
+        return self.buffers["weight"].layout.pack(weight, dtype=self.arg_dtypes()[1])
 
     def kernel_inputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """API-order task inputs -> kernel argument arrays (weights packed, all float32 contiguous)."""
-        out = [np.ascontiguousarray(arrays[0], dtype=np.float32), self.pack_weight(arrays[1])]
-        out += [np.ascontiguousarray(a, dtype=np.float32) for a in arrays[2:]]
+        """API-order task inputs -> kernel argument arrays (weights packed, contiguous, of ``arg_dtypes``)."""
+        dts = self.arg_dtypes()
+        out = [np.ascontiguousarray(arrays[0], dtype=dts[0]), self.pack_weight(arrays[1])]
+        out += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays[2:], dts[2:])]
         return out
 
 

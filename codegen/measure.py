@@ -2,15 +2,16 @@
 
 Every kernel library exports the kernel ABI:
 
-    void fj_kernel(float* const* bufs);               // one call of the kernel
-    double fj_time(float* const* bufs, long number);  // `number` calls, returns total seconds
-    void fj_set_threads(int n);                       // omp_set_num_threads
+    void fj_kernel(void* const* bufs);               // one call of the kernel
+    double fj_time(void* const* bufs, long number);  // `number` calls, returns total seconds
+    void fj_set_threads(int n);                      // omp_set_num_threads
 
-`bufs` = the inputs in order (read-only), then the output, then a workspace (possibly of size 0:
-it still gets a valid 64-byte aligned pointer). Appending `TIMING_HARNESS_C` to a source that
-defines `fj_kernel` provides the other two. Optionally a library may also export
+`bufs` = the inputs in order (read-only, each of its array's dtype), then the output (of
+`RunRequest.out_dtype`), then a byte workspace (possibly of size 0: it still gets a valid 64-byte
+aligned pointer). Appending `TIMING_HARNESS_C` (codegen.renderers.harness) to a source that defines
+`fj_kernel` provides the other two. Optionally a library may also export
 
-    void fj_prepare(float* const* bufs);              // once per request, before any fj_kernel
+    void fj_prepare(void* const* bufs);              // once per request, before any fj_kernel
 
 which the runner calls once, untimed, after the inputs are in place: the place to pack constant
 weights into the workspace (as at inference, where weights are constants).
@@ -35,8 +36,9 @@ Example:
     >>> import numpy as np
     >>> from codegen.build import build
     >>> from codegen.measure import LocalRunner, RunRequest, TIMING_HARNESS_C
-    >>> src = '''void fj_kernel(float* const* b) {
-    ...   for (int i = 0; i < 8; ++i) b[1][i] = 2 * b[0][i];
+    >>> src = '''void fj_kernel(void* const* b) {
+    ...   const float* x = b[0]; float* y = b[1];
+    ...   for (int i = 0; i < 8; ++i) y[i] = 2 * x[i];
     ... }''' + TIMING_HARNESS_C
     >>> x = np.arange(8, dtype=np.float32)
     >>> with LocalRunner() as runner:
@@ -224,28 +226,30 @@ class RunRequest:
 
     Attributes:
         lib_path: the shared library (None when passing `build=` to `LocalRunner.run`).
-        inputs: input arrays in ABI order (read-only to the kernel): float32 for the float*
-            ABI; other dtypes (int8, fp16, ...) are copied byte for byte; float64 is refused.
-        out_shape: shape of the float32 output.
-        workspace_floats: workspace size in floats (0 still yields a valid aligned pointer).
+        inputs: input arrays in ABI order (read-only to the kernel), each passed in its own dtype
+            (float32, int8, fp16, ...: copied byte for byte); float64 is refused.
+        out_shape: shape of the output.
+        workspace_bytes: workspace size in bytes (0 still yields a valid aligned pointer).
         expected: numpy reference output (any float dtype), shape `out_shape`.
         rtol: relative tolerance (see `check_output`).
         reduction_size: K, the number of terms summed per output element (for the tolerance).
         threads: OpenMP threads (fj_set_threads).
         timeout_s: limit for loading and the first call; None = the runner's default.
         protocol: timing protocol; None = the runner's default.
+        out_dtype: dtype of the output buffer (the task's dtype; float32 for every task today).
     """
 
     lib_path: str | None
     inputs: list[np.ndarray]
     out_shape: tuple[int, ...]
-    workspace_floats: int
+    workspace_bytes: int
     expected: np.ndarray
     rtol: float = 1e-4
     reduction_size: int = 1
     threads: int = 1
     timeout_s: float | None = None
     protocol: TimingProtocol | None = None
+    out_dtype: str = "float32"
 
 
 def check_output(
@@ -289,7 +293,8 @@ def check_output(
         )
     y64 = y.astype(np.float64)
     err = np.abs(y64 - ref)
-    tol = rtol * np.abs(ref) + (c * math.sqrt(max(K, 1)) * float(np.abs(ref).max()) * _EPS32)
+    eps = max(float(np.finfo(y.dtype).eps), _EPS32) if np.issubdtype(y.dtype, np.floating) else _EPS32
+    tol = rtol * np.abs(ref) + (c * math.sqrt(max(K, 1)) * float(np.abs(ref).max()) * eps)
     tol += _TINY32  # an all-zero reference still tolerates denormal noise
     bad = err > tol
     worst = np.unravel_index(int(np.argmax(err - tol)), y.shape)
@@ -768,13 +773,15 @@ def _payload(request: RunRequest, protocol: TimingProtocol) -> dict[str, Any]:
     inputs = [np.ascontiguousarray(x) for x in request.inputs]
     if any(x.dtype == np.float64 for x in inputs):
         raise ValueError("float64 input: the kernel ABI reads float32 (use astype(np.float32))")
-    if request.workspace_floats < 0 or request.threads < 1:
-        raise ValueError("workspace_floats must be >= 0 and threads >= 1")
+    if request.workspace_bytes < 0 or request.threads < 1:
+        raise ValueError("workspace_bytes must be >= 0 and threads >= 1")
+    out_dtype = np.dtype(request.out_dtype)
     return {
         "lib_path": os.fspath(request.lib_path),
         "inputs": inputs,
         "out_shape": out_shape,
-        "workspace_floats": int(request.workspace_floats),
+        "workspace_bytes": int(request.workspace_bytes),
+        "out_dtype": out_dtype.str,
         "expected": expected,
         "rtol": float(request.rtol),
         "K": int(request.reduction_size),
@@ -790,8 +797,9 @@ def _payload(request: RunRequest, protocol: TimingProtocol) -> dict[str, Any]:
 class _Guarded:
     """A 64-byte aligned byte buffer with canary zones before and after it."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, dtype: np.dtype | str = np.float32) -> None:
         self.nbytes = nbytes
+        self.dtype = np.dtype(dtype)  # what the kernel indexes it as (names overwritten guard elements)
         padded = -(-nbytes // _ALIGN) * _ALIGN
         total = _GUARD_BYTES + padded + _GUARD_BYTES
         raw = np.empty(total + _ALIGN, dtype=np.uint8)
@@ -802,20 +810,22 @@ class _Guarded:
         self.data = self.raw[_GUARD_BYTES : _GUARD_BYTES + nbytes]
         self.ptr = self.raw.ctypes.data + _GUARD_BYTES  # 64-byte aligned, valid even if empty
 
-    def floats(self, shape: tuple[int, ...]) -> np.ndarray:
-        return self.data.view(np.float32).reshape(shape)
+    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return self.data.view(dtype).reshape(shape)
 
     def touched_canary(self) -> str | None:
-        """Names the first overwritten guard float (as the kernel indexes it), or None."""
+        """Names the first overwritten guard element (as the kernel indexes it), or None."""
         end = _GUARD_BYTES + self.nbytes
+        size = self.dtype.itemsize
+        unit = {"float32": "floats", "uint8": "bytes"}.get(self.dtype.name, f"{self.dtype.name} elements")
         before = np.flatnonzero(self.raw[:_GUARD_BYTES] != self.pattern[:_GUARD_BYTES])
         after = np.flatnonzero(self.raw[end:] != self.pattern[end:])
         if before.size:
-            index = -(-(_GUARD_BYTES - int(before[0])) // 4)
+            index = -(-(_GUARD_BYTES - int(before[0])) // size)
             return f"[-{index}] (before its start)"
         if after.size:
-            index = (self.nbytes + int(after[0])) // 4
-            return f"[{index}] (past its end, {self.nbytes // 4} floats)"
+            index = (self.nbytes + int(after[0])) // size
+            return f"[{index}] (past its end, {self.nbytes // size} {unit})"
         return None
 
 
@@ -908,14 +918,18 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
     inputs: list[np.ndarray] = p["inputs"]
     out_shape = p["out_shape"]
     names = [f"input{i}" for i in range(len(inputs))] + ["output", "workspace"]
-    out_bytes = 4 * math.prod(out_shape)
-    bufs = [_Guarded(x.nbytes) for x in inputs]
-    bufs += [_Guarded(out_bytes), _Guarded(4 * p["workspace_floats"])]
+    out_dtype = np.dtype(p["out_dtype"])
+    out_bytes = out_dtype.itemsize * math.prod(out_shape)
+    bufs = [_Guarded(x.nbytes, x.dtype) for x in inputs]
+    bufs += [_Guarded(out_bytes, out_dtype), _Guarded(p["workspace_bytes"], np.uint8)]
     for buf, x in zip(bufs, inputs):
         buf.data[:] = x.reshape(-1).view(np.uint8)
-    out = bufs[-2].floats(out_shape)
-    out.fill(np.nan)  # a kernel that skips elements leaves NaN behind
-    bufs[-1].floats((p["workspace_floats"],)).fill(np.nan)  # workspace starts uninitialized
+    out = bufs[-2].view(out_dtype, out_shape)
+    if out_dtype.kind == "f":
+        out.fill(np.nan)  # a kernel that skips elements leaves NaN behind
+    else:
+        bufs[-2].data.fill(0xFF)
+    bufs[-1].data.fill(0xFF)  # workspace starts uninitialized: all-ones bytes are NaN in every float type
     ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
 
     def memory_error() -> str | None:

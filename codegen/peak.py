@@ -102,7 +102,7 @@ def measure_fp32_peak(
         lib_path=None,
         inputs=[np.array([1.0, 0.0], dtype=np.float32)],
         out_shape=expected.shape,
-        workspace_floats=0,
+        workspace_bytes=0,
         expected=expected,
         threads=threads,
         protocol=protocol or TimingProtocol(),

@@ -40,7 +40,7 @@ class Kernel:
         self._lib = load_kernel_library(lib_path)
         if threads:
             self._lib.fj_set_threads(int(threads))
-        self._ws = np.zeros(max(plan.workspace, 16) + 16, dtype=np.float32)
+        self._ws = np.zeros(max(plan.workspace_bytes, 64) + 64, dtype=np.uint8)  # bytes, aligned by _aligned
         self._packed: tuple[int, np.ndarray] | None = None
 
     def __repr__(self) -> str:
@@ -56,9 +56,10 @@ class Kernel:
                 raise ValueError(f"{task.name}: input {i} has shape {np.shape(a)}, expected {s}")
         if self._packed is None or self._packed[0] != id(arrays[1]):
             self._packed = (id(arrays[1]), self.plan.pack_weight(arrays[1]))
-        bufs = [np.ascontiguousarray(arrays[0], dtype=np.float32), self._packed[1]]
-        bufs += [np.ascontiguousarray(a, dtype=np.float32) for a in arrays[2:]]
-        out = np.empty(task.output_shape, dtype=np.float32)
+        dts = self.plan.arg_dtypes()  # ABI order: inputs, then out
+        bufs = [np.ascontiguousarray(arrays[0], dtype=dts[0]), self._packed[1]]
+        bufs += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays[2:], dts[2:-1])]
+        out = np.empty(task.output_shape, dtype=dts[-1])
         ws = _aligned(self._ws)
         ptrs = (ctypes.c_void_p * (len(bufs) + 2))(*[b.ctypes.data for b in bufs], out.ctypes.data, ws.ctypes.data)
         self._lib.fj_kernel(ptrs)
@@ -66,6 +67,6 @@ class Kernel:
 
 
 def _aligned(buf: np.ndarray) -> np.ndarray:
-    """A 64-byte aligned view into ``buf`` (which has 16 spare floats)."""
-    skip = (-buf.ctypes.data % 64) // 4
+    """A 64-byte aligned view into the byte buffer ``buf`` (which has 64 spare bytes)."""
+    skip = -buf.ctypes.data % 64
     return buf[skip:]

@@ -57,7 +57,8 @@ class Measurer:
             sources.append(self.renderer(plans[-1]))
         builds = build_many(sources, workers=self.build_workers)
         for cfg, plan, b in zip(configs, plans, builds):
-            req = RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace, self.expected,
-                             reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol)
+            req = RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace_bytes, self.expected,
+                             reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol,
+                             out_dtype=plan.arg_dtypes()[-1].name)
             if not on_result(cfg, self.runner.run(req, build=b)):
                 return

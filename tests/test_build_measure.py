@@ -322,11 +322,11 @@ def test_buffers_are_aligned_including_empty_workspace(runner, libs):
 
 @pytest.mark.cc
 def test_optional_prepare_fills_workspace_once(runner, libs):
-    req = dataclasses.replace(_vadd_request(libs["prepared"]), workspace_floats=N)
+    req = dataclasses.replace(_vadd_request(libs["prepared"]), workspace_bytes=4 * N)
     res = runner.run(req)
     assert res.status == "ok", res.error
     # Without fj_prepare's packing the workspace still holds NaN: that must fail.
-    res = runner.run(dataclasses.replace(_vadd_request(libs["unprepared"]), workspace_floats=N))
+    res = runner.run(dataclasses.replace(_vadd_request(libs["unprepared"]), workspace_bytes=4 * N))
     assert res.status == "wrong_result" and "NaN" in res.error, res.error
 
 

@@ -135,7 +135,7 @@ def emit(spec: NetSpec) -> NetSource:
             args += [f"(float*){ref(i)}" for i in step.inputs[2:]]
             args.append(ref(step.outputs[0]))
             args.append(f"(A + {mem.scratch[s]})" if s in mem.scratch else "NULL")
-            calls.append(f"{{ float* b[] = {{{', '.join(args)}}}; {name}(b); }}  /* {step.plan.space.task.name} */")
+            calls.append(f"{{ void* b[] = {{{', '.join(args)}}}; {name}(b); }}  /* {step.plan.space.task.name} */")
             continue
         if step.op == "Reshape" and mem.where[step.outputs[0]][0] == "alias":
             calls.append(f"/* step {s}: Reshape (aliases its input) */")

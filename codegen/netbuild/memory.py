@@ -52,7 +52,7 @@ def _round_up(n: int) -> int:
 
 def _scratch_floats(step: Step, values: Sequence[Value]) -> int:
     if step.op == "kernel":
-        return step.plan.workspace
+        return -(-step.plan.workspace_bytes // 4)  # the arena counts floats
     if step.op == "LayerNormalization":
         x = values[step.inputs[0]]
         return 4 * math.prod(x.shape[: step.attrs["axis"]])  # mean and 1/std per row, as doubles

@@ -11,9 +11,11 @@ Adding a target: a new :class:`Dialect` (and its harness), ``CStyleRenderer(dial
 
 ABI (every kernel library exports):
 
-* ``void fj_kernel(float* const* bufs)``: ``bufs`` = kernel inputs (``Plan.args`` order: data,
-  packed weights, bias, residual), then the output, then the workspace;
-* ``double fj_time(float* const* bufs, long number)``: seconds for ``number`` back-to-back calls;
+* ``void fj_kernel(void* const* bufs)``: ``bufs`` = kernel inputs (``Plan.args`` order: data,
+  packed weights, bias, residual), then the output, then the workspace; each argument buffer holds
+  elements of its ``Plan.arg_dtypes()`` entry (the task's dtype), the workspace is
+  ``Plan.workspace_bytes`` bytes; every pointer is 64-byte aligned;
+* ``double fj_time(void* const* bufs, long number)``: seconds for ``number`` back-to-back calls;
 * ``void fj_set_threads(int n)``.
 """
 from __future__ import annotations

@@ -52,10 +52,11 @@ class Dialect:
     restrict: str = "restrict"
     static: str = "static "  # internal linkage (several kernels in one file)
     kernel_qualifier: str = ""  # e.g. CUDA's "__global__ "
-    # the kernel ABI: signature and how each buffer is bound to a typed pointer
-    kernel_signature: str = "{qual}void {name}(float* const* bufs)"  # {qual}, {name}
-    bind_arg: str = "{const}{S}* {restrict} {name} = bufs[{i}];"  # {const}, {S}, {restrict}, {name}, {i}
-    bind_workspace: str = "{S}* {restrict} ws = bufs[{i}];"  # {S}, {restrict}, {i}
+    # the kernel ABI: untyped buffer pointers (each bound to a pointer of its dtype) and a byte workspace
+    kernel_signature: str = "{qual}void {name}(void* const* bufs)"  # {qual}, {name}
+    bind_arg: str = "{const}{S}* {restrict} {name} = ({const}{S}*)bufs[{i}];"  # {const}, {S}, {restrict}, {name}, {i}
+    bind_workspace: str = "unsigned char* {restrict} ws = (unsigned char*)bufs[{i}];"  # {restrict}, {i}
+    bind_ws_buffer: str = "{S}* {restrict} {name} = ({S}*)(ws + {offset});"  # {S}, {restrict}, {name}, {offset} (bytes)
     # vector types: declared once per source (or per function with local_types)
     vector_typedefs: tuple[str, ...] = (
         "typedef {S} vf __attribute__((vector_size({bytes})));",
@@ -238,12 +239,14 @@ class CStyleRenderer:
         w.open(d.kernel_signature.format(qual=qual, name=name))
         if local_types and plan.vec > 1:
             self._vector_typedefs(plan, w, d.vector_typedefs_local)
-        for i, arg in enumerate(plan.args):
-            w(d.bind_arg.format(const="" if arg == "out" else "const ", S=S, restrict=d.restrict, name=arg, i=i))
-        w(d.bind_workspace.format(S=S, restrict=d.restrict, i=len(plan.args)))
+        for i, (arg, dt) in enumerate(zip(plan.args, plan.arg_dtypes())):
+            w(d.bind_arg.format(const="" if arg == "out" else "const ", S=d.scalar(dt.name), restrict=d.restrict,
+                                name=arg, i=i))
+        w(d.bind_workspace.format(restrict=d.restrict, i=len(plan.args)))
         for bname, buf in B.items():
             if buf.storage == "workspace":
-                w(f"{S}* {d.restrict} {bname} = ws + {buf.ws_offset};")
+                w(d.bind_ws_buffer.format(S=S, restrict=d.restrict, name=bname,
+                                          offset=buf.ws_offset * plan.dtype.itemsize))
         w("(void)ws;")
         if plan.data_copy:
             self._data_copy(plan, w)

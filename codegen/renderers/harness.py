@@ -3,12 +3,14 @@ it without Python overhead per call.
 
 Every kernel library exports the kernel ABI (see :mod:`codegen.renderers`)::
 
-    void fj_kernel(float* const* bufs);               // one call of the kernel
-    double fj_time(float* const* bufs, long number);  // `number` calls, returns total seconds
-    void fj_set_threads(int n);                       // omp_set_num_threads
+    void fj_kernel(void* const* bufs);               // one call of the kernel
+    double fj_time(void* const* bufs, long number);  // `number` calls, returns total seconds
+    void fj_set_threads(int n);                      // omp_set_num_threads
 
 :data:`TIMING_HARNESS_C` provides the last two for C + OpenMP (the timed loop runs in C: a volatile
-function pointer and a memory clobber keep the compiler from hoisting the kernel out of it). A CUDA
+function pointer and a memory clobber keep the compiler from hoisting the kernel out of it). It is
+appended after the kernel's definition and calls it through a cast, so a hand-written kernel still
+declared with the older ``float* const*`` parameter (same calling convention) links too. A CUDA
 harness (events around a launch loop) is another string here, named by its dialect table.
 """
 from __future__ import annotations
@@ -17,10 +19,11 @@ TIMING_HARNESS_C = r"""
 /* felixjax timing harness: append to a source that defines fj_kernel. */
 #include <time.h>
 #include <omp.h>
-void fj_kernel(float* const* bufs);
-double fj_time(float* const* bufs, long number) {
-  /* Called through a volatile pointer so the kernel is not inlined and hoisted out of the loop. */
-  void (*volatile kernel)(float* const*) = fj_kernel;
+typedef void (*fj_kernel_fn)(void* const*);
+double fj_time(void* const* bufs, long number) {
+  /* Called through a volatile pointer so the kernel is not inlined and hoisted out of the loop; the
+     cast accepts kernels declared with float* const* (the ABI before buffers carried dtypes). */
+  fj_kernel_fn volatile kernel = (fj_kernel_fn)fj_kernel;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (long i = 0; i < number; ++i) {
