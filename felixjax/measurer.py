@@ -16,6 +16,7 @@ from codegen.lower import Plan, lower
 from codegen.measure import LocalRunner, MeasureResult, RunRequest, TimingProtocol
 from codegen.ops import Task
 from codegen.render_c import render
+from codegen.run import Runner
 from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 
@@ -55,7 +56,9 @@ class Measurer:
         for cfg in configs:
             plans.append(self.plan(cfg))
             sources.append(self.renderer(plans[-1]))
-        builds = build_many(sources, workers=self.build_workers)
+        # a runner of the codegen.run.Runner protocol decides where builds happen; a bare LocalRunner builds here
+        builds = (self.runner.build(sources) if isinstance(self.runner, Runner)
+                  else build_many(sources, workers=self.build_workers))
         for cfg, plan, b in zip(configs, plans, builds):
             req = RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace_bytes, self.expected,
                              reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol,
