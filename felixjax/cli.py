@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = add("tune", "tune operators (--op SPEC) or every task of an ONNX model")
     t.add_argument("model", nargs="?", help="an ONNX model to tune (instead of --op)")
+    t.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
+                   help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
     t.add_argument("--trials", type=int, default=256,
@@ -96,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     b = add("build", "compile an ONNX model into one C library from its best tuned schedules and export a "
                      "standalone folder (C source, header, Makefile, weights) that builds with make")
     b.add_argument("model", help="the ONNX model")
+    b.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
+                   help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
     b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
@@ -293,6 +297,15 @@ def _check_budgets(args: argparse.Namespace) -> None:
 
 COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,
             "pretrain": _cmd_pretrain}
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    from .onnx_shapes import parse_input_shape
+
+    try:
+        return parse_input_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
