@@ -40,29 +40,84 @@ def summary_rows(db: Database) -> list[dict]:
     return out
 
 
+#: At most this many columns of panels, and this many panels in one figure (the tasks with the most
+#: trials; the figure's title says how many were left out): the PNG stays a readable, bounded size.
+PLOT_MAX_COLUMNS = 4
+PLOT_MAX_PANELS = 24
+
+
 def plot_curves(db: Database, path: str) -> str:
-    """Best-so-far latency against trials, one line per (task, run), one panel per task."""
+    """Best-so-far latency against trials: small multiples, one panel per (task, target) on a grid of
+    at most :data:`PLOT_MAX_COLUMNS` columns, one line per run (the same colour for a run in every
+    panel, one legend), latency on a log axis. Re-timing rows (``retime:<run>``) are not trials and
+    are left out. The figure is at most ``PLOT_MAX_COLUMNS x PLOT_MAX_PANELS / PLOT_MAX_COLUMNS``
+    panels of 3.6 x 2.6 inches at 100 dpi, whatever the database holds. Returns ``path``."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    series: dict[str, dict[str, list[float]]] = {}
+    series: dict[tuple[str, str], dict[str, list[float]]] = {}
+    names: dict[tuple[str, str], str] = {}
     for rec in db.records():
-        s = series.setdefault(rec.task.name, {}).setdefault(rec.run, [])
-        s.append(min(s[-1] if s else math.inf, rec.latency_s))
-    n = max(1, len(series))
-    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.4), squeeze=False)
-    for ax, (task, runs) in zip(axes[0], series.items()):
-        for run, ys in sorted(runs.items()):
-            ax.plot(range(1, len(ys) + 1), [y * 1e3 for y in ys], label=run)
-        ax.set_title(task, fontsize=8)
-        ax.set_xlabel("trials")
-        ax.set_ylabel("best latency (ms)")
+        key = (rec.task.key, rec.target_key)
+        names.setdefault(key, rec.task.name)
+        s = series.setdefault(key, {}).setdefault(rec.run, [])
+        lat = rec.latency_s if rec.ok and math.isfinite(rec.latency_s) and rec.latency_s > 0 else math.inf
+        s.append(min(s[-1] if s else math.inf, lat))
+    several_targets = len({k[1] for k in series}) > 1
+    keys = list(series)
+    if len(keys) > PLOT_MAX_PANELS:  # the most-tuned tasks, kept in database order
+        kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
+        keys = [k for k in keys if k in kept]
+    run_names = sorted({r for k in keys for r in series[k]})
+    colors = {r: f"C{i % 10}" for i, r in enumerate(run_names)}
+    styles = {r: ("-", "--", ":", "-.")[(i // 10) % 4] for i, r in enumerate(run_names)}
+
+    finite = sorted(s[-1] for k in keys for s in series[k].values() if math.isfinite(s[-1]))
+    mid = finite[len(finite) // 2] if finite else 1e-3
+    unit, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e3) if mid >= 1e-3 else ("µs", 1e6)
+    plain = FuncFormatter(lambda v, _: f"{v:.4g}")
+
+    n = max(1, len(keys))
+    cols = min(PLOT_MAX_COLUMNS, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.6 * rows + 0.5), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(keys):
+            ax.set_visible(False)
+            continue
+        key = keys[i]
+        for run, ys in sorted(series[key].items()):
+            vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
+            ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
+                    linestyle=styles[run], linewidth=1.3, label=run)
+        title = names[key] + (f" @ {key[1]}" if several_targets else "")
+        ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(which="both", labelsize=7)
+        ax.grid(True, which="both", alpha=0.25)
+        if i % cols == 0:
+            ax.set_ylabel(f"best latency ({unit})", fontsize=8)
+        if i >= len(keys) - cols:
+            ax.set_xlabel("trials", fontsize=8)
+    left_out = len(series) - len(keys)
+    heading = "best-so-far latency per task" + (
+        f" ({len(keys)} of {len(series)} tasks: the most-tuned; {left_out} left out)" if left_out else "")
+    fig.suptitle(heading, fontsize=10)
+    handles = [plt.Line2D([], [], color=colors[r], linestyle=styles[r]) for r in run_names]
+    if handles:
+        fig.legend(handles, run_names, loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7,
+                   frameon=False)
+    legend_rows = math.ceil(len(run_names) / max(1, min(len(run_names), cols * 2)))
+    height = 2.6 * rows + 0.5
+    fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.2 * legend_rows) / height) if handles else 0, 1, 1))
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

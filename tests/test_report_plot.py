@@ -1,0 +1,82 @@
+"""`felixjax report --plot`: small multiples (one panel per task, at most 4 columns, log latency axis)
+in a figure of bounded size, never one long strip."""
+from __future__ import annotations
+
+import pytest
+
+import felixjax as fj
+import felixjax.testing
+from felixjax import report as report_mod
+
+pytest.importorskip("matplotlib")
+
+SPECS = ["matmul:m=32,n=32,k=32", "matmul:m=48,n=64,k=32", "matmul:m=64,n=64,k=64",
+         "matmul:m=16,n=128,k=64", "matmul:m=96,n=32,k=48", "matmul:m=128,n=16,k=16"]
+
+
+def _tune(path, specs, run=None):
+    for spec in specs:
+        fj.tune(spec, measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg), progress=False,
+                retime=0, strategy="random", trials=8, db=path, **({"run": run} if run else {}))
+
+
+@pytest.fixture(scope="module")
+def six_task_db(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("plot") / "runs.db")
+    _tune(path, SPECS)
+    return path
+
+
+def _panels(monkeypatch):
+    """Calls plot_curves for real and returns the figure's visible axes (captured before closing)."""
+    import matplotlib.pyplot as plt
+
+    seen = []
+    real_close = plt.close
+
+    def close(fig=None):
+        if fig is not None and hasattr(fig, "axes"):
+            seen.append([ax for ax in fig.axes if ax.get_visible()])
+        return real_close(fig)
+
+    monkeypatch.setattr(plt, "close", close)
+    return seen
+
+
+def test_plot_is_small_multiples_of_bounded_size(six_task_db, tmp_path, monkeypatch):
+    import matplotlib.image
+
+    seen = _panels(monkeypatch)
+    png = tmp_path / "curves.png"
+    text = report_mod.report(six_task_db, plot=str(png))
+    assert str(png) in text
+    h, w = matplotlib.image.imread(png).shape[:2]
+    assert w <= 4 * 3.6 * 100 + 1 and h <= 2000, (w, h)   # 4 columns x 2 rows, not a 6-panel strip
+    assert w < 3 * h, (w, h)
+    (axes,) = seen
+    assert len(axes) == 6                                   # one panel per task
+    with fj.Database(six_task_db, readonly=True) as db:
+        names = sorted(t.name for t, _ in db.tasks())
+    assert sorted(ax.get_title() for ax in axes) == names  # titled with the task name
+    assert all(ax.get_yscale() == "log" for ax in axes)
+    assert all(len(ax.get_lines()) == 1 for ax in axes)     # one best-so-far line per run
+    for ax in axes:
+        ys = list(ax.get_lines()[0].get_ydata())
+        assert ys == sorted(ys, reverse=True)               # best so far never goes up
+
+
+def test_plot_stays_bounded_with_many_tasks(tmp_path, monkeypatch):
+    import matplotlib.image
+
+    monkeypatch.setattr(report_mod, "PLOT_MAX_PANELS", 4)
+    seen = _panels(monkeypatch)
+    path = str(tmp_path / "runs.db")
+    _tune(path, SPECS)
+    _tune(path, SPECS[:2], run="second")
+    png = tmp_path / "curves.png"
+    report_mod.report(path, plot=str(png))
+    (axes,) = seen
+    assert len(axes) == 4                                   # capped; the title says how many were left out
+    assert max(len(ax.get_lines()) for ax in axes) == 2     # two runs on the tasks tuned twice
+    h, w = matplotlib.image.imread(png).shape[:2]
+    assert w <= 4 * 3.6 * 100 + 1 and h <= 2000, (w, h)
