@@ -77,11 +77,11 @@ class Dialect:
     fma: str = "{acc} += {a} * {b};"  # {acc}, {a}, {b} (a vector and a vector or a broadcast scalar)
     # loops and thread mapping
     loop: str = "for (long {var} = 0; {var} < {n}; ++{var})"  # {var}, {n}
-    parallel_for: str = "#pragma omp parallel for schedule(static)"  # before the parallel loop ("" for none)
+    parallel_for: str = "#pragma omp parallel for schedule(static)"  # before the parallel loop ("": none)
     collapse: str = " collapse({n})"  # appended to parallel_for for a collapsed nest of {n} loops
     parallel_loop: str = "for (long {var} = 0; {var} < {n}; ++{var})"  # the fused parallel loop: {var}, {n}
-    unroll: str = "#pragma GCC unroll {n}"
-    simd: str = "#pragma omp simd"
+    unroll: str = "#pragma GCC unroll {n}"  # "": none
+    simd: str = "#pragma omp simd"  # "": none
     stack_array: str = "{S} {name}[{n}] __attribute__((aligned({align})));"  # {S}, {name}, {n}, {align}
     # activations of the fused epilogue ({v}: the value); compare-and-select, not fmaxf/fminf: without
     # -ffinite-math-only gcc emits a libm call per element for those (the relu6 epilogue of a 1x1 conv
@@ -271,9 +271,10 @@ class CStyleRenderer:
           f" layout (timed) */")
         # loop over the logical padded coordinates; the innermost dimension is vectorizable
         names = [f"i{k}" for k in range(len(shape))]
-        w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 1 else ""))
+        if d.parallel_for:
+            w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 1 else ""))
         for k, n in enumerate(shape):
-            if k == len(shape) - 1:
+            if k == len(shape) - 1 and d.simd:
                 w(d.simd)
             w.open(d.loop.format(var=names[k], n=n))
         dst_terms = []
@@ -352,7 +353,8 @@ class CStyleRenderer:
         for row in itertools.product(*[range(lp.extent) for lp in pack.rows]):
             so = sum(data.stride(lp.var) * i for lp, i in zip(pack.rows, row))
             po = sum(pack.buf.stride(lp.var) * i for lp, i in zip(pack.rows, row))
-            w(d.simd)
+            if d.simd:
+                w(d.simd)
             w(f"{d.loop.format(var=k.var, n=k.extent)} {PACK_NAME}[{po} + {k.var}] = src[{so} + {k.var}];")
         w.depth -= 1
         w("}")
@@ -443,7 +445,7 @@ class CStyleRenderer:
                 unroll_pragmas[lp.var] = lp.extent
             cum *= lp.extent
         for lp in r1:
-            if lp.var in unroll_pragmas:
+            if lp.var in unroll_pragmas and d.unroll:
                 w(d.unroll.format(n=unroll_pragmas[lp.var]))
             w.open(d.loop.format(var=lp.var, n=lp.extent))
         names: dict[tuple[str, int], str] = {}
@@ -499,7 +501,7 @@ class CStyleRenderer:
         outer = [lp for name in ("S0", "S1") for lp in _live(L[name])]
         allv = outer + loops
         for i, lp in enumerate(loops):
-            if i == len(loops) - 1:
+            if i == len(loops) - 1 and d.simd:
                 w(d.simd)
             w.open(d.loop.format(var=lp.var, n=lp.extent))
         w(f"{S} v = {plan.acc}[{_affine(_offset(B[plan.acc], allv))}];")
