@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from felixjax.graph_passes import Node
 

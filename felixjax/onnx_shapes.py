@@ -26,6 +26,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -76,6 +77,52 @@ def _shape_of(vi: onnx.ValueInfoProto) -> tuple | None:
     return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
 
 
+DATA_PROP_MAX_ELEMENTS = 1 << 16  # a 1-D integer tensor longer than this is no shape: no data propagation
+
+
+def data_prop_safe(graph: onnx.GraphProto) -> bool:
+    """Whether onnx's data propagation stays cheap on ``graph``. It materializes 1-D integer tensors
+    element by element in C++: ``ConstantOfShape([10**12])`` feeding a ``Concat`` never returns, and
+    10**7 elements already take ~4 s. False when a constant 1-D integer tensor, or the 1-D output of
+    ConstantOfShape / Expand / Tile / Range on constant inputs, is longer than
+    :data:`DATA_PROP_MAX_ELEMENTS` (such a tensor is data, not a shape; inference then runs without
+    data propagation and the size limits judge the tensor).
+    """
+    limit = DATA_PROP_MAX_ELEMENTS
+    ints: dict[str, np.ndarray] = {}
+    for t in graph.initializer:
+        if t.data_type in (TensorProto.INT64, TensorProto.INT32):
+            if len(t.dims) == 1 and t.dims[0] > limit:
+                return False
+            if math.prod(t.dims) <= 8:
+                try:
+                    ints[t.name] = numpy_helper.to_array(t).astype(np.int64)
+                except Exception:
+                    continue
+    for n in graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and a.t.data_type in (TensorProto.INT64, TensorProto.INT32) and n.output:
+                    if len(a.t.dims) == 1 and a.t.dims[0] > limit:
+                        return False
+                    if math.prod(a.t.dims) <= 8:
+                        with contextlib.suppress(Exception):
+                            ints[n.output[0]] = numpy_helper.to_array(a.t).astype(np.int64)
+        args = [ints.get(i) for i in n.input]
+        try:
+            if n.op_type in ("ConstantOfShape", "Expand", "Tile") and len(args) >= 1:
+                shape = args[0] if n.op_type == "ConstantOfShape" else (args[1] if len(args) > 1 else None)
+                if shape is not None and shape.size == 1 and abs(int(shape.reshape(-1)[0])) > limit:
+                    return False
+            if n.op_type == "Range" and len(args) == 3 and all(a is not None and a.size == 1 for a in args):
+                start, stop, step = (int(a.reshape(-1)[0]) for a in args)
+                if step != 0 and (stop - start) // step > limit:
+                    return False
+        except (ValueError, OverflowError):
+            continue
+    return True
+
+
 def _infer(graph_nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs, consts: dict,
            opsets, ir_version: int) -> dict[str, tuple | None]:
     """Shape inference with small constants as initializers (their values feed shape computations)."""
@@ -90,7 +137,7 @@ def _infer(graph_nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
             g.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
     model = helper.make_model(g, opset_imports=opsets, ir_version=max(ir_version, 4))
     try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=data_prop_safe(model.graph))
     except Exception as e:  # onnx.shape_inference.InferenceError
         raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
     return {vi.name: _shape_of(vi) for vi in
