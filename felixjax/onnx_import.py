@@ -377,9 +377,14 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
             if o and (s := ctx.static_shape(o)) is not None:
                 _check_size(f"node {ctx.name!r} (op {ctx.op})", o, s)
         for node in _IMPORTERS[onode.op_type](ctx):
+            _check_node_shapes(ctx, node)
             if all(i == "" or i in consts for i in node.inputs):  # fold now: later parameters may need it
-                outs = evaluate(node, [consts[i] if i else None for i in node.inputs],
-                                [ctx.static_shape(o) for o in node.outputs])
+                try:
+                    outs = evaluate(node, [consts[i] if i else None for i in node.inputs],
+                                    [ctx.static_shape(o) for o in node.outputs])
+                except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
+                    ctx.fail(f"cannot be evaluated on its constant inputs ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]})")
                 consts.update((o, v) for o, v in zip(node.outputs, outs) if o)
                 continue
             for o in node.outputs:
@@ -404,6 +409,73 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
         if out.name not in shapes:
             raise UnsupportedModelError(f"output {out.name!r} is not produced by any node")
     return Graph(tuple(nodes), inputs, tuple(o.name for o in graph.output), shapes, constants), opset
+
+
+def _known_shape(ctx: "_Ctx", value: str) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    if value in ctx.consts:
+        return tuple(ctx.consts[value].shape)
+    return ctx.shapes.get(value)
+
+
+def _check_node_shapes(ctx: "_Ctx", node: Node) -> None:
+    """Parameter shapes and attribute values that onnx's checker and shape inference let through (Conv
+    groups, weights and bias; pool and conv windows; BatchNormalization / LayerNormalization parameters;
+    Gemm's operands; Clip bounds; broadcasting of elementwise ops): one clear error at import instead of
+    a numpy error when the model runs."""
+    op, a = node.op, node.attrs
+    s = [_known_shape(ctx, i) for i in node.inputs]
+    s += [None] * (3 - len(s))
+
+    def positive(key: str) -> None:
+        if key in a and min((int(v) for v in a[key]), default=1) < 1:
+            ctx.fail(f"{key}={list(a[key])} must be positive")
+
+    if op in ("Conv", "MaxPool", "AveragePool"):
+        for key in ("kernel", "strides", "dilations"):
+            positive(key)
+    if op == "Conv" and s[0] is not None and s[1] is not None:
+        x, w, g = s[0], s[1], int(a["groups"])
+        if len(w) != 4:
+            ctx.fail(f"the weights have shape {w}; 2-D convolution needs 4-D OIHW weights")
+        if g < 1 or x[1] != w[1] * g or w[0] % g:
+            ctx.fail(f"weights {w} with group={g} do not fit an input of {x[1]} channels (needs channels = "
+                     f"W[1] * group and W[0] divisible by group)")
+        if s[2] is not None and tuple(s[2]) != (w[0],):
+            ctx.fail(f"the bias has shape {s[2]}; expected ({w[0]},)")
+    elif op == "Gemm" and s[0] is not None and s[1] is not None:
+        am = s[0][::-1] if a["trans_a"] else s[0]
+        bm = s[1][::-1] if a["trans_b"] else s[1]
+        if len(am) != 2 or len(bm) != 2 or am[1] != bm[0]:
+            ctx.fail(f"A {s[0]} and B {s[1]} (transA={a['trans_a']}, transB={a['trans_b']}) cannot be multiplied")
+        if s[2] is not None and not _broadcasts_to(s[2], (am[0], bm[1])):
+            ctx.fail(f"C has shape {s[2]}, which does not broadcast to the output {(am[0], bm[1])}")
+    elif op == "BatchNormalization" and s[0] is not None:
+        for k, p in enumerate(_known_shape(ctx, i) for i in node.inputs[1:5]):
+            if p is not None and tuple(p) != (s[0][1],):
+                ctx.fail(f"parameter {k + 1} has shape {p}; expected ({s[0][1]},) (one per channel)")
+    elif op == "LayerNormalization" and s[0] is not None:
+        norm = tuple(s[0][int(a["axis"]):])
+        for p in (s[1], s[2]):
+            if p is not None and not _broadcasts_to(p, norm):
+                ctx.fail(f"scale / bias of shape {p} do not broadcast to the normalized shape {norm}")
+    elif op == "Clip":
+        for p in (s[1], s[2]):
+            if p is not None and math.prod(p) != 1:
+                ctx.fail(f"min / max must be scalars, got a tensor of shape {p}")
+    elif op in ("Add", "Sub", "Mul", "Div", "Pow") and s[0] is not None and s[1] is not None:
+        try:
+            np.broadcast_shapes(s[0], s[1])
+        except ValueError:
+            ctx.fail(f"operands of shapes {s[0]} and {s[1]} do not broadcast")
+
+
+def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _check_size(what: str, value: str, shape: Sequence[int]) -> None:
