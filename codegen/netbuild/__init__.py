@@ -51,8 +51,9 @@ Example:
 """
 from __future__ import annotations
 
-from .cheap_ops import CHEAP_OPS, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, PARALLEL_MIN
+from .cheap_ops import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, PARALLEL_MIN
 from .emission import NetSource, emit
+from .kernels import CHEAP_OPS
 from .library import NetLibrary, load
 from .memory import ALIGN, MemoryPlan, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value

@@ -569,11 +569,6 @@ _RENDERERS: dict[str, Callable[[_Ctx, _Writer], None]] = {
     "Softmax": _r_softmax, "Transpose": _r_transpose, "Concat": _r_concat, "Pad": _r_pad, "Reshape": _r_copy,
     "Conv": _r_conv, "Gemm": _r_gemm, "MatMul": _r_matmul,
 }
-
-# the ops real exporters add (Where, Slice, Gather, Resize, LRN, ...): codegen/netbuild/more_ops.py
-from .more_ops import MORE_PRELUDE, MORE_RENDERERS  # noqa: E402  (imports the helpers above)
-
-_PRELUDE += MORE_PRELUDE
-_RENDERERS.update(MORE_RENDERERS)
-CHEAP_OPS += tuple(op for op in MORE_RENDERERS if op not in CHEAP_OPS)
 assert set(_RENDERERS) == set(CHEAP_OPS)
+# the ops real exporters add (Where, Slice, Gather, Resize, LRN, ...) are in more_ops.py (which imports the
+# helpers above); codegen/netbuild/kernels.py merges both into the tables emission uses.

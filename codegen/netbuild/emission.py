@@ -10,7 +10,8 @@ import numpy as np
 
 from ..renderers.c import render_kernel
 from ..renderers.cstyle import Writer as _Writer
-from .cheap_ops import _PRELUDE, _RENDERERS, CHEAP_OPS, _Ctx
+from .cheap_ops import _Ctx
+from .kernels import _PRELUDE, _RENDERERS, CHEAP_OPS
 from .memory import ALIGN, MemoryPlan, _aligned_zeros, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value
 

@@ -2,7 +2,7 @@
 Slice, Gather, Expand, ReduceSum / ReduceMax / ReduceMin, LRN, Pad reflect / edge, Resize.
 
 Semantics are numpy's (``felixjax.graph_ops``); every shape, index table and weight table is baked in.
-``cheap_ops`` merges :data:`MORE_RENDERERS` and :data:`MORE_PRELUDE` into its tables.
+``kernels`` merges :data:`MORE_RENDERERS` and :data:`MORE_PRELUDE` with cheap_ops' tables.
 """
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def _l1_conflicts(plan: Plan, rows: tuple[Loop, ...]) -> int:
     data = plan.buffers["data"]
     sets: dict[int, int] = {}
     for row in itertools.product(*[range(lp.extent) for lp in rows]):
-        off = 4 * sum(data.stride(lp.var) * i for lp, i in zip(rows, row))
+        off = _itemsize(plan.space.task.dtype) * sum(data.stride(lp.var) * i for lp, i in zip(rows, row))
         key = (off % L1_SET_BYTES) // 64
         sets[key] = sets.get(key, 0) + 1
     return max(sets.values(), default=0)
