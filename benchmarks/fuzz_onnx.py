@@ -201,9 +201,39 @@ def seed_shape_ops() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", F, [2, 3])], inits)
 
 
+def seed_more_ops() -> onnx.ModelProto:
+    """Ops beyond the anchors' neighbourhood: transposed convolution, resize, normalizations, selection."""
+    rng = np.random.default_rng(6)
+    f32 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "wt"], ["ct"], kernel_shape=[2, 2], strides=[2, 2], name="deconv"),
+        helper.make_node("InstanceNormalization", ["ct", "isc", "ib"], ["inn"], epsilon=1e-5, name="instnorm"),
+        helper.make_node("PRelu", ["inn", "slope"], ["pr"], name="prelu"),
+        helper.make_node("Resize", ["pr", "", "scales"], ["rs"], mode="nearest", name="resize"),
+        helper.make_node("HardSwish", ["rs"], ["hs"], name="hardswish"),
+        helper.make_node("Split", ["hs", "split"], ["s0", "s1"], axis=1, name="split"),
+        helper.make_node("Max", ["s0", "s1"], ["mx"], name="max"),
+        helper.make_node("Where", ["cond", "mx", "s1"], ["wh"], name="where"),
+        helper.make_node("ReduceSum", ["wh", "axes"], ["rsum"], keepdims=0, name="reducesum"),
+        helper.make_node("Unsqueeze", ["rsum", "ax1"], ["un"], name="unsqueeze"),
+        helper.make_node("Expand", ["un", "eshape"], ["ex"], name="expand"),
+        helper.make_node("GlobalMaxPool", ["ex"], ["gmp"], name="gmp"),
+        helper.make_node("Squeeze", ["gmp", "ax23"], ["sq"], name="squeeze"),
+        helper.make_node("Gather", ["sq", "gidx"], ["ga"], axis=1, name="gather"),
+        helper.make_node("Exp", ["ga"], ["y"], name="exp"),
+    ]
+    inits = [_w(rng, "wt", 2, 2, 2, 2), _w(rng, "isc", 2), _w(rng, "ib", 2), f32("slope", [0.1]),
+             f32("scales", [1, 1, 2, 2]), _i64("split", [1, 1]),
+             numpy_helper.from_array(rng.random((1, 1, 16, 16)) > 0.5, "cond"), _i64("axes", [1]),
+             _i64("ax1", [1]), _i64("eshape", [1, 3, 16, 16]), _i64("ax23", [2, 3]), _i64("gidx", [0, 2])]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])],
+                  [helper.make_tensor_value_info("y", F, [1, 2])], inits, opset=14)
+
+
 SEEDS: dict[str, Callable[[], onnx.ModelProto]] = {
     "cnn": seed_cnn, "mlp": seed_mlp, "misc": seed_misc, "transformer": seed_transformer,
     "constants": seed_constants, "legacy_opset": seed_legacy_opset, "shape_ops": seed_shape_ops,
+    "more_ops": seed_more_ops,
 }
 
 

@@ -435,6 +435,12 @@ def _check_node_shapes(ctx: "_Ctx", node: Node) -> None:
     if op in ("Conv", "MaxPool", "AveragePool"):
         for key in ("kernel", "strides", "dilations"):
             positive(key)
+    if "keepdims" in a and int(a["keepdims"]) not in (0, 1):
+        ctx.fail(f"keepdims={a['keepdims']} must be 0 or 1")
+    if op == "ScaleShift" and s[0] is not None and len(s[0]) >= 2:
+        for p in (s[1], s[2]):
+            if p is not None and math.prod(p) != s[0][1]:
+                ctx.fail(f"scale / bias of shape {p} do not have one value per channel ({s[0][1]})")
     if op == "Conv" and s[0] is not None and s[1] is not None:
         x, w, g = s[0], s[1], int(a["groups"])
         if len(w) != 4:
@@ -464,6 +470,8 @@ def _check_node_shapes(ctx: "_Ctx", node: Node) -> None:
         for p in (s[1], s[2]):
             if p is not None and math.prod(p) != 1:
                 ctx.fail(f"min / max must be scalars, got a tensor of shape {p}")
+    elif op == "Pad" and s[1] is not None and math.prod(s[1]) != 1:
+        ctx.fail(f"the constant pad value must be a scalar, got a tensor of shape {s[1]}")
     elif op in ("Add", "Sub", "Mul", "Div", "Pow") and s[0] is not None and s[1] is not None:
         try:
             np.broadcast_shapes(s[0], s[1])

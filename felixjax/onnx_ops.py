@@ -455,6 +455,8 @@ def _conv_transpose(ctx: Any) -> list[Node]:
     if len(xs) != 4:
         ctx.fail(f"only 2-D transposed convolution (4-D NCHW input) is supported; the input is {len(xs)}-D")
     g = int(ctx.attrs.get("group", 1))
+    if len(ws) != 4 or g < 1:
+        ctx.fail(f"weights {ws} with group={g}: 2-D transposed convolution needs 4-D weights and group >= 1")
     cin, cout_g, kh, kw = ws
     if cin != xs[1] or cin % g:
         ctx.fail(f"weights {ws} do not fit input {xs} with group={g}")
