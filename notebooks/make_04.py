@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 from felixjax.network import build_model, compare_onnxruntime, tune_model
 
-work = Path(tempfile.mkdtemp(prefix="felixjax-nb04-"))
+tmp = tempfile.TemporaryDirectory(prefix="felixjax-nb04-")  # ~86 MB; removed by the last cell (or at exit)
+work = Path(tmp.name)
 onnx_path = fj.zoo.save("resnet18", work / "resnet18.onnx", dataset="cifar10")
 model = fj.load_onnx(onnx_path)
 print(f"{model.name}: input {model.input_shapes}, output {model.output_shapes}")
@@ -98,6 +99,12 @@ x.tofile(out / "input.bin")
 print(subprocess.run(["make", "-s", "demo"], cwd=out, capture_output=True, text=True).returncode == 0)
 print(subprocess.run(["./demo", "weights.bin", "input.bin", "output.bin"], cwd=out).returncode == 0)
 print("same logits:", np.array_equal(np.fromfile(out / "output.bin", dtype="<f4").reshape(1, 10), y))"""),
+    ("md", """## Cleaning up
+
+The ONNX file, the database and the exported folder (about 86 MB) lived in a temporary folder; the
+compiled library stays in the build cache (`$FELIXJAX_CACHE`, default `~/.cache/felixjax/build`)."""),
+    ("code", """tmp.cleanup()
+print(work.exists())"""),
 ]
 
 
