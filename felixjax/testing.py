@@ -224,17 +224,25 @@ class ReplayRunner:
     @classmethod
     def from_database(cls, db, task: Task, *, trial_s: float = 0.3) -> "ReplayRunner":
         """Replay the records of ``task`` in a database (path or :class:`~felixjax.Database`): each
-        config's median over its ok measurements, else its last recorded failure."""
-        database = db if isinstance(db, Database) else Database(db)
+        config's median over its ok measurements, else its last recorded failure. A path is opened
+        read-only (``Database(path, readonly=True)``: read-only files work, nothing is written) and
+        closed again; a :class:`~felixjax.Database` passed in is left open."""
+        database = db if isinstance(db, Database) else Database(db, readonly=True)
         ok: dict[Config, list[float]] = {}
         failed: dict[Config, MeasureResult] = {}
-        for rec in database.records(task=task):
+        try:
+            records = database.records(task=task)
+            path = database.path
+        finally:
+            if database is not db:
+                database.close()
+        for rec in records:
             if rec.ok:
                 ok.setdefault(rec.config, []).append(rec.latency_s)
             else:
                 failed[rec.config] = rec.result
         if not ok and not failed:
-            raise ValueError(f"{database.path}: no records of {task.name} to replay")
+            raise ValueError(f"{path}: no records of {task.name} to replay")
         table: dict[Config, float | MeasureResult] = dict(failed)
         table.update({c: float(np.median(v)) for c, v in ok.items()})
         return cls(table, trial_s=trial_s)
