@@ -499,6 +499,11 @@ def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[in
     """Refuse, before any work, an input that is dynamic and not pinned or not float and not given a value."""
     inits = {t.name for t in proto.graph.initializer}
     pinned, values = set(input_shapes or ()), set(input_values or ())
+    runtime = [vi.name for vi in proto.graph.input if vi.name not in inits]
+    unknown = sorted((pinned | values) - set(runtime))
+    if unknown:
+        raise UnsupportedModelError(f"input_shapes / input_values name {unknown}, which are not inputs of the model "
+                                    f"(inputs: {runtime})")
     for vi in proto.graph.input:
         if vi.name in inits or vi.name in values or not vi.type.HasField("tensor_type"):
             continue

@@ -102,7 +102,7 @@ def _r_gather(c: _Ctx, w: Any) -> None:
     if idx.size and (idx.min() < 0 or idx.max() >= shape[axis]):
         c.fail(f"indices out of range for axis {axis} of size {shape[axis]}")
     outer, inner, n = math.prod(shape[:axis]), math.prod(shape[axis + 1:]), shape[axis]
-    _table(w, "gi", "long", idx)
+    _table(w, "gi", "int", idx)
     if outer * idx.size * inner >= PARALLEL_MIN and outer * idx.size > 1:
         w("#pragma omp parallel for schedule(static) collapse(2)")
     w.open(f"for (long o = 0; o < {outer}; ++o)")
@@ -222,7 +222,7 @@ def _r_resize(c: _Ctx, w: Any) -> None:
     for ax, (index, weight, extra) in sorted(by_axis.items()):
         if index.shape[0] != out[ax]:
             c.fail(f"tap table of axis {ax} has {index.shape[0]} rows, the output has {out[ax]}")
-        _table(w, f"ti{ax}", "long", index.reshape(-1))
+        _table(w, f"ti{ax}", "int", index.reshape(-1))  # int: gcc 12 -O3 -march=native miscompiles long
         _table(w, f"tw{ax}", "double", weight.reshape(-1))
         if extra is not None:
             _table(w, f"tm{ax}", "unsigned char", np.asarray(extra, np.uint8))
@@ -238,8 +238,8 @@ def _r_resize(c: _Ctx, w: Any) -> None:
     y = f"{c.y[0]}[{_idx(0, _strides(out), names)}]"
     if masked:
         w(f"if ({' || '.join(f'tm{a}[{names[a]}]' for a in masked)}) {{ {y} = (float){_flt(extrap)}; continue; }}")
-    # one partial sum per resized axis (nested as the separable sum; one product over every axis's weights
-    # in a single accumulator is miscompiled by gcc 12 -O3 -march=native)
+    # one partial sum per resized axis (nested as the separable sum). gcc 12 -O3 -march=native (AVX-512)
+    # miscompiles these loops with 64-bit index tables (garbage outputs): the index tables are int.
     src = [f"{names[d]}*{ist[d]}" for d in range(len(out)) if d not in by_axis]
     axes = sorted(by_axis)
     for k, d in enumerate(axes):

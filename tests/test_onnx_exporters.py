@@ -1,0 +1,292 @@
+"""Graphs in the styles real converters write (PyTorch, TensorFlow, Paddle), built with ``onnx.helper``:
+shape subgraphs on dynamic inputs, squeeze-and-excite, detector heads, transposed convolutions, attention,
+NHWC transposes, channel shuffle. Each is imported, run in numpy and compiled to C, and compared with
+onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import felixjax as fj
+from felixjax.errors import UnsupportedModelError
+
+RNG = np.random.default_rng(0)
+
+
+def _w(*shape, scale=None):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return (RNG.standard_normal(shape) * (scale if scale is not None else np.sqrt(2.0 / fan_in))).astype(np.float32)
+
+
+class _G:
+    """A small graph builder: nodes, initializers, unique names."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.k = [], [], 0
+
+    def const(self, value, dtype=None):
+        self.k += 1
+        name = f"c{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def op(self, op_type, inputs, n_out=1, **attrs):
+        self.k += 1
+        outs = [f"{op_type.lower()}{self.k}_{j}" for j in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"{op_type}_{self.k}", **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def conv(self, x, cin, cout, k=3, stride=1, group=1, bias=True, pad=None):
+        ins = [x, self.const(_w(cout, cin // group, k, k))] + ([self.const(_w(cout, scale=0.1))] if bias else [])
+        pad = k // 2 if pad is None else pad
+        return self.op("Conv", ins, kernel_shape=[k, k], pads=[pad] * 4, strides=[stride, stride], group=group)
+
+    def model(self, inputs, outputs, opset=17):
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        g = helper.make_graph(self.nodes, "g", inputs, outs, initializer=self.inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _ort(model, feeds):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _check(model, feeds, *, c_build=True, **load_kw):
+    """numpy executor and C build against onnxruntime (relative to each output's magnitude)."""
+    refs = _ort(model, feeds)
+    m = fj.load_onnx(model, **load_kw)
+    float_feeds = {k: v for k, v in feeds.items() if k in m.input_names}
+    got = m.run_numpy(float_feeds)
+    got = got if isinstance(got, list) else [got]
+    runs = [("numpy", got)]
+    if c_build:
+        runs.append(("C", fj.build_model(m, threads=1).run(float_feeds)))
+    for where, outs in runs:
+        assert len(outs) == len(refs)
+        for k, (y, ref) in enumerate(zip(outs, refs)):
+            assert y.shape == ref.shape, (where, k, y.shape, ref.shape)
+            err = float(np.abs(y - ref).max()) / max(float(np.abs(ref).max()), 1e-30)
+            assert err <= 1e-4, f"{where} output {k}: relative error {err:.2e}"
+    return m
+
+
+def _x(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# ---- PyTorch-style: dynamic batch, shape subgraph, flatten via Shape/Gather/Concat/Reshape ------------
+
+def _torch_flatten_model():
+    g = _G()
+    y = g.conv("x", 3, 8)
+    y = g.op("Relu", [y])
+    n = g.op("Gather", [g.op("Shape", [y]), g.const(np.int64(0))], axis=0)
+    shape = g.op("Concat", [g.op("Unsqueeze", [n, g.const([0], np.int64)]), g.const([-1], np.int64)], axis=0)
+    flat = g.op("Reshape", [y, shape])
+    out = g.op("Gemm", [flat, g.const(_w(10, 8 * 8 * 8)), g.const(_w(10, scale=0.1))], transB=1)
+    return g.model([_vi("x", ["batch", 3, 8, 8])], [out])
+
+
+def test_dynamic_batch_needs_pinning_and_says_how():
+    model = _torch_flatten_model()
+    with pytest.raises(UnsupportedModelError, match=r"input 'x' has a dynamic shape \(batch, 3, 8, 8\).*"
+                                                    r"--input-shape x=batchx3x8x8"):
+        fj.load_onnx(model)
+    m = _check(model, {"x": _x(2, 3, 8, 8)}, input_shapes={"x": (2, 3, 8, 8)})
+    assert {n.op for n in m.graph.nodes} == {"conv2d", "Reshape", "dense"}   # the shape subgraph folded away
+
+
+def test_input_shape_must_fit_declared_dims():
+    with pytest.raises(UnsupportedModelError, match="does not fit"):
+        fj.load_onnx(_torch_flatten_model(), input_shapes={"x": (2, 4, 8, 8)})
+    with pytest.raises(UnsupportedModelError, match="not inputs of the model"):
+        fj.load_onnx(_torch_flatten_model(), input_shapes={"y": (2, 3, 8, 8)})
+
+
+# ---- MobileNetV3 block: HardSwish, squeeze-and-excite with HardSigmoid, broadcast Mul, residual -------
+
+def test_mobilenetv3_block():
+    g = _G()
+    y = g.op("HardSwish", [g.conv("x", 16, 16)])
+    y = g.op("HardSwish", [g.conv(y, 16, 16, group=16)])                    # depthwise
+    s = g.op("GlobalAveragePool", [y])
+    s = g.op("Relu", [g.conv(s, 16, 4, k=1)])
+    s = g.op("HardSigmoid", [g.conv(s, 4, 16, k=1)], alpha=1 / 6, beta=0.5)
+    y = g.op("Mul", [y, s])                                                  # (1,16,8,8) * (1,16,1,1)
+    y = g.op("Add", [g.conv(y, 16, 16, k=1), "x"])
+    _check(g.model([_vi("x", [1, 16, 8, 8])], [y]), {"x": _x(1, 16, 8, 8)})
+
+
+# ---- YOLO-style detector: Resize from a shape subgraph, Concat, Split, Sigmoid, head reshape, 2 outputs -
+
+def test_yolo_style_head():
+    g = _G()
+    p3 = g.op("LeakyRelu", [g.conv("x", 3, 8, stride=2)], alpha=0.1)        # (1,8,8,8)
+    p4 = g.op("LeakyRelu", [g.conv(p3, 8, 16, stride=2)], alpha=0.1)        # (1,16,4,4)
+    # sizes = shape(p3)[2:] via Shape -> Slice -> Concat with the batch/channel dims of p4
+    hw = g.op("Slice", [g.op("Shape", [p3]), g.const([2], np.int64), g.const([4], np.int64)])
+    nc = g.op("Slice", [g.op("Shape", [p4]), g.const([0], np.int64), g.const([2], np.int64)])
+    sizes = g.op("Concat", [nc, hw], axis=0)
+    up = g.op("Resize", [p4, "", "", sizes], mode="nearest", coordinate_transformation_mode="asymmetric",
+              nearest_mode="floor")
+    cat = g.op("Concat", [up, p3], axis=1)                                   # (1,24,8,8)
+    head = g.conv(cat, 24, 2 * 7, k=1)                                       # 2 anchors x (4 box + 1 obj + 2 cls)
+    n = g.op("Gather", [g.op("Shape", [head]), g.const(np.int64(0))], axis=0)
+    shape = g.op("Concat", [g.op("Unsqueeze", [n, g.const([0], np.int64)]), g.const([2, 7, -1], np.int64)],
+                 axis=0)
+    det = g.op("Transpose", [g.op("Reshape", [head, shape])], perm=[0, 1, 3, 2])   # (1,2,64,7)
+    box, obj, cls = g.op("Split", [det, g.const([4, 1, 2], np.int64)], n_out=3, axis=3)
+    scores = g.op("Mul", [g.op("Sigmoid", [obj]), g.op("Sigmoid", [cls])])
+    xy = g.op("Mul", [g.op("Sigmoid", [box]), g.const(np.float32(2.0))])
+    model = g.model([_vi("x", ["N", 3, 16, 16])], [xy, scores], opset=13)
+    m = _check(model, {"x": _x(1, 3, 16, 16)}, input_shapes={"x": (1, 3, 16, 16)})
+    assert len(m.output_names) == 2
+
+
+@pytest.mark.parametrize("mode,ctm,nearest", [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_ceil"),
+    ("nearest", "align_corners", "round_prefer_floor"), ("linear", "half_pixel", None),
+    ("linear", "pytorch_half_pixel", None), ("linear", "align_corners", None), ("cubic", "half_pixel", None),
+])
+def test_resize_modes_by_scales(mode, ctm, nearest):
+    g = _G()
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm} | ({"nearest_mode": nearest} if nearest else {})
+    y = g.op("Resize", ["x", "", g.const([1, 1, 2.0, 1.5], np.float32)], **attrs)
+    _check(g.model([_vi("x", [1, 2, 5, 6])], [y], opset=13), {"x": _x(1, 2, 5, 6)})
+
+
+def test_upsample_opset9():
+    g = _G()
+    y = g.op("Upsample", ["x", g.const([1, 1, 2, 2], np.float32)], mode="nearest")
+    _check(g.model([_vi("x", [1, 2, 3, 4])], [y], opset=9), {"x": _x(1, 2, 3, 4)})
+
+
+# ---- U-Net-style decoder: ConvTranspose (a tuned conv2d anchor after zero insertion) --------------------
+
+@pytest.mark.parametrize("stride,pads,out_pad,group", [(2, [1, 1, 1, 1], [1, 1], 1), (2, [0, 0, 0, 0], [0, 0], 2),
+                                                        (1, [1, 1, 1, 1], [0, 0], 1), (3, [2, 1, 0, 2], [1, 0], 1)])
+def test_unet_decoder_conv_transpose(stride, pads, out_pad, group):
+    g = _G()
+    y = g.op("ConvTranspose", ["x", g.const(_w(8, 4 // group, 3, 3)), g.const(_w(4, scale=0.1))],
+             strides=[stride, stride], pads=pads, output_padding=out_pad, kernel_shape=[3, 3], group=group)
+    y = g.op("Concat", [g.op("Relu", [y]), g.op("Relu", [y])], axis=1)
+    y = g.conv(y, 8, 4)
+    m = _check(g.model([_vi("x", [1, 8, 5, 6])], [y]), {"x": _x(1, 8, 5, 6)})
+    assert sum(n for t, n in m.tasks if t.op == "conv2d") == 2           # the transposed conv is tunable
+
+
+# ---- ViT-style block: patch embedding, LayerNorm, attention (batched MatMul of activations), Gelu --------
+
+def test_vit_block():
+    d, heads, seq = 16, 2, 16
+    g = _G()
+    p = g.conv("x", 3, d, k=4, stride=4, pad=0)                                     # (1,16,4,4)
+    t = g.op("Transpose", [g.op("Reshape", [p, g.const([1, d, seq], np.int64)])], perm=[0, 2, 1])   # (1,16,16)
+    h = g.op("LayerNormalization", [t, g.const(np.ones(d, np.float32)), g.const(np.zeros(d, np.float32))],
+             axis=-1, epsilon=1e-6)
+
+    def proj(v):
+        y = g.op("Add", [g.op("MatMul", [v, g.const(_w(d, d, scale=d ** -0.5))]), g.const(_w(d, scale=0.1))])
+        return g.op("Transpose", [g.op("Reshape", [y, g.const([1, seq, heads, d // heads], np.int64)])],
+                    perm=[0, 2, 1, 3])                                       # (1,heads,seq,dh)
+
+    q, k, v = proj(h), proj(h), proj(h)
+    att = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    att = g.op("Softmax", [g.op("Mul", [att, g.const(np.float32((d // heads) ** -0.5))])], axis=-1)
+    o = g.op("Transpose", [g.op("MatMul", [att, v])], perm=[0, 2, 1, 3])
+    o = g.op("Reshape", [o, g.const([1, seq, d], np.int64)])
+    t2 = g.op("Add", [t, g.op("MatMul", [o, g.const(_w(d, d, scale=d ** -0.5))])])
+    mlp = g.op("Gelu", [g.op("MatMul", [t2, g.const(_w(d, 4 * d, scale=d ** -0.5))])])
+    mlp2 = g.op("Gelu", [g.op("MatMul", [t2, g.const(_w(d, 4 * d, scale=d ** -0.5))])], approximate="tanh")
+    out = g.op("Add", [t2, g.op("MatMul", [g.op("Add", [mlp, mlp2]), g.const(_w(4 * d, d, scale=0.1))])])
+    _check(g.model([_vi("x", [1, 3, 16, 16])], [out], opset=20), {"x": _x(1, 3, 16, 16)})
+
+
+# ---- TensorFlow-style: NHWC input, transposes around convs, edge padding ---------------------------------
+
+def test_tensorflow_nhwc_transposes():
+    g = _G()
+    x = g.op("Transpose", ["x"], perm=[0, 3, 1, 2])
+    x = g.op("Pad", [x, g.const([0, 0, 1, 2, 0, 0, 2, 1], np.int64)], mode="edge")
+    w_hwio = _w(3, 3, 4, 8)                                                  # TF kernels: HWIO, transposed in-graph
+    w = g.op("Transpose", [g.const(w_hwio)], perm=[3, 2, 0, 1])
+    y = g.op("Relu", [g.op("Conv", [x, w], kernel_shape=[3, 3])])
+    y = g.op("Pad", [y, g.const([0, 0, 1, 1, 0, 0, 1, 1], np.int64)], mode="reflect")
+    y = g.op("Transpose", [y], perm=[0, 2, 3, 1])
+    m = _check(g.model([_vi("x", [1, 9, 9, 4])], [y]), {"x": _x(1, 9, 9, 4)})
+    assert [t.op for t, _ in m.tasks] == ["conv2d"]                          # the weight transpose folded
+
+
+# ---- Paddle-style: HardSigmoid(alpha=0.2), an int64 image-size input, Cast/Floor shape arithmetic --------
+
+def test_paddle_style_shape_input():
+    g = _G()
+    y = g.op("HardSigmoid", [g.conv("x", 3, 4)], alpha=0.2, beta=0.5)
+    # output size = floor(im_shape * 0.5) computed in float, cast back to int64
+    half = g.op("Floor", [g.op("Mul", [g.op("Cast", ["im_shape"], to=TensorProto.FLOAT), g.const(np.float32(0.5))])])
+    sizes = g.op("Concat", [g.const([1, 4], np.int64), g.op("Cast", [half], to=TensorProto.INT64)], axis=0)
+    y = g.op("Resize", [y, "", "", sizes], mode="linear")
+    model = g.model([_vi("x", [1, 3, 8, 8]), _vi("im_shape", [2], TensorProto.INT64)], [y], opset=13)
+    with pytest.raises(UnsupportedModelError, match=r"input 'im_shape' has dtype int64.*input_values"):
+        fj.load_onnx(model)
+    feeds = {"x": _x(1, 3, 8, 8), "im_shape": np.array([8, 8], np.int64)}
+    _check(model, feeds, input_values={"im_shape": [8, 8]})
+
+
+# ---- channel shuffle, elementwise zoo, reductions, normalizations ----------------------------------------
+
+def test_shufflenet_channel_shuffle():
+    g = _G()
+    y = g.conv("x", 8, 8, k=1, group=2)
+    y = g.op("Reshape", [y, g.const([1, 2, 4, 6, 6], np.int64)])
+    y = g.op("Transpose", [y], perm=[0, 2, 1, 3, 4])
+    y = g.op("Reshape", [y, g.const([1, 8, 6, 6], np.int64)])
+    _check(g.model([_vi("x", [1, 8, 6, 6])], [g.conv(y, 8, 8, k=3, group=8)]), {"x": _x(1, 8, 6, 6)})
+
+
+def test_pointwise_and_reductions():
+    g = _G()
+    a = g.op("Sum", ["x", g.op("Exp", [g.op("Neg", ["x"])]), g.const(_w(1, 4, 1, 1, scale=1.0))])
+    b = g.op("Max", [a, g.op("Floor", ["x"]), g.op("Log", [g.op("Abs", ["x"])])])
+    c = g.op("Where", [g.const(RNG.random((1, 1, 5, 5)) > 0.5), b, g.op("Min", [a, g.const(np.float32(0.3))])])
+    c = g.op("PRelu", [c, g.const(_w(4, 1, 1, scale=0.3))])
+    r1 = g.op("ReduceSum", [c, g.const([1, -1], np.int64)], keepdims=1)
+    r2 = g.op("ReduceMax", [c], axes=[2], keepdims=0)
+    gm = g.op("GlobalMaxPool", [c])
+    sl = g.op("Slice", [c, g.const([1, 4], np.int64), g.const([3, 0], np.int64), g.const([1, 3], np.int64),
+                        g.const([1, -1], np.int64)])                        # a negative step
+    ga = g.op("Gather", [c, g.const([[2, 0], [3, 3]], np.int64)], axis=1)
+    ex = g.op("Expand", [g.op("Squeeze", [gm, g.const([3], np.int64)]), g.const([2, 4, 3], np.int64)])
+    model = g.model([_vi("x", [1, 4, 5, 5])], [r1, r2, sl, ga, ex], opset=17)
+    _check(model, {"x": _x(1, 4, 5, 5)})
+
+
+def test_normalizations_and_pads():
+    g = _G()
+    y = g.op("InstanceNormalization", ["x", g.const(_w(4, scale=1.0)), g.const(_w(4, scale=0.5))], epsilon=1e-5)
+    y = g.op("LRN", [g.op("Relu", [y])], size=3, alpha=1e-2, beta=0.75, bias=1.0)
+    y = g.op("Pad", [y, g.const([0, 0, 2, 1, 0, 0, 1, 2], np.int64)], mode="reflect")
+    y = g.op("Clip", [g.conv(y, 4, 4), g.const(np.float32(-1)), g.const(np.float32(1))])
+    _check(g.model([_vi("x", [2, 4, 6, 6])], [y]), {"x": _x(2, 4, 6, 6)})
+
+
+def test_unsupported_op_and_data_cast_errors():
+    g = _G()
+    y = g.op("Cast", [g.op("Relu", ["x"])], to=TensorProto.INT64)
+    y = g.op("Cast", [g.op("Mul", [y, g.const(np.int64(2))])], to=TensorProto.FLOAT)
+    with pytest.raises(UnsupportedModelError, match=r"node 'Cast_\d+' \(op Cast\).*int64"):
+        fj.load_onnx(g.model([_vi("x", [1, 4])], [y]))
+    g = _G()
+    y = g.op("TopK", ["x", g.const([2], np.int64)], n_out=2)
+    with pytest.raises(UnsupportedModelError, match=r"node 'TopK_\d+' \(op TopK\) is not supported"):
+        fj.load_onnx(g.model([_vi("x", [1, 4])], [y[0]]))
