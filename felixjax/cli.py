@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
+    b.add_argument("--report", action="store_true",
+                   help="print per layer whether it runs tuned, default or generic and its share of the time")
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")

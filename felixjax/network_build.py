@@ -207,6 +207,26 @@ class CompiledModel:
         return [{"name": n.name, "op": n.task.name if n.is_anchor else n.op, "ms": 1e3 * float(t)}
                 for n, t in zip(self.model.graph.nodes, secs)]
 
+    def layer_report(self, x: Any = None, *, number: int = 10) -> str:
+        """Per layer (graph node) of the C build: how it runs (``tuned``: a task kernel with a tuned or
+        given schedule, ``default``: a task kernel with the default schedule, ``generic``: a generic C
+        kernel of a cheap op), its time (``profile``) and its share of the network's time, then the
+        shares by kind. What ``felixjax build --report`` prints."""
+        rows = self.profile(x, number=number)
+        by_task = {s.task: s for s in self.schedules}
+        total = sum(r["ms"] for r in rows) or 1e-30
+        kinds: dict[str, float] = {"tuned": 0.0, "default": 0.0, "generic": 0.0}
+        lines = [f"{'layer':<32} {'runs as':<8} {'op / task':<46} {'ms':>9} {'share':>7}"]
+        for node, r in zip(self.model.graph.nodes, rows):
+            kind = "generic"
+            if node.is_anchor:
+                kind = "default" if by_task[node.task].source == "default" else "tuned"
+            kinds[kind] += r["ms"]
+            lines.append(f"{node.name[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4f} "
+                         f"{100 * r['ms'] / total:>6.1f}%")
+        lines.append(f"total {total:.4f} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
+        return "\n".join(lines)
+
     def export(self, directory: str | os.PathLike) -> Path:
         """Write a standalone folder (model.c, model.h, main.c, Makefile, weights.bin, README.txt) that
         builds with ``make`` and only a C compiler."""

@@ -59,5 +59,7 @@ def build_model_cli(args: Any, target: Target) -> int:
                 raise RuntimeError(f"output {k} of the build differs from the numpy reference ({e:.2g})")
     out = exe.export(args.output)
     print(exe.summary())
+    if getattr(args, "report", False):
+        print(exe.layer_report())
     print(f"wrote {out}/ (model.c, model.h, main.c, Makefile, weights.bin, README.txt); build it with `make -C {out}`")
     return 0

@@ -290,3 +290,23 @@ def test_unsupported_op_and_data_cast_errors():
     y = g.op("TopK", ["x", g.const([2], np.int64)], n_out=2)
     with pytest.raises(UnsupportedModelError, match=r"node 'TopK_\d+' \(op TopK\) is not supported"):
         fj.load_onnx(g.model([_vi("x", [1, 4])], [y[0]]))
+
+
+# ---- the command line: --input-shape and --report ---------------------------------------------------------
+
+def test_cli_build_with_input_shape_and_report(tmp_path, capsys):
+    from felixjax import cli
+
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_torch_flatten_model(), str(path))
+    assert cli.main(["build", str(path), "-o", str(tmp_path / "out"), "--threads", "1"]) == 2
+    assert "--input-shape x=" in capsys.readouterr().err
+    argv = ["build", str(path), "-o", str(tmp_path / "out"), "--threads", "1", "--input-shape", "x=2x3x8x8",
+            "--report"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("runs as"):].splitlines()
+    assert any(" default " in line and "conv2d_2x3x8x8" in line for line in table)
+    assert any(" generic " in line and "Reshape" in line for line in table)
+    assert "total" in table[-2] and "generic" in table[-2]
+    assert (tmp_path / "out" / "model.c").is_file()
