@@ -779,13 +779,16 @@ def run_case(case: Case, budget_s: float = 2.0) -> Outcome:
 
 
 def fuzz(n: int, base_seed: int = 0, budget_s: float = 2.0, *, deadline_s: float | None = None,
-         on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+         on_outcome: Callable[[Outcome], None] | None = None, verbose: bool = False) -> list[Outcome]:
     """Run cases 0..n-1 (stopping early past ``deadline_s``); returns every outcome."""
     start = time.perf_counter()
     outs = []
     for case in cases(n, base_seed):
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             break
+        if verbose:
+            print(f"case #{case.index} ({case.seed_model} / {case.mutation}: {case.description[:150]})",
+                  file=sys.stderr, flush=True)
         out = run_case(case, budget_s)
         outs.append(out)
         if on_outcome is not None:
@@ -815,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="base seed of the corpus")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--json", help="write every outcome to this file")
+    ap.add_argument("--verbose", action="store_true",
+                    help="name each case on stderr before running it (finds a hang that kills the process)")
     args = ap.parse_args(argv)
     if args.cases < 1 or not args.budget > 0:
         ap.error("--cases must be >= 1 and --budget > 0")
@@ -825,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"#{o.case.index} {o.status} at {o.stage}: {o.error_type}: {o.message[:200]}\n"
                   f"    {o.case.seed_model} / {o.case.mutation}: {o.case.description}\n{o.trace}", flush=True)
 
-    outs = fuzz(args.cases, args.seed, args.budget, on_outcome=show)
+    outs = fuzz(args.cases, args.seed, args.budget, on_outcome=show, verbose=args.verbose)
     elapsed = time.perf_counter() - t0
     print(summarize(outs, elapsed))
     if args.json:

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from felixjax.errors import UnsupportedModelError
+from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Node
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
 from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
@@ -65,7 +65,11 @@ class _Ctx:
         self.op = onode.op_type
         self.name = onode.name or f"{onode.op_type}_{index}"
         self.attrs = {a.name: helper.get_attribute_value(a) for a in onode.attribute}
-        self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in self.attrs.items()}
+        try:
+            self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in self.attrs.items()}
+        except UnicodeDecodeError:
+            raise ModelFormatError(f"node {self.name!r} (op {self.op}): a string attribute is not valid UTF-8; "
+                                   f"the file is corrupt") from None
         for a in onode.attribute:
             if a.ref_attr_name:
                 self.fail(f"attribute {a.name!r} refers to a function attribute, which is not supported")

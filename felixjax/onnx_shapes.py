@@ -82,10 +82,12 @@ DATA_PROP_MAX_ELEMENTS = 1 << 16  # a 1-D integer tensor longer than this is no 
 
 def data_prop_safe(graph: onnx.GraphProto) -> bool:
     """Whether onnx's data propagation stays cheap on ``graph``. It materializes 1-D integer tensors
-    element by element in C++: ``ConstantOfShape([10**12])`` feeding a ``Concat`` never returns, and
+    element by element in C++: ``ConstantOfShape([10**12])`` feeding a ``Concat`` (or
+    ``ConstantOfShape([2**31, 2**31])`` feeding a ``Gather``) never returns, and
     10**7 elements already take ~4 s. False when a constant 1-D integer tensor, or the 1-D output of
     ConstantOfShape / Expand / Tile / Range on constant inputs, is longer than
-    :data:`DATA_PROP_MAX_ELEMENTS` (such a tensor is data, not a shape; inference then runs without
+    :data:`DATA_PROP_MAX_ELEMENTS` (for the three, the product of their constant shape / repeats
+    input, whatever its rank) (such a tensor is data, not a shape; inference then runs without
     data propagation and the size limits judge the tensor).
     """
     limit = DATA_PROP_MAX_ELEMENTS
@@ -112,8 +114,8 @@ def data_prop_safe(graph: onnx.GraphProto) -> bool:
         try:
             if n.op_type in ("ConstantOfShape", "Expand", "Tile") and len(args) >= 1:
                 shape = args[0] if n.op_type == "ConstantOfShape" else (args[1] if len(args) > 1 else None)
-                if shape is not None and shape.size == 1 and abs(int(shape.reshape(-1)[0])) > limit:
-                    return False
+                if shape is not None and math.prod(abs(int(d)) for d in shape.reshape(-1)) > limit:
+                    return False  # (any rank: data propagation also walks 2-D outputs fed to Gather)
             if n.op_type == "Range" and len(args) == 3 and all(a is not None and a.size == 1 for a in args):
                 start, stop, step = (int(a.reshape(-1)[0]) for a in args)
                 if step != 0 and (stop - start) // step > limit:
