@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         *machine_lines(target),
         f"- protocol: {args.rounds} interleaved rounds per op, blocks of >= {args.min_time * 1e3:.0f} ms; "
         f"random: {args.random} schedules per op and thread count, {args.budget_s:.0f} s tuning budget in all; "
-        "same thread count for every contender; onnxruntime spinning off; numpy BLAS threads limited; "
+        "same thread count for every contender; onnxruntime at its default session options (spinning on), "
+        "a 0.1 s pause and 2 untimed calls before every timed block; numpy BLAS threads limited; "
         "jax pinned to the first N cores when N < all.",
         f"- load average (1 min) at start / end: {load_start:.1f} / {os.getloadavg()[0]:.1f} on {target.cores} "
         "cores (this run's own load is about 1; well above that, other jobs shared the cores and the numbers "

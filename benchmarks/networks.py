@@ -8,7 +8,8 @@ For each model (default: ResNet-18 and MobileNetV2 at CIFAR-10 shapes, batch 1) 
    default schedule (the untuned baseline);
 3. checks both builds against onnxruntime on a random input, then times the three contenders interleaved
    in one process (A B C A B C ..., ``--rounds`` blocks each of at least ``--min-time`` seconds), same
-   thread count for all, onnxruntime with ``allow_spinning`` off; our builds are timed by a loop in C,
+   thread count for all, onnxruntime at its default session options (spinning on; a pause before each
+   timed block lets its threads go idle); our builds are timed by a loop in C,
    onnxruntime through IO binding to preallocated buffers.
 
 Compare the ratios of one run, never absolute times across runs: the 2-core development VMs drift by up
@@ -192,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- tuning: {strategy} search, {args.trials_per_task} trials per task, Ansor's gradient task scheduler; "
         f"kernels measured with {threads} thread(s)",
         f"- timing: {args.rounds} interleaved rounds, blocks of >= {args.min_time * 1e3:.0f} ms; same threads for "
-        "every contender; onnxruntime: ORT_ENABLE_ALL, sequential, allow_spinning off; ours: libgomp defaults",
+        "every contender; onnxruntime: default session options (spinning on), 0.1 s pause + 2 untimed calls "
+        "before every timed block; ours: libgomp defaults",
         f"- load average (1 min) at start / end: {load_start:.1f} / {os.getloadavg()[0]:.1f} on {target.cores} cores "
         "(well above 1, other jobs shared the cores and the numbers are noisy)",
         "",

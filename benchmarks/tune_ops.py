@@ -406,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         f"count it is timed at; timing protocol while tuning: {args.tune_protocol}; whole-run budget "
         f"{args.budget_min:g} min; JAX persistent compilation cache: {cache or 'off'}",
         f"- final timing: {args.rounds} interleaved rounds per op, blocks of >= {args.min_time * 1e3:.0f} ms, every "
-        "contender at the same thread count, outputs checked against numpy before and after; onnxruntime spinning "
-        "off; numpy BLAS threads limited; jax pinned to the first N cores when N < all.",
+        "contender at the same thread count, outputs checked against numpy before and after; onnxruntime at its "
+        "default session options (spinning on, a pause before every timed block); numpy BLAS threads limited; jax pinned to the first N cores when N < all.",
         load, "",
     ]
     text = "\n".join(header) + "\n" + render_targets(rows) + "\n\n" + render_tables(rows, target.cores)

@@ -7,8 +7,10 @@ compiled), checked against ``Task.reference`` before and after timing, and timed
 
 Thread counts: every contender gets the same number ``threads`` of cores.
 
-* onnxruntime: ``intra_op_num_threads=threads``, ``inter_op_num_threads=1``, spinning off
-  (``session.intra_op.allow_spinning=0``) so its idle workers do not steal the next contender's cores.
+* onnxruntime: at its default session options, as users run it (its idle workers spin), with
+  ``intra_op_num_threads=threads``; :func:`time_interleaved` pauses before every timed block so the
+  spinning threads go idle before the next contender. ``ort_contender(spinning=False)`` gives the
+  spinning-off variant for a column of its own.
 * numpy: OpenBLAS threads limited around each timed block (``threadpoolctl`` when installed, else
   OpenBLAS's own ``*set_num_threads*`` found in the loaded library). Its idle workers spin for a while
   after a call; benchmark scripts set ``OPENBLAS_THREAD_TIMEOUT=4`` before importing numpy to stop that.
@@ -220,19 +222,19 @@ def onnx_model(task: Task, arrays: list[np.ndarray], *, ir_version: int = ONNX_I
 class _OrtContender(Contender):
     name = "onnxruntime"
 
-    def __init__(self, task: Task, arrays: list[np.ndarray], *, threads: int, expected: np.ndarray | None):
+    def __init__(self, task: Task, arrays: list[np.ndarray], *, threads: int, expected: np.ndarray | None,
+                 spinning: bool = True):
         import onnxruntime as ort
 
         self.task, self.threads = task, int(threads)
         self.expected = _expected(task, arrays, expected)
         self.model = onnx_model(task, arrays)
-        so = ort.SessionOptions()
+        so = ort.SessionOptions()  # the defaults (ORT_ENABLE_ALL, sequential, spinning on) but the thread count
         so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        if not spinning:
+            self.name = "onnxruntime (spinning off)"
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         so.log_severity_level = 3
         self.session = ort.InferenceSession(self.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         # IO binding to preallocated numpy buffers: no per-call allocation or copies.
@@ -258,15 +260,16 @@ class _OrtContender(Contender):
 
 
 def ort_contender(task: Task, arrays: list[np.ndarray], *, threads: int = 1,
-                  expected: np.ndarray | None = None) -> Contender:
-    """onnxruntime (CPU provider) on an ONNX model of ``task`` built by :func:`onnx_model`.
+                  expected: np.ndarray | None = None, spinning: bool = True) -> Contender:
+    """onnxruntime (CPU provider, default session options but ``threads``) on an ONNX model of
+    ``task`` built by :func:`onnx_model`; ``spinning=False`` turns its idle-thread spinning off.
 
     Example:
         >>> from codegen.ops import depthwise_conv2d
         >>> t = depthwise_conv2d(1, 8, 10, 10, kernel=3, padding=1, act="relu6")
         >>> ort_contender(t, t.random_inputs()).check()
     """
-    return _OrtContender(task, arrays, threads=threads, expected=expected)
+    return _OrtContender(task, arrays, threads=threads, expected=expected, spinning=spinning)
 
 
 # ---- numpy -------------------------------------------------------------------------------------
@@ -633,11 +636,15 @@ def _calibrate(timeit: Callable[[int], float], min_time_s: float, max_number: in
 
 
 def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int = 5, min_time_s: float = 0.05,
-                     warmup: int = 1, max_number: int = 100_000) -> dict[str, list[float]]:
+                     warmup: int = 1, max_number: int = 100_000, pause_s: float = 0.1,
+                     settle: int = 2) -> dict[str, list[float]]:
     """Time contenders in turn, A B C A B C ..., so that machine drift hits all of them alike.
 
     Each contender is warmed up, then its calls per block are calibrated so one block lasts at least
     ``min_time_s``; then ``rounds`` rounds time one block of each contender in the dict's order.
+    Before every timed block the machine gets ``pause_s`` of quiet and the contender ``settle``
+    untimed calls, so a peer that spins its idle threads (onnxruntime at its defaults, OpenBLAS)
+    has let go of the cores before the next contender is timed, and the timed one is warm.
     A contender is a :class:`Contender` (timed by its ``timeit``, e.g. a C loop) or any callable
     running one invocation (timed by a Python loop).
 
@@ -647,18 +654,30 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
         min_time_s: minimum duration of one block.
         warmup: untimed calls per contender before calibration.
         max_number: cap on calls per block.
+        pause_s: sleep before each timed block.
+        settle: untimed calls right before each timed block.
 
     Returns:
         name -> seconds per call, one entry per round. See :func:`summarize` for median and min.
 
     Example:
-        >>> t = time_interleaved({"a": lambda: sum(range(100)), "b": lambda: None}, rounds=2, min_time_s=1e-3)
+        >>> t = time_interleaved({"a": lambda: sum(range(100)), "b": lambda: None}, rounds=2, min_time_s=1e-3,
+        ...                      pause_s=0.0)
         >>> [len(v) for v in t.values()]
         [2, 2]
     """
-    if rounds < 1 or min_time_s < 0:
-        raise ValueError(f"rounds must be >= 1 and min_time_s >= 0 (got {rounds}, {min_time_s})")
-    timers = {name: _timer(c) for name, c in contenders.items()}
+    return time_blocks({name: _timer(c) for name, c in contenders.items()}, rounds=rounds, min_time_s=min_time_s,
+                       warmup=warmup, max_number=max_number, pause_s=pause_s, settle=settle)
+
+
+def time_blocks(timers: dict[str, Callable[[int], float]], *, rounds: int = 5, min_time_s: float = 0.05,
+                warmup: int = 1, max_number: int = 1_000_000, pause_s: float = 0.1,
+                settle: int = 2) -> dict[str, list[float]]:
+    """:func:`time_interleaved` for block timers: ``timers[name](number)`` runs ``number`` calls and
+    returns their seconds (a loop in C, an IO-bound session loop, ...)."""
+    if rounds < 1 or min_time_s < 0 or pause_s < 0 or settle < 0:
+        raise ValueError(f"rounds must be >= 1 and min_time_s, pause_s, settle >= 0 "
+                         f"(got {rounds}, {min_time_s}, {pause_s}, {settle})")
     numbers = {}
     for name, timeit in timers.items():
         if warmup:
@@ -667,6 +686,10 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
     out: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timeit in timers.items():
+            if pause_s:
+                time.sleep(pause_s)
+            if settle:
+                timeit(settle)
             out[name].append(timeit(numbers[name]) / numbers[name])
     return out
 

@@ -2,20 +2,20 @@
 compiled model next to onnxruntime."""
 from __future__ import annotations
 
-import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
+from .baselines import time_blocks as time_interleaved
 from .network_build import CompiledModel
 
 
-def _ort_session(onnx_model: Any, threads: int, *, spinning: bool = False):
+def _ort_session(onnx_model: Any, threads: int, *, spinning: bool = True):
+    """An onnxruntime session at its default options, as users run it, but ``threads`` (spinning
+    on unless ``spinning=False``)."""
     import onnx
     import onnxruntime as ort
 
@@ -27,11 +27,9 @@ def _ort_session(onnx_model: Any, threads: int, *, spinning: bool = False):
         data = Path(onnx_model).read_bytes()
     so = ort.SessionOptions()
     so.intra_op_num_threads = int(threads)
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
@@ -39,7 +37,7 @@ def _ort_session(onnx_model: Any, threads: int, *, spinning: bool = False):
 def compare_onnxruntime(compiled: CompiledModel, onnx_model: Any, *, threads: int | None = None, rounds: int = 5,
                         min_time_s: float = 0.1, seed: int = 0, rtol: float = 1e-3) -> dict:
     """Check the compiled model against onnxruntime on random inputs, then time both interleaved
-    (A B A B ..., same threads, onnxruntime with spinning off; ours timed in C, onnxruntime through IO
+    (A B A B ..., same threads, onnxruntime at its defaults with a pause before each block; ours timed in C, onnxruntime through IO
     binding to preallocated buffers).
 
     Returns:
@@ -88,22 +86,3 @@ def compare_onnxruntime(compiled: CompiledModel, onnx_model: Any, *, threads: in
             "felixjax_min_ms": min(times["felixjax"]) * 1e3, "onnxruntime_min_ms": min(times["onnxruntime"]) * 1e3,
             "speedup": med["onnxruntime"] / med["felixjax"], "max_rel_err": err, "threads": threads,
             "rounds": rounds}
-
-
-def time_interleaved(blocks: Mapping[str, Callable[[int], float]], *, rounds: int = 5,
-                     min_time_s: float = 0.1) -> dict[str, list[float]]:
-    """``blocks[name](number)`` returns seconds for ``number`` runs. Each is warmed up and calibrated to
-    at least ``min_time_s`` per block, then timed in turn ``rounds`` times; returns seconds per run."""
-    numbers = {}
-    for name, block in blocks.items():
-        block(1)
-        number, t = 1, block(1)
-        while t < min_time_s and number < 1_000_000:
-            number = max(number + 1, math.ceil(number * min(100.0, 1.2 * min_time_s / max(t, 1e-9))))
-            t = block(number)
-        numbers[name] = number
-    out: dict[str, list[float]] = {name: [] for name in blocks}
-    for _ in range(rounds):
-        for name, block in blocks.items():
-            out[name].append(block(numbers[name]) / numbers[name])
-    return out

@@ -20,6 +20,15 @@ SUITES: dict[str, tuple[str, ...]] = {
         "depthwise_conv2d:n=1,c=256,h=28,w=28,r=3,pad=1",
         "dense:n=1,in=4096,out=1000",
     ),
+    # shapes nobody designed on (issues 14 and 15): judge new ideas here, never tune the design on them
+    "fresh": (
+        "matmul:m=257,n=96,k=384",
+        "depthwise_conv2d:n=1,c=96,h=112,w=112,r=3,stride=2,pad=1",
+        "conv2d:n=1,c=256,h=14,w=14,k=1024,r=1",
+        "conv2d:n=1,c=128,h=17,w=17,k=128,r=3,pad=1",
+        "dense:n=1,in=1280,out=1000",
+        "conv2d:n=1,c=3,h=128,w=128,k=32,r=5,stride=2,pad=2",
+    ),
 }
 
 

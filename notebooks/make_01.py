@@ -82,7 +82,7 @@ for i, cfg in enumerate(configs):
     print(f"{i}: {kind:7s} {cfg.sketch:18s} vec={cfg.vec:2d} unroll={cfg.unroll:3d} par={cfg.parallel}  {speed}")"""),
     ("md", """## Next to onnxruntime
 
-The best of these schedules and onnxruntime (weights as initializers, one thread, spinning off),
+The best of these schedules and onnxruntime (weights as initializers, one thread, default options),
 timed interleaved in this process (A B A B ...), both checked against the numpy reference before and
 after timing."""),
     ("code", """from felixjax import baselines

@@ -76,7 +76,7 @@ ref = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).r
 print(f"max |felixjax - onnxruntime| / max |onnxruntime| = {np.abs(y - ref).max() / np.abs(ref).max():.1e}")"""),
     ("md", """## Against onnxruntime, and where the time goes
 
-Timed interleaved in this process with the same thread count (one), onnxruntime with thread spinning off. With
+Timed interleaved in this process with the same thread count (one), onnxruntime at its default options. With
 three trials per task the schedules are barely tuned: expect onnxruntime (hand-written MLAS kernels) to be
 ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
     ("code", """cmp = compare_onnxruntime(exe, onnx_path, threads=1, rounds=3, min_time_s=0.1)

@@ -87,10 +87,14 @@ def test_onnx_model_is_valid_and_old_enough():
 def test_time_interleaved_alternates():
     calls: list[str] = []
     contenders = {n: (lambda n=n: calls.append(n)) for n in "abc"}
-    times = baselines.time_interleaved(contenders, rounds=3, min_time_s=0.0, warmup=0)
+    times = baselines.time_interleaved(contenders, rounds=3, min_time_s=0.0, warmup=0, pause_s=0.0, settle=0)
     assert list(times) == ["a", "b", "c"] and all(len(v) == 3 for v in times.values())
     # after calibration (one call each at min_time_s=0): a b c a b c a b c
     assert calls[-9:] == list("abc") * 3
+    # with settling: two untimed calls right before every timed one
+    calls.clear()
+    baselines.time_interleaved(contenders, rounds=2, min_time_s=0.0, warmup=0, pause_s=0.0, settle=2)
+    assert calls[-18:] == [c for c in "abc" for _ in range(3)] * 2
     s = baselines.summarize({"x": [3.0, 1.0, 2.0]})["x"]
     assert (s.median_s, s.min_s) == (2.0, 1.0)
     assert s.gflops(2e9) == (1.0, 2.0)
