@@ -43,6 +43,7 @@ from codegen.ops import Task
 from codegen.render_c import render
 from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
+from costmodels import kendall_tau
 
 from .context import SearchContext
 from .database import Database, TuningRecord
@@ -295,6 +296,7 @@ class TuningSession:
             cands = claim(tr.task, self.target_key, tr.run, cands)
         if not cands:
             return self._finish(tr, "exhausted", t0)
+        predicted = self._predict(tr, cands)
         new: list[TuningRecord] = []
         t_meas = time.perf_counter()
 
@@ -321,6 +323,8 @@ class TuningSession:
                 if rest:
                     release(tr.task, self.target_key, tr.run, rest)
         tr.stats["build_measure_s"] += time.perf_counter() - t_meas
+        if predicted is not None:
+            self._rank_quality(tr, cands, predicted, new)
         t = time.perf_counter()
         tr.strategy.update(ctx, new)
         tr.stats["update_s"] += time.perf_counter() - t
@@ -331,6 +335,35 @@ class TuningSession:
         tr.done = bool(tr.stop_reason)
         self._event(tr, "round", new=len(new))
         return new
+
+    # ---- how well the model ranked this round (issue 15's first lever, measured every round) -----
+    @staticmethod
+    def _predict(tr: TaskRun, cands: list[Config]) -> np.ndarray | None:
+        """The run's cost-model scores of this round's candidates, before they are measured (only for
+        runs whose strategy ranks with the context's model)."""
+        scorer = tr.ctx._scorer
+        if scorer is None or not hasattr(scorer, "score"):
+            return None
+        return np.asarray(scorer.score(cands), np.float64)
+
+    @staticmethod
+    def _rank_quality(tr: TaskRun, cands: list[Config], predicted: np.ndarray, new: list[TuningRecord]) -> None:
+        """Kendall tau and top-k recall of the model's scores against this round's measurements
+        (``tr.stats["ranking"]``, one entry per round): how well the model ranked what it was about
+        to be tested on, not how well it fits what it has seen."""
+        lat = {r.config: r.latency_s for r in new if r.ok}
+        idx = [i for i, c in enumerate(cands) if c in lat]
+        if len(idx) < 4:
+            return
+        score = predicted[idx]
+        y = np.array([lat[cands[i]] for i in idx])
+        k = max(1, len(idx) // 4)
+        best_true = set(np.argsort(y, kind="stable")[:k].tolist())
+        best_pred = set(np.argsort(-score, kind="stable")[:k].tolist())
+        tr.stats.setdefault("ranking", []).append({
+            "round": tr.rounds, "n": len(idx), "kendall_tau": kendall_tau(score, y),
+            "top_k": k, "top_k_recall": len(best_true & best_pred) / k,
+            "model": getattr(tr.ctx._scorer, "active", "?")})
 
     def _finish(self, tr: TaskRun, reason: str, t0: float) -> list[TuningRecord]:
         tr.clock += time.perf_counter() - t0

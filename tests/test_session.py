@@ -148,3 +148,16 @@ def test_spec_strings_are_accepted_by_tune():
     assert res.task == fj.ops.matmul(32, 32, 32) and len(res.history) == 2
     with pytest.raises(TypeError, match="not a task"):
         fj.tune(3.5, strategy="random", trials=2, measurer=replay, progress=False)
+
+
+def test_ranking_quality_of_each_round_is_recorded():
+    """Kendall tau / top-k recall of the model's scores on the candidates it was about to be tested on."""
+    res = fj.tune(T2, strategy="genetic", trials=96, batch=32, measurer=replay, progress=False, retime=0,
+                  strategy_options={"population": 256})
+    ranking = res.stats["ranking"]
+    assert len(ranking) == 3 and [r["round"] for r in ranking] == [0, 1, 2]
+    for r in ranking:
+        assert -1.0 <= r["kendall_tau"] <= 1.0 and 0.0 <= r["top_k_recall"] <= 1.0 and r["n"] >= 4
+    # random search ranks with no model: nothing to record
+    assert "ranking" not in fj.tune(T2, strategy="random", trials=16, measurer=replay, progress=False,
+                                    retime=0).stats
