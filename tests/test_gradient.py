@@ -74,3 +74,19 @@ def test_short_real_gradient_run_checks_every_kernel(tmp_path, runner):
     assert all(r.status == "ok" for r in res.history), res.status_counts()
     arrays = t.random_inputs(seed=5)
     np.testing.assert_allclose(res.kernel(threads=1)(*arrays), t.reference(*arrays), rtol=1e-4, atol=1e-4)
+
+
+def test_trust_penalty_is_zero_inside_and_pulls_back_outside():
+    import jax
+    import jax.numpy as jnp
+
+    from felixjax.strategies.gradient import trust_penalty
+
+    anchors = jnp.asarray([[0.0, 0.0], [10.0, 0.0], [99.0, 99.0]])
+    mask = jnp.asarray([1.0, 1.0, 0.0])  # the third anchor is padding
+    assert float(trust_penalty(jnp.asarray([1.0, 0.5]), anchors, mask, 2.0)) == 0.0
+    far = jnp.asarray([5.0, 6.0])
+    assert float(trust_penalty(far, anchors, mask, 2.0)) > 20.0
+    g = jax.grad(trust_penalty)(far, anchors, mask, 2.0)
+    assert float(g[1]) > 0  # descending moves back towards the anchors
+    assert float(trust_penalty(jnp.asarray([98.0, 99.0]), anchors, mask, 2.0)) > 1000  # padding is no anchor

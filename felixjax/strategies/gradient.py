@@ -36,6 +36,9 @@ def _key(x: np.ndarray) -> bytes:
     return np.rint(x).astype(np.int16).tobytes()
 
 
+ANCHORS = 16  # measured points a trust region is built around (padded with masked rows: one compilation)
+
+
 def _descent_for(score_fn, rel, steps: int):
     """The jitted descent for one soft objective and relaxation kind (compiled once per process)."""
     key = (id(score_fn), type(rel), steps)
@@ -44,16 +47,30 @@ def _descent_for(score_fn, rel, steps: int):
     return _COMPILED[key]
 
 
-def _descent(score_fn, penalty, project, steps: int):
-    """``jit(params, inputs, rs, x0 [S, N_X], lr) -> iterates [steps, S, N_X]``: Adam on
-    ``-score_fn(params, inputs, x)`` plus the constraint penalty, projected after every step. The
-    model, the task's feature inputs and the relaxed space are arguments, so one compilation serves
-    every task and round."""
+def trust_penalty(x, anchors, mask, radius):
+    """``max(0, d² − radius²)`` with ``d`` the (soft) distance from ``x`` to the nearest anchor: zero
+    inside the trust region around the measured points, quadratic outside."""
+    d2 = jnp.sum((anchors - x) ** 2, axis=-1)
+    d2 = jnp.where(mask > 0, d2, 1e6)
+    nearest = -0.5 * jax.nn.logsumexp(-d2 / 0.5)  # a soft minimum (temperature 0.5 in squared exponent units)
+    return jnp.maximum(nearest - radius ** 2, 0.0)
 
-    def run(params, inputs, rs, x0, lr):
+
+def _descent(score_fn, penalty, project, steps: int):
+    """``jit(params, inputs, rs, x0 [S, N_X], lr, anchors [A, N_X], mask [A], trust) -> iterates
+    [steps, S, N_X]``: Adam on ``-score_fn(params, inputs, x)`` (plus ``trust = (weight, radius)`` times
+    the trust-region penalty around the anchors) and the constraint penalty, projected after every
+    step. The model, the task's feature inputs and the relaxed space are arguments, so one
+    compilation serves every task and round."""
+
+    def run(params, inputs, rs, x0, lr, anchors, mask, trust):
         sched = optax.piecewise_constant_schedule(lr, {int(0.3 * steps): 0.2})
         opt = optax.adam(sched)
-        g_obj_fn = jax.vmap(jax.grad(lambda p, i, x: -score_fn(p, i, x), argnums=2), in_axes=(None, None, 0))
+
+        def objective(p, i, x):
+            return -score_fn(p, i, x) + trust[0] * trust_penalty(x, anchors, mask, trust[1])
+
+        g_obj_fn = jax.vmap(jax.grad(objective, argnums=2), in_axes=(None, None, 0))
         g_pen_fn = jax.vmap(jax.grad(lambda x: penalty(rs, x)))
 
         def step(carry, _):
@@ -95,17 +112,23 @@ class GradientSearch:
             task; default: the context's scorer (the session's shared model, seen from the task).
         cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
             scorer to start from, instead of the roofline prior.
+        trust_weight, trust_radius: a trust region around the best measured points of the sketch
+            (issue 15's exploration lever): the descent pays ``trust_weight · max(0, d² − radius²)``
+            for a squared distance ``d²`` (in exponent units) to the nearest of them, so it does not
+            chase the model where it extrapolates. 0 (the default) turns it off.
     """
 
     name = "gradient"
 
     def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
                  harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
-                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None):
+                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None,
+                 trust_weight: float = 0.0, trust_radius: float = 2.0):
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
         self.scorer, self.cost_model = scorer, cost_model
+        self.trust_weight, self.trust_radius = float(trust_weight), float(trust_radius)
         self.last_round: dict = {}
         self._keys: dict[str, set] = {}
         self._keyed = (None, 0)  # (context, history records already keyed)
@@ -151,9 +174,24 @@ class GradientSearch:
         out = []
         for _ in range(1 if measured else max(1, self.warmup_passes)):
             x0 = self._starts(ctx, rel, self.starts)
-            traj = np.asarray(run(model.params, scorer.inputs[name], rel.arrays, jnp.asarray(x0), self.lr))
+            anchors, mask = self._anchors(ctx, rel, name, x0.shape[-1])
+            trust = jnp.asarray([self.trust_weight if mask.any() else 0.0, self.trust_radius], jnp.float32)
+            traj = np.asarray(run(model.params, scorer.inputs[name], rel.arrays, jnp.asarray(x0), self.lr,
+                                  anchors, mask, trust))
             out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
         return np.concatenate(out)
+
+    @staticmethod
+    def _anchors(ctx: SearchContext, rel, name: str, n_x: int) -> tuple[jax.Array, jax.Array]:
+        """The best measured points of a sketch, padded to :data:`ANCHORS` rows with a mask."""
+        best = sorted((r for r in ctx.history if r.ok and r.config.sketch == name), key=lambda r: r.latency_s)
+        xs = [rel.to_x(r.config) for r in best[:ANCHORS]]
+        anchors = np.zeros((ANCHORS, n_x), np.float32)
+        mask = np.zeros(ANCHORS, np.float32)
+        if xs:
+            anchors[: len(xs)] = np.stack(xs)
+            mask[: len(xs)] = 1.0
+        return jnp.asarray(anchors), jnp.asarray(mask)
 
     @staticmethod
     def _score(scorer, name: str, rel, pts: np.ndarray) -> np.ndarray:
