@@ -88,6 +88,59 @@ class Target:
             raise ValueError(f"cache sizes must be positive: {self}")
 
     @classmethod
+    def cuda_sim(cls, name: str) -> Target:
+        """A simulated GPU from the spec table of `codegen.cuda.specs` ("a100", "h100", "a10g", "orin").
+
+        Raises ValueError listing the known names for an unknown one.
+
+        Example:
+            >>> t = Target.cuda_sim("a100")
+            >>> t.kind, t.spec.sm_count
+            ('cuda-sim', 108)
+        """
+        from .cuda.specs import get_spec
+
+        spec = get_spec(name)
+        return cls(kind="cuda-sim", name=spec.name, cores=spec.sm_count, simd_lanes=1,
+                   peak_gflops_per_core=spec.peak_flops / spec.sm_count / 1e9)
+
+    @classmethod
+    def cuda(cls) -> Target:
+        """The real GPU of this machine (nvidia-smi); RuntimeError when there is none."""
+        from .cuda.specs import spec_for_device_name
+
+        try:
+            proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30)
+            names = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()] if proc.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            names = []
+        if not names:
+            raise RuntimeError("no CUDA GPU found (nvidia-smi is missing or lists no device); "
+                               "use Target.cuda_sim(name) to tune for a simulated one")
+        spec = spec_for_device_name(names[0])
+        return cls(kind="cuda", name=names[0], cores=spec.sm_count if spec else 1, simd_lanes=1)
+
+    @property
+    def spec(self):
+        """The GPU spec (`codegen.cuda.specs.GpuSpec`) of a `cuda-sim` or `cuda` target."""
+        from .cuda.specs import get_spec, spec_for_device_name
+
+        if self.kind == "cuda-sim":
+            return get_spec(self.name)
+        if self.kind == "cuda":
+            spec = spec_for_device_name(self.name)
+            if spec is None:
+                raise ValueError(f"no spec table entry for GPU {self.name!r}")
+            return spec
+        raise AttributeError(f"a {self.kind!r} target has no GPU spec")
+
+    @property
+    def is_gpu(self) -> bool:
+        """A CUDA target, simulated or real."""
+        return self.kind in ("cuda-sim", "cuda")
+
+    @classmethod
     def cpu(cls, **overrides: Any) -> Target:
         """Detects the local CPU; keyword arguments replace detected fields.
 

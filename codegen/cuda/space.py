@@ -1,0 +1,238 @@
+"""The GPU sketch ``cuda_tiled`` (after Ansor's multi-level GPU tiling) and its constraints.
+
+The same :class:`codegen.space.Config` as the CPU sketches, with its knobs read the GPU way:
+
+* ``tiles``: per spatial axis 4 levels ``(S0, S1, S2, S3)`` = (blocks, virtual threads, threads,
+  inner): the block tile of an axis is ``S1 * S2 * S3`` and a thread owns ``S1 * S3`` of its
+  elements, at ``v * (S2 * S3) + t * S3 + i`` inside the block tile (virtual threads are strided by
+  the thread tile, as Ansor's vthreads, so neighbouring threads touch neighbouring chunks). Per
+  reduction axis 2 levels ``(R0, R1)``: ``R0`` outer steps, each staging an ``R1`` slice.
+* ``parallel``: shared-memory staging, 0 = operands read from global memory by every thread,
+  1 = each reduction step copies the block's data and weight tiles into ``__shared__`` arrays by
+  cooperative fetch (all threads of the block, strided by the thread count), between barriers.
+* ``vec``: always 1 (fp32 scalar loads; vector loads are future work).
+* ``unroll``: ``#pragma unroll N`` on the inner reduction loop (1 = not unrolled), 1 .. 512.
+
+Threads of a block are laid out with the last spatial axis fastest (``threadIdx.x`` decomposed
+innermost-first), so for matmul consecutive threads own consecutive ``n`` columns: coalesced
+weight reads and output writes when ``S3 == 1`` along ``n``. Blocks are laid out the same way on
+``blockIdx.x``.
+
+Constraints (``validate``): threads per block ``prod(S2) <= 1024`` (the spec's limit); a block size
+that is not a multiple of the warp size (32) is allowed (tiny extents need it) and the simulator
+charges the partial warp in full; shared memory of the staged tiles within the per-block limit;
+estimated registers per thread (accumulators + operand fragments + a fixed overhead) within the
+per-thread limit and one block's registers within the SM's register file.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.target import Target
+    >>> sp = CudaSpace(matmul(256, 256, 256), Target.cuda_sim("a100"))
+    >>> cfg = sp.default()
+    >>> sp.validate(cfg) is None, sp.geometry(cfg).n_threads
+    (True, 256)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ops import Access, Task
+from ..space import (REDUCE_LEVELS, SPATIAL_LEVELS, UNROLL_CHOICES, Config, Sketch, Space,
+                     _largest_divisor_leq, count_factorizations, random_factorization)
+from ..target import Target
+
+SKETCH = "cuda_tiled"
+STAGING_CHOICES = (0, 1)
+REG_OVERHEAD = 24  # indices, pointers, loop counters, address arithmetic (an estimate)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a config means on the GPU: grid, block, per-thread work, staged tiles.
+
+    Attributes are dicts by axis name: ``blocks`` (S0), ``vthreads`` (S1), ``threads`` (S2),
+    ``inner`` (S3), ``block_tile`` (S1*S2*S3), ``red_outer`` (R0), ``red_inner`` (R1).
+    ``boxes``: per input buffer ("data", "weight"), the extents of the region one block reads in
+    one reduction step (its shared-memory tile when staged).
+    """
+
+    spatial: tuple[str, ...]
+    reduce: tuple[str, ...]
+    blocks: dict
+    vthreads: dict
+    threads: dict
+    inner: dict
+    block_tile: dict
+    red_outer: dict
+    red_inner: dict
+    staged: bool
+    unroll: int
+    boxes: dict
+
+    @property
+    def n_blocks(self) -> int:
+        return math.prod(self.blocks.values())
+
+    @property
+    def n_threads(self) -> int:
+        return math.prod(self.threads.values())
+
+    @property
+    def outputs_per_thread(self) -> int:
+        return math.prod(self.vthreads[a] * self.inner[a] for a in self.spatial)
+
+    @property
+    def steps(self) -> int:
+        """Reduction steps (outer iterations, each a staged tile)."""
+        return math.prod(self.red_outer.values()) if self.reduce else 1
+
+    @property
+    def step_depth(self) -> int:
+        """Reduction iterations per step (``prod R1``)."""
+        return math.prod(self.red_inner.values()) if self.reduce else 1
+
+    def box_elems(self, buffer: str) -> int:
+        return math.prod(self.boxes[buffer])
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * sum(self.box_elems(b) for b in ("data", "weight")) if self.staged else 0
+
+    def fragment(self, access: Access) -> int:
+        """Distinct elements of ``access`` one thread reads per reduction iteration."""
+        return math.prod(self.vthreads[a] * self.inner[a] for a in self.spatial if access.depends_on(a))
+
+
+def box_extents(access: Access, tile: dict) -> tuple[int, ...]:
+    """Extents of the index box an access covers when every axis ranges over ``tile[axis]`` values."""
+    return tuple(1 + sum(abs(c) * (tile.get(a, 1) - 1) for a, c in dim) for dim in access.dims)
+
+
+class CudaSpace(Space):
+    """Valid ``cuda_tiled`` configs of one (task, GPU target)."""
+
+    def __init__(self, task: Task, target: Target, sketch: str | Sketch = SKETCH):
+        name = sketch.name if isinstance(sketch, Sketch) else sketch
+        if name != SKETCH:
+            raise ValueError(f"sketch {name!r} does not apply to a GPU target; valid: {SKETCH}")
+        self.task, self.target, self.spec = task, target, target.spec
+        self.con = task.contraction()
+        self.axes = self.con.axes
+        spatial = [a.name for a in self.con.spatial]
+        self.sketch = Sketch(SKETCH, spatial[-1], spatial[-1])
+        self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
+        self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
+        self.n_spatial = len(spatial)
+        self.vec_choices = (1,)
+        self.max_accumulators = int(self.spec.regs_per_thread)
+        self.strict_validation = True  # constraints beyond the CPU codec's checks (see genetic.Codec)
+
+    def __repr__(self) -> str:
+        return f"CudaSpace({self.task.name}, {self.spec.name})"
+
+    # ---- meaning of a config ---------------------------------------------------------------------
+    def geometry(self, cfg: Config) -> Geometry:
+        sp = [a.name for a in self.con.spatial]
+        rd = [a.name for a in self.con.reduction]
+        t = {a.name: tuple(x) for a, x in zip(self.axes, cfg.tiles)}
+        blocks = {a: t[a][0] for a in sp}
+        vth = {a: t[a][1] for a in sp}
+        thr = {a: t[a][2] for a in sp}
+        inn = {a: t[a][3] for a in sp}
+        btile = {a: vth[a] * thr[a] * inn[a] for a in sp}
+        ro = {a: t[a][0] for a in rd}
+        ri = {a: t[a][1] for a in rd}
+        tile = {**btile, **ri}
+        boxes = {"data": box_extents(self.con.data, tile), "weight": box_extents(self.con.weight, tile)}
+        return Geometry(tuple(sp), tuple(rd), blocks, vth, thr, inn, btile, ro, ri, bool(cfg.parallel),
+                        int(cfg.unroll), boxes)
+
+    def registers(self, cfg: Config, geo: Geometry | None = None) -> int:
+        """Estimated registers per thread: accumulators + one operand fragment each + overhead."""
+        g = geo or self.geometry(cfg)
+        return g.outputs_per_thread + g.fragment(self.con.data) + g.fragment(self.con.weight) + REG_OVERHEAD
+
+    # ---- constraints -----------------------------------------------------------------------------
+    def validate(self, cfg: Config) -> None:
+        """Raise ``ValueError`` naming the knob and its valid range if ``cfg`` is not in the space."""
+        if cfg.sketch != SKETCH:
+            raise ValueError(f"config is for sketch {cfg.sketch!r}, space is {SKETCH!r}")
+        if len(cfg.tiles) != len(self.axes):
+            raise ValueError(f"tiles: expected {len(self.axes)} axes ({', '.join(a.name for a in self.axes)}), "
+                             f"got {len(cfg.tiles)}")
+        for a, lv, t in zip(self.axes, self.levels, cfg.tiles):
+            if len(t) != lv:
+                raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
+            if any(x < 1 for x in t) or math.prod(t) != a.extent:
+                raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
+                                 f"extent {a.extent}")
+        if cfg.extra:
+            raise ValueError(f"knobs {[k for k, _ in cfg.extra]} do not apply to sketch {SKETCH!r}")
+        if cfg.parallel not in STAGING_CHOICES:
+            raise ValueError(f"parallel={cfg.parallel}: the GPU sketch reads it as shared-memory staging, 0 or 1")
+        if cfg.vec != 1:
+            raise ValueError(f"vec={cfg.vec}: the GPU sketch uses scalar fp32 loads (vec=1)")
+        if cfg.unroll not in UNROLL_CHOICES:
+            raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
+        g = self.geometry(cfg)
+        s = self.spec
+        if g.n_threads > s.max_threads_per_block:
+            raise ValueError(f"threads per block {g.n_threads} (prod of S2 tiles) exceed {s.max_threads_per_block}")
+        if g.smem_bytes > s.smem_per_block:
+            raise ValueError(f"shared memory {g.smem_bytes} B of the staged tiles exceeds the per-block limit "
+                             f"{s.smem_per_block} B of {s.name}")
+        regs = self.registers(cfg, g)
+        if regs > s.regs_per_thread:
+            raise ValueError(f"estimated {regs} registers per thread exceed {s.regs_per_thread} "
+                             f"({g.outputs_per_thread} accumulators per thread)")
+        if regs * g.n_threads > s.regs_per_sm:
+            raise ValueError(f"one block needs {regs * g.n_threads} registers, the SM has {s.regs_per_sm}")
+
+    # ---- sampling --------------------------------------------------------------------------------
+    def _draw(self, rng: np.random.Generator) -> Config:
+        tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(self.axes, self.levels))
+        return Config(SKETCH, tiles, int(rng.choice(STAGING_CHOICES)), 1, int(rng.choice(UNROLL_CHOICES)))
+
+    def size(self) -> int:
+        tiles = math.prod(count_factorizations(a.extent, lv) for a, lv in zip(self.axes, self.levels))
+        return tiles * len(STAGING_CHOICES) * len(UNROLL_CHOICES)
+
+    def enumerate(self):
+        raise NotImplementedError("the GPU space is sampled, not enumerated")
+
+    def default(self) -> Config:
+        """A conventional tiled SGEMM-like schedule: up to 256 threads (16 along the last spatial axis),
+        up to 4x4 outputs per thread, reduction slices of about 8 staged in shared memory; smaller
+        fallbacks until it validates."""
+        for threads, inner, depth, staged in ((256, 16, 8, 1), (128, 8, 4, 1), (64, 4, 1, 1), (32, 1, 1, 0),
+                                              (1, 1, 1, 0)):
+            cfg = self._default(threads, inner, depth, staged)
+            if self.is_valid(cfg):
+                return cfg
+        raise ValueError(f"{self}: no default schedule fits {self.spec.name}")
+
+    def _default(self, threads: int, inner: int, depth: int, staged: int) -> Config:
+        ext = {a.name: a.extent for a in self.axes}
+        sp = [a.name for a in self.con.spatial]
+        tiles = {}
+        t_left, i_left = threads, inner
+        for k, a in enumerate(reversed(sp)):
+            i = _largest_divisor_leq(ext[a], max(1, min(4, i_left)))
+            th = _largest_divisor_leq(ext[a] // i, max(1, min(16 if k == 0 else t_left, t_left)))
+            tiles[a] = (ext[a] // (i * th), 1, th, i)
+            t_left //= th
+            i_left //= i
+        d_left = depth
+        for a in reversed([a.name for a in self.con.reduction]):
+            r1 = _largest_divisor_leq(ext[a], max(1, d_left))
+            tiles[a] = (ext[a] // r1, r1)
+            d_left = max(1, d_left // r1)
+        return Config(SKETCH, tuple(tiles[a.name] for a in self.axes), staged, 1, 4 if staged else 1)
+
+
+def cuda_spaces(task: Task, target: Target) -> dict[str, CudaSpace]:
+    """The GPU spaces of a task, by sketch name (one sketch today)."""
+    return {SKETCH: CudaSpace(task, target)}
