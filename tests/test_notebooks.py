@@ -24,8 +24,14 @@ def test_notebook_executes(path):
     assert not errors
 
 
+def _sources(nb) -> list[tuple[str, str, str]]:
+    """What a generator decides: every cell's id, type and source (outputs come from a real run)."""
+    return [(c.get("id", ""), c.cell_type, c.source) for c in nb.cells]
+
+
 def test_notebooks_are_generated_and_current():
-    """A notebook with a generator (notebooks/make_NN.py, naming it NOTEBOOK) equals what it writes."""
+    """A notebook with a generator (notebooks/make_NN.py, naming it NOTEBOOK) has the cells it writes
+    (committed notebooks also carry the outputs of a run: ``python notebooks/execute.py``)."""
     nbformat = pytest.importorskip("nbformat")
     import importlib.util
 
@@ -34,4 +40,5 @@ def test_notebooks_are_generated_and_current():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         assert module.NOTEBOOK.exists(), f"run python {gen.relative_to(ROOT)}"
-        assert nbformat.read(module.NOTEBOOK, as_version=4) == module.build(), f"rerun python {gen.relative_to(ROOT)}"
+        committed = nbformat.read(module.NOTEBOOK, as_version=4)
+        assert _sources(committed) == _sources(module.build()), f"rerun python {gen.relative_to(ROOT)}"
