@@ -148,6 +148,9 @@ def override(limits: Limits | Mapping[str, Any] | None = None, **changes: Any) -
         ...     matmul(10**6, 10**6, 10**6).name
         'matmul_1000000x1000000x1000000'
     """
+    if limits is None and not changes:  # nothing to change: keep the limits in force
+        yield current()
+        return
     lim = resolve(limits)
     if changes:
         lim = lim.replace(**changes)
