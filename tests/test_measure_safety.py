@@ -189,7 +189,8 @@ def test_two_processes_never_measure_at_once(tmp_path, private_lock_dir):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(body=VADD_BODY))
     build(VADD_BODY + TIMING_HARNESS_C, cache_dir=tmp_path / "build")  # compile once, before racing
-    env = {**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir), "PYTHONPATH": os.getcwd()}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir), "PYTHONPATH": root}
     ready = [tmp_path / "ready0", tmp_path / "ready1"]
     outs = [tmp_path / "out0.json", tmp_path / "out1.json"]
     procs = [subprocess.Popen([sys.executable, str(script), str(ready[i]), str(ready[1 - i]), str(outs[i]),
