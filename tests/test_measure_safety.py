@@ -140,15 +140,17 @@ def test_lock_waiter_gets_it_when_released(private_lock_dir):
     a = MeasureLock("unit")
     assert a.acquire(0.1)
     code = ("import sys, time; from codegen.measure import MeasureLock\n"
-            "lk = MeasureLock('unit'); t = time.monotonic(); ok = lk.acquire(20.0)\n"
+            "lk = MeasureLock('unit'); print('waiting', flush=True); t = time.monotonic(); ok = lk.acquire(60.0)\n"
             "print(ok, time.monotonic() - t)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir)})
-    time.sleep(1.0)
+                            env={**os.environ, "FELIXJAX_LOCK_DIR": str(private_lock_dir), "PYTHONPATH": root})
+    assert proc.stdout.readline().strip() == "waiting"
+    time.sleep(0.5)
     a.release()
     out, _ = proc.communicate(timeout=60)
     ok, waited = out.split()
-    assert ok == "True" and float(waited) > 0.5
+    assert ok == "True" and 0.3 < float(waited) < 30
 
 
 @pytest.mark.cc
@@ -174,12 +176,12 @@ _WORKER = textwrap.dedent("""
     src = '''{body}''' + TIMING_HARNESS_C
     lib = build(src, cache_dir=cache)
     x = np.arange(64, dtype=np.float32)
-    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=5, repeats=2)) as r:
+    with LocalRunner(protocol=TimingProtocol(warmup=0, min_repeat_ms=10, repeats=3)) as r:
         open(me, "w").close()
         deadline = time.monotonic() + 60
         while not os.path.exists(other) and time.monotonic() < deadline:  # start together
             time.sleep(0.005)
-        statuses = [r.run(RunRequest(None, [x], (64,), 0, 2 * x), build=lib).status for _ in range(8)]
+        statuses = [r.run(RunRequest(None, [x], (64,), 0, 2 * x), build=lib).status for _ in range(12)]
         json.dump({{"intervals": list(r.lock_history), "statuses": statuses}}, open(out, "w"))
 """)
 
@@ -199,7 +201,7 @@ def test_two_processes_never_measure_at_once(tmp_path, private_lock_dir):
         assert p.wait(timeout=300) == 0
     runs = [json.loads(o.read_text()) for o in outs]
     a, b = ([tuple(iv) for iv in run["intervals"]] for run in runs)
-    assert len(a) == len(b) == 8
+    assert len(a) == len(b) == 12
     for s, e in a:
         for s2, e2 in b:
             assert e <= s2 or e2 <= s, f"measurements overlap: {(s, e)} and {(s2, e2)}"
