@@ -331,7 +331,7 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
     opset = _opset(proto)
     _check_inputs(proto, input_shapes, input_values)
     try:
-        proto = fold_model(proto, input_shapes=input_shapes, input_values=input_values)
+        proto = fold_model(proto, input_shapes=input_shapes, input_values=input_values, copy=False)
     except (UnsupportedModelError, ModelFormatError):
         raise
     except Exception as e:  # a malformed graph the folder cannot read

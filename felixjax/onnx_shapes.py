@@ -30,6 +30,7 @@ import contextlib
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -125,18 +126,69 @@ def data_prop_safe(graph: onnx.GraphProto) -> bool:
     return True
 
 
-def _infer(graph_nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs, consts: dict,
+_SMALL_TYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8,
+                TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64, TensorProto.BOOL)
+
+
+class _Constants:
+    """Constants by name. Initializers stay TensorProtos until a fold reads their values, so large weights
+    are neither converted nor copied here; folded values and ``input_values`` are arrays."""
+
+    def __init__(self) -> None:
+        self.protos: dict[str, onnx.TensorProto] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.arrays or name in self.protos
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            t = self.protos[name]
+            try:
+                self.arrays[name] = numpy_helper.to_array(t)
+            except Exception as e:
+                raise ModelFormatError(f"initializer {name!r} is corrupt ({e})") from None
+        return self.arrays[name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.arrays[name] = value
+        self.protos.pop(name, None)
+
+    def names(self) -> list[str]:
+        return list(self.protos) + [k for k in self.arrays if k not in self.protos]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.protos[name].dims) if name in self.protos else self.arrays[name].shape
+
+    def tensor(self, name: str) -> onnx.TensorProto:
+        if name in self.protos:
+            return self.protos[name]
+        return numpy_helper.from_array(np.require(self.arrays[name], requirements="C"), name)
+
+    def value_info(self, name: str) -> onnx.TensorProto | onnx.ValueInfoProto:
+        """The initializer itself when its values may feed shape computations (integer or small), else
+        just its type (inference needs no weights)."""
+        if name in self.protos:
+            t = self.protos[name]
+            if t.data_type in _SMALL_TYPES or math.prod(t.dims) <= 64:
+                return t
+            return helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+        v = self.arrays[name]
+        if v.dtype.kind in "iub" or v.size <= 64:
+            return numpy_helper.from_array(v, name)
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+
+
+def _infer(graph_nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs, consts: _Constants,
            opsets, ir_version: int) -> dict[str, tuple | None]:
     """Shape inference with small constants as initializers (their values feed shape computations)."""
     g = onnx.GraphProto(name="fold")
     g.node.extend(graph_nodes)
     g.input.extend(inputs)
     g.output.extend(outputs)
-    for name, v in consts.items():
-        if v.dtype.kind in "iub" or v.size <= 64:
-            g.initializer.append(numpy_helper.from_array(v, name))
-        else:
-            g.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
+    for name in consts.names():
+        info = consts.value_info(name)
+        (g.initializer if isinstance(info, onnx.TensorProto) else g.input).append(info)
     model = helper.make_model(g, opset_imports=opsets, ir_version=max(ir_version, 4))
     try:
         model = onnx.shape_inference.infer_shapes(model, data_prop=data_prop_safe(model.graph))
@@ -168,12 +220,12 @@ def _evaluate(node: onnx.NodeProto, args: list[np.ndarray | None], opsets) -> li
     return [np.asarray(r) for r in res]
 
 
-def _fold_node(node: onnx.NodeProto, consts: dict, shapes: dict, opsets) -> list[np.ndarray] | None:
+def _fold_node(node: onnx.NodeProto, consts: _Constants, shapes: dict, opsets) -> list[np.ndarray] | None:
     op = node.op_type
     if node.domain not in ("", "ai.onnx") or op in _NO_FOLD:
         return None
     if op in ("Shape", "Size"):
-        shape = shapes.get(node.input[0]) if node.input[0] not in consts else consts[node.input[0]].shape
+        shape = shapes.get(node.input[0]) if node.input[0] not in consts else consts.shape(node.input[0])
         if not _static(shape):
             return None
         if op == "Size":
@@ -185,9 +237,9 @@ def _fold_node(node: onnx.NodeProto, consts: dict, shapes: dict, opsets) -> list
         return [np.array(shape[start:end], np.int64)]
     if any(i and i not in consts for i in node.input) or op == "Constant" and not node.output:
         return None
-    args = [consts[i] if i else None for i in node.input]
-    if sum(a.size for a in args if a is not None) > MAX_FOLD_ELEMENTS:
+    if sum(math.prod(consts.shape(i)) for i in node.input if i) > MAX_FOLD_ELEMENTS:
         return None
+    args = [consts[i] if i else None for i in node.input]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if op == "ConstantOfShape":  # fast paths for what exporters write hundreds of times
         shape = [int(d) for d in args[0].reshape(-1)] if args else []
@@ -206,13 +258,36 @@ def _fold_node(node: onnx.NodeProto, consts: dict, shapes: dict, opsets) -> list
     return _evaluate(node, args, opsets)
 
 
+@dataclass
+class FoldedGraph:
+    """The parts of a folded graph stage ① reads, as lists of the original protos (nothing copied)."""
+
+    name: str
+    node: list
+    input: list
+    output: list
+    initializer: list
+    value_info: list = field(default_factory=list)
+
+
+@dataclass
+class FoldedModel:
+    """What :func:`fold_model` returns with ``copy=False``: read like a ModelProto by stage ①."""
+
+    graph: FoldedGraph
+    opset_import: list
+    ir_version: int
+
+
 def fold_model(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
-               input_values: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+               input_values: Mapping[str, Any] | None = None, copy: bool = True) -> onnx.ModelProto | FoldedModel:
     """A copy of ``proto`` with inputs pinned and every constant / shape subgraph folded to initializers.
 
     ``input_shapes`` pins the dims of inputs (they must agree with the static dims the model declares);
     ``input_values`` turns inputs into constants (any dtype: an int64 image-size input, a bool flag).
-    Nodes that stay keep their order; initializers nobody reads are dropped.
+    Nodes that stay keep their order; initializers nobody reads are dropped. ``copy=False`` returns a
+    :class:`FoldedModel` of lists of the original protos instead of a new ModelProto (copying 0.5 GB of
+    weights into a new protobuf takes seconds).
     """
     g = proto.graph
     opsets = list(proto.opset_import)
@@ -224,12 +299,9 @@ def fold_model(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[in
     if unknown:
         raise UnsupportedModelError(f"input_shapes / input_values name {unknown}, which are not inputs of the model "
                                     f"(inputs: {runtime_names})")
-    consts: dict[str, np.ndarray] = {}
+    consts = _Constants()
     for t in g.initializer:
-        try:
-            consts[t.name] = numpy_helper.to_array(t)
-        except Exception as e:
-            raise ModelFormatError(f"initializer {t.name!r} is corrupt ({e})") from None
+        consts.protos[t.name] = t
     inputs = []
     for vi in runtime:
         declared = _shape_of(vi)
@@ -275,24 +347,39 @@ def fold_model(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[in
             break
     outputs = [_typed_output(vi, shapes.get(vi.name), consts) for vi in outputs]
     read = {i for n in nodes for i in n.input} | {o.name for o in outputs}
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
+    if not copy:
+        return FoldedModel(FoldedGraph(proto.graph.name, nodes, inputs, outputs,
+                                       [consts.tensor(k) for k in consts.names() if k in read]),
+                           list(proto.opset_import), proto.ir_version)
+    out = onnx.ModelProto()  # field by field: a CopyFrom would copy every weight twice
+    _copy_fields(proto, out, skip=("graph",))
     graph = out.graph
-    del graph.node[:], graph.input[:], graph.initializer[:], graph.value_info[:]
-    del graph.output[:]
+    _copy_fields(proto.graph, graph, skip=("node", "input", "initializer", "value_info", "output"))
     graph.node.extend(nodes)
     graph.input.extend(inputs)
     graph.output.extend(outputs)
-    graph.initializer.extend(numpy_helper.from_array(np.require(v, requirements="C"), k) for k, v in consts.items()
-                             if k in read)
+    graph.initializer.extend(consts.tensor(k) for k in consts.names() if k in read)
     return out
 
 
-def _typed_output(vi: onnx.ValueInfoProto, inferred: tuple | None, consts: dict) -> onnx.ValueInfoProto:
+def _copy_fields(src: Any, dst: Any, skip: Sequence[str]) -> None:
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)  # protobuf >= 5; `label` before
+        if repeated if repeated is not None else field.label == field.LABEL_REPEATED:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _typed_output(vi: onnx.ValueInfoProto, inferred: tuple | None, consts: _Constants) -> onnx.ValueInfoProto:
     """The graph output with its inferred static shape (a declared symbolic batch dim would clash)."""
     if not vi.type.HasField("tensor_type"):
         return vi
-    shape = consts[vi.name].shape if vi.name in consts else inferred
+    shape = consts.shape(vi.name) if vi.name in consts else inferred
     elem = vi.type.tensor_type.elem_type
     return helper.make_tensor_value_info(vi.name, elem, list(shape) if _static(shape) else None)
 
