@@ -1,6 +1,7 @@
-"""Models exported by torch.onnx (TorchScript exporter, dynamic batch, random weights; written by
-tests/fixtures/make_torch_models.py, which names the torch version and opsets): imported with the batch
-pinned, run in numpy and compiled to C, compared with onnxruntime. torch itself is not needed."""
+"""Models exported by torch.onnx, by the TorchScript exporter (``NAME.onnx``, opsets 13 / 17) and by the
+torch.export-based one (``NAME_dynamo.onnx``, opset 20), dynamic batch, random weights (written by
+tests/fixtures/make_torch_models.py, which names the torch version in each file's doc_string): imported
+with the batch pinned, run in numpy and compiled to C, compared with onnxruntime. torch is not needed."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,9 @@ import felixjax as fj
 from felixjax.errors import UnsupportedModelError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
-MODELS = {"mobilenetv3_small": (3, 64, 64), "yolo_style": (3, 64, 64), "unet_decoder": (3, 32, 32),
-          "vit_tiny": (3, 32, 32)}
+_SHAPES = {"mobilenetv3_small": (3, 64, 64), "yolo_style": (3, 64, 64), "unet_decoder": (3, 32, 32),
+           "vit_tiny": (3, 32, 32)}
+MODELS = {**_SHAPES, **{f"{k}_dynamo": v for k, v in _SHAPES.items()}}
 
 
 def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
@@ -29,7 +31,8 @@ def test_fixtures_are_small_and_name_their_exporter():
     for name in MODELS:
         path = FIXTURES / f"{name}.onnx"
         assert path.stat().st_size <= 2 * 2**20
-        assert "torch" in onnx.load(str(path)).doc_string and "TorchScript" in onnx.load(str(path)).doc_string
+        doc = onnx.load(str(path)).doc_string
+        assert "torch" in doc and ("torch.export" if name.endswith("_dynamo") else "TorchScript") in doc
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
