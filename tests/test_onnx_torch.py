@@ -58,3 +58,21 @@ def test_torch_export_matches_onnxruntime(name, batch):
             assert y.shape == ref.shape
             err = float(np.abs(y - ref).max()) / float(np.abs(ref).max())
             assert err <= 1e-3, f"{name} ({where}): relative error {err:.2e}"
+
+
+@pytest.mark.cc
+def test_standalone_export_runs_the_new_ops(tmp_path):
+    """The exported folder (make, demo) runs Resize / Split / Sigmoid / Pow / Transpose as the library does."""
+    import subprocess
+
+    path = FIXTURES / "yolo_style.onnx"
+    model = fj.load_onnx(path, input_shapes={"x": (1, 3, 64, 64)})
+    out = fj.build_model(model, threads=1).export(tmp_path / "yolo")
+    subprocess.run(["make", "-s", "-C", str(out)], check=True, capture_output=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    x.tofile(out / "inputs.bin")
+    subprocess.run([str(out / "demo"), str(out / "weights.bin"), str(out / "inputs.bin"), str(out / "outputs.bin")],
+                   check=True, capture_output=True)
+    ref = np.concatenate([r.reshape(-1) for r in _ort(path, {"x": x})])
+    y = np.fromfile(out / "outputs.bin", np.float32)
+    assert y.shape == ref.shape and float(np.abs(y - ref).max()) <= 1e-4 * float(np.abs(ref).max())
