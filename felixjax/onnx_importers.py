@@ -17,6 +17,7 @@ from felixjax.graph_passes import Node
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
 from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
 from felixjax.onnx_ops import OPS as _NEW_OPS
+from felixjax.onnx_ops import lift_1d
 
 SUPPORTED_OPS = (
     "Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Relu", "Clip", "Sigmoid", "Tanh",
@@ -284,9 +285,9 @@ def _pool(ctx: _Ctx) -> list[Node]:
 
 def _global_avg_pool(ctx: _Ctx) -> list[Node]:
     rank = len(ctx.shape(ctx.input(0)))
-    if rank != 4:
-        ctx.fail(f"only 2-D pooling (4-D NCHW input) is supported; the input is {rank}-D")
-    return [_node(ctx, "ReduceMean", ctx.inputs[:1], {"axes": (2, 3), "keepdims": 1})]
+    if rank < 3:
+        ctx.fail(f"the input needs spatial axes (rank >= 3); it is {rank}-D")
+    return [_node(ctx, "ReduceMean", ctx.inputs[:1], {"axes": tuple(range(2, rank)), "keepdims": 1})]
 
 
 def _flatten(ctx: _Ctx) -> list[Node]:
@@ -409,3 +410,5 @@ _IMPORTERS = {
     "Identity": _identity, "Dropout": _dropout, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
     **_NEW_IMPORTERS,
 }
+for _op in ("Conv", "MaxPool", "AveragePool"):  # 1-D (N, C, L) inputs run as 2-D with a unit height
+    _IMPORTERS[_op] = lift_1d(_IMPORTERS[_op])

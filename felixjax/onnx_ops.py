@@ -532,6 +532,53 @@ def _conv_transpose(ctx: Any) -> list[Node]:
     return nodes + [_node(ctx, "Conv", [cur, wf] + ([b] if b else []), attrs)]
 
 
+# ---- 1-D convolution and pooling: lifted to 2-D with a unit height -----------------------------------
+
+_LIFT_ATTRS = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 0, "output_shape": 1}
+
+
+def lift_1d(importer: Any) -> Any:
+    """Wrap a 2-D importer (Conv, ConvTranspose, MaxPool, AveragePool) so a 3-D (N, C, L) input runs as
+    (N, C, 1, L): attributes get a unit leading spatial entry, data and weights a unit height, and the
+    output is reshaped back."""
+
+    def run(ctx: Any) -> list[Node]:
+        x = ctx.input(0)
+        xs = ctx.shape(x)
+        if len(xs) != 3:
+            return importer(ctx)
+        for key, unit in _LIFT_ATTRS.items():
+            if key in ctx.attrs:
+                v = [int(a) for a in ctx.attrs[key]]
+                ctx.attrs[key] = ([unit] + v) if len(v) == 1 else v
+        if "pads" in ctx.attrs and len(ctx.attrs["pads"]) == 2:
+            p = [int(a) for a in ctx.attrs["pads"]]
+            ctx.attrs["pads"] = [0, p[0], 0, p[1]]
+        nodes = []
+        x4 = _tmp(ctx, "x4", (xs[0], xs[1], 1, xs[2]))
+        ctx.shapes[x4] = (xs[0], xs[1], 1, xs[2])
+        nodes.append(_node(ctx, "Reshape", [x], {"shape": ctx.shapes[x4]}, [x4]))
+        inputs = [x4] + list(ctx.inputs[1:])
+        if ctx.op in ("Conv", "ConvTranspose"):
+            w = ctx.input(1)
+            ws = ctx.shape(w)
+            w4s = (ws[0], ws[1], 1, ws[2])
+            if w in ctx.consts:
+                inputs[1] = ctx.new_const("w4", ctx.consts[w].reshape(w4s))
+            else:
+                inputs[1] = _tmp(ctx, "w4", w4s)
+                ctx.shapes[inputs[1]] = w4s
+                nodes.append(_node(ctx, "Reshape", [w], {"shape": w4s}, [inputs[1]]))
+        out = ctx.outputs[0]
+        ys = ctx.out_shape(out)
+        y4 = _tmp(ctx, "y4", (ys[0], ys[1], 1, ys[2]))
+        ctx.inputs, ctx.outputs = inputs, [y4] + list(ctx.outputs[1:])
+        nodes += importer(ctx)
+        return nodes + [_node(ctx, "Reshape", [y4], {"shape": ys}, [out])]
+
+    return run
+
+
 # ---- ops that must fold ---------------------------------------------------------------------------
 
 def _must_fold(ctx: Any) -> list[Node]:
@@ -547,7 +594,7 @@ IMPORTERS = {
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
     **{op: _reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Resize": _resize, "Upsample": _resize,
-    "ConvTranspose": _conv_transpose,
+    "ConvTranspose": lift_1d(_conv_transpose),
     **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
                                  "NonZero", "Tile")},
 }

@@ -7,7 +7,7 @@ Sources, all offline and shipped with the ``onnx`` wheel:
 - ``pytorch-converted``, ``pytorch-operator``, ``simple``: folders of model.onnx + input/output protobufs.
 
 A case enters the manifest when every node is a supported op, its data tensors are float32, and its
-convolutions / pools are 2-D. Graph inputs that only feed *parameter* slots (:data:`PARAMETER_SLOTS`:
+convolutions / pools are 1-D or 2-D. Graph inputs that only feed *parameter* slots (:data:`PARAMETER_SLOTS`:
 Reshape's shape, Pad's pads and axes, reduction axes, Slice's starts / ends / axes / steps, Gather's
 indices, Resize's roi / scales / sizes, Where's condition, ...) are frozen into initializers with their
 test values, as a static-shape exporter would emit them; the manifest lists them per case. Everything else is excluded with its reason.
@@ -134,9 +134,9 @@ def classify(case: Case) -> tuple[str | None, list[str]]:
     ranks = {vi.name: len(vi.type.tensor_type.shape.dim)
              for vi in list(inferred.graph.input) + list(inferred.graph.value_info) if vi.type.HasField("tensor_type")}
     for n in g.node:
-        if n.op_type in SPATIAL_OPS and ranks.get(n.input[0], 4) != 4:
-            return f"not 2-D spatial ({ranks[n.input[0]] - 2}-D {n.op_type})", []
-    return None, frozen
+        if n.op_type in SPATIAL_OPS and ranks.get(n.input[0], 4) not in (3, 4):
+            return f"not 1-D or 2-D spatial ({ranks[n.input[0]] - 2}-D {n.op_type})", []
+    return None, frozen  # (1-D convolution and pooling run as 2-D with a unit height)
 
 
 def prepare(case: Case, frozen: list[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -206,7 +206,7 @@ def build_manifest(cases: list[Case]) -> dict:
     by_kind = {k: {"total": sum(c.kind == k for c in cases),
                    "included": sum(x["key"].startswith(k + "/") for x in included)} for k in kinds}
     return {"onnx_version": onnx.__version__, "by_kind": by_kind,
-            "criteria": "every node a supported op, float32 data tensors, 2-D convolution and pooling, opset >= "
+            "criteria": "every node a supported op, float32 data tensors, 1-D or 2-D convolution and pooling, opset >= "
                         f"{MIN_OPSET}; int/bool inputs feeding only parameter slots are frozen to initializers",
             "counts": _counts(included, len(cases)), "cases": included, "excluded": excluded}
 
