@@ -66,7 +66,7 @@ t_start = time.perf_counter()
 task = fj.ops.matmul(256, 256, 256)
 target = fj.Target.cpu()
 spaces = {sk.name: fj.Space(task, sk, target) for sk in fj.sketches_for(task)}
-scorer = CostModelScorer(spaces, target, seed=0)  # what the gradient strategy builds for a task
+scorer = CostModelScorer(spaces, target, seed=0)  # a task's view of a cost model (a session shares one model)
 sketch = "gemm_packed"  # a matmul has one sketch: packed weight panels, register-blocked
 rel, inputs = scorer.relaxations[sketch], scorer.inputs[sketch]
 space = rel.space
@@ -155,7 +155,7 @@ are drawn (start ○, end ×); they start on the slice, the other 56 uniformly i
 The right panel is the predicted score alone. Starts beyond the solid line (a register block larger
 than the accumulator budget) are infeasible: the penalty pushes them back inside and their score
 *drops* to the best feasible value nearby; feasible starts climb."""),
-    ("code", """from felixjax.strategies.gradient import _descent_for
+    ("code", """from felixjax.strategies.gradient import ANCHORS, _descent_for
 
 STARTS, STEPS = 64, 32  # the tuning run below uses the same sizes, so the descent compiles once
 rng = np.random.default_rng(0)
@@ -163,12 +163,14 @@ x0 = np.array(rel.sample_x(jax.random.PRNGKey(0), STARTS), np.float32)
 shown = 8
 x0[:shown] = base
 x0[:shown, I], x0[:shown, J] = rng.uniform(0.0, 8.0, shown), rng.uniform(0.0, 8.0, shown)
-descent = _descent_for(model, STEPS, 1.0)  # run(params, inputs, relaxed space, x0, lr) -> [steps, starts, N_X]
+# run(params, inputs, relaxed space, x0, lr, trust-region anchors, their mask, (weight, radius)) -> [steps, starts, N_X]
+descent = _descent_for(scorer.soft_score(1.0), rel, STEPS)
+no_trust = (jnp.zeros((ANCHORS, x0.shape[1])), jnp.zeros(ANCHORS), jnp.zeros(2))  # the trust region is off
 t = time.perf_counter()
-traj = np.asarray(descent(model.params, inputs, rel.arrays, jnp.asarray(x0, jnp.float32), 0.5))
+traj = np.asarray(descent(model.params, inputs, rel.arrays, jnp.asarray(x0, jnp.float32), 0.5, *no_trust))
 print(f"descent: {STARTS} starts x {STEPS} steps in {time.perf_counter() - t:.2f} s (compilation included)")
 t = time.perf_counter()
-np.asarray(descent(model.params, inputs, rel.arrays, jnp.asarray(x0, jnp.float32), 0.5))
+np.asarray(descent(model.params, inputs, rel.arrays, jnp.asarray(x0, jnp.float32), 0.5, *no_trust))
 print(f"again, compiled: {time.perf_counter() - t:.3f} s")
 
 # the full (soft) objective along the drawn trajectories, in one batch of the landscape's size
