@@ -95,6 +95,28 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_f32(np.where(x < 0, np.float32(a["alpha"]) * np.expm1(x), x), x)]
     if op == "Gelu":
         return [_gelu(x, a["approximate"])]
+    simple = {"Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh,
+              "Sign": np.sign, "Round": np.round}
+    if op in simple:
+        return [simple[op](x)]
+    if op == "Softsign":
+        return [_f32(x / (1 + np.abs(x)), x)]
+    if op == "Mish":
+        x64 = x.astype(np.float64)
+        return [_f32(x64 * np.tanh(np.logaddexp(0, x64)), x)]
+    if op == "Selu":
+        x64 = x.astype(np.float64)
+        return [_f32(a["gamma"] * np.where(x64 > 0, x64, a["alpha"] * np.expm1(x64)), x)]
+    if op == "Celu":
+        x64 = x.astype(np.float64)
+        return [_f32(np.maximum(0, x64) + np.minimum(0, a["alpha"] * np.expm1(x64 / a["alpha"])), x)]
+    if op == "ThresholdedRelu":
+        return [_f32(np.where(x > np.float32(a["alpha"]), x, 0), x)]
+    if op == "LogSoftmax":
+        axes = tuple(a["axes"])
+        x64 = x.astype(np.float64)
+        m = x64.max(axis=axes, keepdims=True)
+        return [_f32(x64 - m - np.log(np.exp(x64 - m).sum(axis=axes, keepdims=True)), x)]
     if op in ("Max", "Min"):
         f = np.maximum if op == "Max" else np.minimum
         return [f(x, args[1]).astype(np.result_type(x, args[1]))]

@@ -7,6 +7,7 @@ rewritten into canonical ones the rest of the stack already runs:
     Squeeze / Unsqueeze / Flatten       Reshape
     Cast to float32 / CastLike          Identity
     Split                               one Slice per output
+    Tile                                one Gather per repeated axis
     Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
     GlobalMaxPool                       ReduceMax over the spatial axes
     InstanceNormalization               Reshape -> LayerNormalization -> Reshape -> ScaleShift
@@ -22,8 +23,12 @@ op                                     inputs              attrs
 =====================================  ==================  =============================================
 ``Exp Log Neg Floor Ceil Abs``         x
 ``Reciprocal HardSwish Softplus``      x
+``Sin Cos Tan Atan Sinh Cosh Sign``    x
+``Round Softsign Mish``                x
 ``HardSigmoid``                        x                   alpha, beta
-``LeakyRelu Elu``                      x                   alpha
+``LeakyRelu Elu Celu ThresholdedRelu`` x                   alpha
+``Selu``                               x                   alpha, gamma
+``LogSoftmax``                         x                   axes (as Softmax)
 ``Gelu``                               x                   approximate ("none" | "tanh")
 ``Max Min PRelu``                      a, b                (numpy broadcasting; PRelu: b is the slope)
 ``Where``                              cond, a, b          (cond: a float 0/1 constant)
@@ -50,17 +55,19 @@ from onnx import TensorProto
 
 from felixjax.graph_passes import Node
 
-UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus")
-PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu")
+UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus", "Sin", "Cos", "Tan",
+         "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish")
+PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu")
 OPS = UNARY + PARAM_UNARY + (
     "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
     "Cast", "CastLike", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalMaxPool", "InstanceNormalization", "LRN",
-    "Resize", "Upsample", "ConvTranspose",
+    "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax",
     # only ever folded to constants (static shapes); the importer explains when they are not
     "Shape", "Size",
 )
 ATTRS: dict[str, set[str]] = {
     "HardSigmoid": {"alpha", "beta"}, "LeakyRelu": {"alpha"}, "Elu": {"alpha"}, "Gelu": {"approximate"},
+    "Selu": {"alpha", "gamma"}, "Celu": {"alpha"}, "ThresholdedRelu": {"alpha"}, "LogSoftmax": {"axis"},
     "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
@@ -109,8 +116,11 @@ def _param_unary(ctx: Any) -> list[Node]:
         attrs = {"alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))}
     elif ctx.op == "LeakyRelu":
         attrs = {"alpha": float(a.get("alpha", 0.01))}
-    elif ctx.op == "Elu":
+    elif ctx.op in ("Elu", "Celu", "ThresholdedRelu"):
         attrs = {"alpha": float(a.get("alpha", 1.0))}
+    elif ctx.op == "Selu":
+        attrs = {"alpha": float(a.get("alpha", 1.67326319217681884765625)),
+                 "gamma": float(a.get("gamma", 1.05070102214813232421875))}
     else:
         approx = a.get("approximate", "none")
         if approx not in ("none", "tanh"):
@@ -259,6 +269,35 @@ def _expand(ctx: Any) -> list[Node]:
     except ValueError:
         ctx.fail(f"cannot expand {xs} to {target}")
     return [_node(ctx, "Expand", ctx.inputs[:1], {"shape": tuple(int(d) for d in shape)})]
+
+
+def _tile(ctx: Any) -> list[Node]:
+    """Tile as one Gather per repeated axis (indices 0..d-1 repeated)."""
+    x = ctx.input(0)
+    xs = list(ctx.shape(x))
+    reps = [int(r) for r in ctx.const(ctx.input(1), "repeats").reshape(-1)]
+    if len(reps) != len(xs) or min(reps, default=1) < 1:
+        ctx.fail(f"repeats {reps} must be >= 1, one per axis of {tuple(xs)}")
+    axes = [a for a, r in enumerate(reps) if r > 1]
+    if not axes:
+        return [_node(ctx, "Identity", [x])]
+    nodes, cur = [], x
+    for k, a in enumerate(axes):
+        shape = list(xs)
+        shape[a] *= reps[a]
+        out = ctx.outputs[0] if k == len(axes) - 1 else _tmp(ctx, f"tile{a}", shape)
+        nodes.append(_node(ctx, "Gather", [cur], {"axis": a, "indices": np.tile(np.arange(xs[a]), reps[a])}, [out]))
+        cur, xs = out, shape
+    return nodes
+
+
+def _log_softmax(ctx: Any) -> list[Node]:
+    rank = len(ctx.shape(ctx.input(0)))
+    if ctx.opset < 13:  # before opset 13 the input is coerced to 2-D at `axis` (default 1)
+        axes = tuple(range(ctx.axis(int(ctx.attrs.get("axis", 1)), rank), rank))
+    else:
+        axes = (ctx.axis(int(ctx.attrs.get("axis", -1)), rank),)
+    return [_node(ctx, "LogSoftmax", ctx.inputs[:1], {"axes": axes})]
 
 
 def _split(ctx: Any) -> list[Node]:
@@ -594,7 +633,7 @@ IMPORTERS = {
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
     **{op: _reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Resize": _resize, "Upsample": _resize,
-    "ConvTranspose": lift_1d(_conv_transpose),
+    "ConvTranspose": lift_1d(_conv_transpose), "Tile": _tile, "LogSoftmax": _log_softmax,
     **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
-                                 "NonZero", "Tile")},
+                                 "NonZero")},
 }

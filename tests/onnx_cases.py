@@ -46,7 +46,7 @@ PARAMETER_SLOTS = {("Reshape", 1), ("Pad", 1), ("Pad", 3), ("ReduceMean", 1), ("
                    ("Dropout", 2), ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4), ("Gather", 1),
                    ("Expand", 1), ("Split", 1), ("Squeeze", 1), ("Unsqueeze", 1), ("ReduceSum", 1),
                    ("ReduceMax", 1), ("ReduceMin", 1), ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1),
-                   ("Where", 0)}
+                   ("Where", 0), ("Tile", 1)}
 SPATIAL_OPS = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ConvTranspose", "GlobalMaxPool")
 
 

@@ -42,6 +42,16 @@ UNARY: dict[str, Callable[[dict], str]] = {
     "LeakyRelu": lambda a: f"({{0}} < 0.0f ? {{0}} * (float){_flt(a['alpha'])} : {{0}})",
     "Elu": lambda a: f"({{0}} < 0.0f ? (float){_flt(a['alpha'])} * expm1f({{0}}) : {{0}})",
     "Gelu": lambda a: "fj_gelu_tanh({0})" if a.get("approximate", "none") == "tanh" else "fj_gelu({0})",
+    "Sin": lambda a: "sinf({0})", "Cos": lambda a: "cosf({0})", "Tan": lambda a: "tanf({0})",
+    "Atan": lambda a: "atanf({0})", "Sinh": lambda a: "sinhf({0})", "Cosh": lambda a: "coshf({0})",
+    "Sign": lambda a: "(float)(({0} > 0.0f) - ({0} < 0.0f))", "Round": lambda a: "nearbyintf({0})",
+    "Softsign": lambda a: "{0} / (1.0f + fabsf({0}))",
+    "Mish": lambda a: "(float)((double){0} * tanh((double)fj_softplus({0})))",
+    "Selu": lambda a: f"(float)({_flt(a['gamma'])} * ({{0}} > 0.0f ? (double){{0}} : {_flt(a['alpha'])} * "
+                      f"expm1((double){{0}})))",
+    "Celu": lambda a: f"(float)(fmax(0.0, (double){{0}}) + fmin(0.0, {_flt(a['alpha'])} * "
+                      f"expm1((double){{0}} / {_flt(a['alpha'])})))",
+    "ThresholdedRelu": lambda a: f"({{0}} > (float){_flt(a['alpha'])} ? {{0}} : 0.0f)",
 }
 BINARY = {"Max": "fj_max({0}, {1})", "Min": "fj_min({0}, {1})", "PRelu": "({0} < 0.0f ? {0} * {1} : {0})"}
 
@@ -258,9 +268,33 @@ def _r_resize(c: _Ctx, w: Any) -> None:
         w.close()
 
 
+def _r_log_softmax(c: _Ctx, w: Any) -> None:
+    shape = c.need(0)
+    axes = sorted(int(a) for a in c.step.attrs["axes"])
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)) or axes[-1] >= len(shape):
+        c.fail(f"log-softmax axes {axes} must be a contiguous range of the {len(shape)} axes")
+    outer = math.prod(shape[: axes[0]])
+    cnt = math.prod(shape[axes[0]: axes[-1] + 1])
+    inner = math.prod(shape[axes[-1] + 1:])
+    if outer * inner >= 2 and outer * cnt * inner >= PARALLEL_MIN // 4:
+        w("#pragma omp parallel for schedule(static) collapse(2)")
+    w.open(f"for (long o = 0; o < {outer}; ++o)")
+    w.open(f"for (long i = 0; i < {inner}; ++i)")
+    w(f"const float* xp = {c.x[0]} + o*{cnt * inner} + i;")
+    w(f"float* yp = {c.y[0]} + o*{cnt * inner} + i;")
+    w("double m = -INFINITY;")
+    w(f"for (long j = 0; j < {cnt}; ++j) {{ const double v = (double)xp[j*{inner}]; m = (v > m || v != v) ? v : m; }}")
+    w("double s = 0.0;")
+    w(f"for (long j = 0; j < {cnt}; ++j) s += exp((double)xp[j*{inner}] - m);")
+    w("const double lse = m + log(s);")
+    w(f"for (long j = 0; j < {cnt}; ++j) yp[j*{inner}] = (float)((double)xp[j*{inner}] - lse);")
+    w.close()
+    w.close()
+
+
 MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
     **{op: _r_unary for op in UNARY}, **{op: _r_binary for op in BINARY},
     "Where": _r_where, "Expand": _r_expand, "Slice": _r_slice, "Gather": _r_gather,
     **{op: _r_reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "LRN": _r_lrn, "Pad": _r_pad,
-    "Resize": _r_resize,
+    "Resize": _r_resize, "LogSoftmax": _r_log_softmax,
 }
