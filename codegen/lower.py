@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .ir import DTypes
 from .ops import Access, Contraction
 from .space import Config, Space
 
@@ -40,15 +41,27 @@ ALIGN_FLOATS = 16  # 64-byte alignment of workspace sub-buffers
 
 @dataclass(frozen=True)
 class Loop:
-    """One loop of the nest: tile ``level`` of ``axis``; ``var`` is its C variable name."""
+    """One loop of the nest: tile ``level`` of ``axis``; ``var`` is its C variable name.
+
+    ``reduce``: a reduction axis's loop (its :attr:`kind` is ``"reduce"``, else ``"spatial"``);
+    ``mapping``: how it runs (:data:`codegen.ir.LOOP_MAPPINGS`): ``parallel`` (the fused S0 loops),
+    ``vectorized`` (the vector axis's S3 tile, ``vec`` lanes at a time), ``unrolled`` (the other S3
+    loops of the register block, and the innermost R1 loop when ``unroll > 1``), else ``serial``;
+    ``gpu_block`` / ``gpu_thread`` are reserved for the CUDA sketches."""
 
     axis: str
     level: int
     extent: int
+    reduce: bool = False
+    mapping: str = "serial"
 
     @property
     def var(self) -> str:
         return f"{self.axis}{self.level}"
+
+    @property
+    def kind(self) -> str:
+        return "reduce" if self.reduce else "spatial"
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,8 @@ class Buffer:
     storage: str  # "arg" (a kernel argument) or "workspace"
     ws_offset: int = 0  # in floats, for workspace buffers
     strides: tuple[tuple[str, int], ...] = ()  # loop var -> stride
+    scope: str = "global"  # codegen.ir.SCOPES: arguments and the workspace are global memory
+    dtype: str = "float32"  # element type (the task's dtype of the buffer's role, codegen.ir.DTypes)
 
     @property
     def size(self) -> int:
@@ -154,6 +169,8 @@ class Plan:
     vector_axis: str
     vec: int
     unroll: int
+    #: lines declared knobs emit at renderer sites (:class:`codegen.knobs.Hook`; see ``Knob.lower``)
+    hooks: tuple = ()
 
     @property
     def con(self) -> Contraction:
@@ -165,13 +182,29 @@ class Plan:
         return np.dtype(self.space.task.dtype)
 
     @property
+    def dtypes(self) -> DTypes:
+        """Element types per role (inputs, weights, accumulator, output) of the task."""
+        return self.space.task.buffer_dtypes
+
+    @property
+    def scopes(self) -> dict[str, str]:
+        """Where every buffer lives (:data:`codegen.ir.SCOPES`), plus the register block's
+        ``accumulators`` (thread-local registers)."""
+        return {**{name: b.scope for name, b in self.buffers.items()}, "accumulators": "local"}
+
+    @property
+    def layouts(self) -> dict[str, Layout]:
+        """The physical layout of every buffer."""
+        return {name: b.layout for name, b in self.buffers.items()}
+
+    @property
     def workspace_bytes(self) -> int:
         """Size of the workspace the kernel ABI passes last (a byte buffer, 64-byte aligned)."""
         return self.workspace * self.dtype.itemsize
 
     def arg_dtypes(self) -> tuple[np.dtype, ...]:
         """Element type of every kernel argument buffer, in ABI order (``args``: inputs, then out)."""
-        return tuple(self.dtype for _ in self.args)
+        return tuple(np.dtype(self.buffers[a].dtype) for a in self.args)
 
     def loops(self) -> tuple[Loop, ...]:
         """All loops in nest order ``S0 S1 R0 S2 R1 S3`` (extent-1 loops included)."""
@@ -238,11 +271,20 @@ def lower(space: Space, config: Config) -> Plan:
     wa = space.sketch.weight_axis
 
     levels: dict[str, tuple[Loop, ...]] = {}
+    inner_r1 = [a.name for a in space.axes if a.reduce][-1:]
+    fused = set([a.name for a in space.axes if not a.reduce][: config.parallel])  # the parallel S0 loops
     for kind, lvl in LEVEL_ORDER:
         loops = []
         for a in space.axes:
             if (kind == "R") == a.reduce:
-                loops.append(Loop(a.name, lvl, tiles[a.name][lvl]))
+                mapping = "serial"
+                if kind == "S" and lvl == 0 and a.name in fused:
+                    mapping = "parallel"
+                elif kind == "S" and lvl == 3:
+                    mapping = "vectorized" if a.name == v and config.vec > 1 else "unrolled"
+                elif kind == "R" and lvl == 1 and [a.name] == inner_r1 and config.unroll > 1:
+                    mapping = "unrolled"
+                loops.append(Loop(a.name, lvl, tiles[a.name][lvl], a.reduce, mapping))
         levels[f"{kind}{lvl}"] = tuple(loops)
     parallel = levels["S0"][: config.parallel]
 
@@ -255,9 +297,12 @@ def lower(space: Space, config: Config) -> Plan:
         ws += -(-n // ALIGN_FLOATS) * ALIGN_FLOATS
         return off
 
+    dts = space.task.buffer_dtypes
+
     def make(name: str, access: Access, layout: Layout, storage: str, off: int = 0) -> Buffer:
         return Buffer(name, access, layout, storage, off, tuple(sorted(_var_strides(access, layout, space,
-                                                                                      tiles).items())))
+                                                                                      tiles).items())),
+                      dtype=dts.for_buffer(name))
 
     # weights: packed panels blocked by the weight axis's S3 tile (untimed)
     wdim = _blockable(con.weight, wa, tiles[wa][-1], ext)
@@ -279,7 +324,7 @@ def lower(space: Space, config: Config) -> Plan:
                        else probe)
     if data_copy:
         buffers["data_in"] = Buffer("data_in", Access("data_in", con.data_api_shape, ()),
-                                    plain_layout(con.data_api_shape), "arg")
+                                    plain_layout(con.data_api_shape), "arg", dtype=dts.for_buffer("data_in"))
 
     # output: accumulate in place when the vector axis is unit-stride, else in a blocked scratch
     out = make("out", con.out, plain_layout(con.out.shape), "arg")
@@ -301,5 +346,9 @@ def lower(space: Space, config: Config) -> Plan:
     args = ("data_in" if data_copy else "data", "weight") + (("bias",) if con.bias is not None else ()) + (
         ("residual",) if space.task.residual else ()) + ("out",)
     epilogue = acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
-    return Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
+    plan = Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
                 config.unroll)
+    for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
+        if knob.lower is not None:
+            plan = knob.lower(plan, space.knob_value(config, knob))
+    return plan

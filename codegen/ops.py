@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import limits as _limits
+from .ir import DTypes
 
 ACTIVATIONS = (None, "relu", "relu6")
 OPS = ("matmul", "dense", "conv2d")
@@ -128,6 +129,10 @@ class Task:
     act: str | None = None
     residual: bool = False
     dtype: str = "float32"
+    #: element types per role (inputs, weights, accumulator, output; :class:`codegen.ir.DTypes`);
+    #: ``None`` means those of ``dtype`` (:meth:`DTypes.of`), and is what equal roles normalize to, so
+    #: the field stays out of the JSON (and the key) unless it says something ``dtype`` does not
+    dtypes: DTypes | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -135,7 +140,16 @@ class Task:
         if self.act not in ACTIVATIONS:
             raise ValueError(f"act must be one of None, 'relu', 'relu6'; got {self.act!r}")
         if self.dtype != "float32":
-            raise ValueError(f"dtype {self.dtype!r} is not supported yet; supported: float32")
+            raise ValueError(f"dtype {self.dtype!r} is not supported yet; supported: float32 (float16 and int8 "
+                             f"with int32 accumulation come with low-precision kernels)")
+        if self.dtypes is not None:
+            dts = DTypes(**self.dtypes) if isinstance(self.dtypes, dict) else self.dtypes
+            if not isinstance(dts, DTypes):
+                raise ValueError(f"dtypes must be a codegen.ir.DTypes, got {type(self.dtypes).__name__}")
+            if dts != DTypes.of(self.dtype):
+                raise ValueError(f"dtypes {dts} are not supported yet; supported: float32 for every role "
+                                 f"(low-precision kernels come later)")
+            object.__setattr__(self, "dtypes", None)
         for k, v in self.params:
             vals = v if isinstance(v, tuple) else (v,)
             if any((not isinstance(x, int)) or isinstance(x, bool) for x in vals):
@@ -150,8 +164,11 @@ class Task:
     # ---- identity -----------------------------------------------------------------------------
     def to_json(self) -> dict:
         """A JSON-safe dict; ``Task.from_json(t.to_json()) == t``."""
-        return {"op": self.op, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.params},
-                "bias": self.bias, "act": self.act, "residual": self.residual, "dtype": self.dtype}
+        d = {"op": self.op, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.params},
+             "bias": self.bias, "act": self.act, "residual": self.residual, "dtype": self.dtype}
+        if self.dtypes is not None:  # never at its default: existing keys stay byte-identical
+            d["dtypes"] = self.dtypes.to_json()
+        return d
 
     @staticmethod
     def from_json(d: dict) -> "Task":
@@ -160,8 +177,9 @@ class Task:
         params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d["params"].items()))
         lenient = {"max_buffer_bytes": None, "max_total_bytes": None, "max_flops": None}
         with _limits.override(**lenient):
+            dts = DTypes.from_json(d["dtypes"]) if d.get("dtypes") else None
             return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
-                        d.get("dtype", "float32"))
+                        d.get("dtype", "float32"), dts)
 
     def check_size(self, limits: "_limits.Limits | dict | None" = None, *, itemsize: int = 4) -> None:
         """Validate the shapes, then raise :class:`codegen.limits.SizeLimitError` if an extent, a buffer
@@ -177,6 +195,11 @@ class Task:
             buffers.append(("padded data", con.data.shape))
         _limits.check_buffers(buffers, lim, itemsize=itemsize, what=self.name)
         _limits.check_flops(self.flops, lim, what=self.name)
+
+    @property
+    def buffer_dtypes(self) -> DTypes:
+        """Element types per role: ``dtypes``, else those of ``dtype``."""
+        return self.dtypes if self.dtypes is not None else DTypes.of(self.dtype)
 
     @property
     def key(self) -> str:

@@ -9,6 +9,8 @@ A :class:`Sketch` fixes the loop structure and data layouts; a :class:`Config` h
 * ``vec``: SIMD width in {1, 4, 8, 16} (fp32 lanes, at most the target's); divides the ``S3`` tile of
   the sketch's vector axis.
 * ``unroll``: max unroll step of the innermost reduction loop, in {1, 2, 4, ..., 512}.
+* ``extra``: the declared knobs of :mod:`codegen.knobs` that apply to the sketch, those at a value
+  other than their default (validation, sampling and enumeration iterate over them generically).
 
 The ``S3`` tiles form a register block: ``prod(S3) / vec`` vector accumulators that stay in registers
 across the ``R1`` loop; their count is bounded by the target's register file.
@@ -31,6 +33,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
 from .target import Target
 
@@ -94,17 +97,38 @@ class Config:
     parallel: int
     vec: int
     unroll: int
+    #: declared knobs (:mod:`codegen.knobs`) at a value other than their default, ``(name, value)``
+    #: sorted by name; written to JSON only when non-empty, so configs without them keep their keys
+    extra: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.extra:
+            items = self.extra.items() if isinstance(self.extra, dict) else self.extra
+            extra = tuple(sorted((str(k), int(v)) for k, v in items))
+            if len({k for k, _ in extra}) != len(extra):
+                raise ValueError(f"extra: a knob is given twice in {extra}")
+            object.__setattr__(self, "extra", extra)
+
+    def knob(self, name: str, default: int | None = None) -> int | None:
+        """The value of declared knob ``name`` (``default`` when it is not in ``extra``)."""
+        for k, v in self.extra:
+            if k == name:
+                return v
+        return default
 
     def to_json(self) -> dict:
-        return {"sketch": self.sketch, "tiles": [list(t) for t in self.tiles], "parallel": self.parallel,
-                "vec": self.vec, "unroll": self.unroll}
+        d = {"sketch": self.sketch, "tiles": [list(t) for t in self.tiles], "parallel": self.parallel,
+             "vec": self.vec, "unroll": self.unroll}
+        if self.extra:
+            d["extra"] = dict(self.extra)
+        return d
 
     @staticmethod
     def from_json(d: dict | str) -> "Config":
         if isinstance(d, str):
             d = json.loads(d)
         return Config(str(d["sketch"]), tuple(tuple(int(x) for x in t) for t in d["tiles"]), int(d["parallel"]),
-                      int(d["vec"]), int(d["unroll"]))
+                      int(d["vec"]), int(d["unroll"]), tuple((d.get("extra") or {}).items()))
 
     def dumps(self) -> str:
         """Canonical JSON string (a database key)."""
@@ -226,6 +250,32 @@ class Space:
     def __repr__(self) -> str:
         return f"Space({self.task.name}, {self.sketch.name})"
 
+    # ---- declared knobs (codegen.knobs) ----------------------------------------------------------
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        """The registered knobs that apply to this sketch, sorted by name."""
+        return knobs_for(self.sketch.name)
+
+    def knob_value(self, cfg: Config, knob: Knob) -> int:
+        """The value of a declared knob in ``cfg`` (its default when ``cfg.extra`` leaves it out)."""
+        v = cfg.knob(knob.name)
+        return knob.default_value(self) if v is None else v
+
+    def with_knobs(self, cfg: Config, values: dict[str, int]) -> Config:
+        """``cfg`` with declared knobs set; values equal to a knob's default are left out of ``extra``."""
+        extra = dict(cfg.extra)
+        for k in self.knobs:
+            if k.name in values:
+                v = int(values[k.name])
+                if v == k.default_value(self):
+                    extra.pop(k.name, None)
+                else:
+                    extra[k.name] = v
+        unknown = set(values) - {k.name for k in self.knobs}
+        if unknown:
+            raise ValueError(f"knobs {sorted(unknown)} do not apply to sketch {self.sketch.name!r}")
+        return Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, cfg.unroll, tuple(extra.items()))
+
     # ---- constraints ---------------------------------------------------------------------------
     def accumulators(self, cfg: Config) -> int:
         """Register-block size in vector registers: ``prod(S3 tiles) / vec``."""
@@ -259,6 +309,15 @@ class Space:
         if acc > self.max_accumulators:
             raise ValueError(f"register block: {acc} accumulators (prod of S3 tiles / vec) exceed the "
                              f"register file budget {self.max_accumulators}")
+        if cfg.extra:
+            known = {k.name: k for k in self.knobs}
+            for name, value in cfg.extra:
+                if name not in known:
+                    raise ValueError(f"knob {name!r} does not apply to sketch {self.sketch.name!r} (declared knobs "
+                                     f"here: {', '.join(known) or 'none'})")
+                dom = known[name].values(self)
+                if value not in dom:
+                    raise ValueError(f"{name}={value}: valid values are {dom}")
 
     def is_valid(self, cfg: Config) -> bool:
         try:
@@ -270,8 +329,15 @@ class Space:
     # ---- sampling ------------------------------------------------------------------------------
     def _draw(self, rng: np.random.Generator) -> Config:
         tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(self.axes, self.levels))
-        return Config(self.sketch.name, tiles, int(rng.integers(0, self.n_spatial + 1)),
-                      int(rng.choice(self.vec_choices)), int(rng.choice(UNROLL_CHOICES)))
+        par, vec, unroll = (int(rng.integers(0, self.n_spatial + 1)), int(rng.choice(self.vec_choices)),
+                            int(rng.choice(UNROLL_CHOICES)))
+        extra = []  # declared knobs are drawn after the core ones (no draw at all when there are none)
+        for k in self.knobs:
+            dom = k.values(self)
+            v = dom[int(rng.integers(len(dom)))]
+            if v != k.default_value(self):
+                extra.append((k.name, v))
+        return Config(self.sketch.name, tiles, par, vec, unroll, tuple(extra))
 
     def sample(self, rng: np.random.Generator, *, max_tries: int = 100_000) -> Config:
         """A uniformly random valid config (rejection sampling over the product of knob domains)."""
@@ -287,20 +353,25 @@ class Space:
     def size(self) -> int:
         """Number of configs in the unconstrained product of knob domains (an upper bound)."""
         tiles = math.prod(count_factorizations(a.extent, lv) for a, lv in zip(self.axes, self.levels))
-        return tiles * (self.n_spatial + 1) * len(self.vec_choices) * len(UNROLL_CHOICES)
+        extra = math.prod(len(k.values(self)) for k in self.knobs)
+        return tiles * (self.n_spatial + 1) * len(self.vec_choices) * len(UNROLL_CHOICES) * extra
 
     def enumerate(self) -> Iterator[Config]:
         """Every valid config (only sensible for small tasks)."""
         import itertools
 
         per_axis = [list(factorizations(a.extent, lv)) for a, lv in zip(self.axes, self.levels)]
+        knobs = self.knobs
+        extras = [tuple((k.name, v) for k, v in zip(knobs, vals) if v != k.default_value(self))
+                  for vals in itertools.product(*[k.values(self) for k in knobs])]
         for tiles in itertools.product(*per_axis):
             for par in range(self.n_spatial + 1):
                 for vec in self.vec_choices:
                     for unroll in UNROLL_CHOICES:
-                        cfg = Config(self.sketch.name, tuple(tiles), par, vec, unroll)
-                        if self.is_valid(cfg):
-                            yield cfg
+                        for extra in extras:
+                            cfg = Config(self.sketch.name, tuple(tiles), par, vec, unroll, extra)
+                            if self.is_valid(cfg):
+                                yield cfg
 
     # ---- a sensible hand-written default ----------------------------------------------------------
     def default(self) -> Config:

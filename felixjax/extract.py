@@ -27,10 +27,11 @@ import math
 
 import numpy as np
 
+from codegen.knobs import INFO_KEYS, MAX_EXTRA_KNOBS, knob_slot
 from codegen.lower import Buffer, Loop, Plan, lower
 from codegen.space import Config, Space
 from costmodels.base import Features
-from felixjax.features import LINE_BYTES, N_ACCESS_FEATURES, SLOTS
+from felixjax.features import LINE_BYTES, N_ACCESS_FEATURES, SLOTS, knob_features
 from felixjax.relax import POSITIONS
 
 # The loops around each statement of the emitted C (codegen.render_c), by level name.
@@ -221,6 +222,12 @@ def _global_row(space: Space, config: Config, plan: Plan, slots: dict, elem: int
     trips = [math.prod(lp.extent for lp in plan.levels[p]) for p in POSITIONS]
     outputs = math.prod(a.extent for a in space.con.spatial)
     flops = task.flops
+    # declared knobs: their own feature hooks, on the config's values and the counted loop nest
+    values, applies = np.zeros(MAX_EXTRA_KNOBS), np.zeros(MAX_EXTRA_KNOBS)
+    for k in space.knobs:
+        values[knob_slot(k.name)], applies[knob_slot(k.name)] = space.knob_value(config, k), 1.0
+    info = dict(zip(INFO_KEYS, [float(t) for t in trips] + [config.vec, config.unroll, elem, flops]))
+    knob_row = np.asarray(knob_features(np, values, applies, info), np.float64)
     return np.array(
         [flops, elem, sum(elem * s["accesses"] for s in slots.values()),
          sum(elem * s["rows"][0][1] for s in slots.values()), *traffic,
@@ -230,4 +237,4 @@ def _global_row(space: Space, config: Config, plan: Plan, slots: dict, elem: int
          float(chunks >= cores), *trips, config.unroll, min(config.unroll, trips[POSITIONS.index("R1")]),
          *footprint, *[float(fp <= c) for fp in footprint for c in caches],
          float(plan.data_copy), float(plan.acc == "scratch"), float(plan.epilogue), outputs,
-         space.con.reduction_size], np.float64)
+         space.con.reduction_size, *knob_row], np.float64)

@@ -31,7 +31,9 @@ distinct element), and whether the footprint fits L1 / L2 / the L3 share. Per sl
 from each cache level (footprint × number of tiles at the outermost level whose total compute
 footprint fits that cache), the stride of the vector loop (``S3`` of the vector axis) and of the
 last reduction axis's ``R1`` loop. Global: FLOPs, totals, arithmetic intensity, vector and
-register use, parallel chunks and balance, trip counts, unroll, total footprint per level.
+register use, parallel chunks and balance, trip counts, unroll, total footprint per level, and
+:data:`~codegen.knobs.MAX_KNOB_FEATURES` slots ``knob_0 ...`` filled by the declared knobs' feature
+hooks (:mod:`codegen.knobs`; zero when no knob uses them).
 
 Example:
     >>> from codegen.ops import matmul
@@ -43,7 +45,7 @@ Example:
     >>> inp = feature_inputs(rel)
     >>> f = batch_features(inp, rel.sample_x(jax.random.PRNGKey(0), 4), Smooth.soft(1.0))
     >>> f.access.shape, f.mask.shape, f.glob.shape
-    ((4, 9, 56), (4, 9), (4, 57))
+    ((4, 9, 56), (4, 9), (4, 61))
 """
 from __future__ import annotations
 
@@ -55,11 +57,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from codegen.knobs import INFO_KEYS, MAX_KNOB_FEATURES, feature_slots, knob_slot, registered, registry_key
 from codegen.lower import lower
 from codegen.ops import Access
 from codegen.space import Config, Space
 from costmodels.base import Features
 from felixjax.relax import (
+    I_EXTRA,
     I_PAR,
     I_UNROLL,
     I_VEC,
@@ -71,6 +75,7 @@ from felixjax.relax import (
     RelaxedSpace,
     log_tiles,
 )
+from felixjax.relax_knobs import knob_values
 from felixjax.smooth import Smooth
 
 MAX_DIMS = 4  # logical dimensions of a buffer (front-padded with size-1 dims)
@@ -106,7 +111,8 @@ GLOBAL_FEATURES = (
     + tuple(f"trips_{lvl}" for lvl in POSITIONS) + ("unroll", "unroll_effective")
     + tuple(f"footprint_{lvl}" for lvl in POSITIONS)
     + tuple(f"footprint_{lvl}_fits_{c}" for lvl in POSITIONS for c in CACHES)
-    + ("data_copy", "scratch", "epilogue", "outputs", "reduction"))
+    + ("data_copy", "scratch", "epilogue", "outputs", "reduction")
+    + tuple(f"knob_{i}" for i in range(MAX_KNOB_FEATURES)))
 N_ACCESS_FEATURES = len(ACCESS_FEATURES)
 N_GLOBAL_FEATURES = len(GLOBAL_FEATURES)
 
@@ -476,7 +482,7 @@ def trace_count() -> int:
 
 
 def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
-    """Features of one point ``x [N_X]``: ``Features(access [9, 56], mask [9], glob [57])``.
+    """Features of one point ``x [N_X]``: ``Features(access [9, 56], mask [9], glob [61])``.
 
     Hard mode (``Smooth.hard_mode()``) at an integer point equals :func:`felixjax.extract.extract`
     of the config; soft mode is differentiable in ``x`` (and in the float inputs: extents, shapes,
@@ -506,7 +512,31 @@ def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
     access, traffic, footprint, footprint_fits = _access_features(rs, s, sm)
     glob = _global_features(rs, at, lp, knobs, s, mask, traffic, footprint, footprint_fits, is_scratch,
                             epilogue, sm)
+    values = knob_values(rs, x[I_EXTRA:], jnp)
+    if sm.hard:
+        values = jnp.round(values)
+    loops = sm.integer(jnp.exp(lp))
+    info = dict(zip(INFO_KEYS, [loops[i] for i in range(N_POS)] + [
+        knobs["vec"], knobs["unroll"], rs.elem_bytes, glob[GLOBAL_FEATURES.index("flops")]]))
+    glob = _concat([glob, knob_features(jnp, values, rs.extra_mask, info)])
     return Features(_log1p(access), mask, _log1p(glob))
+
+
+def knob_features(xp, values, applies, info: dict):
+    """The declared knobs' global features ``[MAX_KNOB_FEATURES]`` (raw, before ``log(1 + v)``): each
+    registered knob's ``features(xp, value, info)`` in its feature slots where the knob applies
+    (``applies [E]``, per relaxation slot), zero elsewhere. ``values [E]``: the knobs' values by slot;
+    ``info``: the loop-nest quantities of :data:`codegen.knobs.INFO_KEYS`. Shared by the closed-form
+    features (``xp = jax.numpy``) and the extractor (``xp = numpy``, counted inputs)."""
+    out = [xp.zeros((), xp.float32)] * MAX_KNOB_FEATURES
+    for k in registered():
+        if k.features is None:
+            continue
+        s = knob_slot(k.name)
+        got = k.features(xp, values[s], info)
+        for name, f in zip(k.feature_names, feature_slots(k.name)):
+            out[f] = xp.where(applies[s] > 0, xp.asarray(got[name], xp.float32), 0.0).astype(xp.float32)
+    return xp.stack(out)
 
 
 def _knob_values(rs: RelaxedSpace, x: jax.Array, lt: jax.Array, sm: Smooth) -> dict[str, jax.Array]:
@@ -575,8 +605,17 @@ def _log1p(v: jax.Array) -> jax.Array:
     return jnp.log(1.0 + jnp.maximum(v, 0.0))
 
 
-batch_features = jax.jit(jax.vmap(features, in_axes=(None, 0, None)))
-"""``batch_features(inputs, x [B, N_X], smooth) -> Features([B, 9, 56], [B, 9], [B, 57])``, jitted."""
+_BATCH: dict = {}
+
+
+def batch_features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
+    """``batch_features(inputs, x [B, N_X], smooth) -> Features([B, 9, 56], [B, 9], [B, 61])``, jitted:
+    one compilation per registry of declared knobs (:func:`codegen.knobs.registry_key`), whose feature
+    hooks it calls."""
+    key = registry_key()
+    if key not in _BATCH:
+        _BATCH[key] = jax.jit(jax.vmap(features, in_axes=(None, 0, None)))
+    return _BATCH[key](inputs, x, smooth)
 
 
 def config_features(relaxation: Relaxation, configs: Sequence[Config],

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from codegen.knobs import registry_key
 from codegen.space import Config
 from costmodels import Features, MLPCostModel
 
@@ -301,7 +302,7 @@ _HARD_SCORE: dict = {}
 
 def _hard_score_for(model):
     """``jit(params, inputs, x [B, N_X]) -> scores [B]`` on exact (hard-mode) features."""
-    key = model_key(model)
+    key = (model_key(model), registry_key())  # the features call the declared knobs' hooks
     if key not in _HARD_SCORE:
         hard = Smooth.hard_mode()
 
@@ -318,7 +319,7 @@ _SOFT_SCORE: dict = {}
 
 def _soft_score_for(model, temperature: float):
     """``fn(params, inputs, x [N_X]) -> score`` on soft features (not jitted: the caller composes it)."""
-    key = (model_key(model), temperature)
+    key = (model_key(model), temperature, registry_key())
     if key not in _SOFT_SCORE:
         soft = Smooth.soft(temperature)
 

@@ -12,6 +12,8 @@ A :class:`~codegen.space.Config` of the CPU sketch becomes a vector ``x`` of fix
 * ``x[I_UNROLL]``: log2(unroll) in [0, 9].
 * ``x[I_VEC]``: log2(vec) in [0, log2 simd_lanes]; rounded to the allowed widths {1, 4, 8, 16}.
 * ``x[I_PAR]``: parallel fuse depth in [0, n_spatial].
+* ``x[I_EXTRA:]``: one coordinate per declared knob (:mod:`codegen.knobs`), in the knob's fixed slot,
+  masked where it does not apply (:mod:`felixjax.relax_knobs`).
 
 Padding: every space uses the same sizes (``MAX_AXES = 8`` axes, the most any op has (conv2d);
 ``MAX_PRIMES = 4`` distinct primes per extent (2·3·5·7 = 210 is the smallest extent with four; an
@@ -45,7 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from codegen.knobs import MAX_EXTRA_KNOBS
 from codegen.space import UNROLL_CHOICES, Config, Space, factorize
+from felixjax.relax_knobs import KnobCoder, from_uniform, knob_arrays, project_extra
 
 MAX_AXES = 8
 MAX_PRIMES = 4
@@ -53,7 +57,8 @@ FREE_LEVELS = 3
 TILE_LEVELS = 4  # S0..S3 (reduction axes use R0, R1 and leave 2, 3 empty)
 N_TILE = MAX_AXES * FREE_LEVELS * MAX_PRIMES
 I_UNROLL, I_VEC, I_PAR = N_TILE, N_TILE + 1, N_TILE + 2
-N_X = N_TILE + 3
+I_EXTRA = N_TILE + 3  # the declared knobs' slots (codegen.knobs), MAX_EXTRA_KNOBS of them
+N_X = N_TILE + 3 + MAX_EXTRA_KNOBS
 UNROLL_LOG2_MAX = int(math.log2(UNROLL_CHOICES[-1]))  # 9
 
 # Nest positions of the loop levels, outermost first: S0 S1 R0 S2 R1 S3.
@@ -86,6 +91,10 @@ class RelaxedSpace(NamedTuple):
         max_acc: register budget in vector accumulators (``Space.max_accumulators``).
         simd_lanes: fp32 lanes of one vector register.
         elem_bytes: bytes per element (4 for fp32; an input for precision knobs).
+        extra_mask, extra_lo, extra_hi, extra_log2: ``[E]`` per declared-knob slot: whether a knob
+            applies, the bounds of its coordinate, whether it is a log2 knob.
+        extra_points, extra_values: ``[E, V]`` the coordinates and values of each knob's domain
+            (see :mod:`felixjax.relax_knobs`).
     """
 
     log_p: jax.Array
@@ -107,6 +116,12 @@ class RelaxedSpace(NamedTuple):
     max_acc: jax.Array
     simd_lanes: jax.Array
     elem_bytes: jax.Array
+    extra_mask: jax.Array
+    extra_lo: jax.Array
+    extra_hi: jax.Array
+    extra_log2: jax.Array
+    extra_points: jax.Array
+    extra_values: jax.Array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,12 +184,15 @@ def relaxed_space(space: Space, *, elem_bytes: int = 4) -> RelaxedSpace:
             for j, (p, _) in enumerate(primes):
                 vec_two[i, j] = float(p == 2)
     t = space.target
+    kn = knob_arrays(space)
     return RelaxedSpace(
         jnp.asarray(log_p), jnp.asarray(cap), jnp.asarray(mask), jnp.asarray(log_extent), jnp.asarray(pos),
         jnp.asarray(spatial), jnp.asarray(reduce), jnp.asarray(rank), jnp.asarray(vec_axis),
         jnp.asarray(vec_two), jnp.float32(n_sp), jnp.float32(math.log2(max(space.vec_choices))),
         jnp.float32(t.cores), jnp.float32(t.l1d_bytes), jnp.float32(t.l2_bytes), jnp.float32(t.l3_bytes),
-        jnp.float32(space.max_accumulators), jnp.float32(t.simd_lanes), jnp.float32(elem_bytes))
+        jnp.float32(space.max_accumulators), jnp.float32(t.simd_lanes), jnp.float32(elem_bytes),
+        *(jnp.asarray(kn[f]) for f in ("extra_mask", "extra_lo", "extra_hi", "extra_log2", "extra_points",
+                                       "extra_values")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,11 +268,13 @@ def project(rs: RelaxedSpace, x: jax.Array, *, xp=jnp) -> jax.Array:
     unroll = xp.clip(x[..., I_UNROLL], 0.0, UNROLL_LOG2_MAX)
     vec = xp.clip(x[..., I_VEC], 0.0, rs.log2_simd)
     par = xp.clip(x[..., I_PAR], 0.0, rs.n_spatial)
-    return xp.concatenate([tiles, unroll[..., None], vec[..., None], par[..., None]], axis=-1)
+    extra = project_extra(rs, x[..., I_EXTRA:], xp)
+    return xp.concatenate([tiles, unroll[..., None], vec[..., None], par[..., None], extra], axis=-1)
 
 
-def _from_draws(rs: RelaxedSpace, e, u, xp):
-    """Uniform points from i.i.d. draws: ``e`` Exp(1) ``[n, A, P, J + 1]``, ``u`` U(0, 1) ``[n, 3]``.
+def _from_draws(rs: RelaxedSpace, e, u, ue, xp):
+    """Uniform points from i.i.d. draws: ``e`` Exp(1) ``[n, A, P, J + 1]``, ``u`` U(0, 1) ``[n, 3]``,
+    ``ue`` U(0, 1) ``[n, E]`` (the declared knobs).
 
     Each (axis, prime) group is uniform on its capped simplex ``{y ≥ 0, Σ y ≤ e}``: a flat
     Dirichlet over the free levels plus the slack (normalized exponentials), scaled by ``e``.
@@ -264,7 +284,7 @@ def _from_draws(rs: RelaxedSpace, e, u, xp):
     y = (e / e.sum(-1, keepdims=True))[..., :FREE_LEVELS] * rs.cap[..., None]
     tiles = xp.swapaxes(y, -1, -2).reshape(len(u), N_TILE)
     hi = xp.stack([xp.asarray(float(UNROLL_LOG2_MAX)), rs.log2_simd, rs.n_spatial])
-    return xp.concatenate([tiles, u * hi], axis=-1)
+    return xp.concatenate([tiles, u * hi, from_uniform(rs, ue, xp)], axis=-1)
 
 
 @partial(jax.jit, static_argnames="n")
@@ -280,11 +300,12 @@ def sample(rs: RelaxedSpace, key: jax.Array, n: int) -> jax.Array:
         >>> from codegen.target import Target
         >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
         >>> sample(rel.arrays, jax.random.PRNGKey(0), 5).shape
-        (5, 99)
+        (5, 103)
     """
     k_tiles, k_scalars = jax.random.split(key)
     e = jax.random.exponential(k_tiles, (n, MAX_AXES, MAX_PRIMES, FREE_LEVELS + 1))
-    return _from_draws(rs, e, jax.random.uniform(k_scalars, (n, 3)), jnp)
+    ue = jax.random.uniform(jax.random.fold_in(k_scalars, 1), (n, MAX_EXTRA_KNOBS))
+    return _from_draws(rs, e, jax.random.uniform(k_scalars, (n, 3)), ue, jnp)
 
 
 def constraints(rs: RelaxedSpace, x: jax.Array) -> jax.Array:
@@ -388,6 +409,7 @@ class Relaxation:
         self._cap_i = np.rint(np.asarray(self.arrays.cap)).astype(np.int64)
         self._slot_mask_i = np.asarray(self.arrays.slot_mask).astype(np.int64)  # [A, J, P]
         self._spatial_axes = np.asarray(self.arrays.spatial) > 0
+        self._knobs = KnobCoder(space)  # the declared knobs' integer side
 
     def __repr__(self) -> str:
         return f"Relaxation({self.space!r})"
@@ -406,7 +428,7 @@ class Relaxation:
             >>> sp = Space(matmul(12, 16, 20), "gemm_packed", Target())
             >>> x = Relaxation(sp).to_x(sp.default())
             >>> x.shape
-            (99,)
+            (103,)
         """
         if len(config.tiles) != len(self.space.axes):
             raise ValueError(f"config has {len(config.tiles)} axes, space has {len(self.space.axes)}")
@@ -426,6 +448,7 @@ class Relaxation:
         x[I_UNROLL] = math.log2(config.unroll)
         x[I_VEC] = math.log2(config.vec)
         x[I_PAR] = config.parallel
+        x[I_EXTRA:] = self._knobs.encode(config)
         return x
 
     def from_x(self, x: np.ndarray) -> Config:
@@ -463,13 +486,14 @@ class Relaxation:
             >>> from codegen.target import Target
             >>> rel = Relaxation(Space(matmul(8, 8, 8), "gemm_packed", Target()))
             >>> rel.sample_x(jax.random.PRNGKey(1), 3).shape
-            (3, 99)
+            (3, 103)
         """
         typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
         seed = np.asarray(jax.random.key_data(key) if typed else key)
         rng = np.random.default_rng(seed.astype(np.uint64).ravel().tolist())
         e = rng.exponential(size=(n, MAX_AXES, MAX_PRIMES, FREE_LEVELS + 1))
-        x = _from_draws(self._np, e, rng.uniform(size=(n, 3)), np)
+        u = rng.uniform(size=(n, 3))
+        x = _from_draws(self._np, e, u, rng.uniform(size=(n, MAX_EXTRA_KNOBS)), np)  # knobs drawn last
         return jnp.asarray(x, jnp.float32)
 
     def project(self, x: np.ndarray) -> np.ndarray:
@@ -511,15 +535,16 @@ class Relaxation:
         dist = np.abs(xp[:, I_VEC, None] - self._vec_log2[None, :])
         vec = self._vec_log2[np.argmin(dist, axis=1)]
         par = np.clip(np.rint(xp[:, I_PAR]), 0, self.space.n_spatial)
-        return np.stack([unroll, vec, par], axis=1).astype(np.int64)
+        extra = self._knobs.round(xp[:, I_EXTRA:])
+        return np.concatenate([np.stack([unroll, vec, par], axis=1), extra], axis=1).astype(np.int64)
 
     def _tiles_array(self, ex: np.ndarray) -> np.ndarray:
         """Integer exponents ``[B, A, TILE_LEVELS, P]`` -> tile sizes ``[B, A, TILE_LEVELS]`` (int64)."""
         return np.prod(self._pvals[None, :, None, :] ** ex, axis=-1)
 
     def _repair_arrays(self, ex: np.ndarray, sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorized repair of integer exponents ``[B, A, L, P]`` + scalars ``[B, 3]`` (log2 unroll,
-        log2 vec, parallel): lower ``vec`` to the widest allowed width dividing the vector axis's S3
+        """Vectorized repair of integer exponents ``[B, A, L, P]`` + scalars ``[B, 3 + E]`` (log2 unroll,
+        log2 vec, parallel, declared knobs): lower ``vec`` to the widest allowed width dividing the vector axis's S3
         tile, then move prime factors S3 -> S2 until the register block fits. The move taken is the
         smallest ``(is vector axis, prime, -S3 tile, axis, slot)`` that keeps ``vec`` dividing the
         vector axis's S3 tile (non-vector axes first, small primes first, big tiles first)."""
@@ -553,7 +578,7 @@ class Relaxation:
         return ex, sc
 
     def _x_of(self, ex: np.ndarray, sc: np.ndarray) -> np.ndarray:
-        """Integer exponents ``[B, A, L, P]`` + scalars ``[B, 3]`` -> integer points ``[B, N_X]`` (float32)."""
+        """Integer exponents ``[B, A, L, P]`` + scalars ``[B, 3 + E]`` -> integer points ``[B, N_X]`` (float32)."""
         free = ex[:, :, 1:, :] * self._slot_mask_i[None]
         return np.concatenate([free.reshape(len(ex), N_TILE), sc], axis=1).astype(np.float32)
 
@@ -579,7 +604,7 @@ class Relaxation:
                 & np.isin(sc[:, 1], self._vec_log2)
                 & (sc[:, 2] >= 0) & (sc[:, 2] <= self.space.n_spatial)
                 & (tiles[:, self.space.vector_index, TILE_LEVELS - 1] % vec == 0)
-                & (acc <= self.space.max_accumulators))
+                & (acc <= self.space.max_accumulators) & self._knobs.valid(sc[:, 3:]))
 
     def configs_from_x(self, x: np.ndarray) -> list[Config]:
         """Configs of integer points ``[B, N_X]`` (rows assumed valid; see :meth:`valid_x`)."""
@@ -587,9 +612,10 @@ class Relaxation:
         tiles = self._tiles_array(ex).tolist()
         levels = [2 if a.reduce else TILE_LEVELS for a in self.space.axes]
         name = self.space.sketch.name
+        extra = self._knobs.extra(sc[:, 3:])
         return [Config(name, tuple(tuple(t[a][:lv]) for a, lv in enumerate(levels)), int(s[2]), 1 << int(s[1]),
-                       1 << int(s[0]))
-                for t, s in zip(tiles, sc.tolist())]
+                       1 << int(s[0]), e)
+                for t, s, e in zip(tiles, sc.tolist(), extra)]
 
     def round_points(self, x_batch: jax.Array | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Round continuous points to valid integer points, deduplicated, without building configs:
@@ -695,6 +721,7 @@ class Relaxation:
             y = x[ok].copy()
             y[:, I_VEC] = self._vec_log2[j[ok]]
             cands.append(y)
+        cands += self._knobs.steps(x, I_EXTRA)  # declared knobs: the next point down / up
         cands = np.concatenate(cands)
         cands = cands[self.valid_x(cands)]
         if not len(cands):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..knobs import Site
 from ..lower import Buffer, Loop, Plan
 
 MAX_UNROLLED_FMAS = 2048
@@ -248,12 +249,20 @@ class CStyleRenderer:
                 w(d.bind_ws_buffer.format(S=S, restrict=d.restrict, name=bname,
                                           offset=buf.ws_offset * plan.dtype.itemsize))
         w("(void)ws;")
+        self._hooks(plan, "kernel_begin", w, {}, ())
         if plan.data_copy:
             self._data_copy(plan, w)
         self._main(plan, w)
         w.close()
 
     # ---- pieces ---------------------------------------------------------------------------------
+
+    def _hooks(self, plan: Plan, site: str, w: Writer, pointers: dict, loops: tuple) -> None:
+        """The lines declared knobs' lowerings emit at ``site`` (:data:`codegen.knobs.SITES`)."""
+        for hook in plan.hooks:
+            if hook.site == site:
+                for line in hook.emit(Site(site, plan, self.d, dict(pointers), loops)):
+                    w(line)
 
     def _vector_typedefs(self, plan: Plan, w: Writer, lines: tuple[str, ...]) -> None:
         S = self.d.scalar(plan.space.task.dtype)
@@ -428,6 +437,8 @@ class CStyleRenderer:
             base = (PACK_NAME if pack is not None and op is pack.buf
                     else f"{op.name} + {_affine(_offset(op, outer + r0))}")
             w(f"const {S}* {d.restrict} {op.name}_p = {base};")
+        pointers = {op.name: f"{op.name}_p" for op in ops}
+        self._hooks(plan, "r1_before", w, pointers, tuple(r1))
         # R1 loops
         # the knob is a *max* unroll step; the emitted unroll is also capped so the unrolled body stays
         # under MAX_UNROLLED_FMAS statements (a 256x unroll of a 25-accumulator block takes gcc ~50 s)
@@ -448,6 +459,7 @@ class CStyleRenderer:
             if lp.var in unroll_pragmas and d.unroll:
                 w(d.unroll.format(n=unroll_pragmas[lp.var]))
             w.open(d.loop.format(var=lp.var, n=lp.extent))
+        self._hooks(plan, "r1_body", w, pointers, tuple(r1))
         names: dict[tuple[str, int], str] = {}
         for op in ops:
             r1off = _affine(_offset(op, r1))
@@ -472,6 +484,7 @@ class CStyleRenderer:
                 w(d.fma.format(acc=f"acc_{ri}_{c}", a=a, b=b))
         for _ in r1:
             w.close()
+        self._hooks(plan, "r1_after", w, pointers, tuple(r1))
         # store
         for ri, row in enumerate(rows):
             for c in range(ncols):

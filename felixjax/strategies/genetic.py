@@ -23,6 +23,8 @@ Mutation kinds and the default CPU weights (Ansor: TileSize 0.90, AutoUnroll 0.0
   divisor ``d > 1`` of ``tile[src]`` (uniform among its divisors) from ``src`` to ``dst``.
 * ``unroll`` (0.04), ``parallel`` (0.05), ``vec`` (0.01): a new value, uniform among the others
   of the knob's domain.
+* every declared knob (:mod:`codegen.knobs`), by its name, with its declaration's
+  ``mutation_weight``: a new value, uniform among the others of its domain on the row's sketch.
 
 The knob domains and constraints are exactly those of :class:`codegen.space.Space` (every strategy
 searches the same space). Configs are handled as rows of one integer matrix (:class:`Codec`) so a
@@ -47,6 +49,7 @@ from typing import Callable
 
 import numpy as np
 
+from codegen.knobs import registered
 from codegen.space import UNROLL_CHOICES, Config, Space, factorizations, divisors
 
 from .base import SearchContext, register
@@ -56,12 +59,19 @@ CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0
 LEVELS = 4  # tile levels per axis in a row (reduction axes use the first 2; the rest stay 1)
 
 
+def mutation_kinds() -> tuple[str, ...]:
+    """The core mutation kinds, then one per registered declared knob (by name)."""
+    return MUTATIONS + tuple(k.name for k in registered())
+
+
 class Codec:
     """The configs of one task's sketches as rows of an int64 matrix, for vectorized search.
 
-    Row layout: ``[sketch id, tiles (axes x 4 levels, reduction axes padded with 1), parallel, vec,
-    unroll]``. Sketch ids index ``codec.sketches`` (sorted names). Every sketch of a task shares the
-    task's axes; only the vector axis differs.
+    Row layout: ``[sketch id, tiles (axes x 4 levels, reduction axes padded with 1), declared knobs,
+    parallel, vec, unroll]``. Sketch ids index ``codec.sketches`` (sorted names). Every sketch of a
+    task shares the task's axes; only the vector axis differs. The declared knobs (``codec.knobs``:
+    those that apply to any of the sketches, sorted by name) hold their value, or -1 on a row whose
+    sketch the knob does not apply to.
 
     Example:
         >>> import numpy as np, felixjax as fj
@@ -92,7 +102,14 @@ class Codec:
         self.vec_axis = np.array([s.vector_index for s in self.spaces])
         self.vec_choices = np.array(sp.vec_choices, dtype=np.int64)
         self.unroll_choices = np.array(UNROLL_CHOICES, dtype=np.int64)
-        self.width = 1 + LEVELS * self.A + 3
+        # declared knobs: per knob, per sketch id, its sorted domain (None where it does not apply)
+        self.knobs = sorted({k.name: k for s in self.spaces for k in s.knobs}.values(), key=lambda k: k.name)
+        self.knob_values = [[np.array(k.values(s), np.int64) if k.applies(s.sketch.name) else None
+                             for s in self.spaces] for k in self.knobs]
+        self.knob_defaults = [np.array([k.default_value(s) if k.applies(s.sketch.name) else -1 for s in self.spaces],
+                                       np.int64) for k in self.knobs]
+        self.c_extra = 1 + LEVELS * self.A
+        self.width = 1 + LEVELS * self.A + len(self.knobs) + 3
         self.c_par, self.c_vec, self.c_unroll = self.width - 3, self.width - 2, self.width - 1
         # every ordered factorization of each axis, padded to 4 levels: uniform sampling is an index draw
         self.tables = [np.array([f + (1,) * (LEVELS - lv) for f in factorizations(int(e), int(lv))], dtype=np.int64)
@@ -124,6 +141,8 @@ class Codec:
         for a, t in enumerate(cfg.tiles):
             row[1 + LEVELS * a: 1 + LEVELS * a + len(t)] = t
         row[self.c_par], row[self.c_vec], row[self.c_unroll] = cfg.parallel, cfg.vec, cfg.unroll
+        for e, k in enumerate(self.knobs):
+            row[self.c_extra + e] = cfg.knob(k.name, int(self.knob_defaults[e][row[0]]))
         return row
 
     def encode_many(self, cfgs) -> np.ndarray:
@@ -142,8 +161,20 @@ class Codec:
                                                             sorter=self._code_order[a])]
         tuples, names = self._tuples, self.sketches
         knobs = rows[:, [0, self.c_par, self.c_vec, self.c_unroll]].tolist()
+        if self.knobs:
+            extra = self._extra(rows)
+            return [Config(names[k[0]], tuple(map(list.__getitem__, tuples, r)), k[1], k[2], k[3], e)
+                    for r, k, e in zip(idx.tolist(), knobs, extra)]
         return [Config(names[k[0]], tuple(map(list.__getitem__, tuples, r)), k[1], k[2], k[3])
                 for r, k in zip(idx.tolist(), knobs)]
+
+    def _extra(self, rows: np.ndarray) -> list[tuple[tuple[str, int], ...]]:
+        """``Config.extra`` of every row: the declared knobs that apply, at a value other than their default."""
+        vals = rows[:, self.c_extra: self.c_extra + len(self.knobs)]
+        keep = np.stack([vals[:, e] != d[rows[:, 0]] for e, d in enumerate(self.knob_defaults)], axis=1)
+        names = [k.name for k in self.knobs]
+        return [tuple((names[e], v[e]) for e in range(len(names)) if kp[e])
+                for v, kp in zip(vals.tolist(), keep.tolist())]
 
     def keys(self, rows: np.ndarray) -> list[bytes]:
         """One hashable key per row (its bytes)."""
@@ -172,9 +203,25 @@ class Codec:
         vec = rows[:, self.c_vec]
         inner = t[np.arange(len(rows)), self.vec_axis[rows[:, 0]], LEVELS - 1]
         acc = np.prod(t[:, self.spatial, LEVELS - 1], axis=1) // np.maximum(vec, 1)
-        return ((vec >= 1) & (inner % np.maximum(vec, 1) == 0) & (acc <= self.max_acc)
-                & np.isin(vec, self.vec_choices) & np.isin(rows[:, self.c_unroll], self.unroll_choices)
-                & (rows[:, self.c_par] >= 0) & (rows[:, self.c_par] <= self.n_spatial))
+        ok = ((vec >= 1) & (inner % np.maximum(vec, 1) == 0) & (acc <= self.max_acc)
+              & np.isin(vec, self.vec_choices) & np.isin(rows[:, self.c_unroll], self.unroll_choices)
+              & (rows[:, self.c_par] >= 0) & (rows[:, self.c_par] <= self.n_spatial))
+        for e, per_sketch in enumerate(self.knob_values):
+            col = rows[:, self.c_extra + e]
+            for sk, vals in enumerate(per_sketch):
+                on = rows[:, 0] == sk
+                ok[on] &= np.isin(col[on], vals) if vals is not None else col[on] == -1
+        return self._strict(rows, ok)
+
+    def _strict(self, rows: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Spaces with limits beyond the checks above (``strict_validation``, e.g. the GPU sketch's
+        threads, shared memory and registers) also pass each remaining row through ``is_valid``."""
+        if not any(getattr(s, "strict_validation", False) for s in self.spaces):
+            return ok
+        idx = np.flatnonzero(ok)
+        for i, cfg in zip(idx.tolist(), self.decode_many(rows[idx])):
+            ok[i] = self.spaces[int(rows[i, 0])].is_valid(cfg)
+        return ok
 
     def _draw(self, rng: np.random.Generator, sketch: int, n: int) -> np.ndarray:
         rows = np.empty((n, self.width), dtype=np.int64)
@@ -186,6 +233,9 @@ class Codec:
         rows[:, self.c_par] = rng.integers(0, self.n_spatial + 1, size=n)
         rows[:, self.c_vec] = self.vec_choices[rng.integers(len(self.vec_choices), size=n)]
         rows[:, self.c_unroll] = self.unroll_choices[rng.integers(len(self.unroll_choices), size=n)]
+        for e, per_sketch in enumerate(self.knob_values):  # declared knobs, drawn last
+            vals = per_sketch[sketch]
+            rows[:, self.c_extra + e] = vals[rng.integers(len(vals), size=n)] if vals is not None else -1
         return rows
 
     def sample(self, rng: np.random.Generator, n: int, *, max_batches: int = 64) -> np.ndarray:
@@ -215,9 +265,11 @@ class Codec:
         """Every valid config as row blocks (only sensible for small tasks)."""
         import itertools
 
-        knobs = np.array([(p, v, u) for p in range(self.n_spatial + 1) for v in self.vec_choices
-                          for u in self.unroll_choices], dtype=np.int64)
+        core = [(p, v, u) for p in range(self.n_spatial + 1) for v in self.vec_choices for u in self.unroll_choices]
         for sk in range(len(self.sketches)):
+            extra = itertools.product(*[vals[sk].tolist() if vals[sk] is not None else [-1]
+                                        for vals in self.knob_values])
+            knobs = np.array([e + c for e in extra for c in core], dtype=np.int64)
             combos = itertools.product(*[range(len(t)) for t in self.tables])
             while True:
                 idx = np.array(list(itertools.islice(combos, max(1, chunk // len(knobs)))), dtype=np.int64)
@@ -227,7 +279,7 @@ class Codec:
                 rows = np.empty((len(idx) * len(knobs), self.width), dtype=np.int64)
                 rows[:, 0] = sk
                 rows[:, 1: 1 + LEVELS * self.A] = np.repeat(t, len(knobs), axis=0)
-                rows[:, self.width - 3:] = np.tile(knobs, (len(idx), 1))
+                rows[:, self.c_extra:] = np.tile(knobs, (len(idx), 1))
                 yield rows[self.valid(rows)]
 
     # ---- mutations -----------------------------------------------------------------------------
@@ -262,8 +314,14 @@ class Codec:
             rows[:, self.c_par] = _other_choice(rng, np.arange(self.n_spatial + 1), rows[:, self.c_par])
         elif kind == "vec":
             rows[:, self.c_vec] = _other_choice(rng, self.vec_choices, rows[:, self.c_vec])
+        elif kind in (names := [k.name for k in self.knobs]):
+            c = self.c_extra + names.index(kind)
+            for sk, vals in enumerate(self.knob_values[names.index(kind)]):
+                on = rows[:, 0] == sk
+                if vals is not None and on.any():  # rows of sketches the knob does not apply to stay
+                    rows[on, c] = _other_choice(rng, vals, rows[on, c])
         else:
-            raise ValueError(f"unknown mutation kind {kind!r}; valid: {', '.join(MUTATIONS)}")
+            raise ValueError(f"unknown mutation kind {kind!r}; valid: {', '.join(MUTATIONS + tuple(names))}")
         return rows
 
 
@@ -302,7 +360,9 @@ class GeneticSearch:
         measured_ratio: share of the population seeded with the best measured configs (0.2).
         eps_greedy: share of each round's proposals that are random samples (0.05: 3 of 64).
         mutation_weights: relative weights of ``tile``, ``unroll``, ``parallel``, ``vec``
-            (default :data:`CPU_MUTATION_WEIGHTS`); missing kinds get weight 0.
+            (default :data:`CPU_MUTATION_WEIGHTS`); missing kinds get weight 0. Declared knobs
+            (:mod:`codegen.knobs`, registered when the search is made) are kinds too, with their
+            declaration's ``mutation_weight`` unless named here.
         min_unmeasured: random samples in the initial population at least (50, as Ansor).
         max_fail: retries of a child whose mutation left the space (10, as MetaSchedule).
         scorer: the cost model: a :class:`felixjax.model.Scorer`, or a factory ``ctx -> Scorer``;
@@ -330,25 +390,28 @@ class GeneticSearch:
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
                  scorer=None, batch_size: int = 64, cost_model: str | None = None):
+        self.kinds = mutation_kinds()
+        declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
-        unknown = set(weights) - set(MUTATIONS)
+        weights = {**declared, **weights}
+        unknown = set(weights) - set(self.kinds)
         if unknown:
-            raise ValueError(f"unknown mutation kinds {sorted(unknown)}; valid: {', '.join(MUTATIONS)}")
-        w = np.array([max(0.0, float(weights.get(k, 0.0))) for k in MUTATIONS])
+            raise ValueError(f"unknown mutation kinds {sorted(unknown)}; valid: {', '.join(self.kinds)}")
+        w = np.array([max(0.0, float(weights.get(k, 0.0))) for k in self.kinds])
         if population < 1 or generations < 0 or not 0 <= mutation_prob <= 1 or w.sum() <= 0:
             raise ValueError("population >= 1, generations >= 0, 0 <= mutation_prob <= 1 and a positive "
                              "mutation weight are required")
         self.population, self.generations = int(population), int(generations)
         self.mutation_prob, self.measured_ratio, self.eps_greedy = mutation_prob, measured_ratio, eps_greedy
-        self.mutation_weights = dict(zip(MUTATIONS, (w / w.sum()).tolist()))
+        self.mutation_weights = dict(zip(self.kinds, (w / w.sum()).tolist()))
         self.min_unmeasured, self.max_fail = int(min_unmeasured), int(max_fail)
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
-                      "propose_s": 0.0, "scored": 0, "attempted": dict.fromkeys(MUTATIONS, 0),
-                      "accepted": dict.fromkeys(MUTATIONS, 0), "copied": 0, "dropped": 0}
+                      "propose_s": 0.0, "scored": 0, "attempted": dict.fromkeys(self.kinds, 0),
+                      "accepted": dict.fromkeys(self.kinds, 0), "copied": 0, "dropped": 0}
         self.last_round: dict = {}
 
     # ---- wiring --------------------------------------------------------------------------------
@@ -470,28 +533,29 @@ class GeneticSearch:
         """One generation: ``size`` (default: the population size) children of ``pop``.
 
         Returns the children and ``info`` with, per child, ``parent`` (index into ``pop``) and
-        ``kind`` (index into :data:`MUTATIONS`, or -1 for a copy).
+        ``kind`` (index into ``self.kinds``: :data:`MUTATIONS`, then the declared knobs; -1 for a copy).
         """
         size = self.population if size is None else size
         cum = np.cumsum(selection_probs(scores))
-        kind_cum = np.cumsum([self.mutation_weights[k] for k in MUTATIONS])
+        names = self.kinds
+        kind_cum = np.cumsum([self.mutation_weights[k] for k in names])
         children, parents, kinds = [], [], []
         need = size
         for _ in range(self.max_fail + 1):
             par = np.minimum(np.searchsorted(cum, rng.random(need) * cum[-1], side="right"), len(pop) - 1)
             mutate = rng.random(need) < self.mutation_prob
             kind = np.minimum(np.searchsorted(kind_cum, rng.random(need) * kind_cum[-1], side="right"),
-                              len(MUTATIONS) - 1)
+                              len(names) - 1)
             kind[~mutate] = -1
             kids = pop[par]
-            for k, name in enumerate(MUTATIONS):
+            for k, name in enumerate(names):
                 sel = kind == k
                 if sel.any():
                     kids[sel] = codec.mutate(kids[sel], name, rng)
                     self.stats["attempted"][name] += int(sel.sum())
             ok = ~mutate | codec.valid(kids)
             self.stats["copied"] += int((~mutate).sum())
-            for k, name in enumerate(MUTATIONS):
+            for k, name in enumerate(names):
                 self.stats["accepted"][name] += int((ok & (kind == k)).sum())
             children.append(kids[ok])
             parents.append(par[ok])
