@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+    t.add_argument("--target", default="cpu", metavar="cpu|cuda-sim:GPU",
+                   help="this CPU (default) or a simulated GPU: cuda-sim:a100, h100, a10g, orin")
     t.add_argument("--no-compare", action="store_true", help="skip timing onnxruntime next to the best kernel")
     t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
     t.add_argument("--cost-model", default=None, metavar="NPZ",
@@ -127,9 +129,16 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _target(threads: int | None):
+def _target(threads: int | None, name: str = "cpu"):
     from codegen.target import Target
 
+    if name.startswith("cuda-sim:"):
+        try:
+            return Target.cuda_sim(name.partition(":")[2])
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if name != "cpu":
+        raise UserError(f"unknown --target {name!r}; use cpu or cuda-sim:GPU (a100, h100, a10g, orin)")
     return Target.cpu()
 
 
@@ -146,7 +155,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         args.strategy = "gradient" if "gradient" in fj.strategies() else "random"
     if args.strategy not in fj.strategies():
         raise UserError(f"unknown strategy {args.strategy!r}; registered: {', '.join(fj.strategies())}")
-    target = _target(args.threads)
+    target = _target(args.threads, args.target)
+    args.no_compare = args.no_compare or target.is_gpu  # onnxruntime runs on this CPU, not the simulated GPU
     if args.model:
         return _tune_model(args, target)
     try:

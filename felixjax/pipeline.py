@@ -192,6 +192,7 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
         flags: compiler flags (a shared library).
 
     Raises:
+        ValueError: ``target`` is a GPU (``cuda-sim``/``cuda``): there is no GPU network build.
         UnsupportedModelError: a node the C build cannot run.
         FileNotFoundError: ``db`` names a file that does not exist.
         RuntimeError: the compiler failed.
@@ -203,6 +204,9 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
         >>> exe(np.zeros((1, 3, 32, 32), np.float32)).shape
         (1, 10)
     """
+    if target is not None and target.is_gpu:
+        raise ValueError(f"build_model builds a C library for this CPU; {target.kind}:{target.name} is a GPU target "
+                         "(a simulated GPU has nothing to run the network on): tune on it, build with Target.cpu()")
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     target = target or Target.cpu()
     schedules = choose_schedules(model, target, db=db, configs=configs)       # each task's best record (or default)

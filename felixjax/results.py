@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from codegen.build import build
+from codegen.cuda.emulate import Emulated
+from codegen.cuda.render import render as render_cuda
+from codegen.cuda.space import CudaSpace
 from codegen.lower import Plan, lower
 from codegen.ops import Task
 from codegen.render_c import render
@@ -52,11 +55,20 @@ class TuneResult:
 
     @property
     def source(self) -> str:
-        """C source of the best kernel."""
+        """Source of the best kernel: C, or CUDA C on a GPU target."""
+        if self.target.is_gpu:
+            if self.best is None:
+                self._best_plan()  # raises: no correct kernel was measured
+            return render_cuda(CudaSpace(self.task, self.target), self.best.config).source
         return render(self._best_plan())
 
     def kernel(self, *, threads: int | None = None) -> Kernel:
-        """The best kernel as a callable ``kernel(*arrays) -> ndarray`` (API layouts)."""
+        """The best kernel as a callable ``kernel(*arrays) -> ndarray`` (API layouts); on a GPU target
+        the CUDA kernel run by CPU emulation (:class:`codegen.cuda.emulate.Emulated`)."""
+        if self.target.is_gpu:
+            if self.best is None:
+                self._best_plan()  # raises: no correct kernel was measured
+            return Emulated(CudaSpace(self.task, self.target), self.best.config)
         plan = self._best_plan()
         b = build(render(plan))
         if b.status != "ok":

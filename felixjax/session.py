@@ -41,7 +41,9 @@ from codegen.lower import Plan
 from codegen.measure import LocalRunner, MeasureResult, TimingProtocol
 from codegen.ops import Task
 from codegen.render_c import render
-from codegen.space import Config, Space, sketches_for
+from codegen.run.gpusim import GpuSimMeasurer
+from codegen.space import Config
+from codegen.spaces import spaces_for
 from codegen.target import Target
 from costmodels import kendall_tau
 
@@ -199,6 +201,8 @@ class TuningSession:
         if task.key not in self.measurers:
             if self._measurer_factory is not None:
                 self.measurers[task.key] = self._measurer_factory(task, self.target)
+            elif self.target.is_gpu:  # cuda-sim: nvcc + CPU emulation check + the GPU simulator
+                self.measurers[task.key] = GpuSimMeasurer(task, self.target)
             else:
                 if self.runner is None:
                     self.runner = LocalRunner() if self.protocol is None else LocalRunner(protocol=self.protocol)
@@ -237,7 +241,7 @@ class TuningSession:
         label = label or strat.name
         run = run or f"{label}:{seed}"
         history = self.db.records(task, self.target_key, run=run)
-        spaces = {sk.name: Space(task, sk, self.target) for sk in sketches_for(task)}
+        spaces = spaces_for(task, self.target)
         model_group = group
 
         def scorer_factory(ctx: SearchContext):

@@ -20,7 +20,8 @@ weight reads and output writes when ``S3 == 1`` along ``n``. Blocks are laid out
 
 Constraints (``validate``): threads per block ``prod(S2) <= 1024`` (the spec's limit); a block size
 that is not a multiple of the warp size (32) is allowed (tiny extents need it) and the simulator
-charges the partial warp in full; shared memory of the staged tiles within the per-block limit;
+charges the partial warp in full; shared memory of the staged tiles within the per-block limit and
+within the 48 KB that static ``__shared__`` arrays may use (dynamic shared memory is future work);
 estimated registers per thread (accumulators + operand fragments + a fixed overhead) within the
 per-thread limit and one block's registers within the SM's register file.
 
@@ -47,6 +48,7 @@ from ..target import Target
 SKETCH = "cuda_tiled"
 STAGING_CHOICES = (0, 1)
 REG_OVERHEAD = 24  # indices, pointers, loop counters, address arithmetic (an estimate)
+STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays; more needs dynamic shared memory (not emitted yet)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class CudaSpace(Space):
         self.sketch = Sketch(SKETCH, spatial[-1], spatial[-1])
         self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
         self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
-        self.n_spatial = len(spatial)
+        self.n_spatial = 1  # "parallel" is the staging switch, 0..1 (what the genetic codec draws and mutates)
         self.vec_choices = (1,)
         self.max_accumulators = int(self.spec.regs_per_thread)
         self.strict_validation = True  # constraints beyond the CPU codec's checks (see genetic.Codec)
@@ -181,9 +183,10 @@ class CudaSpace(Space):
         s = self.spec
         if g.n_threads > s.max_threads_per_block:
             raise ValueError(f"threads per block {g.n_threads} (prod of S2 tiles) exceed {s.max_threads_per_block}")
-        if g.smem_bytes > s.smem_per_block:
+        smem_limit = min(s.smem_per_block, STATIC_SMEM_LIMIT)
+        if g.smem_bytes > smem_limit:
             raise ValueError(f"shared memory {g.smem_bytes} B of the staged tiles exceeds the per-block limit "
-                             f"{s.smem_per_block} B of {s.name}")
+                             f"{smem_limit} B (static __shared__ arrays on {s.name})")
         regs = self.registers(cfg, g)
         if regs > s.regs_per_thread:
             raise ValueError(f"estimated {regs} registers per thread exceed {s.regs_per_thread} "

@@ -1,0 +1,111 @@
+"""Tuning on simulated GPUs (issue 18): the cuda-sim measurer (render, nvcc where present, CPU
+emulation check, simulator), fj.tune / fj.compare / tune_model / the CLI on cuda-sim targets, records
+kept apart from CPU ones, build_model refused. nvcc is switched off here (FELIXJAX_NVCC points
+nowhere) except in the nvcc-marked test, to keep CI time small."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen.cuda.nvcc import nvcc_path
+from codegen.cuda.render import CUDA
+from codegen.run.gpusim import GpuSimMeasurer
+from codegen.space import Config
+from felixjax.session import TuningSession
+
+
+@pytest.fixture
+def no_nvcc(monkeypatch):
+    monkeypatch.setenv("FELIXJAX_NVCC", "/nonexistent/nvcc")
+
+
+def _collect(m, cfgs):
+    out = []
+    m.measure(cfgs, lambda c, r: out.append((c, r)) or True)
+    return out
+
+
+def test_measurer_statuses(no_nvcc):
+    t = fj.ops.matmul(64, 64, 64, bias=True, act="relu")
+    tg = fj.Target.cuda_sim("a100")
+    m = GpuSimMeasurer(t, tg)
+    sp = m.spaces["cuda_tiled"]
+    good = sp.default()
+    bad = Config("cuda_tiled", ((1, 1, 1, 1), (1, 1, 64, 1), (1, 1, 64, 1), (8, 8)), 1, 1, 1)  # 4096 threads
+    (c1, r1), (c2, r2) = _collect(m, [good, bad])
+    assert r1.status == "ok" and r1.latency_s >= m.info[good]["roofline_s"]
+    assert m.info[good]["registers_estimated"] is True
+    assert r2.status == "compile_error" and "threads per block" in r2.error
+    buggy = GpuSimMeasurer(t, tg, dialect=dataclasses.replace(CUDA, block_index="blockIdx.y"))
+    (_, r3), = _collect(buggy, [dataclasses.replace(good, tiles=((1, 1, 1, 1), (4, 1, 16, 1), (2, 1, 16, 2), (8, 8)))])
+    assert r3.status == "wrong_result", r3
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_measurer_reads_ptxas():
+    t = fj.ops.matmul(64, 64, 64)
+    m = GpuSimMeasurer(t, fj.Target.cuda_sim("orin"))
+    (cfg, r), = _collect(m, [m.spaces["cuda_tiled"].default()])
+    assert r.ok and m.info[cfg]["registers_estimated"] is False and m.info[cfg]["ptxas"]["registers"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["random", "genetic"])
+def test_tune_on_cuda_sim(no_nvcc, tmp_path, strategy):
+    t = fj.ops.conv2d(1, 8, 8, 8, out_channels=16, kernel=3, padding=1) if strategy == "genetic" else \
+        fj.ops.matmul(64, 48, 32)
+    tg = fj.Target.cuda_sim("orin")
+    db = str(tmp_path / "runs.db")
+    opts = {"population": 64, "generations": 1} if strategy == "genetic" else None
+    res = fj.tune(t, tg, strategy=strategy, trials=5, db=db, seed=0, progress=False, retime=1,
+                  strategy_options=opts)
+    assert len(res.history) == 5 and res.best is not None and res.best.ok
+    assert all(r.status in ("ok", "compile_error") for r in res.history)
+    assert "__global__" in res.source
+    xs = t.random_inputs(seed=2)
+    np.testing.assert_allclose(res.kernel()(*xs), t.reference(*xs), rtol=1e-4, atol=1e-4)
+    store = fj.Database(db)
+    assert store.records(task=t, target=tg) and not store.records(task=t, target=fj.Target.cpu())
+    assert not store.records(task=t, target=fj.Target.cuda_sim("a100"))
+    store.close()
+
+
+def test_session_picks_the_gpu_measurer_and_compare_runs(no_nvcc, tmp_path):
+    t = fj.ops.matmul(32, 32, 32)
+    with TuningSession(fj.Target.cuda_sim("a10g"), progress=False) as s:
+        assert isinstance(s.measurer(t), GpuSimMeasurer)
+    cmp = fj.compare([t], strategies=["random"], trials=3, seeds=1, target=fj.Target.cuda_sim("a10g"),
+                     db=str(tmp_path / "cmp.db"), progress=False, remeasure=0)
+    assert "random" in cmp.table()
+
+
+def test_tune_model_on_cuda_sim_and_build_refused(no_nvcc):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 32])], [w])
+    model = fj.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    tg = fj.Target.cuda_sim("a100")
+    net = fj.tune_model(model, tg, trials=3, strategy="random", progress=False)
+    assert net is not None
+    with pytest.raises(ValueError, match="GPU target"):
+        fj.build_model(model, tg)
+
+
+def test_cli_target(no_nvcc, tmp_path):
+    base = [sys.executable, "-m", "felixjax.cli", "tune", "--op", "matmul:m=32,n=32,k=32", "--trials", "3",
+            "--strategy", "random", "--db", str(tmp_path / "r.db"), "--quiet"]
+    ok = subprocess.run(base + ["--target", "cuda-sim:a100", "--show-source"], capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "__global__" in ok.stdout and "GFLOP/s" in ok.stdout
+    bad = subprocess.run(base + ["--target", "cuda-sim:rtx9090"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "known: a100" in bad.stderr and "Traceback" not in bad.stderr
