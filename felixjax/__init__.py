@@ -16,6 +16,7 @@ from codegen.target import Target
 
 from . import ops, zoo
 from .compare import Comparison, compare
+from .dask_runner import DaskRunner
 from .database import Database, TuningRecord
 from .errors import ModelFormatError, UnsupportedModelError
 from .network import CompiledModel, NetworkTuneResult, build_model, tune_model
@@ -26,5 +27,5 @@ from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+__all__ = ["CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "DaskRunner", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
            "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

@@ -8,6 +8,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import sys
 import textwrap
@@ -66,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--cost-model", default=None, metavar="NPZ",
                    help="start the search's cost model from this pretrained checkpoint (felixjax pretrain)")
     t.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
+    t.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
     r.add_argument("db")
@@ -87,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="pretrained cost model (felixjax pretrain) for every strategy that has one (gradient, "
                         "genetic): both start from the same model")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
+    c.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
     pt = add("pretrain", "pretrain the MLP cost model on the measurements of tuning databases (other tasks), "
                          "holding whole tasks out to measure transfer")
@@ -117,6 +121,26 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("-o", "--output", required=True, help="output .onnx path")
 
     return p
+
+
+_DASK_HELP = ("build and measure on a Dask cluster: 'local' (a LocalCluster of worker processes) or a "
+              "scheduler address such as tcp://host:8786 (workers: dask worker ADDRESS --nthreads 1 "
+              "--resources device=1)")
+
+
+@contextlib.contextmanager
+def _runner(args: argparse.Namespace):
+    """The runner of --dask (None: the local runner); a lost scheduler is a one-line error."""
+    if not getattr(args, "dask", None):
+        yield None
+        return
+    from .dask_runner import SchedulerLostError, connect
+
+    try:
+        with connect(args.dask) as runner:
+            yield runner
+    except (SchedulerLostError, ImportError) as e:
+        raise UserError(str(e)) from None
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
@@ -158,16 +182,19 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     target = _target(args.threads, args.target)
     args.no_compare = args.no_compare or target.is_gpu  # onnxruntime runs on this CPU, not the simulated GPU
     if args.model:
-        return _tune_model(args, target)
+        with _runner(args) as args.runner:
+            return _tune_model(args, target)
     try:
         tasks = [fj.ops.parse_spec(s) for s in args.op]
     except ValueError as e:
         raise UserError(str(e)) from None
     rows = []
     options = _cost_model_options(args.strategy, args.cost_model)
-    for task in tasks:
-        res = fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
-                      seed=args.seed, threads=args.threads, strategy_options=options, progress=not args.quiet)
+    with _runner(args) as runner:
+        results = [fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
+                           seed=args.seed, threads=args.threads, strategy_options=options, progress=not args.quiet,
+                           runner=runner) for task in tasks]
+    for task, res in zip(tasks, results):
         best = res.best
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
@@ -288,9 +315,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)
-    cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
-                     db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
-                     replay=True if args.replay else None, strategy_options=options, progress=not args.quiet)
+    with _runner(args) as runner:
+        cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
+                         db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
+                         replay=True if args.replay else None, strategy_options=options, progress=not args.quiet,
+                         runner=runner)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
     return 0

@@ -7,6 +7,7 @@ never share the cores being timed. Anything with the same ``measure(configs, on_
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import numpy as np
@@ -56,12 +57,21 @@ class Measurer:
         for cfg in configs:
             plans.append(self.plan(cfg))
             sources.append(self.renderer(plans[-1]))
+        stream = getattr(self.runner, "measure_stream", None)
+        if stream is not None:  # a runner that builds and measures a whole batch itself (fj.DaskRunner), in order
+            with contextlib.closing(stream(sources, [self._request(p) for p in plans])) as results:
+                for cfg, res in zip(configs, results):
+                    if not on_result(cfg, res):
+                        return
+            return
         # a runner of the codegen.run.Runner protocol decides where builds happen; a bare LocalRunner builds here
         builds = (self.runner.build(sources) if isinstance(self.runner, Runner)
                   else build_many(sources, workers=self.build_workers))
         for cfg, plan, b in zip(configs, plans, builds):
-            req = RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace_bytes, self.expected,
-                             reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol,
-                             out_dtype=plan.arg_dtypes()[-1].name)
-            if not on_result(cfg, self.runner.run(req, build=b)):
+            if not on_result(cfg, self.runner.run(self._request(plan), build=b)):
                 return
+
+    def _request(self, plan: Plan) -> RunRequest:
+        return RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace_bytes, self.expected,
+                          reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol,
+                          out_dtype=plan.arg_dtypes()[-1].name)

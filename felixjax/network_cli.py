@@ -29,7 +29,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
               f"{args.trials} trials ({args.strategy})", file=sys.stderr, flush=True)
     res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
                      seconds=args.seconds, threads=args.threads, progress=False if quiet else _round_progress,
-                     strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)))
+                     strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)),
+                     runner=getattr(args, "runner", None))
     print(res.table())
     print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
     exe = res.build(threads=args.threads)

@@ -1,0 +1,365 @@
+"""Builds and measurements on a Dask cluster (DESIGN.md "Scale out"): ``fj.tune(..., runner=fj.DaskRunner(client))``.
+
+The driver (the tuning session, its database and its cost model) stays where it is; a batch of
+candidates is sent to the cluster as Dask tasks and the results come back **in the batch's order**,
+so a run through Dask records the same configs and statuses in the same order as a local run.
+
+* **Devices.** Measuring workers advertise a resource (``dask worker --nthreads 1 --resources
+  device=1``); every measurement asks for one unit of it, so two measurements never share a device.
+* **Builds** never run on cores being timed. ``builds="cluster"``: on workers advertising ``build``
+  (``--resources build=2``), pipelined with the measurements; ``"device"``: inside the measuring
+  task, on the measuring host between its measurements (a one-thread worker runs one task at a
+  time, and the measuring lock is not held while compiling); ``"driver"``: here, in parallel, the
+  libraries shipped; ``"auto"`` (default): ``"cluster"`` when some worker advertises ``build``, else
+  ``"device"``. Libraries travel as bytes, so builders and measurers need not share a disk; builds
+  use ``flags`` (``-march=native`` of the *builder*: on a mixed cluster pass the measuring host's
+  ``-march``).
+* **Daemonic workers.** Dask's worker processes are daemonic and may not start ``multiprocessing``
+  children, so the local runner's spawned measuring child is refused there. Each measuring worker
+  keeps one long-lived :class:`~codegen.run.subproc.SubprocessRunner` whose measuring child is a
+  ``subprocess`` (``python -m codegen.run.measure_child``; same protocol, lock, canaries and hang
+  detection); a kernel that crashes kills that child, never the worker. Worker-side code is in
+  :mod:`codegen.run.remote` and imports neither felixjax nor jax.
+* **A worker dying** mid-measurement: Dask re-runs its task up to the scheduler's
+  ``allowed-failures``, then reports it; the runner re-queues such a candidate ``requeue`` (1) more
+  time, then records it as a ``runtime_error``. Results are fetched as soon as they finish and every
+  record is committed by the session as it arrives: nothing measured is lost. (With
+  ``allowed-failures`` 0, as :func:`local_cluster` sets, a candidate is re-queued exactly once.)
+* **The scheduler going away**: :class:`SchedulerLostError` after ``lost_after_s`` without it; what
+  was measured is in the database, unmeasured claims are released, and running the same command
+  again resumes the run.
+
+Example (not run here: it starts worker processes):
+    >>> from distributed import Client                                       # doctest: +SKIP
+    >>> cluster = local_cluster(); client = Client(cluster)                  # doctest: +SKIP
+    >>> fj.tune(fj.ops.matmul(64, 64, 64), runner=DaskRunner(client))        # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import hashlib
+import queue
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from codegen.build import DEFAULT_FLAGS, BuildResult, build_many
+from codegen.measure import MeasureResult, RunRequest, TimingProtocol
+from codegen.run import remote
+from codegen.run.subproc import SubprocessRunner
+
+BUILD_MODES = ("auto", "cluster", "device", "driver")
+
+
+class SchedulerLostError(RuntimeError):
+    """The Dask scheduler went away mid-run (records so far are in the database: run again to resume)."""
+
+
+class DaskRunner:
+    """A runner placing builds and measurements on a Dask cluster (see the module docs).
+
+    Args:
+        client: a :class:`distributed.Client`.
+        builds: ``"auto"``, ``"cluster"``, ``"device"`` or ``"driver"`` (where compiles run).
+        protocol, timeout_s: the timing protocol and first-call limit of the measuring runners.
+        flags, build_timeout_s: compiler flags and the limit of one compile.
+        build_workers: parallel compiles on the driver (``builds="driver"``).
+        measure_cpus: CPUs the measuring children are pinned to (kernels then run with at most that
+            many threads); ``build_cpus``: CPUs compiles are pinned to. On a 2-core host: ``(0,)``
+            and ``(1,)``.
+        worker_runner: a picklable ``() -> Runner`` made once per measuring worker process (default: a
+            :class:`~codegen.run.subproc.SubprocessRunner`; tests pass a source-level replay).
+        resource: the resource measuring workers advertise (one unit per measurement).
+        requeue: re-submissions of a candidate whose worker died, before it is a failure.
+        lost_after_s: seconds without a scheduler before :class:`SchedulerLostError`.
+    """
+
+    def __init__(self, client: Any, *, builds: str = "auto", protocol: TimingProtocol | None = None,
+                 timeout_s: float = 10.0, flags: Sequence[str] = DEFAULT_FLAGS, build_timeout_s: float = 60.0,
+                 build_workers: int = 2, measure_cpus: Iterable[int] | None = None,
+                 build_cpus: Iterable[int] | None = None, worker_runner: Callable[[], Any] | None = None,
+                 resource: str = "device", requeue: int = 1, lost_after_s: float = 30.0):
+        if builds not in BUILD_MODES:
+            raise ValueError(f"builds={builds!r}: expected one of {BUILD_MODES}")
+        self.client = client
+        self.builds = builds
+        self.flags, self.build_timeout_s, self.build_workers = tuple(flags), float(build_timeout_s), build_workers
+        self.measure_cpus = tuple(measure_cpus) if measure_cpus is not None else None
+        self.build_cpus = tuple(build_cpus) if build_cpus is not None else None
+        self.factory = worker_runner or functools.partial(
+            SubprocessRunner, protocol=protocol or TimingProtocol(), timeout_s=timeout_s, cpus=self.measure_cpus,
+            flags=self.flags, build_timeout_s=self.build_timeout_s, build_workers=1)
+        self.resource, self.requeue, self.lost_after_s = resource, int(requeue), float(lost_after_s)
+        self.requeued = 0  # candidates re-submitted after a worker died (for logs and tests)
+        self._scattered: dict[int, tuple[Any, Any]] = {}  # id(array) -> (array, future)
+        self._shipped: dict[str, remote.Shipped] = {}  # Runner-protocol builds: key -> shipped build
+        self._device_sources: dict[str, str] = {}  # Runner-protocol builds made when measured: key -> source
+
+    def __repr__(self) -> str:
+        return f"DaskRunner({getattr(self.client, 'scheduler', None)!r}, builds={self.builds!r})"
+
+    # ---- where builds go -------------------------------------------------------------------------
+    def build_mode(self) -> str:
+        """The effective build placement (``"auto"`` resolved against the cluster's workers now)."""
+        if self.builds != "auto":
+            return self.builds
+        workers = self._scheduler_info().get("workers", {})
+        return "cluster" if any(w.get("resources", {}).get("build") for w in workers.values()) else "device"
+
+    def _scheduler_info(self) -> dict:
+        try:
+            return self.client.scheduler_info()
+        except Exception as e:  # noqa: BLE001 - any comm failure means no scheduler
+            raise SchedulerLostError(f"cannot reach the Dask scheduler: {e}") from e
+
+    def _builds(self, sources: Sequence[str], mode: str) -> list[Any]:
+        """Per source: a future of a shipped build (cluster), a shipped build (driver), or None (device)."""
+        if mode == "device":
+            return [None] * len(sources)
+        unique = list(dict.fromkeys(sources))
+        if mode == "driver":
+            done = build_many(unique, workers=self.build_workers, flags=self.flags, timeout_s=self.build_timeout_s)
+            ship = {s: remote.Shipped(b, _read(b)) for s, b in zip(unique, done)}
+        else:
+            ship = {s: self.client.submit(remote.build_job, s, self.flags, self.build_timeout_s, self.build_cpus,
+                                          resources={"build": 1}, pure=False) for s in unique}
+        return [ship[s] for s in sources]
+
+    # ---- measuring ---------------------------------------------------------------------------------
+    def _data(self, request: RunRequest) -> tuple[list, Any]:
+        """The request's arrays as futures, scattered once to every worker (cached while alive)."""
+        out = []
+        for a in [*request.inputs, request.expected]:
+            hit = self._scattered.get(id(a))
+            if hit is None or hit[0] is not a or hit[1].status != "finished":
+                if len(self._scattered) > 64:
+                    self._scattered.clear()
+                hit = (a, self.client.scatter(a, hash=True, broadcast=True))
+                self._scattered[id(a)] = hit
+            out.append(hit[1])
+        return out[:-1], out[-1]
+
+    def _submit(self, source: str, request: RunRequest, build: Any) -> Any:
+        if self.measure_cpus is not None:
+            request = dataclasses.replace(request, threads=max(1, min(request.threads, len(self.measure_cpus))))
+        inputs, expected = self._data(request)
+        bare = dataclasses.replace(request, inputs=[], expected=None)
+        return self.client.submit(remote.measure_job, self.factory, bare, inputs, expected,
+                                  source if build is None else None, build, self.build_cpus,
+                                  resources={self.resource: 1}, pure=False)
+
+    def measure_stream(self, sources: Sequence[str], requests: Sequence[RunRequest]) -> Iterator[MeasureResult]:
+        """Build and measure a batch on the cluster; yield one result per request, **in order**.
+
+        Everything is submitted at once (builds and measurements pipeline across workers); each result
+        is fetched from the cluster as soon as it is ready, and held here until those before it are
+        yielded. Closing the generator early cancels what has not run yet.
+        """
+        sources, requests = list(sources), list(requests)
+        if len(sources) != len(requests):
+            raise ValueError("one source per request")
+        if requests:
+            yield from self._stream(sources, requests, self._guard(self._builds, sources, self.build_mode()))
+
+    def _guard(self, fn: Callable, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except SchedulerLostError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if self.client.status != "running":
+                raise SchedulerLostError(f"lost the Dask scheduler {_address(self.client)}: {e}; "
+                                         f"start it again and rerun the same command to resume") from e
+            raise
+
+    def _stream(self, sources: list, requests: list, builds: list) -> Iterator[MeasureResult]:
+        futs = [self._guard(self._submit, s, r, b) for s, r, b in zip(sources, requests, builds)]
+        index = {f.key: i for i, f in enumerate(futs)}
+        tries = [0] * len(futs)
+        done: dict[int, MeasureResult] = {}
+        ready: queue.Queue = queue.Queue()
+        for f in futs:
+            f.add_done_callback(ready.put)
+        nxt, gone_since = 0, None
+        try:
+            while nxt < len(futs):
+                while nxt in done:
+                    yield done.pop(nxt)
+                    nxt += 1
+                if nxt >= len(futs):
+                    break
+                try:
+                    f = ready.get(timeout=1.0)
+                except queue.Empty:
+                    f = None
+                if self.client.status == "running":
+                    gone_since = None
+                else:  # reconnecting, or closed: give it lost_after_s
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > self.lost_after_s:
+                        raise SchedulerLostError(self._lost_message(nxt, len(futs)))
+                    if f is not None:
+                        ready.put(f)  # look again once the scheduler is back
+                        time.sleep(0.2)
+                    continue
+                if f is None:
+                    continue
+                i = index.get(f.key)
+                if i is None or i in done or f is not futs[i]:
+                    continue
+                res = self._outcome(f)
+                if isinstance(res, MeasureResult):
+                    done[i] = res
+                elif tries[i] < self.requeue:  # its worker died (or its data was lost): once more
+                    tries[i] += 1
+                    self.requeued += 1
+                    b = builds[i] if self._alive(builds[i]) else self._builds([sources[i]], self.build_mode())[0]
+                    futs[i] = self._guard(self._submit, sources[i], requests[i], b)
+                    index[futs[i].key] = i
+                    futs[i].add_done_callback(ready.put)
+                else:
+                    done[i] = MeasureResult("runtime_error", error=f"the measuring worker died or was lost "
+                                            f"{tries[i] + 1} times while measuring it ({res})")
+        finally:
+            rest = [f for i, f in enumerate(futs) if i >= nxt and not f.done()]
+            if rest and self.client.status == "running":
+                try:
+                    self.client.cancel(rest)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    @staticmethod
+    def _alive(build: Any) -> bool:
+        return build is None or isinstance(build, remote.Shipped) or build.status in ("pending", "finished")
+
+    def _outcome(self, f: Any) -> MeasureResult | str:
+        """A finished future's MeasureResult, or why it has none ("cancelled", the error's text)."""
+        if f.status == "finished":
+            try:
+                return f.result()
+            except Exception as e:  # noqa: BLE001 - fetching failed: the worker holding it died
+                return f"result lost: {type(e).__name__}: {e}"
+        if f.status == "cancelled":
+            return "cancelled"
+        try:
+            exc = f.exception()
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        return f"{type(exc).__name__}: {exc}"
+
+    def _lost_message(self, measured: int, total: int) -> str:
+        return (f"lost the Dask scheduler {_address(self.client)}: no answer for "
+                f"{self.lost_after_s:g} s; {measured} of this batch's {total} candidates were measured and "
+                f"are in the database. Start the scheduler again and rerun the same command to resume the run.")
+
+    # ---- the Runner protocol -------------------------------------------------------------------------
+    def build(self, sources: Sequence[str]) -> list[BuildResult]:
+        """Build every source where builds go (``"device"``: when it is measured; the result is a promise)."""
+        out = []
+        for src, b in zip(sources, self._guard(self._builds, list(sources), self.build_mode())):
+            if b is None:  # built by the measuring worker, right before measuring it
+                key = "device:" + hashlib.sha256(src.encode()).hexdigest()
+                self._device_sources[key] = src
+                out.append(BuildResult("ok", None, "", 0.0, False, key))
+                continue
+            shipped = b if isinstance(b, remote.Shipped) else self._guard(b.result)
+            self._shipped[shipped.result.key] = shipped
+            out.append(shipped.result)
+        return out
+
+    def run(self, request: RunRequest, *, build: BuildResult | None = None) -> MeasureResult:
+        """Measure one request against a build from :meth:`build` (without one, ``request.lib_path``
+        names a library file on the measuring worker)."""
+        if build is not None and build.status != "ok":
+            return MeasureResult("timeout" if build.status == "timeout" else "compile_error", error=build.error)
+        source, shipped = None, None
+        if build is None:
+            shipped = remote.Shipped(BuildResult("ok", request.lib_path, "", 0.0, False, ""))
+        elif build.key in self._device_sources:
+            source = self._device_sources[build.key]
+        elif build.key in self._shipped:
+            shipped = self._shipped[build.key]
+        else:
+            raise ValueError("run(build=...) takes a build made by this runner's build()")
+        return next(self._stream([source], [request], [shipped]))
+
+    def close(self) -> None:
+        """Forget scattered data and builds (the client and the cluster belong to the caller)."""
+        self._scattered.clear()
+        self._shipped.clear()
+        self._device_sources.clear()
+
+
+def _read(b: BuildResult) -> bytes | None:
+    if b.status != "ok" or not b.lib_path:
+        return None
+    with open(b.lib_path, "rb") as f:
+        return f.read()
+
+
+def local_cluster(*, build_workers: int = 1, pin: bool | None = None, allowed_failures: int = 0, **kwargs: Any):
+    """A :class:`distributed.LocalCluster` of worker *processes* laid out for tuning: one measuring
+    worker (one thread, ``device=1``) and ``build_workers`` build workers (one thread each,
+    ``build=1``). ``allowed_failures`` (0) is the scheduler's: a task whose worker dies is reported
+    at once, and :class:`DaskRunner` re-queues it once. ``pin`` (default: on hosts with ≤ 4 cores)
+    is a hint returned with the cluster as ``cluster.felixjax_cpus = (measure_cpus, build_cpus)``:
+    CPU 0 for measuring, the others for builds — pass them to :class:`DaskRunner`.
+
+    Call it under ``if __name__ == "__main__":`` in scripts (workers are spawned processes).
+    """
+    import os
+
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": int(allowed_failures)}):
+        cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=None,
+                               **kwargs)
+    base = cluster.new_spec
+    spec = {}
+    for name, res in [("measure-0", {"device": 1})] + [(f"build-{i}", {"build": 1}) for i in range(build_workers)]:
+        w = copy.deepcopy(base)
+        w["options"] = dict(base["options"], resources=res, name=name)
+        spec[name] = w
+    cluster.worker_spec.update(spec)
+    cluster.sync(cluster._correct_state)
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(ncpu))
+    pin = (ncpu <= 4) if pin is None else pin
+    cluster.felixjax_cpus = ((cpus[0],), tuple(cpus[1:]) or (cpus[0],)) if pin and ncpu > 1 else (None, None)
+    return cluster
+
+
+def _address(client: Any) -> str:
+    return str(getattr(getattr(client, "scheduler", None), "address", "") or "")
+
+
+@contextlib.contextmanager
+def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iterator[DaskRunner]:
+    """A :class:`DaskRunner` for ``--dask SPEC``: ``"local"`` starts a :func:`local_cluster` (closed on
+    exit; measuring and builds pinned apart on hosts with ≤ 4 cores), an address (``tcp://host:8786``)
+    connects to a running scheduler (left running)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ImportError("--dask needs dask.distributed: pip install 'felixjax[dask]'") from None
+    cluster = None
+    if spec == "local":
+        cluster = local_cluster()
+        measure_cpus, build_cpus = cluster.felixjax_cpus
+        runner_kwargs = {"measure_cpus": measure_cpus, "build_cpus": build_cpus, **runner_kwargs}
+        client = Client(cluster)
+    else:
+        try:
+            client = Client(spec, timeout=f"{timeout_s}s")
+        except OSError as e:
+            raise SchedulerLostError(f"cannot reach the Dask scheduler at {spec}: {e}") from None
+    try:
+        yield DaskRunner(client, **runner_kwargs)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()

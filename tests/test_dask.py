@@ -1,0 +1,178 @@
+"""fj.DaskRunner on a real LocalCluster of worker processes (one measuring worker with device=1, one
+build worker): same configs and statuses as a local run (replay), a compiled kernel measured through
+Dask and checked against numpy inside the measuring child, and a worker killed mid-run losing no
+records. Skipped when dask.distributed is not installed (``pip install -e '.[dask]'``)."""
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import felixjax as fj  # noqa: E402
+from codegen.lower import lower  # noqa: E402
+from codegen.measure import TIMING_HARNESS_C, RunRequest, TimingProtocol  # noqa: E402
+from codegen.run import ReplayRunner as SourceReplay  # noqa: E402
+from codegen.run import remote  # noqa: E402
+from codegen.render_c import render  # noqa: E402
+from felixjax.dask_runner import DaskRunner, local_cluster  # noqa: E402
+from felixjax.testing import OracleScorer, SyntheticOracle  # noqa: E402
+
+TASK = fj.ops.matmul(32, 32, 32)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = local_cluster(build_workers=1)
+    c = distributed.Client(cluster)
+    c.wait_for_workers(2, timeout=120)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def _genetic():
+    # proposals depend on the results (the population is seeded from the best measured configs), but
+    # the scorer is the analytic oracle: no cost-model training, so the test stays fast
+    return {"scorer": OracleScorer(SyntheticOracle(TASK)), "population": 128, "generations": 2, "batch_size": 8,
+            "min_unmeasured": 8}
+
+
+def _tune(runner, db=None):
+    return fj.tune(TASK, strategy="genetic", trials=24, seed=3, progress=False, retime=0, runner=runner, db=db,
+                   strategy_options=_genetic())
+
+
+def test_replay_same_configs_and_statuses_as_local(client):
+    local = _tune(SourceReplay(remote.HashLatency(fail_every=5)))
+    runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 5))
+    dask = _tune(runner)
+    got = [(r.config, r.status, r.latency_s) for r in dask.history]
+    assert got == [(r.config, r.status, r.latency_s) for r in local.history]
+    assert {s for _, s, _ in got} == {"ok", "wrong_result"}
+
+
+def test_compiled_kernel_through_dask_is_checked_against_numpy(client):
+    runner = DaskRunner(client, protocol=TimingProtocol.quick())
+    assert runner.build_mode() == "cluster"  # the build worker compiles, the measuring worker times
+    src = ("void fj_kernel(void* const* b) { const float* x = b[0]; float* y = b[1];\n"
+           "  for (int i = 0; i < 64; ++i) y[i] = 3 * x[i] + 1; }\n" + TIMING_HARNESS_C)
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    good = RunRequest(None, [x], (64,), 0, 3 * x + 1)
+    bad = RunRequest(None, [x], (64,), 0, 3 * x)
+    res = list(runner.measure_stream([src, src], [good, bad]))
+    assert [r.status for r in res] == ["ok", "wrong_result"]  # the child compares the output with numpy
+    assert res[0].latency_s > 0
+    [b] = runner.build([src])
+    assert runner.run(good, build=b).status == "ok"
+    # a whole (tiny) tuning run through the cluster: every record checked against numpy's matmul
+    out = fj.tune(fj.ops.matmul(8, 8, 8), strategy="random", trials=3, progress=False, retime=0, runner=runner,
+                  protocol=TimingProtocol.quick(), threads=1)
+    assert [r.status for r in out.history] == ["ok"] * 3
+
+
+def _worker_pid(client, name):
+    for addr, w in client.scheduler_info()["workers"].items():
+        if w["name"] == name:
+            return addr, client.run(os.getpid, workers=[addr])[addr]
+    raise LookupError(name)
+
+
+def test_killed_worker_loses_no_records(client, tmp_path):
+    db = fj.Database(str(tmp_path / "runs.db"))
+    runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 0, 0.1))
+    _, pid = _worker_pid(client, "measure-0")
+    state = {"killed": False}
+
+    def kill_mid_run():
+        while len(db.records(TASK)) < 5:
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)  # the measuring worker process this test started, by its id
+        state["killed"] = True
+
+    killer = threading.Thread(target=kill_mid_run, daemon=True)
+    killer.start()
+    res = fj.tune(TASK, strategy="random", trials=16, seed=1, progress=False, retime=0, runner=runner, db=db)
+    killer.join(10)
+    assert state["killed"]
+    stored = db.records(TASK, run=res.run)
+    assert len(res.history) == len(stored) == 16  # every candidate recorded: measured or a failure
+    assert len({r.config for r in stored}) == 16
+    # the candidates on the dead worker ran again: on the restarted worker (Dask's own reschedule, or
+    # our re-queue after Dask reports the worker killed); none is lost and none is a failure
+    assert all(r.ok for r in stored)
+    db.close()
+
+
+def test_a_candidate_whose_worker_dies_twice_is_recorded_as_a_failure(client):
+    # a replay that kills its measuring worker process on some sources: re-queued once, then a failure
+    runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 0, 0.0, 4))
+    res = fj.tune(TASK, strategy="random", trials=6, batch=1, seed=0, progress=False, retime=0, runner=runner)
+    dies = remote.HashLatency(die_every=4)
+    def source(cfg):
+        return render(lower(fj.Space(TASK, cfg.sketch, fj.Target.cpu()), cfg))
+
+    killers = {r.config for r in res.history if (dies.bucket(source(r.config)) >> 20) % 4 == 0}
+    failed = {r.config for r in res.history if not r.ok}
+    assert killers and failed == killers
+    assert all("died or was lost 2 times" in r.result.error for r in res.history if not r.ok)
+    assert runner.requeued == len(killers)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scheduler_going_away_is_a_clear_error_and_the_run_resumes(client, tmp_path):
+    from felixjax.dask_runner import SchedulerLostError
+
+    # a scheduler and a worker as separate processes (as on two machines); the scheduler is killed
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1],
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs.append(subprocess.Popen([dask_cli, "worker", addr, "--nthreads", "1", "--resources", "device=1",
+                                   "--no-nanny", "--no-dashboard"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+    db = fj.Database(str(tmp_path / "runs.db"))
+    replay = functools.partial(remote.replay_runner, 0, 0.05)
+    kw = dict(strategy="random", trials=16, batch=4, seed=2, progress=False, retime=0, db=db)
+    try:
+        doomed = distributed.Client(addr, timeout=60)
+        doomed.wait_for_workers(1, timeout=60)
+
+        def kill_scheduler():
+            while len(db.records(TASK)) < 5:
+                time.sleep(0.05)
+            procs[0].kill()  # the scheduler process this test started
+
+        threading.Thread(target=kill_scheduler, daemon=True).start()
+        with pytest.raises(SchedulerLostError, match="rerun the same command to resume"):
+            fj.tune(TASK, runner=DaskRunner(doomed, builds="device", worker_runner=replay, lost_after_s=2), **kw)
+        doomed.close(timeout=2)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+    kept = db.records(TASK)
+    assert 5 <= len(kept) < 16
+    res = fj.tune(TASK, runner=DaskRunner(client, builds="device", worker_runner=replay), **kw)  # resumes
+    assert res.history[:len(kept)] == kept and len(res.history) == 16 == len({r.config for r in res.history})
+    db.close()
+
+
+def test_no_scheduler_at_the_address_is_one_clear_error():
+    from felixjax.dask_runner import SchedulerLostError, connect
+
+    with pytest.raises(SchedulerLostError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:"):
+        with connect(f"tcp://127.0.0.1:{_free_port()}", timeout_s=1):
+            pass
