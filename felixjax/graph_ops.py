@@ -135,6 +135,23 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         if op == "ReduceSum":
             return [np.sum(x, axis=axes, keepdims=keep, dtype=np.float64).astype(x.dtype)]
         return [(np.max if op == "ReduceMax" else np.min)(x, axis=axes, keepdims=keep)]
+    if op in ("ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+        axes, keep, x64 = tuple(a["axes"]), bool(a["keepdims"]), x.astype(np.float64)
+        if op == "ReduceProd":
+            y = np.prod(x64, axis=axes, keepdims=keep)
+        elif op == "ReduceL1":
+            y = np.abs(x64).sum(axis=axes, keepdims=keep)
+        elif op == "ReduceL2":
+            y = np.sqrt((x64 * x64).sum(axis=axes, keepdims=keep))
+        elif op == "ReduceSumSquare":
+            y = (x64 * x64).sum(axis=axes, keepdims=keep)
+        elif op == "ReduceLogSum":
+            y = np.log(x64.sum(axis=axes, keepdims=keep))
+        else:
+            m = x64.max(axis=axes, keepdims=True)
+            y = np.log(np.exp(x64 - m).sum(axis=axes, keepdims=True)) + m
+            y = y if keep else np.squeeze(y, axis=axes)
+        return [_f32(y, x)]
     if op == "LRN":
         return [lrn(x, a["size"], a["alpha"], a["beta"], a["bias"])]
     if op == "Resize":

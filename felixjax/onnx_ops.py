@@ -36,6 +36,8 @@ op                                     inputs              attrs
 ``Gather``                             x                   axis, indices (an int64 array, >= 0)
 ``Expand``                             x                   shape (the output shape)
 ``ReduceSum ReduceMax ReduceMin``      x                   axes (sorted, >= 0), keepdims
+``ReduceProd ReduceL1 ReduceL2``       x                   axes, keepdims
+``ReduceSumSquare ReduceLogSum(Exp)``  x                   axes, keepdims
 ``LRN``                                x (N, C, ...)       size, alpha, beta, bias
 ``Resize``                             x                   taps: ((axis, index (out, T), weight (out, T),
                                                            extrapolated rows or None) per resized axis),
@@ -55,12 +57,14 @@ from onnx import TensorProto
 
 from felixjax.graph_passes import Node
 
+REDUCE = ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+          "ReduceLogSum", "ReduceLogSumExp")
 UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus", "Sin", "Cos", "Tan",
          "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish")
 PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu")
 OPS = UNARY + PARAM_UNARY + (
     "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
-    "Cast", "CastLike", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalMaxPool", "InstanceNormalization", "LRN",
+    "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
     "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax",
     # only ever folded to constants (static shapes); the importer explains when they are not
     "Shape", "Size",
@@ -71,7 +75,7 @@ ATTRS: dict[str, set[str]] = {
     "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
-    **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in ("ReduceSum", "ReduceMax", "ReduceMin")},
+    **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in REDUCE},
     "InstanceNormalization": {"epsilon"}, "LRN": {"size", "alpha", "beta", "bias"},
     "Resize": {"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
                "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy"},
@@ -631,7 +635,7 @@ IMPORTERS = {
     **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Where": _where,
     "Slice": _slice, "Gather": _gather, "Expand": _expand, "Split": _split, "Squeeze": _squeeze,
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
-    **{op: _reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "GlobalMaxPool": _global_max_pool,
+    **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Resize": _resize, "Upsample": _resize,
     "ConvTranspose": lift_1d(_conv_transpose), "Tile": _tile, "LogSoftmax": _log_softmax,
     **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",

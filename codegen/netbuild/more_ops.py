@@ -145,22 +145,35 @@ def _r_reduce(c: _Ctx, w: Any) -> None:
     for e, nm in zip(k_ext, kn):
         w.open(f"for (long {nm} = 0; {nm} < {e}; ++{nm})")
     w(f"const float* p = {c.x[0]} + {_idx(0, k_st, kn)};")
-    if op == "ReduceSum":
-        w("double s = 0.0;")
-    else:
-        w(f"float s = {'-' if op == 'ReduceMax' else ''}INFINITY;")
     rn = [f"r{d}" for d in range(len(r_ext))]
-    for e, nm in zip(r_ext, rn):
-        w.open(f"for (long {nm} = 0; {nm} < {e}; ++{nm})")
     v = f"p[{_idx(0, r_st, rn)}]"
-    if op == "ReduceSum":
-        w(f"s += (double){v};")
-    else:
+
+    def loop(body: str) -> None:
+        for e, nm in zip(r_ext, rn):
+            w.open(f"for (long {nm} = 0; {nm} < {e}; ++{nm})")
+        w(body)
+        for _ in r_ext:
+            w.close()
+
+    if op in ("ReduceMax", "ReduceMin"):
+        w(f"float s = {'-' if op == 'ReduceMax' else ''}INFINITY;")
         cmp = ">" if op == "ReduceMax" else "<"
-        w(f"{{ const float v = {v}; s = (v {cmp} s || v != v) ? v : s; }}")
-    for _ in r_ext:
-        w.close()
-    w(f"{c.y[0]}[{_idx(0, _strides(k_ext), kn)}] = (float)s;")
+        loop(f"{{ const float v = {v}; s = (v {cmp} s || v != v) ? v : s; }}")
+        final = "s"
+    elif op == "ReduceLogSumExp":
+        w("double m = -INFINITY, s = 0.0;")
+        loop(f"{{ const double v = (double){v}; m = (v > m || v != v) ? v : m; }}")
+        loop(f"s += exp((double){v} - m);")
+        final = "log(s) + m"
+    else:
+        w(f"double s = {'1.0' if op == 'ReduceProd' else '0.0'};")
+        acc = {"ReduceSum": "s += (double){0};", "ReduceLogSum": "s += (double){0};",
+               "ReduceProd": "s *= (double){0};", "ReduceL1": "s += fabs((double){0});",
+               "ReduceL2": "{{ const double v = (double){0}; s += v * v; }}",
+               "ReduceSumSquare": "{{ const double v = (double){0}; s += v * v; }}"}[op]
+        loop(acc.format(v))
+        final = {"ReduceL2": "sqrt(s)", "ReduceLogSum": "log(s)"}.get(op, "s")
+    w(f"{c.y[0]}[{_idx(0, _strides(k_ext), kn)}] = (float)({final});")
     for _ in k_ext:
         w.close()
     w.depth -= 1
@@ -295,6 +308,8 @@ def _r_log_softmax(c: _Ctx, w: Any) -> None:
 MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
     **{op: _r_unary for op in UNARY}, **{op: _r_binary for op in BINARY},
     "Where": _r_where, "Expand": _r_expand, "Slice": _r_slice, "Gather": _r_gather,
-    **{op: _r_reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin")}, "LRN": _r_lrn, "Pad": _r_pad,
+    **{op: _r_reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                                "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
+    "LRN": _r_lrn, "Pad": _r_pad,
     "Resize": _r_resize, "LogSoftmax": _r_log_softmax,
 }
