@@ -25,7 +25,7 @@ from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 from felixjax.database import Database
 from felixjax.extract import extract
-from felixjax.features import GLOBAL_FEATURES, batch_features, feature_inputs
+from felixjax.features import GLOBAL_FEATURES, batch_features, feature_inputs, features
 from felixjax.relax import I_EXTRA, Relaxation
 from felixjax.smooth import Smooth
 from felixjax.strategies import SearchContext
@@ -127,6 +127,16 @@ def test_hard_features_include_it_and_equal_the_extractor(knob):
     # where the knob does not apply its feature slot is zero
     conv = Space(conv2d(1, 4, 6, 6, out_channels=8, padding=1), "conv_direct", TARGET)
     assert float(extract(conv, conv.default()).glob[col]) == 0.0
+
+
+def test_soft_features_are_differentiable_in_it(knob):
+    sp = _space()
+    rel = Relaxation(sp)
+    i = I_EXTRA + knob_slot("prefetch")
+    col = GLOBAL_FEATURES.index(f"knob_{feature_slots('prefetch')[0]}")
+    x = jax.numpy.asarray(rel.to_x(sp.default())).at[i].set(1.5)  # between distances 1 and 2
+    g = jax.jit(jax.grad(lambda v: features(feature_inputs(rel), v, Smooth.soft(1.0)).glob[col]))(x)
+    assert np.isfinite(np.asarray(g)).all() and float(g[i]) > 0 and float(np.abs(np.delete(g, i)).max()) == 0.0
 
 
 def test_genetic_mutates_it(knob):
