@@ -613,9 +613,12 @@ class Relaxation:
         levels = [2 if a.reduce else TILE_LEVELS for a in self.space.axes]
         name = self.space.sketch.name
         extra = self._knobs.extra(sc[:, 3:])
-        return [Config(name, tuple(tuple(t[a][:lv]) for a, lv in enumerate(levels)), int(s[2]), 1 << int(s[1]),
-                       1 << int(s[0]), e)
-                for t, s, e in zip(tiles, sc.tolist(), extra)]
+        out = [Config(name, tuple(tuple(t[a][:lv]) for a, lv in enumerate(levels)), int(s[2]), 1 << int(s[1]),
+                      1 << int(s[0]), e)
+               for t, s, e in zip(tiles, sc.tolist(), extra)]
+        if getattr(self.space, "strict_validation", False):  # limits this relaxation does not model (GPU sketch)
+            out = [self.space.repair(c) for c in out]
+        return out
 
     def round_points(self, x_batch: jax.Array | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Round continuous points to valid integer points, deduplicated, without building configs:

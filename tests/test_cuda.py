@@ -145,3 +145,18 @@ def test_planted_dialect_bug_is_caught(bug):
     assert check(sp, cfg).ok
     r = check(sp, cfg, dialect=dataclasses.replace(CUDA, **bug))
     assert r.status == "wrong_result", r
+
+
+def test_repair_gives_valid_configs():
+    from codegen.space import random_factorization
+
+    rng = np.random.default_rng(0)
+    for t in (matmul(2048, 2048, 2048), conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1)):
+        sp = CudaSpace(t, Target.cuda_sim("orin"))
+        for _ in range(100):
+            tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(sp.axes, sp.levels))
+            cfg = Config(SKETCH, tiles, int(rng.integers(0, 4)), int(rng.choice([1, 4])), int(rng.choice([1, 3, 64])))
+            fixed = sp.repair(cfg)
+            assert sp.is_valid(fixed)
+            if sp.is_valid(cfg):
+                assert fixed == cfg

@@ -55,13 +55,15 @@ def test_measurer_reads_ptxas():
     assert r.ok and m.info[cfg]["registers_estimated"] is False and m.info[cfg]["ptxas"]["registers"] > 0
 
 
-@pytest.mark.parametrize("strategy", ["random", "genetic"])
+@pytest.mark.parametrize("strategy", ["random", "genetic", "gradient"])
 def test_tune_on_cuda_sim(no_nvcc, tmp_path, strategy):
     t = fj.ops.conv2d(1, 8, 8, 8, out_channels=16, kernel=3, padding=1) if strategy == "genetic" else \
         fj.ops.matmul(64, 48, 32)
     tg = fj.Target.cuda_sim("orin")
     db = str(tmp_path / "runs.db")
     opts = {"population": 64, "generations": 1} if strategy == "genetic" else None
+    if strategy == "gradient":  # CPU-style relaxation and features; rounding repaired into the GPU limits
+        opts = {"starts": 32, "steps": 16}
     res = fj.tune(t, tg, strategy=strategy, trials=5, db=db, seed=0, progress=False, retime=1,
                   strategy_options=opts)
     assert len(res.history) == 5 and res.best is not None and res.best.ok

@@ -194,6 +194,59 @@ class CudaSpace(Space):
         if regs * g.n_threads > s.regs_per_sm:
             raise ValueError(f"one block needs {regs * g.n_threads} registers, the SM has {s.regs_per_sm}")
 
+    def repair(self, cfg: Config) -> Config:
+        """The nearest valid config by moves of single prime factors to the grid level: threads
+        (``S2``) over the limit move to ``S0``; staged shared memory over the limit shrinks the
+        largest ``R1`` slice (then block tiles); registers over the limit shrink the largest
+        per-thread tile (``S1`` or ``S3``). Knobs outside their domains are clamped. Terminates: every
+        move lowers a block-level tile, and all-ones tiles are valid. Used where a search produces
+        configs by its own rules (the CPU relaxation's rounding) and the GPU limits must still hold.
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> sp = CudaSpace(matmul(2048, 2048, 64), Target.cuda_sim("a100"))
+            >>> bad = Config(SKETCH, ((1, 1, 1, 1), (1, 1, 64, 32), (1, 1, 64, 32), (8, 8)), 3, 4, 3)
+            >>> sp.is_valid(sp.repair(bad))
+            True
+        """
+        tiles = {a.name: list(t) for a, t in zip(self.axes, cfg.tiles)}
+        unroll = max([u for u in UNROLL_CHOICES if u <= max(1, cfg.unroll)] or [1])
+        fixed = Config(SKETCH, cfg.tiles, min(max(cfg.parallel, 0), 1), 1, unroll)
+        sp = [a.name for a in self.con.spatial]
+        rd = [a.name for a in self.con.reduction]
+
+        def move(axis: str, src: int) -> bool:
+            v = tiles[axis][src]
+            if v <= 1:
+                return False
+            p = next(q for q in range(2, v + 1) if v % q == 0)  # smallest prime factor
+            tiles[axis][src] //= p
+            tiles[axis][0] *= p
+            return True
+
+        for _ in range(10_000):
+            cand = Config(SKETCH, tuple(tuple(tiles[a.name]) for a in self.axes), fixed.parallel, 1, unroll)
+            try:
+                self.validate(cand)
+                return cand
+            except ValueError as e:
+                msg = str(e)
+            g = self.geometry(cand)
+            if "threads per block" in msg:
+                move(max(sp, key=lambda a: g.threads[a]), 2)
+            elif "shared memory" in msg:
+                if not (rd and move(max(rd, key=lambda a: g.red_inner[a]), 1)):
+                    a = max(sp, key=lambda a: g.vthreads[a] * g.inner[a])
+                    move(a, 1) or move(a, 3) or move(max(sp, key=lambda a: g.threads[a]), 2)
+            elif "register" in msg:
+                a = max(sp, key=lambda a: g.vthreads[a] * g.inner[a])
+                if not (move(a, 1) or move(a, 3)):
+                    move(max(sp, key=lambda a: g.threads[a]), 2)
+            else:
+                raise ValueError(f"cannot repair {cfg}: {msg}")
+        raise ValueError(f"cannot repair {cfg}")
+
     # ---- sampling --------------------------------------------------------------------------------
     def _draw(self, rng: np.random.Generator) -> Config:
         tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(self.axes, self.levels))
