@@ -110,6 +110,12 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
     if op == "Celu":
         x64 = x.astype(np.float64)
         return [_f32(np.maximum(0, x64) + np.minimum(0, a["alpha"] * np.expm1(x64 / a["alpha"])), x)]
+    if op == "Shrink":
+        lam, b = np.float32(a["lambd"]), np.float32(a["bias"])
+        return [_f32(np.where(x < -lam, x + b, np.where(x > lam, x - b, 0)), x)]
+    if op == "Swish":
+        x64 = x.astype(np.float64)
+        return [_f32(x64 / (1 + np.exp(-a["alpha"] * x64)), x)]
     if op == "ThresholdedRelu":
         return [_f32(np.where(x > np.float32(a["alpha"]), x, 0), x)]
     if op == "LogSoftmax":

@@ -7,6 +7,8 @@ rewritten into canonical ones the rest of the stack already runs:
     Squeeze / Unsqueeze / Flatten       Reshape
     Cast to float32 / CastLike          Identity
     Split                               one Slice per output
+    DepthToSpace / SpaceToDepth         Reshape -> Transpose -> Reshape
+    GroupNormalization                  as InstanceNormalization over groups (opset 18 scales gathered)
     Tile                                one Gather per repeated axis
     Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
     GlobalMaxPool                       ReduceMax over the spatial axes
@@ -28,6 +30,8 @@ op                                     inputs              attrs
 ``HardSigmoid``                        x                   alpha, beta
 ``LeakyRelu Elu Celu ThresholdedRelu`` x                   alpha
 ``Selu``                               x                   alpha, gamma
+``Shrink``                             x                   bias, lambd
+``Swish``                              x                   alpha
 ``LogSoftmax``                         x                   axes (as Softmax)
 ``Gelu``                               x                   approximate ("none" | "tanh")
 ``Max Min PRelu``                      a, b                (numpy broadcasting; PRelu: b is the slope)
@@ -61,17 +65,20 @@ REDUCE = ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "Redu
           "ReduceLogSum", "ReduceLogSumExp")
 UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus", "Sin", "Cos", "Tan",
          "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish")
-PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu")
+PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu", "Shrink", "Swish")
 OPS = UNARY + PARAM_UNARY + (
     "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
     "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
-    "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax",
+    "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax", "DepthToSpace", "SpaceToDepth",
+    "GroupNormalization",
     # only ever folded to constants (static shapes); the importer explains when they are not
     "Shape", "Size",
 )
 ATTRS: dict[str, set[str]] = {
     "HardSigmoid": {"alpha", "beta"}, "LeakyRelu": {"alpha"}, "Elu": {"alpha"}, "Gelu": {"approximate"},
     "Selu": {"alpha", "gamma"}, "Celu": {"alpha"}, "ThresholdedRelu": {"alpha"}, "LogSoftmax": {"axis"},
+    "Shrink": {"bias", "lambd"}, "Swish": {"alpha"}, "DepthToSpace": {"blocksize", "mode"},
+    "SpaceToDepth": {"blocksize", "mode"}, "GroupNormalization": {"num_groups", "epsilon", "stash_type"},
     "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
@@ -121,6 +128,10 @@ def _param_unary(ctx: Any) -> list[Node]:
     elif ctx.op == "LeakyRelu":
         attrs = {"alpha": float(a.get("alpha", 0.01))}
     elif ctx.op in ("Elu", "Celu", "ThresholdedRelu"):
+        attrs = {"alpha": float(a.get("alpha", 1.0))}
+    elif ctx.op == "Shrink":
+        attrs = {"bias": float(a.get("bias", 0.0)), "lambd": float(a.get("lambd", 0.5))}
+    elif ctx.op == "Swish":
         attrs = {"alpha": float(a.get("alpha", 1.0))}
     elif ctx.op == "Selu":
         attrs = {"alpha": float(a.get("alpha", 1.67326319217681884765625)),
@@ -293,6 +304,64 @@ def _tile(ctx: Any) -> list[Node]:
         nodes.append(_node(ctx, "Gather", [cur], {"axis": a, "indices": np.tile(np.arange(xs[a]), reps[a])}, [out]))
         cur, xs = out, shape
     return nodes
+
+
+def _depth_space(ctx: Any) -> list[Node]:
+    """DepthToSpace / SpaceToDepth as Reshape -> Transpose -> Reshape."""
+    x = ctx.input(0)
+    xs = ctx.shape(x)
+    if len(xs) != 4 or "blocksize" not in ctx.attrs:
+        ctx.fail("needs a 4-D NCHW input and a blocksize")
+    b, mode = int(ctx.attrs["blocksize"]), ctx.attrs.get("mode", "DCR")
+    n, c, h, w = xs
+    if mode not in ("DCR", "CRD") or b < 1:
+        ctx.fail(f"mode={mode!r} / blocksize={b} is not supported (DCR, CRD)")
+    if ctx.op == "DepthToSpace":
+        if c % (b * b):
+            ctx.fail(f"{c} channels do not divide by blocksize^2 = {b * b}")
+        mid, perm = ((n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)) if mode == "DCR" else \
+            ((n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3))
+        out = (n, c // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            ctx.fail(f"spatial size {h}x{w} does not divide by blocksize {b}")
+        mid = (n, c, h // b, b, w // b, b)
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+        out = (n, c * b * b, h // b, w // b)
+    r1 = _tmp(ctx, "blocks", mid)
+    r2 = _tmp(ctx, "moved", [mid[p] for p in perm])
+    return [_node(ctx, "Reshape", [x], {"shape": mid}, [r1]), _node(ctx, "Transpose", [r1], {"perm": perm}, [r2]),
+            _node(ctx, "Reshape", [r2], {"shape": out})]
+
+
+def _group_norm(ctx: Any) -> list[Node]:
+    """GroupNormalization as Reshape -> LayerNormalization -> Reshape -> per-channel ScaleShift (opset 18's
+    per-group scale and bias are gathered to channels)."""
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    xs = ctx.shape(x)
+    if len(xs) < 3 or "num_groups" not in ctx.attrs:
+        ctx.fail("needs a (N, C, ...) input and num_groups")
+    g = int(ctx.attrs["num_groups"])
+    if g < 1 or xs[1] % g:
+        ctx.fail(f"{xs[1]} channels do not divide into {g} groups")
+    rows, cols = xs[0] * g, math.prod(xs[1:]) // g
+    flat, normed, back = _tmp(ctx, "rows", (rows, cols)), _tmp(ctx, "normalized", (rows, cols)), _tmp(ctx, "y", xs)
+    nodes = [_node(ctx, "Reshape", [x], {"shape": (rows, cols)}, [flat]),
+             _node(ctx, "LayerNormalization", [flat, ctx.new_const("ones", np.ones(cols, np.float32))],
+                   {"axis": 1, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}, [normed]),
+             _node(ctx, "Reshape", [normed], {"shape": tuple(xs)}, [back])]
+    params = []
+    for v in (scale, bias):
+        if ctx.shape(v) != (xs[1],):
+            if ctx.shape(v) != (g,):
+                ctx.fail(f"scale / bias of shape {ctx.shape(v)} fit neither {g} groups nor {xs[1]} channels")
+            per_channel = _tmp(ctx, "per_channel", (xs[1],))
+            ctx.shapes[per_channel] = (xs[1],)
+            nodes.append(_node(ctx, "Gather", [v], {"axis": 0, "indices": np.repeat(np.arange(g), xs[1] // g)},
+                               [per_channel]))
+            v = per_channel
+        params.append(v)
+    return nodes + [_node(ctx, "ScaleShift", [back] + params)]
 
 
 def _log_softmax(ctx: Any) -> list[Node]:
@@ -638,6 +707,7 @@ IMPORTERS = {
     **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Resize": _resize, "Upsample": _resize,
     "ConvTranspose": lift_1d(_conv_transpose), "Tile": _tile, "LogSoftmax": _log_softmax,
+    "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space, "GroupNormalization": _group_norm,
     **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
                                  "NonZero")},
 }

@@ -52,6 +52,9 @@ UNARY: dict[str, Callable[[dict], str]] = {
     "Celu": lambda a: f"(float)(fmax(0.0, (double){{0}}) + fmin(0.0, {_flt(a['alpha'])} * "
                       f"expm1((double){{0}} / {_flt(a['alpha'])})))",
     "ThresholdedRelu": lambda a: f"({{0}} > (float){_flt(a['alpha'])} ? {{0}} : 0.0f)",
+    "Shrink": lambda a: f"({{0}} < -(float){_flt(a['lambd'])} ? {{0}} + (float){_flt(a['bias'])} : "
+                        f"({{0}} > (float){_flt(a['lambd'])} ? {{0}} - (float){_flt(a['bias'])} : 0.0f))",
+    "Swish": lambda a: f"(float)((double){{0}} / (1.0 + exp(-{_flt(a['alpha'])} * (double){{0}})))",
 }
 BINARY = {"Max": "fj_max({0}, {1})", "Min": "fj_min({0}, {1})", "PRelu": "({0} < 0.0f ? {0} * {1} : {0})"}
 
