@@ -111,3 +111,22 @@ def test_cli_target(no_nvcc, tmp_path):
     assert "__global__" in ok.stdout and "GFLOP/s" in ok.stdout
     bad = subprocess.run(base + ["--target", "cuda-sim:rtx9090"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "known: a100" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_seconds_budget_is_wall_clock(no_nvcc):
+    import time
+
+    t = fj.ops.matmul(128, 128, 128)
+    t0 = time.perf_counter()
+    res = fj.tune(t, fj.Target.cuda_sim("a100"), strategy="random", trials=500, seconds=3.0, seed=1,
+                  progress=False, retime=0)
+    wall = time.perf_counter() - t0
+    assert res.stop_reason == "seconds" and 1 <= len(res.history) < 500
+    assert res.history[-1].elapsed_s >= 3.0 and wall < 3.0 + 20.0  # stops within a build group or two
+
+
+def test_real_gpu_target_is_refused_clearly():
+    tg = fj.Target(kind="cuda", name="NVIDIA A100-SXM4-80GB", cores=108, simd_lanes=1)
+    assert tg.spec.name == "a100"
+    with pytest.raises(ValueError, match="real GPU is not implemented"):
+        GpuSimMeasurer(fj.ops.matmul(8, 8, 8), tg)

@@ -14,8 +14,10 @@ on_result)``, like ``felixjax.measurer.Measurer``): for every config it
    shared memory beyond the SM) is a ``runtime_error``, as the launch would fail on the device.
 
 The result's latency is the simulated seconds (one repeat: the simulator is deterministic).
-``info[config]`` keeps the ptxas report and the simulator's breakdown. Builds (nvcc and g++) run
-in a small thread pool; checks and simulation follow in order, so records arrive in order.
+``info[config]`` keeps the ptxas report and the simulator's breakdown (the database record holds the
+status and the simulated seconds only). Builds (nvcc and g++) run ``workers`` at a time in a thread
+pool, each group checked and simulated before the next is built, so records arrive in order and a
+seconds budget (wall-clock: builds, checks and simulation) stops the round soon after it runs out.
 
 Example:
     >>> from codegen.ops import matmul
@@ -60,7 +62,8 @@ class GpuSimMeasurer:
     def __init__(self, task: Task, target: Target, *, nvcc: bool | None = None, max_blocks: int = 32,
                  workers: int = 2, dialect: CudaDialect = CUDA, input_seed: int = 0):
         if target.kind != "cuda-sim":
-            raise ValueError(f"GpuSimMeasurer measures on cuda-sim targets, not {target.kind!r}")
+            raise ValueError(f"GpuSimMeasurer measures on cuda-sim targets, not {target.kind!r} (timing with CUDA "
+                             "events on a real GPU is not implemented yet: use Target.cuda_sim(name))")
         self.task, self.target = task, target
         self.spec = target.spec
         self.spaces = cuda_spaces(task, target)
@@ -97,12 +100,14 @@ class GpuSimMeasurer:
         """Build all (in parallel), then check and simulate one by one; ``on_result`` returns False
         to stop early."""
         arrays, expected = self._inputs()
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            builds = list(pool.map(self._build, configs))
-        for cfg, (kernel, nv, err, build_s) in zip(configs, builds):
-            res = self._one(cfg, kernel, nv, err, build_s, arrays, expected)
-            if not on_result(cfg, res):
-                return
+        step = max(1, self.workers)
+        with ThreadPoolExecutor(max_workers=step) as pool:
+            for i in range(0, len(configs), step):  # build a few at a time: a seconds budget stops soon
+                chunk = configs[i: i + step]
+                for cfg, (kernel, nv, err, build_s) in zip(chunk, pool.map(self._build, chunk)):
+                    res = self._one(cfg, kernel, nv, err, build_s, arrays, expected)
+                    if not on_result(cfg, res):
+                        return
 
     def _one(self, cfg, kernel, nv, err, build_s, arrays, expected) -> MeasureResult:
         if kernel is None:
