@@ -86,15 +86,18 @@ def test_session_picks_the_gpu_measurer_and_compare_runs(no_nvcc, tmp_path):
     assert "random" in cmp.table()
 
 
-def test_tune_model_on_cuda_sim_and_build_refused(no_nvcc):
-    import onnx
+def _tiny_model_bytes() -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32), "w")
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
                           "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 32])], [w])
-    model = fj.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_tune_model_on_cuda_sim_and_build_refused(no_nvcc):
+    model = fj.load_onnx(_tiny_model_bytes())
     tg = fj.Target.cuda_sim("a100")
     net = fj.tune_model(model, tg, trials=3, strategy="random", progress=False)
     assert net is not None
@@ -111,6 +114,13 @@ def test_cli_target(no_nvcc, tmp_path):
     assert "__global__" in ok.stdout and "GFLOP/s" in ok.stdout
     bad = subprocess.run(base + ["--target", "cuda-sim:rtx9090"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "known: a100" in bad.stderr and "Traceback" not in bad.stderr
+    onnx_path = tmp_path / "tiny.onnx"
+    onnx_path.write_bytes(_tiny_model_bytes())
+    model = subprocess.run([sys.executable, "-m", "felixjax.cli", "tune", str(onnx_path), "--target", "cuda-sim:orin",
+                            "--trials", "2", "--strategy", "random", "--db", str(tmp_path / "m.db"), "--quiet"],
+                           capture_output=True, text=True, timeout=300)
+    assert model.returncode == 0, model.stderr  # tuned; no network build on a simulated GPU
+    assert "matmul_4x32x16_relu" in model.stdout
 
 
 def test_seconds_budget_is_wall_clock(no_nvcc):
