@@ -388,8 +388,9 @@ def default_sketch(task: Task, target: Target) -> Sketch:
 
     Example:
         >>> from codegen.ops import conv2d
-        >>> default_sketch(conv2d(1, 160, 4, 4, out_channels=960, kernel=1), Target.cpu()).name
-        'conv_spatial_pack'
+        >>> t = conv2d(1, 160, 4, 4, out_channels=960, kernel=1)
+        >>> default_sketch(t, Target.cpu(simd_lanes=16)).name, default_sketch(t, Target.cpu(simd_lanes=8)).name
+        ('conv_spatial_pack', 'conv_direct')
     """
     sketches = sketches_for(task)
     if task.op == "conv2d":
