@@ -31,6 +31,7 @@ from codegen.render_c import render
 from codegen.space import Config, Space
 from codegen.target import Target
 
+from .cost_aware import CostAware
 from .database import Database
 from .errors import UnsupportedModelError
 from .network_build import CompiledModel, _as_model, choose_schedules, graph_to_spec
@@ -56,7 +57,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
               protocol: TimingProtocol | None = None, batch: int | None = None,
               progress: bool | Callable[[dict], None] = True, strategy_options: dict | None = None,
               defaults: bool = True, renderer: Callable[[Plan], str] = render, cost_model: str | None = None,
-              retime: int = 3, measurer: Callable[[Task, Target], Any] | None = None) -> TuneResult:
+              retime: int = 3, measurer: Callable[[Task, Target], Any] | None = None,
+              filter_p: float | None = None, early_stop: float | None = None) -> TuneResult:
     """Tune one operator: rounds of propose -> build -> measure -> record -> update (``fj.tune``).
 
     Args:
@@ -81,6 +83,9 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         retime: re-time this many of the best configs at the end, interleaved (``res.best`` is the
             re-timed figure; 0: no re-timing).
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
+        filter_p, early_stop: cost-aware tuning, off by default (:mod:`felixjax.cost_aware`): skip
+            candidates less likely than ``filter_p`` to beat the best; end the run (``stop_reason``
+            ``"early_stop"``) when the expected gain per trial is below ``early_stop``.
 
     Returns:
         A :class:`TuneResult` with ``.best``, ``.history``, ``.source`` and ``.kernel()``.
@@ -93,7 +98,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
     task = _as_task(task)                                                      # the operator, as a Task
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
-                       defaults=defaults) as session:                          # ⑥ model, ⑩ measurer, ⑪ database
+                       defaults=defaults,
+                       cost_aware=CostAware.of(filter_p, early_stop)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
         tr = session.add(task, strategy, seed=seed, trials=trials, seconds=seconds, run=run,
                          strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
         while not tr.done:
@@ -110,7 +116,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                runner: LocalRunner | None = None, protocol: TimingProtocol | None = None,
                strategy_options: dict | None = None, include_defaults: bool = True, alpha: float = 0.2,
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
-               measurer: Callable[[Task, Target], Any] | None = None) -> NetworkTuneResult:
+               measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
+               early_stop: float | None = None) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
     One tuning session serves every task: one strategy instance and context per task for the whole
@@ -138,6 +145,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         alpha, beta, window: the scheduler's constants (Ansor's defaults).
         cost_model: a pretrained cost-model checkpoint to start the shared model from.
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
+        filter_p, early_stop: cost-aware tuning as for :func:`tune_task`; a task stopped early
+            gives its share of the budget to the other tasks.
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -164,7 +173,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     start = time.perf_counter()
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        cost_model=cost_model, seed=seed, seconds=seconds, progress=False,
-                       defaults=include_defaults) as session:                 # ⑥ one model for every task
+                       defaults=include_defaults,
+                       cost_aware=CostAware.of(filter_p, early_stop)) as session:     # ⑥ one model for every task
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count

@@ -48,6 +48,7 @@ from codegen.target import Target
 from costmodels import kendall_tau
 
 from .context import SearchContext
+from .cost_aware import CostAware, Screen
 from .database import Database, TuningRecord
 from .measurer import Measurer
 from .model import OnlineCostModel
@@ -88,7 +89,9 @@ class TaskRun:
         trials, seconds: this run's own budget (``None``: only the session's budget applies).
         clock: seconds this run has spent (resumed runs continue from their last record).
         rounds, done, resumed: rounds stepped here, whether the run is over, records found at start.
-        stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``).
+        stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``,
+            ``"early_stop"``: cost-aware tuning judged further trials not worth it).
+        screen: the run's cost-aware state (:class:`~felixjax.cost_aware.Screen`; None when off).
     """
 
     task: Task
@@ -108,6 +111,7 @@ class TaskRun:
     last_id: int = 0
     stats: dict = field(default_factory=lambda: {"propose_s": 0.0, "update_s": 0.0, "build_measure_s": 0.0,
                                                  "rounds": 0})
+    screen: Any = None
 
     @property
     def history(self) -> list[TuningRecord]:
@@ -147,6 +151,8 @@ class TuningSession:
         trials, seconds: the session's budget over all runs (``None``: runs' own budgets only).
         progress: print progress lines to stderr, or a callable receiving progress dicts.
         defaults: measure every sketch's hand-written default schedule in a run's first round.
+        cost_aware: cold-candidate filtering and early stop for every run
+            (:class:`~felixjax.cost_aware.CostAware`; ``None``: off); ``add(cost_aware=...)`` overrides it.
     """
 
     def __init__(self, target: Target | None = None, *, db: str | Database | None = None,
@@ -154,7 +160,8 @@ class TuningSession:
                  target_key: str | None = None, threads: int | None = None, protocol: TimingProtocol | None = None,
                  renderer: Callable[[Plan], str] = render, cost_model: str | None = None, seed: int = 0,
                  trials: int | None = None, seconds: float | None = None,
-                 progress: bool | Callable[[dict], None] = True, defaults: bool = True):
+                 progress: bool | Callable[[dict], None] = True, defaults: bool = True,
+                 cost_aware: CostAware | None = None):
         self.target = target or Target.cpu()
         self.target_key = target_key or self.target.key
         self._target_json = self.target.to_json()
@@ -167,6 +174,7 @@ class TuningSession:
         self.cost_model, self.seed = cost_model, seed
         self.trials, self.seconds = trials, seconds
         self.defaults = defaults
+        self.cost_aware = cost_aware
         self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
         self.models: dict[Hashable, OnlineCostModel] = {}
         self.measurers: dict[str, Any] = {}
@@ -220,12 +228,14 @@ class TuningSession:
     # ---- runs ----------------------------------------------------------------------------------
     def add(self, task: Task, strategy: str | Strategy = "gradient", *, seed: int = 0, trials: int | None = None,
             seconds: float | None = None, run: str | None = None, label: str | None = None,
-            group: Hashable = "", strategy_options: dict | None = None) -> TaskRun:
+            group: Hashable = "", strategy_options: dict | None = None,
+            cost_aware: CostAware | None = None) -> TaskRun:
         """Start (or resume) a run of ``task``: records of the same ``run`` in the database are
         reloaded, count against its budget, are shown to the strategy, and are never measured again.
 
         ``strategy`` is a registered name (a fresh instance per run) or an object (used as given);
-        ``group`` names the cost model the run's scorer views (see :meth:`model`).
+        ``group`` names the cost model the run's scorer views (see :meth:`model`); ``cost_aware``
+        replaces the session's cost-aware options for this run (``CostAware()``: off).
         """
         if isinstance(task, str):
             from codegen.ops import parse_spec
@@ -252,6 +262,8 @@ class TuningSession:
         tr = TaskRun(task, run, label, seed, strat, ctx, trials, seconds, group,
                      clock=history[-1].elapsed_s if history else 0.0, resumed=len(history),
                      last_id=max((r.id or 0 for r in history), default=0))
+        ca = cost_aware if cost_aware is not None else self.cost_aware
+        tr.screen = Screen(ca, seed) if ca is not None and ca.enabled else None
         if history:
             t = time.perf_counter()
             strat.update(ctx, list(history))
@@ -292,6 +304,10 @@ class TuningSession:
         head = opening_defaults(ctx, n) if self.defaults else []
         cands = head + [c for c in tr.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
         cands = list(dict.fromkeys(cands))[:n]
+        if tr.screen is not None:  # cost-aware: skip cold candidates, or end the run (felixjax.cost_aware)
+            cands, why = tr.screen.screen(tr, cands, len(head))
+            if why:
+                return self._finish(tr, why, t0)
         tr.stats["propose_s"] += time.perf_counter() - t0
         for c in cands:
             ctx.spaces[c.sketch].validate(c)

@@ -1,0 +1,185 @@
+"""Cost-aware tuning (issue 19): cold-candidate filtering and early stop, off by default.
+
+Autotuning cost is the trials measured. Trimmer cut it by not measuring candidates that cannot win and
+by stopping when the expected improvement no longer pays; these are the two options here, both driven
+by an uncertainty estimate of the cost model (an ensemble's mean and spread,
+:class:`costmodels.EnsembleCostModel`):
+
+* **cold-candidate filtering** (``filter_p``): before a round is measured, the probability that each
+  candidate beats the run's current best is ``P = Φ((μ_c − μ_b) / σ)`` with ``μ`` the ensemble's mean
+  predicted score (−log latency) of the candidate and of the best measured config, and
+  ``σ = sqrt(σ_c² + σ_b² + σ_0²)`` their spreads plus a floor. Candidates with ``P < filter_p`` (the
+  rest of the batch, once the promising ones are kept) are skipped: not measured, not counted as
+  trials. The opening defaults are never skipped, and a round keeps at least its most promising
+  candidate.
+* **early stop** (``early_stop``): the expected gain per trial of the next round is the largest
+  expected improvement ``EI = σ φ(z) + (μ_c − μ_b) Φ(z)`` among the candidates it would measure (a
+  stand-in for the expected improvement of the round's best), divided by the trials the round costs;
+  in −log latency, so ``0.001`` is 0.1 % of latency per trial. When it stays below ``early_stop`` for ``patience``
+  rounds **and** the run's best improved by less than that per trial over the last ``window`` trials,
+  the run ends with ``stop_reason = "early_stop"``; under ``fj.tune_model``'s task scheduler its
+  budget goes to the other tasks.
+
+Neither acts before ``warmup`` correct measurements of the run (the ensemble needs data). The ensemble
+is fitted on the run's correct measurements (features from the session's cost model) and fine-tuned
+each round; any object with ``update(ctx, records)`` and ``predict(ctx, configs) -> (mean, std)`` can
+stand in for it (``uncertainty=``; tests use the synthetic oracle).
+
+Example:
+    >>> ca = CostAware(filter_p=0.05, early_stop=0.002)
+    >>> ca.enabled, CostAware().enabled
+    (True, False)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CostAware:
+    """Options of cost-aware tuning (``None``: that option is off).
+
+    Attributes:
+        filter_p: skip candidates whose probability of beating the current best is below this.
+        early_stop: end the run when the expected gain per trial (−log latency units) is below this.
+        warmup: correct measurements of the run before either option acts.
+        patience: consecutive rounds under ``early_stop`` before stopping.
+        window: trials over which the run's observed improvement per trial must also be under it.
+        sigma_floor: ``σ_0``, the floor of the uncertainty (model error the ensemble does not see).
+        members, hidden: the ensemble's size and width.
+        uncertainty: ``() -> estimator`` replacing the ensemble (tests: an oracle with noise).
+    """
+
+    filter_p: float | None = None
+    early_stop: float | None = None
+    warmup: int = 24
+    patience: int = 2
+    window: int = 32
+    sigma_floor: float = 0.03
+    members: int = 3
+    hidden: int = 64
+    uncertainty: Callable[[], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.filter_p is not None and not 0 < self.filter_p < 1:
+            raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
+        if self.early_stop is not None and not self.early_stop > 0:
+            raise ValueError(f"early_stop must be > 0 (got {self.early_stop})")
+        if self.warmup < 1 or self.patience < 1 or self.window < 1:
+            raise ValueError("warmup, patience and window must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.filter_p is not None or self.early_stop is not None
+
+    @classmethod
+    def of(cls, filter_p: float | None = None, early_stop: float | None = None) -> CostAware | None:
+        """The options of ``fj.tune(filter_p=..., early_stop=...)``, or None when both are off."""
+        ca = cls(filter_p=filter_p, early_stop=early_stop)
+        return ca if ca.enabled else None
+
+
+class EnsembleUncertainty:
+    """The run's own small :class:`costmodels.EnsembleCostModel` over the session's features."""
+
+    def __init__(self, members: int = 3, hidden: int = 64, seed: int = 0):
+        self.members, self.hidden, self.seed = members, hidden, seed
+        self.model = None
+        self._configs: list = []
+        self._lat: list[float] = []
+        self._seen: set = set()
+
+    def update(self, ctx: Any, records: list) -> None:
+        new = [r for r in records if r.ok and r.config not in self._seen]
+        if not new:
+            return
+        from costmodels import EnsembleCostModel, TrainConfig
+
+        from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
+
+        for r in new:
+            self._seen.add(r.config)
+            self._configs.append(r.config)
+            self._lat.append(r.latency_s)
+        if self.model is None:
+            self.model = EnsembleCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, num_members=self.members,
+                                           hidden=self.hidden, seed=self.seed,
+                                           config=TrainConfig(sample_budget=2048, max_epochs=40, min_epochs=3))
+        self.model.update(ctx.scorer.features(self._configs), np.asarray(self._lat), None)
+
+    def predict(self, ctx: Any, configs: list) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.predict_with_std(ctx.scorer.features(list(configs)))
+
+
+def _phi(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _Phi(z: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * (1.0 + np.vectorize(erf)(z / math.sqrt(2.0)))
+
+
+class Screen:
+    """The per-run state of cost-aware tuning: the uncertainty estimator, rounds under the threshold."""
+
+    def __init__(self, options: CostAware, seed: int = 0):
+        self.options = options
+        self.estimator = options.uncertainty() if options.uncertainty is not None else EnsembleUncertainty(
+            options.members, options.hidden, seed)
+        self.fed = 0  # records of the run fed to the estimator
+        self.cold_rounds = 0
+        self.last: dict = {}
+
+    def _feed(self, ctx: Any) -> int:
+        new = ctx.history[self.fed:]
+        self.fed = len(ctx.history)
+        if new:
+            self.estimator.update(ctx, new)
+        return sum(1 for r in ctx.history if r.ok)
+
+    def observed_gain(self, history: list) -> float:
+        """The run's improvement of −log(best latency) per trial over the last ``window`` trials."""
+        w = self.options.window
+        if len(history) <= w:
+            return math.inf
+        best_then = min((r.latency_s for r in history[:-w] if r.ok), default=math.inf)
+        best_now = min((r.latency_s for r in history if r.ok), default=math.inf)
+        if not math.isfinite(best_then):
+            return math.inf
+        return math.log(best_then / best_now) / w
+
+    def screen(self, tr: Any, cands: list, n_head: int) -> tuple[list, str]:
+        """``(candidates to measure, stop reason or "")`` for one round of run ``tr``."""
+        ctx, opt = tr.ctx, self.options
+        if self._feed(ctx) < opt.warmup or len(cands) <= n_head:
+            return cands, ""
+        best = min((r for r in ctx.history if r.ok), key=lambda r: r.latency_s)
+        rest = cands[n_head:]
+        mu, sd = self.estimator.predict(ctx, [best.config] + rest)
+        mu, sd = np.asarray(mu, np.float64), np.asarray(sd, np.float64)
+        sigma = np.sqrt(sd[1:] ** 2 + sd[0] ** 2 + opt.sigma_floor ** 2)
+        delta = mu[1:] - mu[0]
+        z = delta / sigma
+        p = _Phi(z)
+        ei = np.maximum(sigma * _phi(z) + delta * _Phi(z), 0.0)
+        keep = np.ones(len(rest), bool)
+        if opt.filter_p is not None:
+            keep = p >= opt.filter_p
+            if not keep.any() and not n_head:
+                keep[int(np.argmax(p))] = True  # a round measures at least its most promising candidate
+        kept = cands[:n_head] + [c for c, k in zip(rest, keep) if k]
+        gain = float(ei[keep].max()) / int(keep.sum()) if keep.any() else 0.0
+        tr.stats["filtered"] = tr.stats.get("filtered", 0) + int((~keep).sum())
+        tr.stats["expected_gain"] = gain
+        self.last = {"p": p, "ei": ei, "gain": gain, "kept": int(keep.sum()), "proposed": len(rest)}
+        if opt.early_stop is not None:
+            self.cold_rounds = self.cold_rounds + 1 if gain < opt.early_stop else 0
+            if self.cold_rounds >= opt.patience and self.observed_gain(ctx.history) < opt.early_stop:
+                return [], "early_stop"
+        return kept, ""

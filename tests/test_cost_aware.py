@@ -1,0 +1,73 @@
+"""Cost-aware tuning (issue 19): cold-candidate filtering and early stop, with the replay oracle
+(no compiling) and an oracle stand-in for the ensemble's uncertainty; one run with the real ensemble."""
+import pytest
+
+import felixjax as fj
+from felixjax.cost_aware import CostAware
+from felixjax.session import TuningSession
+from felixjax.testing import OracleScorer, OracleUncertainty, ReplayRunner, SyntheticOracle
+
+TASK = fj.ops.matmul(64, 64, 64)
+ORACLE = SyntheticOracle(TASK)
+
+
+def _replay(task, target):
+    return ReplayRunner(SyntheticOracle(task))
+
+
+def _run(trials, cost_aware=None, seed=0, strategy="genetic"):
+    opts = {"scorer": OracleScorer(ORACLE, noise=0.3, seed=seed), "population": 256, "generations": 2,
+            "batch_size": 16, "min_unmeasured": 16} if strategy == "genetic" else None
+    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, seed=seed) as s:
+        tr = s.add(TASK, strategy, seed=seed, trials=trials, strategy_options=opts, cost_aware=cost_aware)
+        while not tr.done:
+            s.step(tr)
+    return tr
+
+
+def _oracle_uncertainty():
+    return OracleUncertainty(ORACLE, noise=0.1, std=0.1)
+
+
+def test_off_by_default():
+    res = fj.tune(TASK, strategy="random", trials=8, progress=False, retime=0, measurer=_replay)
+    assert "filtered" not in res.stats and res.stop_reason == "trials"
+    assert CostAware.of() is None and CostAware.of(filter_p=0.1).enabled
+
+
+def test_cold_candidate_filtering_skips_candidates_unlikely_to_win():
+    on = _run(96, CostAware(filter_p=0.2, warmup=16, uncertainty=_oracle_uncertainty))
+    assert on.stats["filtered"] > 0  # candidates proposed but never measured
+    assert len(on.history) == 96 and on.stop_reason == "trials"  # the budget goes to later rounds
+    off = _run(96)
+    assert "filtered" not in off.stats
+    assert on.best().latency_s <= 1.05 * off.best().latency_s
+
+
+def test_early_stop_saves_trials_and_says_why():
+    ca = CostAware(filter_p=0.1, early_stop=0.002, warmup=16, patience=2, window=32,
+                   uncertainty=lambda: OracleUncertainty(ORACLE, noise=0.02, std=0.02))
+    on, off = _run(256, ca), _run(256)
+    assert on.stop_reason == "early_stop" and off.stop_reason == "trials"
+    assert len(on.history) < 0.8 * len(off.history)
+    assert on.best().latency_s <= 1.10 * off.best().latency_s
+    # the result of fj.tune reports it too
+    res = fj.tune(TASK, strategy="genetic", trials=256, progress=False, retime=0, measurer=_replay,
+                  strategy_options={"scorer": OracleScorer(ORACLE, noise=0.3), "population": 256, "generations": 2,
+                                    "batch_size": 16, "min_unmeasured": 16},
+                  filter_p=None, early_stop=None)
+    assert res.stop_reason == "trials"
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="filter_p"):
+        CostAware(filter_p=1.5)
+    with pytest.raises(ValueError, match="early_stop"):
+        CostAware(early_stop=0)
+
+
+def test_with_the_real_ensemble():
+    # the default uncertainty: the run's own small ensemble over the session's features (jax)
+    tr = _run(40, CostAware(filter_p=0.3, early_stop=1e-4, warmup=12), strategy="random")
+    assert tr.screen.last["proposed"] > 0 and 0 <= tr.stats["filtered"]
+    assert tr.stop_reason in ("trials", "early_stop") and tr.stats["expected_gain"] >= 0
