@@ -9,6 +9,8 @@ rewritten into canonical ones the rest of the stack already runs:
     Split                               one Slice per output
     DepthToSpace / SpaceToDepth         Reshape -> Transpose -> Reshape
     GroupNormalization                  as InstanceNormalization over groups (opset 18 scales gathered)
+    RMSNormalization, LpNormalization   chains of Mul / ReduceMean / ReduceL1 / ReduceL2 / Max / Sqrt / Div
+    Trilu                               Where with a constant triangular mask
     Tile                                one Gather per repeated axis
     Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
     GlobalMaxPool                       ReduceMax over the spatial axes
@@ -73,7 +75,7 @@ OPS = UNARY + PARAM_UNARY + (
     "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
     "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
     "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax", "DepthToSpace", "SpaceToDepth",
-    "GroupNormalization",
+    "GroupNormalization", "RMSNormalization", "LpNormalization", "Trilu",
     # only ever folded to constants (static shapes); the importer explains when they are not
     "Shape", "Size",
 )
@@ -82,6 +84,8 @@ ATTRS: dict[str, set[str]] = {
     "Selu": {"alpha", "gamma"}, "Celu": {"alpha"}, "ThresholdedRelu": {"alpha"}, "LogSoftmax": {"axis"},
     "Shrink": {"bias", "lambd"}, "Swish": {"alpha"}, "DepthToSpace": {"blocksize", "mode"},
     "SpaceToDepth": {"blocksize", "mode"}, "GroupNormalization": {"num_groups", "epsilon", "stash_type"},
+    "RMSNormalization": {"axis", "epsilon", "stash_type"}, "LpNormalization": {"axis", "p"},
+    "Trilu": {"upper"},
     "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
@@ -367,6 +371,58 @@ def _group_norm(ctx: Any) -> list[Node]:
     return nodes + [_node(ctx, "ScaleShift", [back] + params)]
 
 
+def _norm_chain(ctx: Any, x: str, axes: Sequence[int], kind: str) -> list[Node]:
+    """Normalizations as chains of canonical ops (every one has a C kernel): ``rms`` x / sqrt(mean(x^2) +
+    eps) * scale, ``l1`` / ``l2`` x / norm (a zero norm gives 0, as onnx's reference)."""
+    xs = ctx.shape(x)
+    red = tuple(1 if k in axes else d for k, d in enumerate(xs))
+    nodes: list[Node] = []
+
+    def add(op: str, ins: Sequence[str], shape: Sequence[int], attrs: Mapping[str, Any] | None = None,
+            out: str | None = None) -> str:
+        y = out or _tmp(ctx, op.lower(), shape)
+        nodes.append(_node(ctx, op, ins, attrs, [y]))
+        return y
+
+    reduce = {"axes": tuple(axes), "keepdims": 1}
+    if kind == "rms":
+        ms = add("ReduceMean", [add("Mul", [x, x], xs)], red, reduce)
+        eps = ctx.new_const("eps", np.float32(ctx.attrs.get("epsilon", 1e-5)))
+        normed = add("Div", [x, add("Sqrt", [add("Add", [ms, eps], red)], red)], xs)
+        add("Mul", [normed, ctx.input(1)], ctx.out_shape(ctx.outputs[0]), out=ctx.outputs[0])
+    else:
+        norm = add("ReduceL1" if kind == "l1" else "ReduceL2", [x], red, reduce)
+        norm = add("Max", [norm, ctx.new_const("tiny", np.float32(np.finfo(np.float32).tiny))], red)
+        add("Div", [x, norm], xs, out=ctx.outputs[0])
+    return nodes
+
+
+def _normalization(ctx: Any) -> list[Node]:
+    x = ctx.input(0)
+    rank = len(ctx.shape(x))
+    if ctx.op == "RMSNormalization":
+        if int(ctx.attrs.get("stash_type", 1)) != 1:
+            ctx.fail("stash_type other than 1 (float32) is not supported")
+        axis = ctx.axis(int(ctx.attrs.get("axis", -1)), rank)
+        return _norm_chain(ctx, x, range(axis, rank), "rms")
+    p = int(ctx.attrs.get("p", 2))  # LpNormalization
+    if p not in (1, 2):
+        ctx.fail(f"p={p} is not supported (1 or 2)")
+    return _norm_chain(ctx, x, [ctx.axis(int(ctx.attrs.get("axis", -1)), rank)], f"l{p}")
+
+
+def _trilu(ctx: Any) -> list[Node]:
+    """Trilu as Where with a constant triangular mask."""
+    xs = ctx.shape(ctx.input(0))
+    if len(xs) < 2:
+        ctx.fail("the input must be at least 2-D")
+    k = int(ctx.const(ctx.input(1), "k").reshape(-1)[0]) if ctx.input(1) else 0
+    ones = np.ones(xs[-2:], bool)
+    mask = np.triu(ones, k) if int(ctx.attrs.get("upper", 1)) else np.tril(ones, k)
+    return [_node(ctx, "Where", [ctx.new_const("mask", mask.astype(np.float32)), ctx.input(0),
+                                 ctx.new_const("zero", np.float32(0.0))])]
+
+
 def _log_softmax(ctx: Any) -> list[Node]:
     rank = len(ctx.shape(ctx.input(0)))
     if ctx.opset < 13:  # before opset 13 the input is coerced to 2-D at `axis` (default 1)
@@ -461,6 +517,8 @@ IMPORTERS = {
     **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Tile": _tile, "LogSoftmax": _log_softmax,
     "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space, "GroupNormalization": _group_norm,
+    **{op: _normalization for op in ("RMSNormalization", "LpNormalization")},
+    "Trilu": _trilu,
     **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
                                  "NonZero")},
 }
