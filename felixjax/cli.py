@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("model", nargs="?", help="an ONNX model to tune (instead of --op)")
     t.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
                    help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
+    t.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
+                   help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
     t.add_argument("--trials", type=int, default=256,
@@ -106,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("model", help="the ONNX model")
     b.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
                    help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
+    b.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
+                   help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
     b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
@@ -345,6 +349,15 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
     try:
         return parse_input_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _input_value(text: str) -> tuple[str, list[float]]:
+    from .onnx_shapes import parse_input_value
+
+    try:
+        return parse_input_value(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -19,7 +19,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
     model and (unless ``--no-compare``) check and time it against onnxruntime."""
     from .strategies.base import cost_model_options
 
-    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None)
+    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
+                      input_values=dict(getattr(args, "input_value", None) or []) or None)
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
         return 0
@@ -38,7 +39,10 @@ def tune_model_cli(args: Any, target: Target) -> int:
     exe = res.build(threads=args.threads)
     if getattr(args, "show_source", False):
         print(exe.source)
-    if not getattr(args, "no_compare", False):
+    if getattr(args, "input_value", None) and not getattr(args, "no_compare", False):
+        print("(onnxruntime comparison skipped: --input-value inputs are constants here, onnxruntime would need "
+              "them fed)")
+    elif not getattr(args, "no_compare", False):
         cmp = compare_onnxruntime(exe, args.model, threads=args.threads or target.cores)
         print(f"end to end ({cmp['threads']} threads): felixjax {cmp['felixjax_ms']:.3f} ms, onnxruntime "
               f"{cmp['onnxruntime_ms']:.3f} ms (x{cmp['speedup']:.2f}); outputs agree to "
@@ -49,7 +53,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
 def build_model_cli(args: Any, target: Target) -> int:
     """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
     the library against the numpy reference on a random input, export the standalone folder."""
-    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None)
+    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
+                      input_values=dict(getattr(args, "input_value", None) or []) or None)
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]

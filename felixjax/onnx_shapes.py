@@ -59,6 +59,24 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, tuple(int(d) for d in re.split(r"[x,]", dims.strip()))
 
 
+def parse_input_value(text: str) -> tuple[str, list[float]]:
+    """``"im_shape=640,640"`` -> ``("im_shape", [640, 640])`` (the ``--input-value`` syntax; the values are
+    cast to the input's dtype and reshaped to its declared shape).
+
+    Example:
+        >>> parse_input_value("scale=0.5")
+        ('scale', [0.5])
+    """
+    name, sep, vals = text.rpartition("=")
+    try:
+        values = [float(v) if any(c in v for c in ".eE") else int(v) for v in vals.split(",")]
+    except ValueError:
+        values = []
+    if not sep or not name or not values:
+        raise ValueError(f"bad input value {text!r}: expected NAME=V1,V2,..., e.g. im_shape=640,640")
+    return name, values
+
+
 def fix_hint(name: str, shape: Sequence[Any] | None) -> str:
     """How to pin a dynamic input, in Python and on the command line."""
     dims = [str(d) if isinstance(d, int) and d > 0 else (str(d) if d else f"d{k}") for k, d in
@@ -312,6 +330,8 @@ def fold_model(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[in
             except Exception:
                 dtype = None
             value = np.asarray(values[vi.name], dtype=dtype)
+            if _static(declared) and value.size == math.prod(declared):
+                value = value.reshape(declared)  # a flat list (the command line's) for any declared shape
             if declared is not None and (len(declared) != value.ndim or any(
                     isinstance(d, int) and d > 0 and d != s for d, s in zip(declared, value.shape))):
                 raise UnsupportedModelError(f"input_values[{vi.name!r}] has shape {value.shape}; the model declares "

@@ -310,3 +310,24 @@ def test_cli_build_with_input_shape_and_report(tmp_path, capsys):
     assert any(" generic " in line and "Reshape" in line for line in table)
     assert "total" in table[-2] and "generic" in table[-2]
     assert (tmp_path / "out" / "model.c").is_file()
+
+
+def test_cli_build_with_input_value(tmp_path, capsys):
+    from felixjax import cli
+    from felixjax.onnx_shapes import parse_input_value
+
+    g = _G()
+    sizes = g.op("Concat", [g.const([1, 4], np.int64), g.op("Cast", [g.op("Mul", ["hw", g.const(np.int64(2))])],
+                                                               to=TensorProto.INT64)], axis=0)
+    y = g.op("Resize", [g.conv("x", 3, 4), "", "", sizes], mode="nearest")
+    path = tmp_path / "hw.onnx"
+    onnx.save(g.model([_vi("x", [1, 3, 4, 4]), _vi("hw", [2], TensorProto.INT64)], [y], opset=13), str(path))
+    out = str(tmp_path / "out")
+    assert cli.main(["build", str(path), "-o", out, "--threads", "1"]) == 2
+    assert "input_values" in capsys.readouterr().err
+    assert cli.main(["build", str(path), "-o", out, "--threads", "1", "--input-value", "hw=4,6"]) == 0
+    assert (tmp_path / "out" / "model.c").is_file()
+    assert fj.load_onnx(path, input_values={"hw": [4, 6]}).output_shapes == {y: (1, 4, 8, 12)}
+    assert parse_input_value("s=0.5,2") == ("s", [0.5, 2])
+    with pytest.raises(ValueError, match="NAME=V1"):
+        parse_input_value("s=")
