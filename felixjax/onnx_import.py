@@ -511,7 +511,8 @@ def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[in
         if tt.elem_type != TensorProto.FLOAT:
             raise UnsupportedModelError(
                 f"input {vi.name!r} has dtype {_dtype_name(tt.elem_type)}; felixjax runs float32 tensors only: pin "
-                f"this input to a value with load_onnx(..., input_values={{{vi.name!r}: ...}})")
+                f"this input to a value with load_onnx(..., input_values={{{vi.name!r}: ...}}) or --input-value "
+                f"{vi.name}=V1,V2,...")
         if vi.name in pinned:
             continue
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) \
