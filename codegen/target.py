@@ -101,7 +101,11 @@ class Target:
         from .cuda.specs import get_spec
 
         spec = get_spec(name)
+        # the CPU-style fields describe the GPU's levels for the shared feature code: "cores" are SMs,
+        # "L1" the static shared memory of a block, "L2" an SM's share of the L2, "L3" the whole L2
         return cls(kind="cuda-sim", name=spec.name, cores=spec.sm_count, simd_lanes=1,
+                   vector_registers=spec.regs_per_thread, l1d_bytes=min(spec.smem_per_block, 48 * KIB),
+                   l2_bytes=spec.l2_bytes // spec.sm_count, l3_bytes=spec.l2_bytes,
                    peak_gflops_per_core=spec.peak_flops / spec.sm_count / 1e9)
 
     @classmethod
