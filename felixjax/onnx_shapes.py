@@ -238,6 +238,26 @@ def _evaluate(node: onnx.NodeProto, args: list[np.ndarray | None], opsets) -> li
     return [np.asarray(r) for r in res]
 
 
+# ops whose output can be far larger than their constant inputs: folded only when the output size is known
+_GROWING = {"Range", "Tile", "Expand", "Resize", "Upsample", "Pad", "ConstantOfShape", "ConvTranspose", "Einsum",
+            "MatMul", "Gemm", "OneHot", "RandomNormal", "RandomUniform", "EyeLike", "CenterCropPad",
+            "SpaceToDepth", "DepthToSpace", "Col2Im"}
+
+
+def _small_output(node: onnx.NodeProto, args: list, shapes: dict) -> bool:
+    """Whether folding ``node`` stays within :data:`MAX_FOLD_ELEMENTS` per output (a Range(0, 1e11) or a
+    Tile by 10**5 of a constant would allocate for minutes)."""
+    outs = [shapes.get(o) for o in node.output if o]
+    if any(_static(s) and math.prod(s) > MAX_FOLD_ELEMENTS for s in outs):
+        return False
+    if node.op_type == "Range" and len(args) == 3 and all(a is not None and a.size == 1 for a in args):
+        start, limit, delta = (float(a.reshape(-1)[0]) for a in args)
+        if delta == 0 or not all(math.isfinite(v) for v in (start, limit, delta)):
+            return False
+        return max(math.ceil((limit - start) / delta), 0) <= MAX_FOLD_ELEMENTS
+    return node.op_type not in _GROWING or node.op_type == "ConstantOfShape" or all(_static(s) for s in outs)
+
+
 def _fold_node(node: onnx.NodeProto, consts: _Constants, shapes: dict, opsets) -> list[np.ndarray] | None:
     op = node.op_type
     if node.domain not in ("", "ai.onnx") or op in _NO_FOLD:
@@ -258,6 +278,8 @@ def _fold_node(node: onnx.NodeProto, consts: _Constants, shapes: dict, opsets) -
     if sum(math.prod(consts.shape(i)) for i in node.input if i) > MAX_FOLD_ELEMENTS:
         return None
     args = [consts[i] if i else None for i in node.input]
+    if not _small_output(node, args, shapes):
+        return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if op == "ConstantOfShape":  # fast paths for what exporters write hundreds of times
         shape = [int(d) for d in args[0].reshape(-1)] if args else []
@@ -400,8 +422,9 @@ def _typed_output(vi: onnx.ValueInfoProto, inferred: tuple | None, consts: _Cons
     if not vi.type.HasField("tensor_type"):
         return vi
     shape = consts.shape(vi.name) if vi.name in consts else inferred
-    elem = vi.type.tensor_type.elem_type
-    return helper.make_tensor_value_info(vi.name, elem, list(shape) if _static(shape) else None)
+    if shape is None:
+        return vi  # nothing better known (onnx's checker wants a shape field: keep what was declared)
+    return helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, list(shape))
 
 
 def _show(shape: Sequence[Any] | None) -> str:

@@ -331,3 +331,23 @@ def test_cli_build_with_input_value(tmp_path, capsys):
     assert parse_input_value("s=0.5,2") == ("s", [0.5, 2])
     with pytest.raises(ValueError, match="NAME=V1"):
         parse_input_value("s=")
+
+
+@pytest.mark.parametrize("op", ["Range", "Tile", "Expand"])
+def test_folding_never_materializes_huge_constants(op):
+    """A constant Range(0, 1e11), Tile by 10**5 x 10**5 or Expand to 10**6 x 10**6 is refused at once, not
+    allocated while folding."""
+    import time
+
+    g = _G()
+    if op == "Range":
+        t = g.op("Range", [g.const(np.float32(0)), g.const(np.float32(1e11)), g.const(np.float32(1))])
+    elif op == "Tile":
+        t = g.op("Tile", [g.const(np.ones((1, 4), np.float32)), g.const([100000, 100000], np.int64)])
+    else:
+        t = g.op("Expand", [g.const(np.ones((1, 1), np.float32)), g.const([1000000, 1000000], np.int64)])
+    model = g.model([_vi("x", [1, 4])], [g.op("Add", ["x", t])])
+    t0 = time.perf_counter()
+    with pytest.raises((UnsupportedModelError, fj.errors.ModelFormatError)):
+        fj.load_onnx(model)
+    assert time.perf_counter() - t0 < 10
