@@ -119,6 +119,8 @@ def _resize(ctx: Any) -> list[Node]:
             continue
         if roi is not None and axis_roi is None:
             axis_roi = (0.0, 1.0)
+        if xs[ax] * full_out[ax] > 1 << 26:  # the tap tables come from an (out x in) matrix
+            ctx.fail(f"resizing axis {ax} from {xs[ax]} to {full_out[ax]} is too large (in x out > 2**26)")
         index, weight, extra = resize_taps(xs[ax], full_out[ax], full_scale[ax], mode, ctm, nearest_mode, cubic_a,
                                            exclude, antialias, axis_roi)
         taps.append((ax, index, weight, extra))
