@@ -234,12 +234,12 @@ def test_outputs_that_are_inputs_constants_or_repeated():
 
 def test_unknown_op_is_a_clear_error():
     g = _graph([Node("Relu", ("a",), ("y",))], {"a": _rand(2)})
-    g = g.replace(nodes=(Node("Softplus", ("a",), ("y",), name="sp7"),))
-    with pytest.raises(UnsupportedModelError, match=r"node 'sp7' \(op Softplus\)"):
+    g = g.replace(nodes=(Node("Hardmax", ("a",), ("y",), name="sp7"),))  # (Softplus has a C kernel now)
+    with pytest.raises(UnsupportedModelError, match=r"node 'sp7' \(op Hardmax\)"):
         graph_to_spec(g, {})
     spec = netbuild.NetSpec((netbuild.Value((2,), "input"), netbuild.Value((2,), "temp")), (0,), (1,),
-                            (netbuild.Step("Softplus", (0,), (1,)),))
-    with pytest.raises(netbuild.NetBuildError, match="Softplus"):
+                            (netbuild.Step("Hardmax", (0,), (1,)),))
+    with pytest.raises(netbuild.NetBuildError, match="Hardmax"):
         netbuild.emit(spec)
 
 
@@ -370,12 +370,12 @@ def _bad_models(tmp_path):
     good = zoo.make_model("transformer_block", seq=8, dim=16, heads=2).SerializeToString()
     (tmp_path / "trunc.onnx").write_bytes(good[: len(good) // 2])
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07\x12\xffnot a protobuf")
-    g = helper.make_graph([helper.make_node("LRN", ["x"], ["y"], name="lrn1", size=3)], "t",
+    g = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm1")], "t",  # (LRN is supported now)
                           [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 5, 5])],
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 5, 5])])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              str(tmp_path / "lrn.onnx"))
-    return {"trunc.onnx": "not a valid ONNX", "junk.onnx": "not a valid ONNX", "lrn.onnx": "op LRN",
+              str(tmp_path / "hardmax.onnx"))
+    return {"trunc.onnx": "not a valid ONNX", "junk.onnx": "not a valid ONNX", "hardmax.onnx": "op Hardmax",
             "missing.onnx": "no such file"}
 
 
