@@ -102,12 +102,13 @@ def test_space_constraints_are_clear_errors():
 
 def test_rendered_source_is_cuda():
     sp = CudaSpace(matmul(128, 128, 128), Target.cuda_sim("a100"))
-    k = render(sp, sp.default())
+    cfg = Config(SKETCH, ((1, 1, 1, 1), (2, 1, 16, 4), (2, 1, 16, 4), (16, 8)), 1, 1, 4)
+    k = render(sp, cfg)
     for token in ("__global__", "threadIdx.x", "blockIdx.x", "__shared__", "__syncthreads();",
                   "__launch_bounds__(256)", "fmaf(", "#pragma unroll"):
         assert token in k.source
     assert (k.grid, k.block, k.smem_bytes) == (4, 256, 4096)  # 64x64 block tiles, k slices of 8
-    unstaged = dataclasses.replace(sp.default(), parallel=0)
+    unstaged = dataclasses.replace(cfg, parallel=0)
     assert "__shared__" not in render(sp, unstaged).source
 
 
@@ -141,7 +142,7 @@ def test_emulated_kernel_callable_and_sampled_blocks():
                                  {"barrier": ""}], ids=["index", "fma", "no-barrier"])
 def test_planted_dialect_bug_is_caught(bug):
     sp = CudaSpace(matmul(64, 64, 64), Target.cuda_sim("a100"))
-    cfg = sp.default()
+    cfg = Config(SKETCH, ((1, 1, 1, 1), (2, 1, 8, 4), (2, 2, 8, 2), (8, 8)), 1, 1, 4)  # staged: barriers matter
     assert check(sp, cfg).ok
     r = check(sp, cfg, dialect=dataclasses.replace(CUDA, **bug))
     assert r.status == "wrong_result", r
@@ -178,4 +179,4 @@ def test_emulation_of_a_10_mflop_kernel_is_fast():
     out, status, err = run_blocks(sp, k, exe, xs, np.arange(k.grid))
     took = time.perf_counter() - t0
     assert status == "ok" and np.allclose(out, t.reference(*xs), rtol=1e-4, atol=1e-4)
-    assert took < 2.0  # ~0.3 s here; the issue asks <= 1 s (bound loosened for a loaded CI machine)
+    assert took < 2.0  # ~0.3 s here (64 blocks x 64 threads x 640 barriers); the issue asks <= 1 s

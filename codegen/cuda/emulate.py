@@ -3,8 +3,8 @@
 The kernel text is ``#include``d verbatim after a small shim header (:data:`SHIM`) that defines
 ``threadIdx``/``blockIdx``/``blockDim``/``gridDim``, turns ``__global__``/``__launch_bounds__`` into
 nothing and ``__shared__`` into ``static`` (one copy, shared by the block's threads), and makes
-``__syncthreads()`` a fiber switch. A block runs as ``blockDim.x`` fibers (``ucontext``) on one OS
-thread: the scheduler resumes thread 0, 1, ... in turn, each runs until its next barrier (or its
+``__syncthreads()`` a fiber switch. A block runs as ``blockDim.x`` fibers on one OS thread (each
+started on its own stack by ``setcontext``, then switched by ``_setjmp``/``_longjmp``, no system call): the scheduler resumes thread 0, 1, ... in turn, each runs until its next barrier (or its
 end), then the next phase starts; threads reaching a barrier while others finished is reported as
 barrier divergence. Execution is therefore phase by phase between barriers, as on the GPU (within a
 phase the threads' order is one of the orders a GPU may produce).
@@ -48,6 +48,7 @@ SHIM = r"""// felixjax CUDA-on-CPU shim: the kernel's threads as fibers, barrier
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <ucontext.h>
 struct fj_dim3 { unsigned x, y, z; };
 static fj_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
@@ -57,28 +58,32 @@ static fj_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-static ucontext_t fj_sched;
-static ucontext_t* fj_ctx;
+static jmp_buf fj_sched;   // the scheduler's resume point
+static jmp_buf* fj_jb;     // each thread's resume point (after its first start)
+static ucontext_t* fj_ctx; // each thread's initial context (its own stack)
 static int fj_cur;
 static volatile int fj_finished;
-static inline void fj_sync(void) { swapcontext(&fj_ctx[fj_cur], &fj_sched); }
+static inline void fj_sync(void) { if (!_setjmp(fj_jb[fj_cur])) _longjmp(fj_sched, 1); }
 #define __syncthreads() fj_sync()
 """
 
 HARNESS = r"""
 static float* fj_bufs[{nbuf}];
 static const long fj_sizes[{nbuf}] = {{{sizes}}};
-static void fj_thread_main(void) {{ {call}; fj_finished = 1; }}
+static void fj_thread_main(void) {{ {call}; fj_finished = 1; _longjmp(fj_sched, 1); }}
 static const size_t FJ_STACK = 64 * 1024;
-static int run_block(long b, int nt, char* stacks, int* done) {{
+// A thread starts on its own stack with setcontext (once per block); afterwards the switches are
+// _setjmp/_longjmp pairs (no signal-mask system call), so a barrier costs tens of nanoseconds.
+static int run_block(long b, int nt, char* stacks, int* done, int* started) {{
   blockIdx.x = (unsigned)b;
   for (int t = 0; t < nt; ++t) {{
     getcontext(&fj_ctx[t]);
     fj_ctx[t].uc_stack.ss_sp = stacks + (size_t)t * FJ_STACK;
     fj_ctx[t].uc_stack.ss_size = FJ_STACK;
-    fj_ctx[t].uc_link = &fj_sched;
+    fj_ctx[t].uc_link = 0;
     makecontext(&fj_ctx[t], fj_thread_main, 0);
     done[t] = 0;
+    started[t] = 0;
   }}
   int alive = nt;
   while (alive) {{
@@ -86,7 +91,10 @@ static int run_block(long b, int nt, char* stacks, int* done) {{
     for (int t = 0; t < nt; ++t) {{
       if (done[t]) continue;
       threadIdx.x = (unsigned)t; fj_cur = t; fj_finished = 0;
-      swapcontext(&fj_sched, &fj_ctx[t]);
+      if (!_setjmp(fj_sched)) {{
+        if (!started[t]) {{ started[t] = 1; setcontext(&fj_ctx[t]); }}
+        _longjmp(fj_jb[t], 1);
+      }}
       if (fj_finished) {{ done[t] = 1; --alive; ++finished; }} else ++arrived;
     }}
     if (arrived && finished) return 1;  // some threads wait at a barrier others never reach
@@ -116,10 +124,12 @@ int main(int argc, char** argv) {{
   const int nt = {threads};
   blockDim.x = nt; gridDim.x = {grid};
   fj_ctx = (ucontext_t*)malloc(sizeof(ucontext_t) * nt);
+  fj_jb = (jmp_buf*)malloc(sizeof(jmp_buf) * nt);
   char* stacks = (char*)malloc(FJ_STACK * nt);
   int* done = (int*)malloc(sizeof(int) * nt);
+  int* started = (int*)malloc(sizeof(int) * nt);
   for (long i = 0; i < nb; ++i)
-    if (run_block(blocks[i], nt, stacks, done)) {{ fprintf(stderr, "barrier divergence in block %ld\n", blocks[i]); return 3; }}
+    if (run_block(blocks[i], nt, stacks, done, started)) {{ fprintf(stderr, "barrier divergence in block %ld\n", blocks[i]); return 3; }}
   snprintf(path, sizeof path, "%s/out.bin", argv[1]);
   FILE* fo = fopen(path, "wb");
   if (!fo || fwrite(fj_bufs[{nbuf} - 1], sizeof(float), (size_t)fj_sizes[{nbuf} - 1], fo) != (size_t)fj_sizes[{nbuf} - 1]) return 4;
@@ -171,7 +181,9 @@ def build_emulator(space: CudaSpace, kernel: CudaKernel, *, timeout: float = 120
         main.write_text(SHIM + '#include "kernel.cu"\n' + harness)
         out = Path(tmp) / "emu"
         try:
-            proc = subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-x", "c++", str(main), "-o", str(out)],
+            # no _FORTIFY_SOURCE: its longjmp check refuses jumps between the fibers' stacks
+            proc = subprocess.run(["g++", "-O1", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-std=c++17", "-w",
+                                   "-x", "c++", str(main), "-o", str(out)],
                                   capture_output=True, text=True, timeout=timeout, cwd=tmp)
         except (OSError, subprocess.TimeoutExpired) as e:
             return None, f"g++ failed: {e}"

@@ -260,17 +260,22 @@ class CudaSpace(Space):
         raise NotImplementedError("the GPU space is sampled, not enumerated")
 
     def default(self) -> Config:
-        """A conventional tiled SGEMM-like schedule: up to 256 threads (16 along the last spatial axis),
-        up to 4x4 outputs per thread, reduction slices of about 8 staged in shared memory; smaller
-        fallbacks until it validates."""
-        for threads, inner, depth, staged in ((256, 16, 8, 1), (128, 8, 4, 1), (64, 4, 1, 1), (32, 1, 1, 0),
-                                              (1, 1, 1, 0)):
-            cfg = self._default(threads, inner, depth, staged)
-            if self.is_valid(cfg):
-                return cfg
-        raise ValueError(f"{self}: no default schedule fits {self.spec.name}")
+        """A conventional tiled schedule without search: 256 threads (16 along the last spatial axis),
+        2x2 virtual threads of 4x4 (or 2x2) outputs per thread on the two innermost spatial axes, or a
+        plain 4x4 tile; reduction slices of about 8 staged in shared memory; smaller fallbacks. Of the
+        valid ones, the first that best fills the GPU: ``min(1, blocks / SMs) * min(1, threads / 128)``."""
+        tries = [(256, 16, 8, 1, 2), (256, 4, 8, 1, 2), (256, 16, 8, 1, 1), (128, 8, 4, 1, 1), (64, 4, 1, 1, 1),
+                 (32, 1, 1, 0, 1), (1, 1, 1, 0, 1)]
+        valid = [c for c in (self._default(*t) for t in tries) if self.is_valid(c)]
+        if not valid:
+            raise ValueError(f"{self}: no default schedule fits {self.spec.name}")
+        def fill(c: Config) -> float:  # share of the SMs busy x share of a 128-thread block (ties: first)
+            g = self.geometry(c)
+            return min(1.0, g.n_blocks / self.spec.sm_count) * min(1.0, g.n_threads / 128)
 
-    def _default(self, threads: int, inner: int, depth: int, staged: int) -> Config:
+        return max(valid, key=fill)
+
+    def _default(self, threads: int, inner: int, depth: int, staged: int, vthreads: int) -> Config:
         ext = {a.name: a.extent for a in self.axes}
         sp = [a.name for a in self.con.spatial]
         tiles = {}
@@ -278,7 +283,8 @@ class CudaSpace(Space):
         for k, a in enumerate(reversed(sp)):
             i = _largest_divisor_leq(ext[a], max(1, min(4, i_left)))
             th = _largest_divisor_leq(ext[a] // i, max(1, min(16 if k == 0 else t_left, t_left)))
-            tiles[a] = (ext[a] // (i * th), 1, th, i)
+            v = vthreads if k < 2 and (ext[a] // (i * th)) % vthreads == 0 else 1
+            tiles[a] = (ext[a] // (i * th * v), v, th, i)
             t_left //= th
             i_left //= i
         d_left = depth
@@ -286,7 +292,7 @@ class CudaSpace(Space):
             r1 = _largest_divisor_leq(ext[a], max(1, d_left))
             tiles[a] = (ext[a] // r1, r1)
             d_left = max(1, d_left // r1)
-        return Config(SKETCH, tuple(tiles[a.name] for a in self.axes), staged, 1, 4 if staged else 1)
+        return Config(SKETCH, tuple(tiles[a.name] for a in self.axes), staged, 1, 8 if staged else 1)
 
 
 def cuda_spaces(task: Task, target: Target) -> dict[str, CudaSpace]:
