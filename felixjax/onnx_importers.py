@@ -17,7 +17,7 @@ from felixjax.graph_passes import Node
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
 from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
 from felixjax.onnx_ops import OPS as _NEW_OPS
-from felixjax.onnx_ops import lift_1d
+from felixjax.onnx_spatial import SPATIAL_IMPORTERS, lift_1d
 
 SUPPORTED_OPS = (
     "Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Relu", "Clip", "Sigmoid", "Tanh",
@@ -409,6 +409,7 @@ _IMPORTERS = {
     "Reshape": _reshape, "Transpose": _transpose, "Concat": _concat, "Softmax": _softmax, "Pad": _pad,
     "Identity": _identity, "Dropout": _dropout, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
     **_NEW_IMPORTERS,
+    **SPATIAL_IMPORTERS,
 }
 for _op in ("Conv", "MaxPool", "AveragePool"):  # 1-D (N, C, L) inputs run as 2-D with a unit height
     _IMPORTERS[_op] = lift_1d(_IMPORTERS[_op])

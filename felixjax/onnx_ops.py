@@ -523,8 +523,6 @@ IMPORTERS = {
                                  "NonZero")},
 }
 
-# Resize / Upsample, ConvTranspose and 1-D lifting live in felixjax/onnx_spatial.py (it imports the helpers above)
-from felixjax.onnx_spatial import SPATIAL_IMPORTERS, lift_1d  # noqa: E402
-
-IMPORTERS.update(SPATIAL_IMPORTERS)
-__all__ = ["ATTRS", "IMPORTERS", "OPS", "lift_1d", "slice_spec"]
+# Resize / Upsample, ConvTranspose and 1-D lifting live in felixjax/onnx_spatial.py (it imports the helpers
+# above); felixjax.onnx_importers merges its SPATIAL_IMPORTERS with these, so the imports point one way.
+__all__ = ["ATTRS", "IMPORTERS", "OPS", "slice_spec"]
