@@ -33,6 +33,7 @@ import numpy as np
 
 from .ir import DTypes
 from .ops import Access, Contraction
+from .padding import embed
 from .space import Config, Space
 
 LEVEL_ORDER = (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3))
@@ -212,7 +213,8 @@ class Plan:
 
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
-        return self.buffers["weight"].layout.pack(weight, dtype=self.arg_dtypes()[1])
+        layout = self.buffers["weight"].layout
+        return layout.pack(embed(weight, layout.shape), dtype=self.arg_dtypes()[1])
 
     def kernel_inputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """API-order task inputs -> kernel argument arrays (weights packed, contiguous, of ``arg_dtypes``)."""
@@ -327,16 +329,22 @@ def lower(space: Space, config: Config) -> Plan:
                                     plain_layout(con.data_api_shape), "arg", dtype=dts.for_buffer("data_in"))
 
     # output: accumulate in place when the vector axis is unit-stride, else in a blocked scratch
+    # (padded sketches: always in a padded scratch, which the epilogue crops; ``out`` then describes the
+    # output over the padded range, as the features count it, and ``out_api`` holds the real strides)
+    padded = bool(space.sketch.pad)
     out = make("out", con.out, plain_layout(con.out.shape), "arg")
     buffers["out"] = out
     acc = "out"
-    if out.stride(f"{v}3") != 1 and tiles[v][-1] > 1:
-        d = _blockable(con.out, v, tiles[v][-1], ext)
-        if d is not None:
-            sl = blocked_layout(con.out.shape, d, tiles[v][-1], front=False)
+    if (out.stride(f"{v}3") != 1 and tiles[v][-1] > 1) or padded:
+        d = _blockable(con.out, v, tiles[v][-1], ext) if out.stride(f"{v}3") != 1 and tiles[v][-1] > 1 else None
+        if d is not None or padded:
+            sl = (blocked_layout(con.out.shape, d, tiles[v][-1], front=False) if d is not None
+                  else plain_layout(con.out.shape))
             buffers["scratch"] = make("scratch", Access("scratch", con.out.shape, con.out.dims), sl, "workspace",
                                       ws_alloc(sl.size))
             acc = "scratch"
+    if padded:
+        buffers["out_api"] = make("out", con.out, plain_layout(space.api_con.out.shape), "arg")
     if con.bias is not None:
         buffers["bias"] = make("bias", con.bias, plain_layout(con.bias.shape), "arg")
     if space.task.residual:
@@ -345,7 +353,7 @@ def lower(space: Space, config: Config) -> Plan:
 
     args = ("data_in" if data_copy else "data", "weight") + (("bias",) if con.bias is not None else ()) + (
         ("residual",) if space.task.residual else ()) + ("out",)
-    epilogue = acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
+    epilogue = padded or acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
     plan = Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
                 config.unroll)
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)

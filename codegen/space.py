@@ -35,6 +35,7 @@ import numpy as np
 
 from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
+from .padding import PAD_SEP, padded_contraction, padded_sketch, parse_pad, with_pad
 from .target import Target
 
 SPATIAL_LEVELS = 4
@@ -61,31 +62,58 @@ class Sketch:
     name: str
     vector_axis: str
     weight_axis: str
+    #: padded extents ``((axis, pad_to), ...)`` of a padded variant (:mod:`codegen.padding`); empty for
+    #: the exact sketch. The name of a padded variant spells them: ``gemm_packed.pad_m264``
+    pad: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def base(self) -> str:
+        """The exact sketch's name (``gemm_packed`` for ``gemm_packed.pad_m264``)."""
+        return self.name.split(PAD_SEP)[0]
 
 
-def sketches_for(task: Task) -> tuple[Sketch, ...]:
-    """The sketches that apply to a task, in a fixed order.
+def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]:
+    """The sketches that apply to a task, in a fixed order; with a ``target``, each followed by its
+    padded variant where the task has awkward extents (:func:`codegen.padding.padded_sketch`).
 
     Example:
         >>> from codegen.ops import conv2d
         >>> [s.name for s in sketches_for(conv2d(1, 8, 8, 8, out_channels=8))]
         ['conv_direct', 'conv_spatial_pack']
+        >>> [s.name for s in sketches_for(conv2d(1, 8, 9, 9, out_channels=8), Target(simd_lanes=8))]  # 7x7 out
+        ['conv_direct', 'conv_direct.pad_x8', 'conv_spatial_pack']
+        >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))]  # 13x13
+        ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16']
     """
     if task.op in ("matmul", "dense"):
-        return (Sketch("gemm_packed", "n", "n"),)
-    con = task.contraction()
-    channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
-    return (Sketch("conv_direct", "x", channel), Sketch("conv_spatial_pack", channel, channel))
+        base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
+    else:
+        con = task.contraction()
+        channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
+        base = (Sketch("conv_direct", "x", channel), Sketch("conv_spatial_pack", channel, channel))
+    if target is None:
+        return base
+    out: list[Sketch] = []
+    for s in base:
+        out.append(s)
+        padded = padded_sketch(task, s, int(target.simd_lanes), int(target.vector_registers) - REGISTER_RESERVE)
+        if padded is not None:
+            out.append(padded)
+    return tuple(out)
 
 
 def get_sketch(task: Task, name: str | Sketch) -> Sketch:
+    """The sketch named ``name`` (a padded variant's name spells its extents, so no target is needed)."""
     if isinstance(name, Sketch):
         return name
+    base, _, pads = name.partition(PAD_SEP)
     for s in sketches_for(task):
-        if s.name == name:
-            return s
+        if s.name == base:
+            if not pads:
+                return s
+            return with_pad(task, s, parse_pad(task, name, pads))
     raise ValueError(f"sketch {name!r} does not apply to {task.name}; valid: "
-                     f"{', '.join(s.name for s in sketches_for(task))}")
+                     f"{', '.join(s.name for s in sketches_for(task))} (and their padded variants '<name>{PAD_SEP}...')")
 
 
 @dataclass(frozen=True)
@@ -238,7 +266,12 @@ class Space:
         self.task = task
         self.sketch = get_sketch(task, sketch)
         self.target = target
-        self.con: Contraction = task.contraction()
+        #: the task's contraction (API shapes); ``con`` is the one the kernel computes: the same, or
+        #: over padded extents for a padded sketch (:mod:`codegen.padding`)
+        self.api_con: Contraction = task.contraction()
+        self.con: Contraction = self.api_con
+        if self.sketch.pad:
+            self.con = padded_contraction(self.api_con, dict(self.sketch.pad))
         self.axes = self.con.axes
         self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
         self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
@@ -410,7 +443,7 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
 
 
 def default_config(space: Space) -> Config:
-    if space.sketch.name == "gemm_packed":
+    if space.sketch.base == "gemm_packed":
         return _gemm_default(space)
     axes = space.axes
     vi = space.vector_index

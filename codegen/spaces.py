@@ -16,7 +16,8 @@ from .target import Target
 
 
 def spaces_for(task: Task, target: Target) -> dict[str, Space]:
-    """``{sketch name: space}`` of ``task`` on ``target``."""
+    """``{sketch name: space}`` of ``task`` on ``target`` (on a CPU, the padded variants of the sketches
+    where the task has awkward extents too: :mod:`codegen.padding`)."""
     if getattr(target, "is_gpu", False):
         return dict(cuda_spaces(task, target))
-    return {sk.name: Space(task, sk, target) for sk in sketches_for(task)}
+    return {sk.name: Space(task, sk, target) for sk in sketches_for(task, target)}

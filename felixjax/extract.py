@@ -221,7 +221,9 @@ def _global_row(space: Space, config: Config, plan: Plan, slots: dict, elem: int
     cores = target.cores
     trips = [math.prod(lp.extent for lp in plan.levels[p]) for p in POSITIONS]
     outputs = math.prod(a.extent for a in space.con.spatial)
-    flops = task.flops
+    # the FLOPs of the computed nest (a padded sketch's padded range; task.flops otherwise)
+    epi_ops = int(task.bias) + int(task.residual) + int(task.act is not None)
+    flops = 2 * outputs * space.con.reduction_size + epi_ops * outputs
     # declared knobs: their own feature hooks, on the config's values and the counted loop nest
     values, applies = np.zeros(MAX_EXTRA_KNOBS), np.zeros(MAX_EXTRA_KNOBS)
     for k in space.knobs:

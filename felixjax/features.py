@@ -150,6 +150,8 @@ class AccessTable(NamedTuple):
         epi_static: an epilogue runs regardless of tiles (bias, residual or activation).
         epi_ops: epilogue FLOPs per output.
         data_copy: the data input is copied (padded / blocked) inside the kernel.
+        padded: a padded sketch (:mod:`codegen.padding`): it always accumulates in a scratch (plain
+            unless the sketch blocks it) and runs the cropping epilogue.
     """
 
     kind: jax.Array
@@ -178,6 +180,7 @@ class AccessTable(NamedTuple):
     epi_static: jax.Array
     epi_ops: jax.Array
     data_copy: jax.Array
+    padded: jax.Array
 
 
 class FeatureInputs(NamedTuple):
@@ -351,7 +354,8 @@ def access_table(space: Space) -> AccessTable:
     epi_static = con.bias is not None or task.residual or task.act is not None
     epi_ops = int(con.bias is not None) + int(task.residual) + int(task.act is not None)
     return AccessTable(**stacked, scratch_possible=jnp.float32(scratch), epi_static=jnp.float32(epi_static),
-                       epi_ops=jnp.float32(epi_ops), data_copy=jnp.float32(plan.data_copy))
+                       epi_ops=jnp.float32(epi_ops), data_copy=jnp.float32(plan.data_copy),
+                       padded=jnp.float32(bool(sk.pad)))
 
 
 def feature_inputs(relaxation: Relaxation | Space) -> FeatureInputs:
@@ -507,10 +511,11 @@ def features(inputs: FeatureInputs, x: jax.Array, smooth: Smooth) -> Features:
     is_scratch = at.scratch_possible * sm.step(jnp.log(knobs["t_v3"]) - jnp.log(1.5))
     q = _descriptor_quantities(at, lt, sm.integer(jnp.exp(log_range)), lp, rs.elem_bytes, sm)
     s = _to_slots(q, is_scratch)
-    epilogue = at.epi_static + (1.0 - at.epi_static) * is_scratch
+    scratch = is_scratch + (1.0 - is_scratch) * at.padded  # a padded sketch always has one
+    epilogue = at.epi_static + (1.0 - at.epi_static) * scratch
     mask = jnp.concatenate([jnp.ones(3), jnp.stack([epilogue, epilogue]), s["present"][5:]])
     access, traffic, footprint, footprint_fits = _access_features(rs, s, sm)
-    glob = _global_features(rs, at, lp, knobs, s, mask, traffic, footprint, footprint_fits, is_scratch,
+    glob = _global_features(rs, at, lp, knobs, s, mask, traffic, footprint, footprint_fits, scratch,
                             epilogue, sm)
     values = knob_values(rs, x[I_EXTRA:], jnp)
     if sm.hard:

@@ -40,6 +40,8 @@ class Measurer:
         self._packed: dict[tuple, np.ndarray] = {}
 
     def plan(self, cfg: Config) -> Plan:
+        if cfg.sketch not in self.spaces:  # a padded variant (its name spells its extents)
+            self.spaces[cfg.sketch] = Space(self.task, cfg.sketch, self.target)
         return lower(self.spaces[cfg.sketch], cfg)
 
     def _inputs(self, plan: Plan) -> list[np.ndarray]:

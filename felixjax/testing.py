@@ -34,6 +34,7 @@ import numpy as np
 
 from codegen.measure import MeasureResult
 from codegen.ops import Task
+from codegen.padding import waste
 from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 
@@ -77,7 +78,9 @@ class SyntheticOracle:
     def __init__(self, task: Task, target: Target | None = None, *, seed: int = 0):
         self.task = task
         self.target = target or Target.cpu()
-        self.spaces = [Space(task, sk, self.target) for sk in sketches_for(task)]
+        # the exact sketches first (spaces[0] is the first), then the padded variants (codegen.padding)
+        exact = [Space(task, sk, self.target) for sk in sketches_for(task)]
+        self.spaces = exact + [Space(task, sk, self.target) for sk in sketches_for(task, self.target) if sk.pad]
         self.codec = Codec({sp.sketch.name: sp for sp in self.spaces})
         rng = np.random.default_rng([seed, int(task.key[:12], 16)])
         con = self.spaces[0].con
@@ -85,7 +88,12 @@ class SyntheticOracle:
         self.pref_acc = float(rng.uniform(8, 20))
         self.pref_r1 = float(min(rng.uniform(5, 9), math.log2(max(red, 2))))
         self.pref_unroll = float(rng.uniform(1, 6))
-        self.sketch_factor = np.array([rng.uniform(0.7, 1.0) for _ in self.codec.sketches])
+        # one factor per sketch, drawn in the exact sketches' order, then the padded ones' (so adding the
+        # padded variants left the exact sketches' factors as they were); a padded sketch pays its waste
+        factor = {n: rng.uniform(0.7, 1.0) for n in sorted(sp.sketch.name for sp in exact)}
+        for sp in self.spaces[len(exact):]:
+            factor[sp.sketch.name] = factor[sp.sketch.base] / waste(sp.con, sp.api_con)
+        self.sketch_factor = np.array([factor[n] for n in self.codec.sketches])
         self.simd = max(1, int(self.target.simd_lanes))
         self.peak = self.simd * 2 * 2 * CLOCK_HZ  # 2 FMA ports, 2 flops each, per core
         self.cores = max(1, int(self.target.cores))

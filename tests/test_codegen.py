@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from codegen import ops
@@ -165,6 +165,93 @@ def test_every_emitted_kernel_matches_numpy(case):
     for _ in range(2):  # twice: a kernel that accumulates into its output fails the second call
         ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
         assert ok, f"{sp.task.name} {cfg}: {msg}"
+
+
+# ---- padded sketches: awkward (prime) extents computed over padded ranges (codegen.padding) -------
+
+PRIMES = [7, 13, 17, 197, 257]
+
+
+@st.composite
+def padded_task_and_config(draw):
+    kind = draw(st.sampled_from(["matmul", "dense", "conv2d", "depthwise"]))
+    epi = dict(bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])),
+               residual=draw(st.booleans()))
+    prime = st.sampled_from(PRIMES)
+    small = st.sampled_from([7, 13, 17])
+    if kind == "matmul":
+        t = ops.matmul(draw(prime), draw(st.sampled_from([7, 13, 17, 96])), draw(st.sampled_from([7, 13, 64])), **epi)
+    elif kind == "dense":
+        t = ops.dense(draw(st.sampled_from([1, 7, 13])), draw(st.sampled_from([13, 197])), draw(prime), **epi)
+    else:
+        k = draw(st.sampled_from([1, 3]))
+        stride = draw(st.sampled_from([1, 2]))
+        pad = draw(st.sampled_from([0, 1]))
+        h, w = draw(small) + 2 * (k // 2), draw(small) + 2 * (k // 2)
+        if kind == "depthwise":
+            t = ops.depthwise_conv2d(1, draw(small), h, w, kernel=k, stride=stride, padding=pad, **epi)
+        else:
+            t = ops.conv2d(1, draw(st.sampled_from([3, 8])), h, w, out_channels=draw(small), kernel=k, stride=stride,
+                           padding=pad, **epi)
+    padded = [s for s in sketches_for(t, TARGET) if s.pad]
+    assume(padded)
+    sp = Space(t, draw(st.sampled_from(padded)), TARGET)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    cfg = sp.default() if draw(st.booleans()) else sp.sample(rng)
+    return sp, cfg
+
+
+@pytest.mark.cc
+@settings(max_examples=40, deadline=None)
+@given(padded_task_and_config())
+def test_padded_kernels_match_numpy(case):
+    sp, cfg = case
+    assert sp.axes != sp.api_con.axes and cfg.sketch == sp.sketch.name
+    plan = lower(sp, cfg)
+    assert plan.acc == "scratch" and plan.epilogue
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    kern = Kernel(plan, b.lib_path, threads=2)
+    arrays = sp.task.random_inputs(seed=5)
+    ref = sp.task.reference(*arrays)
+    for _ in range(2):
+        ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
+        assert ok, f"{sp.task.name} {cfg}: {msg}"
+
+
+@pytest.mark.parametrize("task", [ops.matmul(257, 96, 384), ops.matmul(17, 13, 7), ops.dense(1, 197, 257),
+                                  ops.conv2d(1, 8, 15, 15, out_channels=13),
+                                  ops.depthwise_conv2d(1, 13, 15, 15, stride=2, padding=1)])
+def test_padded_sketches_name_their_extents(task):
+    names = [s.name for s in sketches_for(task, TARGET)]
+    assert [s.name for s in sketches_for(task)] == [n for n in names if ".pad_" not in n]  # exact ones unchanged
+    for s in sketches_for(task, TARGET):
+        if not s.pad:
+            continue
+        sp = Space(task, s.name, TARGET)  # the name alone rebuilds the sketch
+        assert sp.sketch == s and sp.task is task
+        for (axis, e) in s.pad:
+            real = sp.api_con.axis(axis).extent
+            assert real < e <= 1.5 * real and sp.con.axis(axis).extent == e
+        cfg = sp.default()
+        assert Config.from_json(cfg.to_json()) == cfg and "pad" not in cfg.dumps().replace(s.name, "")
+        # a config of the padded sketch is not one of the exact sketch (its tiles multiply to the padded extent)
+        assert not Space(task, s.base, TARGET).is_valid(Config(s.base, cfg.tiles, cfg.parallel, cfg.vec, cfg.unroll))
+
+
+def test_padding_rules():
+    from codegen.padding import pad_extent, paddable
+
+    assert [pad_extent(e, vector=True, lanes=8) for e in (7, 8, 13, 17, 28, 3, 257)] == [8, 8, 16, 24, 32, 4, 264]
+    assert [pad_extent(e, vector=True, lanes=16) for e in (7, 13, 17, 28)] == [8, 16, 24, 32]
+    assert [pad_extent(e, vector=False, lanes=8) for e in (7, 12, 13, 17, 197, 257, 2)] == [7, 12, 16, 20, 200, 264, 2]
+    grouped = ops.conv2d(1, 4, 9, 9, out_channels=6, groups=2).contraction()  # out channel g * 3 + k
+    assert paddable(grouped, "g") and not paddable(grouped, "k") and not paddable(grouped, "n")
+    assert not paddable(grouped, "c")  # reductions are never padded
+    with pytest.raises(ValueError, match="cannot be padded"):
+        Space(ops.conv2d(1, 4, 9, 9, out_channels=6, groups=2), "conv_direct.pad_k4", TARGET)
+    with pytest.raises(ValueError, match="not above its extent"):
+        Space(ops.matmul(17, 8, 8), "gemm_packed.pad_m16", TARGET)
 
 
 # ---- the register block keeps its accumulators in registers --------------------------------------

@@ -88,6 +88,35 @@ def test_hard_features_equal_the_extractor():
     assert min(seen.values()) >= 5, seen  # every layout and statement kind was exercised
 
 
+# padded sketches (codegen.padding): prime extents computed over padded ranges
+PADDED_TASKS = [
+    matmul(7, 13, 6, bias=True),  # n 13 -> 16 (the vector axis)
+    matmul(17, 16, 5, residual=True, act="relu"),  # m 17 -> 20 (register rows)
+    dense(2, 9, 13, bias=True),
+    conv2d(1, 3, 13, 13, out_channels=13, kernel=3, padding=1, bias=True),
+    depthwise_conv2d(1, 13, 9, 9, kernel=3, stride=2, padding=1, act="relu"),
+]
+PADDED = [Space(t, sk, TARGET) for t in PADDED_TASKS for sk in sketches_for(t, TARGET) if sk.pad]
+
+
+def test_padded_hard_features_equal_the_extractor():
+    assert len(PADDED) >= 6 and {sp.sketch.base for sp in PADDED} == {"gemm_packed", "conv_direct",
+                                                                        "conv_spatial_pack"}
+    for i, sp in enumerate(PADDED):
+        rel = Relaxation(sp)
+        configs = _configs(sp, 100 + i)
+        hard = batch_features(feature_inputs(rel), _x(rel, configs), HARD)
+        for b, cfg in enumerate(configs):
+            ref = extract(sp, cfg)
+            where = f"{sp} {cfg}"
+            np.testing.assert_array_equal(np.asarray(hard.mask[b]), ref.mask, err_msg=where)
+            m = ref.mask[:, None]
+            np.testing.assert_allclose(np.asarray(hard.access[b]) * m, ref.access * m, atol=1e-5, rtol=0,
+                                       err_msg=where)
+            np.testing.assert_allclose(np.asarray(hard.glob[b]), ref.glob, atol=1e-5, rtol=0, err_msg=where)
+            assert lower(sp, cfg).acc == "scratch"
+
+
 def test_one_compilation_serves_every_shape_and_sketch():
     shapes = [matmul(12, 16, 20), matmul(64, 48, 32, bias=True), dense(1, 197, 1000, act="relu"),
               conv2d(1, 8, 14, 14, out_channels=16, kernel=3, padding=1), depthwise_conv2d(1, 32, 7, 7)]

@@ -67,7 +67,7 @@ def test_trial_budget_is_respected_and_every_config_is_valid_and_new(name):
         recs = cmp.histories[(task.name, name, 0)]
         assert len(recs) == 40 and [r.trial for r in recs] == list(range(40))
         assert len({r.config for r in recs}) == 40, "a config was proposed twice"
-        spaces = {s.name: Space(task, s, TARGET) for s in sketches_for(task)}
+        spaces = {s.name: Space(task, s, TARGET) for s in sketches_for(task, TARGET)}  # padded variants too
         for r in recs:
             spaces[r.config.sketch].validate(r.config)
             assert r.ok

@@ -173,7 +173,7 @@ def _data_pack(plan: Plan) -> "_DataPack | None":
     """The data micro-panel pack of a ``gemm_packed`` plan, made only where it pays: the register
     block's data rows thrash an L1 set (more rows in one set than the L1 has ways) and the panel is
     reused by at least :data:`PACK_MIN_REUSE` register blocks. Not a knob: a function of the config."""
-    if plan.config.sketch != "gemm_packed" or plan.data_copy:
+    if plan.space.sketch.base != "gemm_packed" or plan.data_copy:
         return None
     L, data = plan.levels, plan.buffers["data"]
     rows = tuple(lp for lp in _live(L["S3"]) if lp.axis != plan.vector_axis and data.stride(lp.var))
@@ -193,6 +193,18 @@ def _data_pack(plan: Plan) -> "_DataPack | None":
     if reuse < PACK_MIN_REUSE or inner > PACK_MAX_FLOATS or _l1_conflicts(plan, rows) <= ways:
         return None
     return _DataPack(after, replace(data, strides=tuple(sorted(strides.items()))), rows, r1[0], inner)
+
+
+def _pad_guards(plan: Plan, loops: list[Loop]) -> list[str]:
+    """``index < extent`` of every padded axis (its index from the given live loops, outermost level
+    first), for the epilogue of a padded sketch."""
+    out = []
+    tiles = {a.name: t for a, t in zip(plan.space.axes, plan.config.tiles)}
+    for axis, _ in plan.space.sketch.pad:
+        t = tiles[axis]
+        terms = {lp.var: math.prod(t[lp.level + 1:]) for lp in loops if lp.axis == axis}
+        out.append(f"{_affine(terms)} < {plan.space.api_con.axis(axis).extent}")
+    return out
 
 
 class CStyleRenderer:
@@ -281,7 +293,7 @@ class CStyleRenderer:
         # loop over the logical padded coordinates; the innermost dimension is vectorizable
         names = [f"i{k}" for k in range(len(shape))]
         if d.parallel_for:
-            w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 1 else ""))
+            w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 2 else ""))  # the innermost is the simd loop
         for k, n in enumerate(shape):
             if k == len(shape) - 1 and d.simd:
                 w(d.simd)
@@ -517,11 +529,17 @@ class CStyleRenderer:
             if i == len(loops) - 1 and d.simd:
                 w(d.simd)
             w.open(d.loop.format(var=lp.var, n=lp.extent))
+        guards = _pad_guards(plan, allv)
+        if guards:  # a padded sketch: only the in-range outputs are written (the scratch is cropped)
+            w.open(f"if ({' && '.join(guards)})")
+        out = B.get("out_api", B["out"])  # the real output's strides (padded sketches)
         w(f"{S} v = {plan.acc}[{_affine(_offset(B[plan.acc], allv))}];")
         if "bias" in B:
             w(f"v += bias[{_affine(_offset(B['bias'], allv))}];")
         if "residual" in B:
-            w(f"v += residual[{_affine(_offset(B['residual'], allv))}];")
-        w(f"out[{_affine(_offset(B['out'], allv))}] = {d.activations[task.act].format(v='v')};")
+            w(f"v += residual[{_affine(_offset(out, allv))}];")
+        w(f"out[{_affine(_offset(out, allv))}] = {d.activations[task.act].format(v='v')};")
+        if guards:
+            w.close()
         for _ in loops:
             w.close()

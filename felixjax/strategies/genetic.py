@@ -90,12 +90,19 @@ class Codec:
         self.spaces = [spaces[n] for n in self.sketches]
         sp = self.spaces[0]
         for other in self.spaces[1:]:
-            if other.axes != sp.axes or other.vec_choices != sp.vec_choices:
+            if ([(a.name, a.reduce) for a in other.axes] != [(a.name, a.reduce) for a in sp.axes]
+                    or other.vec_choices != sp.vec_choices):
                 raise ValueError(f"sketches of {sp.task.name} disagree on axes or vector widths")
         self.axes = sp.axes
         self.A = len(sp.axes)
         self.levels = np.array(sp.levels)
-        self.extents = np.array([a.extent for a in sp.axes], dtype=np.int64)
+        # padded sketches (codegen.padding) tile other extents: one set of factorization tables per
+        # distinct extent vector ("group"), the rows of a sketch decoded with its group's tables
+        ext_rows = [tuple(a.extent for a in s.axes) for s in self.spaces]
+        groups = sorted(set(ext_rows), key=ext_rows.index)
+        self.group_of = np.array([groups.index(e) for e in ext_rows], dtype=np.int64)
+        self.sketch_extents = np.array(ext_rows, dtype=np.int64)  # [sketches, axes]
+        self.extents = self.sketch_extents.max(axis=0)
         self.spatial = np.array([not a.reduce for a in sp.axes])
         self.n_spatial = sp.n_spatial
         self.max_acc = sp.max_accumulators
@@ -112,10 +119,11 @@ class Codec:
         self.width = 1 + LEVELS * self.A + len(self.knobs) + 3
         self.c_par, self.c_vec, self.c_unroll = self.width - 3, self.width - 2, self.width - 1
         # every ordered factorization of each axis, padded to 4 levels: uniform sampling is an index draw
-        self.tables = [np.array([f + (1,) * (LEVELS - lv) for f in factorizations(int(e), int(lv))], dtype=np.int64)
-                       for e, lv in zip(self.extents, self.levels)]
+        self._group_tables = [[np.array([f + (1,) * (LEVELS - lv) for f in factorizations(int(e), int(lv))],
+                                        dtype=np.int64) for e, lv in zip(g, self.levels)] for g in groups]
+        self.tables = self._group_tables[0]  # those of the first sketch's extents
         # divisors > 1 of every possible tile value (padded), for the tile-size mutation
-        values = sorted({d for e in self.extents for d in divisors(int(e))})
+        values = sorted({d for e in self.sketch_extents.ravel() for d in divisors(int(e))})
         self.values = np.array(values, dtype=np.int64)
         divs = [[d for d in divisors(v) if d > 1] or [1] for v in values]
         self.div_count = np.array([len(d) if v > 1 else 0 for d, v in zip(divs, values)], dtype=np.int64)
@@ -125,9 +133,10 @@ class Codec:
         self.mutable_axes = np.flatnonzero(self.extents > 1)
         # decoding: a tile vector's code (digits in base extent + 1) locates it in its axis's table
         self._weights = [(int(e) + 1) ** np.arange(LEVELS, dtype=np.int64) for e in self.extents]
-        self._codes = [tab @ w for tab, w in zip(self.tables, self._weights)]
-        self._code_order = [np.argsort(c) for c in self._codes]
-        self._tuples = [[tuple(int(x) for x in row[:lv]) for row in tab] for tab, lv in zip(self.tables, self.levels)]
+        self._codes = [[tab @ w for tab, w in zip(tables, self._weights)] for tables in self._group_tables]
+        self._code_order = [[np.argsort(c) for c in codes] for codes in self._codes]
+        self._tuples = [[[tuple(int(x) for x in row[:lv]) for row in tab] for tab, lv in zip(tables, self.levels)]
+                        for tables in self._group_tables]
         self._void = np.dtype((np.void, 8 * self.width))
 
     # ---- conversion ----------------------------------------------------------------------------
@@ -156,17 +165,17 @@ class Codec:
             return []
         t = self.tiles(rows)
         idx = np.empty((len(rows), self.A), dtype=np.int64)
-        for a in range(self.A):  # each axis's tiles -> its row in the factorization table
-            idx[:, a] = self._code_order[a][np.searchsorted(self._codes[a], t[:, a] @ self._weights[a],
-                                                            sorter=self._code_order[a])]
-        tuples, names = self._tuples, self.sketches
+        grp = self.group_of[rows[:, 0]]
+        for g in np.unique(grp).tolist():
+            on = grp == g
+            for a in range(self.A):  # each axis's tiles -> its row in the group's factorization table
+                codes, order = self._codes[g][a], self._code_order[g][a]
+                idx[on, a] = order[np.searchsorted(codes, t[on, a] @ self._weights[a], sorter=order)]
+        names, grp = self.sketches, grp.tolist()
         knobs = rows[:, [0, self.c_par, self.c_vec, self.c_unroll]].tolist()
-        if self.knobs:
-            extra = self._extra(rows)
-            return [Config(names[k[0]], tuple(map(list.__getitem__, tuples, r)), k[1], k[2], k[3], e)
-                    for r, k, e in zip(idx.tolist(), knobs, extra)]
-        return [Config(names[k[0]], tuple(map(list.__getitem__, tuples, r)), k[1], k[2], k[3])
-                for r, k in zip(idx.tolist(), knobs)]
+        extra = self._extra(rows) if self.knobs else [()] * len(rows)
+        return [Config(names[k[0]], tuple(map(list.__getitem__, self._tuples[g], r)), k[1], k[2], k[3], e)
+                for r, k, e, g in zip(idx.tolist(), knobs, extra, grp)]
 
     def _extra(self, rows: np.ndarray) -> list[tuple[tuple[str, int], ...]]:
         """``Config.extra`` of every row: the declared knobs that apply, at a value other than their default."""
@@ -227,7 +236,7 @@ class Codec:
         rows = np.empty((n, self.width), dtype=np.int64)
         rows[:, 0] = sketch
         t = np.empty((n, self.A, LEVELS), dtype=np.int64)
-        for a, table in enumerate(self.tables):
+        for a, table in enumerate(self._group_tables[self.group_of[sketch]]):
             t[:, a] = table[rng.integers(len(table), size=n)]
         rows[:, 1: 1 + LEVELS * self.A] = t.reshape(n, -1)
         rows[:, self.c_par] = rng.integers(0, self.n_spatial + 1, size=n)
@@ -270,12 +279,13 @@ class Codec:
             extra = itertools.product(*[vals[sk].tolist() if vals[sk] is not None else [-1]
                                         for vals in self.knob_values])
             knobs = np.array([e + c for e in extra for c in core], dtype=np.int64)
-            combos = itertools.product(*[range(len(t)) for t in self.tables])
+            tables = self._group_tables[self.group_of[sk]]
+            combos = itertools.product(*[range(len(t)) for t in tables])
             while True:
                 idx = np.array(list(itertools.islice(combos, max(1, chunk // len(knobs)))), dtype=np.int64)
                 if len(idx) == 0:
                     break
-                t = np.stack([self.tables[a][idx[:, a]] for a in range(self.A)], axis=1).reshape(len(idx), -1)
+                t = np.stack([tables[a][idx[:, a]] for a in range(self.A)], axis=1).reshape(len(idx), -1)
                 rows = np.empty((len(idx) * len(knobs), self.width), dtype=np.int64)
                 rows[:, 0] = sk
                 rows[:, 1: 1 + LEVELS * self.A] = np.repeat(t, len(knobs), axis=0)

@@ -1,0 +1,179 @@
+"""Padded extents: tile awkward extents (primes such as 13, 17, 197, 257) over a padded range.
+
+Tile sizes of a sketch divide their axis's extent, so an extent such as 257 (prime) can only be tiled
+1 x 257: its register block has one row, and a vector axis of extent 13 cannot be vectorized at all.
+A *padded variant* of a sketch computes the contraction over ``pad_to >= extent`` on some spatial
+axes, a number with good factors (the next multiple of the SIMD width for the vector axis, of 4 or 8
+for the others), so the register block and the vectors stay full:
+
+* the space (:class:`codegen.space.Space`) of a padded sketch tiles the padded extents (its ``axes``
+  and ``con`` are those of :func:`padded_contraction`; ``api_con`` keeps the task's shapes);
+* weights are zero-padded when they are packed at load (untimed, :func:`embed`);
+* the data input goes through the kernel's timed copy (as a padded convolution's does), which
+  zero-fills the padding;
+* the register block accumulates into a padded scratch buffer in the workspace and the fused
+  epilogue writes only the in-range outputs (a guard per padded axis): the result is cropped there.
+
+Reduction axes are never padded (a reduction tile of the whole extent costs nothing), nor the batch
+axis. An axis shares an index with another one in the weights / output (a grouped conv's channel
+``g * kg + k``) may only be padded when it is the outer term of that index.
+
+A padded variant is a sketch of its own, named after its extents (``gemm_packed.pad_m264``,
+``conv_direct.pad_y16_x16``), so a config's sketch name fully determines what it computes, configs of
+the exact sketches keep their JSON and keys, and the relaxation handles the pad-to extent as a small
+discrete choice (exact or padded sketch) whose tile factorization is relaxed as any other.
+
+Example:
+    >>> from codegen.ops import matmul
+    >>> from codegen.space import Sketch
+    >>> sk = padded_sketch(matmul(257, 96, 384), Sketch("gemm_packed", "n", "n"), 8, 12)
+    >>> sk.name, sk.pad
+    ('gemm_packed.pad_m264', (('m', 264),))
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+import numpy as np
+
+from .ops import Access, Axis, Contraction, Task
+
+PAD_SEP = ".pad_"  # a padded sketch's name: <sketch>.pad_<axis><extent>_...
+
+MAX_WASTE_VECTOR = 1.5  # padded / real extent at most, on the vector axis
+MAX_WASTE_ROWS = 1.34  # ... on the other spatial axes
+
+
+def round_up(n: int, q: int) -> int:
+    return -(-int(n) // q) * q
+
+
+def _largest_divisor_leq(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def paddable(con: Contraction, axis: str) -> bool:
+    """Whether ``axis`` of a contraction may be padded: a spatial axis other than the batch (the first),
+    of extent > 1, the outer term of every weight / output / bias index it takes part in."""
+    names = [a.name for a in con.axes]
+    ax = con.axis(axis)
+    if ax.reduce or ax.extent <= 1 or names.index(axis) == 0:
+        return False
+    ext = {a.name: a.extent for a in con.axes}
+    for acc in (con.weight, con.out, con.bias):
+        if acc is None:
+            continue
+        for terms in acc.dims:
+            coef = {a: c for a, c in terms if c}
+            if axis not in coef:
+                continue
+            if any(ext[a] > 1 and c > coef[axis] for a, c in coef.items() if a != axis):
+                return False
+    return True
+
+
+def pad_extent(extent: int, *, vector: bool, lanes: int) -> int:
+    """The pad-to extent of one axis (``extent`` itself when padding does not pay).
+
+    Vector axis: the next multiple of the SIMD width (of half of it when that wastes less than
+    :data:`MAX_WASTE_VECTOR`). Other axes, only when no divisor in 4..8 exists (register rows): the
+    next multiple of 8 (extents >= 64) or 4, wasting at most :data:`MAX_WASTE_ROWS`.
+
+    Example:
+        >>> [pad_extent(e, vector=True, lanes=8) for e in (7, 13, 16, 17, 3)]
+        [8, 16, 16, 24, 4]
+        >>> [pad_extent(e, vector=False, lanes=8) for e in (7, 13, 17, 257, 2, 9)]
+        [7, 16, 20, 264, 2, 12]
+    """
+    if vector:
+        for q in (lanes, lanes // 2):
+            if q > 1 and extent % q and round_up(extent, q) <= MAX_WASTE_VECTOR * extent:
+                return round_up(extent, q)
+            if q > 1 and extent % q == 0:
+                return extent
+        return extent
+    if _largest_divisor_leq(extent, 8) >= 4:
+        return extent
+    q = 8 if extent >= 64 else 4
+    padded = round_up(extent, q)
+    return padded if padded <= MAX_WASTE_ROWS * extent else extent
+
+
+def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:
+    return base + PAD_SEP + "_".join(f"{a.name}{pad[a.name]}" for a in con.axes if a.name in pad)
+
+
+def padded_sketch(task: Task, sketch, lanes: int, max_acc: int):
+    """The padded variant of ``sketch`` on ``task`` for a target of ``lanes`` fp32 lanes, or None when no
+    axis is awkward (see :func:`pad_extent`)."""
+    con = task.contraction()
+    pad = {}
+    for a in con.spatial:
+        if not paddable(con, a.name):
+            continue
+        e = pad_extent(a.extent, vector=a.name == sketch.vector_axis, lanes=lanes)
+        if e != a.extent:
+            pad[a.name] = e
+    if not pad:
+        return None
+    return with_pad(task, sketch, pad)
+
+
+def with_pad(task: Task, sketch, pad: dict[str, int]):
+    """``sketch`` padded to ``pad`` (``{axis: pad_to}``), checked."""
+    con = task.contraction()
+    for name, e in pad.items():
+        if name not in {a.name for a in con.axes}:
+            raise ValueError(f"padded sketch: {task.name} has no axis {name!r}")
+        if not paddable(con, name):
+            raise ValueError(f"padded sketch: axis {name!r} of {task.name} cannot be padded (a reduction, the "
+                             f"batch, extent 1, or the inner term of a shared index)")
+        if e <= con.axis(name).extent:
+            raise ValueError(f"padded sketch: {name} padded to {e}, not above its extent {con.axis(name).extent}")
+    pad = {a.name: int(pad[a.name]) for a in con.axes if a.name in pad}
+    return replace(sketch, name=pad_name(sketch.name, pad, con), pad=tuple(pad.items()))
+
+
+def parse_pad(task: Task, name: str, spec: str) -> dict[str, int]:
+    """``"y16_x16"`` -> ``{"y": 16, "x": 16}`` (the tail of a padded sketch's name)."""
+    out = {}
+    for tok in spec.split("_"):
+        m = re.fullmatch(r"([a-z]+)(\d+)", tok)
+        if not m:
+            raise ValueError(f"sketch {name!r}: bad padded extent {tok!r} (expected <axis><extent>, e.g. m264)")
+        out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def padded_contraction(con: Contraction, pad: dict[str, int]) -> Contraction:
+    """``con`` over padded extents: axes, and every access's logical shape grown to cover the padded
+    index range (the data's extra rows / columns are zero padding after its end)."""
+    axes = tuple(Axis(a.name, int(pad.get(a.name, a.extent)), a.reduce) for a in con.axes)
+    ext = {a.name: a.extent for a in axes}
+
+    def grow(acc: Access | None) -> Access | None:
+        if acc is None:
+            return None
+        shape = tuple(max(n, 1 + sum(c * (ext[a] - 1) for a, c in terms)) for n, terms in zip(acc.shape, acc.dims))
+        return Access(acc.buffer, shape, acc.dims)
+
+    data = grow(con.data)
+    pads = tuple((b, n - b - api) for (b, _), n, api in zip(con.pad, data.shape, con.data_api_shape))
+    return Contraction(axes, data, grow(con.weight), grow(con.out), grow(con.bias), con.data_api_shape, pads)
+
+
+def embed(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` zero-padded at the end of every dimension to ``shape`` (itself when equal)."""
+    array = np.asarray(array)
+    if tuple(array.shape) == tuple(shape):
+        return array
+    if len(shape) != array.ndim or any(s < n for s, n in zip(shape, array.shape)):
+        raise ValueError(f"cannot embed an array of shape {array.shape} in {shape}")
+    return np.pad(array, [(0, s - n) for s, n in zip(shape, array.shape)])
+
+
+def waste(con: Contraction, api: Contraction) -> float:
+    """Padded over real output count (the share of the work the padding adds, + 1)."""
+    return math.prod(a.extent for a in con.spatial) / math.prod(a.extent for a in api.spatial)

@@ -1,0 +1,72 @@
+"""Padded sketches (codegen.padding) through the relaxation, the genetic codec and the oracle.
+
+The kernels themselves are checked against numpy in tests/test_codegen.py
+(``test_padded_kernels_match_numpy``) and their hard features against the extractor in
+tests/test_features.py (``test_padded_hard_features_equal_the_extractor``).
+"""
+import jax
+import numpy as np
+import pytest
+
+from codegen import ops
+from codegen.space import Space, sketches_for
+from codegen.spaces import spaces_for
+from codegen.target import Target
+from felixjax.relax import Relaxation
+from felixjax.strategies.genetic import Codec
+from felixjax.testing import SyntheticOracle
+
+TARGET = Target(cores=2, simd_lanes=8, vector_registers=16)
+TASKS = [ops.matmul(257, 96, 384), ops.matmul(17, 13, 7, bias=True), ops.dense(1, 197, 257),
+         ops.conv2d(1, 8, 15, 15, out_channels=13), ops.depthwise_conv2d(1, 13, 15, 15, stride=2, padding=1)]
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_spaces_for_adds_the_padded_variants(task):
+    spaces = spaces_for(task, TARGET)
+    exact = [s.name for s in sketches_for(task)]
+    padded = [n for n in spaces if n not in exact]
+    assert set(exact) <= set(spaces) and padded
+    for n in padded:
+        sp = spaces[n]
+        assert sp.sketch.base in exact and sp.sketch.pad
+        # the padded extents have the small factors the exact ones lack
+        for axis, e in sp.sketch.pad:
+            assert max(d for d in range(1, 9) if e % d == 0) >= 4
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_relaxation_of_padded_spaces(task):
+    for name, sp in spaces_for(task, TARGET).items():
+        rel = Relaxation(sp)
+        rng = np.random.default_rng(0)
+        for c in sp.sample_many(rng, 10) + [sp.default()]:
+            assert rel.from_x(rel.to_x(c)) == c
+        configs = rel.round_x(rel.sample_x(jax.random.PRNGKey(0), 64))
+        assert all(sp.is_valid(c) and c.sketch == name for c in configs)
+        nb = rel.neighbours(sp.default())
+        assert nb and all(sp.is_valid(c) for c in nb)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
+def test_codec_mixes_exact_and_padded_sketches(task):
+    spaces = spaces_for(task, TARGET)
+    codec = Codec(spaces)
+    rows = codec.sample(np.random.default_rng(0), 200)
+    configs = codec.decode_many(rows)
+    assert {c.sketch for c in configs} == set(spaces)
+    assert all(spaces[c.sketch].is_valid(c) for c in configs)
+    assert (codec.encode_many(configs) == rows).all()
+    for kind in ("tile", "vec", "unroll", "parallel"):
+        m = codec.mutate(rows, kind, np.random.default_rng(1))
+        for c in codec.decode_many(m[codec.valid(m)]):
+            assert spaces[c.sketch].is_valid(c), c
+
+
+def test_oracle_scores_padded_configs_and_keeps_the_exact_factors():
+    task = ops.matmul(257, 96, 384)
+    oracle = SyntheticOracle(task, TARGET, seed=3)
+    names = [sp.sketch.name for sp in oracle.spaces]
+    assert names[0] == "gemm_packed" and "gemm_packed.pad_m264" in names
+    lat = oracle.latencies([sp.default() for sp in oracle.spaces])
+    assert np.isfinite(lat).all() and (lat > 0).all()
