@@ -1,0 +1,132 @@
+"""Per-call overhead from Python: wall time of a call minus the same work timed by its C loop.
+
+* network: ``exe(x)`` of a built network (``fj.build_model``, default schedules) against
+  ``exe.timeit(x)`` (``fj_model_time_with``: the whole network ``number`` times in C);
+* kernel: a kernel as ``res.kernel()`` returns it (:class:`codegen.runtime.Kernel`), called as
+  ``k(x, w)`` and bound (``k.bind(w)(x)``), against its harness's ``fj_time`` loop. ``--tune N`` gets
+  the kernel from a real ``fj.tune`` of ``N`` trials; without it, the default schedule is built
+  through the same class (what ``res.kernel()`` builds, minus the tuning).
+
+Both sides run interleaved in blocks (a few untimed calls before each), and the report gives the
+median over blocks of (wall per call - C per call), in microseconds. Every Python call returns a
+fresh output array (checked). Issue 14's target: under 5 us.
+
+    python benchmarks/overhead.py                      # transformer block seq 16 dim 32 (~0.4 MFLOP)
+    python benchmarks/overhead.py --threads 1 --blocks 30
+    python benchmarks/overhead.py --tune 8             # a tuned kernel (takes a minute)
+
+Timings on a loaded machine are noisy: compare the figures of one run, never across machines.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _block(call, c_loop, number: int, warm: int = 5) -> float:
+    """One interleaved block: ``number`` Python calls timed by wall clock, then the C loop; returns
+    (wall per call - C per call) in seconds."""
+    for _ in range(warm):
+        call()
+    t0 = time.perf_counter()
+    for _ in range(number):
+        call()
+    wall = (time.perf_counter() - t0) / number
+    c_loop(warm)
+    return wall - c_loop(number) / number
+
+
+def _median_us(vals: list[float]) -> str:
+    return f"{1e6 * statistics.median(vals):7.2f} us (min {1e6 * min(vals):6.2f}, max {1e6 * max(vals):6.2f})"
+
+
+def network_overhead(args) -> list[dict]:
+    import felixjax as fj
+    from felixjax import zoo
+    from felixjax.onnx_import import load_onnx
+
+    proto = zoo.make_model("transformer_block", seq=args.seq, dim=args.dim, heads=2)
+    model = load_onnx(proto)
+    exe = fj.build_model(model, threads=args.threads)
+    x = np.random.default_rng(0).standard_normal(exe.net.input_shapes[0]).astype(np.float32)
+    y1, y2 = exe(x), exe(x)
+    assert y1 is not y2 and np.array_equal(y1, y2), "calls must return fresh, equal outputs"
+    ins = exe._inputs(x)
+    outs = exe.library.new_outputs()
+    c_loop = lambda n: exe.library.timeit(ins, outs, n)  # noqa: E731
+    per_call = c_loop(50) / 50
+    what = f"network {model.name} ({len(model.tasks)} tasks, {exe.net.steps} steps)"
+    rows = []
+    for name, call in ((f"{what}, exe(x)", lambda: exe(x)),
+                       (f"{what}, checked path exe.library([x])", lambda: exe.library([x]))):
+        over = [_block(call, c_loop, args.number) for _ in range(args.blocks)]
+        rows.append({"what": name, "c_us": 1e6 * per_call, "overhead": over})
+    return rows
+
+
+def _kernel(args):
+    import felixjax as fj
+    from codegen.build import build
+    from codegen.lower import lower
+    from codegen.render_c import render
+    from codegen.runtime import Kernel
+    from codegen.space import Space, default_sketch
+
+    task = fj.ops.dense(args.rows, args.dim, args.dim, bias=True, act="relu")
+    target = fj.Target.cpu()
+    if args.tune:
+        res = fj.tune(task, trials=args.tune, strategy="random", db=None, progress=False)
+        return task, res.kernel(threads=args.threads), f"tuned ({args.tune} trials)"
+    sp = Space(task, default_sketch(task, target), target)
+    plan = lower(sp, sp.default())
+    return task, Kernel(plan, build(render(plan)).lib_path, threads=args.threads), "default schedule"
+
+
+def kernel_overhead(args) -> list[dict]:
+    task, k, how = _kernel(args)
+    arrays = task.random_inputs()
+    x, w, rest = arrays[0], arrays[1], arrays[2:]
+    bound = k.bind(w)
+    y1, y2 = bound(x, *rest), bound(x, *rest)
+    assert y1 is not y2 and np.array_equal(y1, y2), "calls must return fresh, equal outputs"
+    fn = k._lib.fj_time
+    fn.restype = ctypes.c_double
+    ptrs = bound._ptrs  # the bound kernel's argument array (data, weights, ..., out, workspace), set by its last call
+    c_loop = lambda n: fn(ptrs, ctypes.c_long(n))  # noqa: E731
+    per_call = c_loop(100) / 100
+    out = []
+    for name, call in ((f"kernel {task.name}, k(x, w, ...), {how}", lambda: k(x, w, *rest)),
+                       (f"kernel {task.name}, k.bind(w)(x, ...), {how}", lambda: bound(x, *rest))):
+        over = [_block(call, c_loop, args.number) for _ in range(args.blocks)]
+        out.append({"what": name, "c_us": 1e6 * per_call, "overhead": over})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--blocks", type=int, default=15)
+    ap.add_argument("--number", type=int, default=200, help="calls per timed block")
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=1, help="rows of the kernel's dense layer")
+    ap.add_argument("--tune", type=int, default=0, help="trials of a real fj.tune for the kernel (0: default)")
+    args = ap.parse_args(argv)
+    rows = network_overhead(args) + kernel_overhead(args)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# per-call overhead = wall time of a Python call - the same work in its C loop "
+          f"(median over {args.blocks} blocks of {args.number} calls, {args.threads} thread(s)); "
+          f"commit {commit}; {' '.join(['python'] + sys.argv)}")
+    for r in rows:
+        print(f"{r['what']:<80} C {r['c_us']:8.2f} us/call   overhead {_median_us(r['overhead'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
