@@ -138,12 +138,12 @@ def _runner(args: argparse.Namespace):
     if not getattr(args, "dask", None):
         yield None
         return
-    from .dask_runner import SchedulerLostError, connect
+    from .dask_runner import ClusterError, connect
 
     try:
         with connect(args.dask) as runner:
             yield runner
-    except (SchedulerLostError, ImportError) as e:
+    except (ClusterError, ImportError) as e:
         raise UserError(str(e)) from None
 
 

@@ -27,7 +27,10 @@ so a run through Dask records the same configs and statuses in the same order as
   ``allowed-failures`` 0, as :func:`local_cluster` sets, a candidate is re-queued exactly once.)
 * **The scheduler going away**: :class:`SchedulerLostError` after ``lost_after_s`` without it; what
   was measured is in the database, unmeasured claims are released, and running the same command
-  again resumes the run.
+  again resumes the run. No worker advertising the device resource for ``no_device_s`` while work
+  waits is :class:`NoDeviceError` (instead of waiting forever). :func:`local_cluster` keeps a
+  measuring worker that dies again and again (Dask's ``SpecCluster`` would drop one that stays away
+  for ``lost-worker-timeout`` while its nanny restarts it).
 
 Example (not run here: it starts worker processes):
     >>> from distributed import Client                                       # doctest: +SKIP
@@ -54,8 +57,16 @@ from codegen.run.subproc import SubprocessRunner
 BUILD_MODES = ("auto", "cluster", "device", "driver")
 
 
-class SchedulerLostError(RuntimeError):
-    """The Dask scheduler went away mid-run (records so far are in the database: run again to resume)."""
+class ClusterError(RuntimeError):
+    """The cluster cannot go on (records so far are in the database: run again to resume)."""
+
+
+class SchedulerLostError(ClusterError):
+    """The Dask scheduler went away mid-run."""
+
+
+class NoDeviceError(ClusterError):
+    """No worker advertising the measuring resource for ``no_device_s``."""
 
 
 class DaskRunner:
@@ -75,13 +86,16 @@ class DaskRunner:
         resource: the resource measuring workers advertise (one unit per measurement).
         requeue: re-submissions of a candidate whose worker died, before it is a failure.
         lost_after_s: seconds without a scheduler before :class:`SchedulerLostError`.
+        no_device_s: seconds with work waiting and no worker advertising ``resource`` before
+            :class:`NoDeviceError` (instead of waiting forever).
     """
 
     def __init__(self, client: Any, *, builds: str = "auto", protocol: TimingProtocol | None = None,
                  timeout_s: float = 10.0, flags: Sequence[str] = DEFAULT_FLAGS, build_timeout_s: float = 60.0,
                  build_workers: int = 2, measure_cpus: Iterable[int] | None = None,
                  build_cpus: Iterable[int] | None = None, worker_runner: Callable[[], Any] | None = None,
-                 resource: str = "device", requeue: int = 1, lost_after_s: float = 30.0):
+                 resource: str = "device", requeue: int = 1, lost_after_s: float = 30.0,
+                 no_device_s: float = 120.0):
         if builds not in BUILD_MODES:
             raise ValueError(f"builds={builds!r}: expected one of {BUILD_MODES}")
         self.client = client
@@ -93,6 +107,7 @@ class DaskRunner:
             SubprocessRunner, protocol=protocol or TimingProtocol(), timeout_s=timeout_s, cpus=self.measure_cpus,
             flags=self.flags, build_timeout_s=self.build_timeout_s, build_workers=1)
         self.resource, self.requeue, self.lost_after_s = resource, int(requeue), float(lost_after_s)
+        self.no_device_s = float(no_device_s)
         self.requeued = 0  # candidates re-submitted after a worker died (for logs and tests)
         self._scattered: dict[int, tuple[Any, Any]] = {}  # id(array) -> (array, future)
         self._shipped: dict[str, remote.Shipped] = {}  # Runner-protocol builds: key -> shipped build
@@ -109,9 +124,17 @@ class DaskRunner:
         workers = self._scheduler_info().get("workers", {})
         return "cluster" if any(w.get("resources", {}).get("build") for w in workers.values()) else "device"
 
+    def _devices(self) -> int:
+        """Workers advertising the measuring resource now."""
+        workers = self._scheduler_info().get("workers", {})
+        return sum(1 for w in workers.values() if w.get("resources", {}).get(self.resource))
+
     def _scheduler_info(self) -> dict:
         try:
-            return self.client.scheduler_info()
+            try:
+                return self.client.scheduler_info(n_workers=-1)  # every worker (some versions list 5)
+            except TypeError:  # older clients: no n_workers, every worker
+                return self.client.scheduler_info()
         except Exception as e:  # noqa: BLE001 - any comm failure means no scheduler
             raise SchedulerLostError(f"cannot reach the Dask scheduler: {e}") from e
 
@@ -183,7 +206,7 @@ class DaskRunner:
         ready: queue.Queue = queue.Queue()
         for f in futs:
             f.add_done_callback(ready.put)
-        nxt, gone_since = 0, None
+        nxt, gone_since, idle_since, no_device_since = 0, None, time.monotonic(), None
         try:
             while nxt < len(futs):
                 while nxt in done:
@@ -205,8 +228,21 @@ class DaskRunner:
                         ready.put(f)  # look again once the scheduler is back
                         time.sleep(0.2)
                     continue
-                if f is None:
+                if f is None:  # nothing finished for a while: is there still a device to measure on?
+                    if time.monotonic() - idle_since > min(5.0, self.no_device_s / 2):
+                        idle_since = time.monotonic()
+                        if self._devices() > 0:
+                            no_device_since = None
+                        else:
+                            no_device_since = no_device_since or time.monotonic()
+                            if time.monotonic() - no_device_since > self.no_device_s:
+                                raise NoDeviceError(
+                                    f"no worker of the Dask cluster at {_address(self.client)} advertises the "
+                                    f"{self.resource!r} resource for {self.no_device_s:g} s: {len(futs) - nxt} "
+                                    f"candidates wait. Start one (dask worker ADDRESS --nthreads 1 --resources "
+                                    f"{self.resource}=1) and rerun the same command to resume.")
                     continue
+                idle_since = time.monotonic()
                 i = index.get(f.key)
                 if i is None or i in done or f is not futs[i]:
                     continue
@@ -315,9 +351,17 @@ def local_cluster(*, build_workers: int = 1, pin: bool | None = None, allowed_fa
     import dask
     from distributed import LocalCluster
 
+    from distributed.deploy.cluster import Cluster
+
+    class TuningCluster(LocalCluster):
+        def _update_worker_status(self, op, msg):
+            # a SpecCluster drops a worker that stays away from the scheduler for lost-worker-timeout,
+            # even while its nanny is restarting it (a measuring worker dying again and again): keep it
+            Cluster._update_worker_status(self, op, msg)
+
     with dask.config.set({"distributed.scheduler.allowed-failures": int(allowed_failures)}):
-        cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=None,
-                               **kwargs)
+        cluster = TuningCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=None,
+                                **kwargs)
     base = cluster.new_spec
     spec = {}
     for name, res in [("measure-0", {"device": 1})] + [(f"build-{i}", {"build": 1}) for i in range(build_workers)]:

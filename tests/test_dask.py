@@ -114,7 +114,7 @@ def test_killed_worker_loses_no_records(client, tmp_path):
 def test_a_candidate_whose_worker_dies_twice_is_recorded_as_a_failure(client):
     # a replay that kills its measuring worker process on some sources: re-queued once, then a failure
     runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 0, 0.0, 4))
-    res = fj.tune(TASK, strategy="random", trials=6, batch=1, seed=0, progress=False, retime=0, runner=runner)
+    res = fj.tune(TASK, strategy="random", trials=2, batch=1, seed=0, progress=False, retime=0, runner=runner)
     dies = remote.HashLatency(die_every=4)
     def source(cfg):
         return render(lower(fj.Space(TASK, cfg.sketch, fj.Target.cpu()), cfg))
@@ -124,6 +124,7 @@ def test_a_candidate_whose_worker_dies_twice_is_recorded_as_a_failure(client):
     assert killers and failed == killers
     assert all("died or was lost 2 times" in r.result.error for r in res.history if not r.ok)
     assert runner.requeued == len(killers)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted the measuring worker each time
 
 
 def _free_port():
@@ -132,17 +133,44 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _dask_processes(worker_args):
+    """A scheduler and one worker as separate processes (as on two machines): (address, [processes])."""
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                              **quiet)]
+    procs.append(subprocess.Popen([dask_cli, "worker", addr, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                                   *worker_args], **quiet))
+    return addr, procs
+
+
+def _stop(procs):
+    for p in procs:  # the processes this test started, by their handles
+        p.kill()
+        p.wait(10)
+
+
+def test_no_measuring_worker_is_a_clear_error_not_a_hang():
+    from felixjax.dask_runner import NoDeviceError
+
+    addr, procs = _dask_processes([])  # a worker without the device resource
+    try:
+        with distributed.Client(addr, timeout=60) as c:
+            c.wait_for_workers(1, timeout=60)
+            runner = DaskRunner(c, builds="device", worker_runner=remote.replay_runner, no_device_s=1)
+            with pytest.raises(NoDeviceError, match="advertises the 'device' resource"):
+                fj.tune(TASK, strategy="random", trials=4, progress=False, retime=0, runner=runner)
+    finally:
+        _stop(procs)
+
+
 def test_scheduler_going_away_is_a_clear_error_and_the_run_resumes(client, tmp_path):
     from felixjax.dask_runner import SchedulerLostError
 
     # a scheduler and a worker as separate processes (as on two machines); the scheduler is killed
-    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
-    addr = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1],
-                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    procs.append(subprocess.Popen([dask_cli, "worker", addr, "--nthreads", "1", "--resources", "device=1",
-                                   "--no-nanny", "--no-dashboard"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL))
+    addr, procs = _dask_processes(["--resources", "device=1"])
     db = fj.Database(str(tmp_path / "runs.db"))
     replay = functools.partial(remote.replay_runner, 0, 0.05)
     kw = dict(strategy="random", trials=16, batch=4, seed=2, progress=False, retime=0, db=db)
@@ -160,9 +188,7 @@ def test_scheduler_going_away_is_a_clear_error_and_the_run_resumes(client, tmp_p
             fj.tune(TASK, runner=DaskRunner(doomed, builds="device", worker_runner=replay, lost_after_s=2), **kw)
         doomed.close(timeout=2)
     finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
+        _stop(procs)
     kept = db.records(TASK)
     assert 5 <= len(kept) < 16
     res = fj.tune(TASK, runner=DaskRunner(client, builds="device", worker_runner=replay), **kw)  # resumes
@@ -176,3 +202,13 @@ def test_no_scheduler_at_the_address_is_one_clear_error():
     with pytest.raises(SchedulerLostError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:"):
         with connect(f"tcp://127.0.0.1:{_free_port()}", timeout_s=1):
             pass
+
+
+def test_tune_model_and_compare_take_a_dask_runner(client):
+    runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 7))
+    m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    res = fj.tune_model(m, trials=8, strategy="random", progress=False, runner=runner)
+    assert res.trials == 8
+    cmp = fj.compare([TASK], ["random"], trials=8, seeds=1, db=None, progress=False, runner=runner)
+    [hist] = cmp.histories.values()
+    assert len(hist) == 8 and {r.status for r in hist} <= {"ok", "wrong_result"}
