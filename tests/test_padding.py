@@ -70,3 +70,23 @@ def test_oracle_scores_padded_configs_and_keeps_the_exact_factors():
     assert names[0] == "gemm_packed" and "gemm_packed.pad_m264" in names
     lat = oracle.latencies([sp.default() for sp in oracle.spaces])
     assert np.isfinite(lat).all() and (lat > 0).all()
+
+
+def test_network_build_with_padded_schedules_matches_the_default_build():
+    import felixjax as fj
+    from felixjax import zoo
+    from felixjax.onnx_import import load_onnx
+
+    model = load_onnx(zoo.make_model("transformer_block", seq=17, dim=24, heads=2))  # 17 tokens: prime rows
+    target = Target.cpu()
+    configs = {}
+    for task, _ in model.tasks:
+        padded = [n for n, sp in spaces_for(task, target).items() if sp.sketch.pad]
+        if padded:
+            configs[task] = Space(task, padded[0], target).default()
+    assert configs, "no task of the model has a padded sketch"
+    ref = fj.build_model(model, target, threads=1)
+    exe = fj.build_model(model, target, threads=1, configs=configs)
+    x = np.random.default_rng(0).standard_normal(exe.net.input_shapes[0]).astype(np.float32)
+    np.testing.assert_allclose(exe(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert any(".pad_" in s.config.sketch for s in exe.schedules)
