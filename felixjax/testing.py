@@ -285,7 +285,7 @@ class OracleUncertainty:
     """A stand-in for the cost-aware ensemble (:mod:`felixjax.cost_aware`): the synthetic oracle's
     ``−log latency`` plus a fixed per-config error (Gaussian, ``noise``, drawn from the config's hash),
     with a constant reported spread ``std``. Pass ``lambda: OracleUncertainty(oracle)`` as
-    ``CostAware(uncertainty=...)``.
+    ``CostAware(uncertainty=...)``; without ``oracle``, the oracle of the run's task (``ctx.task``).
 
     Example:
         >>> import felixjax as fj
@@ -297,13 +297,15 @@ class OracleUncertainty:
         (True, 0.1)
     """
 
-    def __init__(self, oracle: SyntheticOracle, *, noise: float = 0.1, std: float = 0.1):
+    def __init__(self, oracle: SyntheticOracle | None = None, *, noise: float = 0.1, std: float = 0.1):
         self.oracle, self.noise, self.std = oracle, float(noise), float(std)
 
     def update(self, ctx, records: list) -> None:
         pass
 
     def predict(self, ctx, configs: list) -> tuple[np.ndarray, np.ndarray]:
+        if self.oracle is None:
+            self.oracle = SyntheticOracle(ctx.task, ctx.target)
         mean = -np.log(self.oracle.latencies(list(configs)))
         if self.noise:
             import hashlib

@@ -71,3 +71,19 @@ def test_with_the_real_ensemble():
     tr = _run(40, CostAware(filter_p=0.3, early_stop=1e-4, warmup=12), strategy="random")
     assert tr.screen.last["proposed"] > 0 and 0 <= tr.stats["filtered"]
     assert tr.stop_reason in ("trials", "early_stop") and tr.stats["expected_gain"] >= 0
+
+
+def test_a_task_stopped_early_gives_its_budget_to_the_others():
+    from felixjax.network_tune import scheduled_rounds
+
+    tasks = [fj.ops.matmul(64, 64, 64), fj.ops.dense(1, 256, 128)]
+    ca = CostAware(filter_p=0.1, early_stop=0.002, warmup=16, patience=2, window=16,
+                   uncertainty=lambda: OracleUncertainty(noise=0.02, std=0.02))
+    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, trials=200) as s:
+        # cost-aware on the first task only (a per-run option): it stops, the scheduler gives the rest
+        # of the session's budget to the second
+        runs = [s.add(tasks[0], "random", seed=0, cost_aware=ca), s.add(tasks[1], "random", seed=0)]
+        info, rounds = scheduled_rounds(s, runs, [1, 1], per_round=16)
+    assert runs[0].stop_reason == "early_stop" and len(runs[0].history) < 48
+    assert sum(len(r.history) for r in runs) == 200 and len(runs[1].history) > 150
+    assert [len(r.history) for r in runs] == [t.trials for t in info]
