@@ -332,7 +332,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             seeds: int | Iterable[int] = 3, target: Target | None = None, db: str | Database | None = "cmp.db",
             threads: int | None = None, out: str | os.PathLike | None = None, replay=None, *,
             progress: bool = True, protocol: TimingProtocol | None = None, runner: LocalRunner | None = None,
-            remeasure: int = 3, strategy_options: dict | None = None, defaults: bool = True) -> Comparison:
+            remeasure: int = 3, strategy_options: dict | None = None, defaults: bool = True,
+            cost_aware=None) -> Comparison:
     """Compare search strategies on tasks with equal budgets, interleaved, and summarize.
 
     Args:
@@ -356,6 +357,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         strategy_options: ``{name: {keyword: value}}`` for strategies given by name.
         defaults: every run measures each sketch's hand-written default schedule first (as
             :func:`felixjax.tune` does), so strategies start from the same point.
+        cost_aware: a :class:`~felixjax.cost_aware.CostAware` for every run (``None``: off, so
+            strategies are compared on full budgets).
 
     Returns:
         A :class:`Comparison` (``.table()``, ``.to_csv(path)``, ``.plot(path)``).
@@ -390,7 +393,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     target_key = ("replay:" if replay is not None else "") + target.key
     measurer = None if replay is None else (lambda t, tg: _replay_measurer(replay, t, tg))
     with TuningSession(target, db=db, runner=runner, measurer=measurer, target_key=target_key, threads=threads,
-                       protocol=protocol, progress=False, defaults=defaults) as session:
+                       protocol=protocol, progress=False, defaults=defaults, cost_aware=cost_aware) as session:
         # one cost model per (strategy, seed), shared by that run's tasks only
         runs = [session.add(t, make(), seed=seed, label=name, trials=trials, seconds=seconds, group=(name, seed))
                 for t in task_list for seed in seed_list for name, make in factories]

@@ -87,3 +87,11 @@ def test_a_task_stopped_early_gives_its_budget_to_the_others():
     assert runs[0].stop_reason == "early_stop" and len(runs[0].history) < 48
     assert sum(len(r.history) for r in runs) == 200 and len(runs[1].history) > 150
     assert [len(r.history) for r in runs] == [t.trials for t in info]
+
+
+def test_compare_takes_the_options_for_every_run():
+    ca = CostAware(filter_p=0.1, early_stop=0.002, warmup=16, window=16,
+                   uncertainty=lambda: OracleUncertainty(noise=0.02, std=0.02))
+    cmp = fj.compare([TASK], ["random"], trials=128, seeds=1, db=None, replay=True, progress=False, cost_aware=ca)
+    [hist] = cmp.histories.values()
+    assert 16 <= len(hist) < 128
