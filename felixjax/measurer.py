@@ -3,7 +3,9 @@
 A :class:`Measurer` owns a task's inputs and its numpy reference, renders and builds every
 candidate (gcc in parallel), then measures them one at a time in the runner's process, so compiles
 never share the cores being timed. Anything with the same ``measure(configs, on_result)`` method
-(e.g. :class:`felixjax.testing.ReplayRunner`) can stand in for it.
+(e.g. :class:`felixjax.testing.ReplayRunner`) can stand in for it. A runner with a
+``measure_stream(sources, requests)`` method (:class:`felixjax.DaskRunner`) is given the whole batch
+instead, and yields one result per request in order (builds and measurements placed by the runner).
 """
 from __future__ import annotations
 
