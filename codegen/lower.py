@@ -172,6 +172,10 @@ class Plan:
     unroll: int
     #: lines declared knobs emit at renderer sites (:class:`codegen.knobs.Hook`; see ``Knob.lower``)
     hooks: tuple = ()
+    #: a ``gemm_packed`` padded on ``m`` only: the first data row of the partial register block(s),
+    #: whose rows the kernel reads from ``data_tail`` (a small zero-padded copy) instead of copying the
+    #: whole data input; -1 otherwise (see :func:`lower`)
+    tail_row: int = -1
 
     @property
     def con(self) -> Contraction:
@@ -322,6 +326,19 @@ def lower(space: Space, config: Config) -> Plan:
     if data_block is not None:
         data_l = blocked_layout(con.data.shape, data_block, tiles[v][-1], front=False)
     data_copy = padded or data_block is not None
+    tail_row = -1
+    pad_dims = [i for i, (b, a) in enumerate(con.pad) if b or a]
+    if (space.sketch.base == "gemm_packed" and data_block is None and pad_dims == [len(con.pad) - 2]
+            and ext["b"] == 1):
+        # a padded sketch whose data grows by rows only (m): rows keep their stride, so the kernel reads
+        # the API array and only the rows of the last, partial register block from a small copy
+        mr = tiles["m"][-1]
+        tail_row = (space.api_con.axis("m").extent // mr) * mr
+        data_copy = False
+        rows = con.data.shape[-2] - tail_row
+        tail_shape = (rows, con.data.shape[-1])
+        buffers["data_tail"] = Buffer("data_tail", Access("data_tail", tail_shape, ()), plain_layout(tail_shape),
+                                      "workspace", ws_alloc(rows * con.data.shape[-1]), dtype=dts.for_buffer("data"))
     buffers["data"] = (make("data", con.data, data_l, "workspace", ws_alloc(data_l.size)) if data_copy
                        else probe)
     if data_copy:
@@ -355,7 +372,7 @@ def lower(space: Space, config: Config) -> Plan:
         ("residual",) if space.task.residual else ()) + ("out",)
     epilogue = padded or acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
     plan = Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
-                config.unroll)
+                config.unroll, tail_row=tail_row)
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
         if knob.lower is not None:
             plan = knob.lower(plan, space.knob_value(config, knob))

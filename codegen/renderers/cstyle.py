@@ -173,7 +173,7 @@ def _data_pack(plan: Plan) -> "_DataPack | None":
     """The data micro-panel pack of a ``gemm_packed`` plan, made only where it pays: the register
     block's data rows thrash an L1 set (more rows in one set than the L1 has ways) and the panel is
     reused by at least :data:`PACK_MIN_REUSE` register blocks. Not a knob: a function of the config."""
-    if plan.space.sketch.base != "gemm_packed" or plan.data_copy:
+    if plan.space.sketch.base != "gemm_packed" or plan.data_copy or plan.tail_row >= 0:
         return None
     L, data = plan.levels, plan.buffers["data"]
     rows = tuple(lp for lp in _live(L["S3"]) if lp.axis != plan.vector_axis and data.stride(lp.var))
@@ -261,6 +261,8 @@ class CStyleRenderer:
                 w(d.bind_ws_buffer.format(S=S, restrict=d.restrict, name=bname,
                                           offset=buf.ws_offset * plan.dtype.itemsize))
         w("(void)ws;")
+        if plan.tail_row >= 0:
+            self._data_tail(plan, w)
         self._hooks(plan, "kernel_begin", w, {}, ())
         if plan.data_copy:
             self._data_copy(plan, w)
@@ -281,6 +283,19 @@ class CStyleRenderer:
         size = _itemsize(plan.space.task.dtype)
         for line in lines:
             w(line.format(S=S, bytes=size * plan.vec, align=size))
+
+    def _data_tail(self, plan: Plan, w: Writer) -> None:
+        """The data rows from ``tail_row`` on, zero-padded to the padded extent, into ``data_tail``
+        (timed; at most a register block and the padding of rows)."""
+        d = self.d
+        tail = plan.buffers["data_tail"]
+        cols = tail.layout.shape[-1]
+        real = (plan.space.api_con.axis("m").extent - plan.tail_row) * cols
+        w("/* the data rows of the last, partial register block(s), zero-padded (timed, small) */")
+        if d.simd:
+            w(d.simd)
+        w(f"{d.loop.format(var='i', n=tail.size)} data_tail[i] = i < {real} ? data[{plan.tail_row * cols} + i] : "
+          f"{d.zero};")
 
     def _data_copy(self, plan: Plan, w: Writer) -> None:
         """Timed layout change of the data input: zero padding and optional channel blocking."""
@@ -448,6 +463,13 @@ class CStyleRenderer:
         for op in ops:
             base = (PACK_NAME if pack is not None and op is pack.buf
                     else f"{op.name} + {_affine(_offset(op, outer + r0))}")
+            if op.name == "data" and plan.tail_row >= 0:  # rows of the partial block(s): from data_tail
+                t = dict(zip([a.name for a in plan.space.axes], plan.config.tiles))["m"]
+                row = _affine({lp.var: math.prod(t[lp.level + 1:]) for lp in outer if lp.axis == "m"})
+                off = _affine(_offset(op, outer + r0))
+                cols = plan.buffers["data_tail"].layout.shape[-1]
+                base = (f"({row}) >= {plan.tail_row} ? data_tail + ({off} - {plan.tail_row * cols}) : "
+                        f"data + ({off})")
             w(f"const {S}* {d.restrict} {op.name}_p = {base};")
         pointers = {op.name: f"{op.name}_p" for op in ops}
         self._hooks(plan, "r1_before", w, pointers, tuple(r1))
