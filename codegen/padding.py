@@ -10,13 +10,14 @@ for the others), so the register block and the vectors stay full:
   and ``con`` are those of :func:`padded_contraction`; ``api_con`` keeps the task's shapes);
 * weights are zero-padded when they are packed at load (untimed, :func:`embed`);
 * the data input goes through the kernel's timed copy (as a padded convolution's does), which
-  zero-fills the padding;
+  zero-fills the padding; a ``gemm_packed`` padded on its rows only copies the rows of its last,
+  partial register block(s) (``Plan.tail_row`` in :mod:`codegen.lower`);
 * the register block accumulates into a padded scratch buffer in the workspace and the fused
   epilogue writes only the in-range outputs (a guard per padded axis): the result is cropped there.
 
 Reduction axes are never padded (a reduction tile of the whole extent costs nothing), nor the batch
-axis. An axis shares an index with another one in the weights / output (a grouped conv's channel
-``g * kg + k``) may only be padded when it is the outer term of that index.
+axis. An axis that shares an index with another one in the weights / output (a grouped conv's
+channel ``g * kg + k``) may only be padded when it is the outer term of that index.
 
 A padded variant is a sketch of its own, named after its extents (``gemm_packed.pad_m264``,
 ``conv_direct.pad_y16_x16``), so a config's sketch name fully determines what it computes, configs of
@@ -26,7 +27,7 @@ discrete choice (exact or padded sketch) whose tile factorization is relaxed as 
 Example:
     >>> from codegen.ops import matmul
     >>> from codegen.space import Sketch
-    >>> sk = padded_sketch(matmul(257, 96, 384), Sketch("gemm_packed", "n", "n"), 8, 12)
+    >>> sk = padded_sketch(matmul(257, 96, 384), Sketch("gemm_packed", "n", "n"), 8)
     >>> sk.name, sk.pad
     ('gemm_packed.pad_m264', (('m', 264),))
 """
@@ -105,7 +106,7 @@ def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:
     return base + PAD_SEP + "_".join(f"{a.name}{pad[a.name]}" for a in con.axes if a.name in pad)
 
 
-def padded_sketch(task: Task, sketch, lanes: int, max_acc: int):
+def padded_sketch(task: Task, sketch, lanes: int):
     """The padded variant of ``sketch`` on ``task`` for a target of ``lanes`` fp32 lanes, or None when no
     axis is awkward (see :func:`pad_extent`)."""
     con = task.contraction()

@@ -96,7 +96,7 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     out: list[Sketch] = []
     for s in base:
         out.append(s)
-        padded = padded_sketch(task, s, int(target.simd_lanes), int(target.vector_registers) - REGISTER_RESERVE)
+        padded = padded_sketch(task, s, int(target.simd_lanes))
         if padded is not None:
             out.append(padded)
     return tuple(out)
