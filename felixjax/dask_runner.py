@@ -160,10 +160,24 @@ class DaskRunner:
             if hit is None or hit[0] is not a or hit[1].status != "finished":
                 if len(self._scattered) > 64:
                     self._scattered.clear()
-                hit = (a, self.client.scatter(a, hash=True, broadcast=True))
+                hit = (a, self._scatter(a))
                 self._scattered[id(a)] = hit
             out.append(hit[1])
         return out[:-1], out[-1]
+
+    def _scatter(self, a: Any, attempts: int = 6) -> Any:
+        """``client.scatter(a)`` to every worker; a worker that vanishes mid-broadcast (a measuring
+        worker restarted by its nanny after a crashing kernel) is waited out, not fatal."""
+        for attempt in range(attempts):
+            try:
+                return self.client.scatter(a, hash=True, broadcast=True)
+            except OSError:  # distributed's CommClosedError is an OSError
+                if self.client.status != "running" or attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+                with contextlib.suppress(Exception):
+                    self.client.wait_for_workers(1, timeout=30)
+        raise AssertionError("unreachable")
 
     def _submit(self, source: str, request: RunRequest, build: Any) -> Any:
         if self.measure_cpus is not None:
