@@ -277,7 +277,11 @@ def _r_layernorm(c: _Ctx, w: _Writer) -> None:
                          + (f" + (double){v[4]})" if has_bias else ")"))
 
 
-def _r_reduce_mean(c: _Ctx, w: _Writer) -> None:
+def reduction_nest(c: _Ctx, w: _Writer) -> tuple[list, list, list, list, int]:
+    """Open the loop nest of a reduction over ``axes`` of input 0 (the kept axes, parallel when large
+    enough) and point ``p`` at the first reduced element; returns ``(k_ext, kn, r_ext, r_st, count)``.
+    The caller emits the reduction over ``r_ext`` (strides ``r_st``), stores at ``kn``, then calls
+    :func:`close_reduction_nest`."""
     shape = c.need(0)
     axes = sorted({int(a) for a in c.step.attrs["axes"]})
     if any(not 0 <= a < len(shape) for a in axes):
@@ -296,6 +300,18 @@ def _r_reduce_mean(c: _Ctx, w: _Writer) -> None:
     for e, nm in zip(k_ext, kn):
         w.open(f"for (long {nm} = 0; {nm} < {e}; ++{nm})")
     w(f"const float* p = {c.x[0]} + {_idx(0, k_st, kn)};")
+    return k_ext, kn, r_ext, r_st, count
+
+
+def close_reduction_nest(w: _Writer, k_ext: list) -> None:
+    for _ in k_ext:
+        w.close()
+    w.depth -= 1
+    w("}")
+
+
+def _r_reduce_mean(c: _Ctx, w: _Writer) -> None:
+    k_ext, kn, r_ext, r_st, count = reduction_nest(c, w)
     w("double s = 0.0;")
     rn = [f"r{d}" for d in range(len(r_ext))]
     for e, nm in zip(r_ext, rn):
@@ -305,10 +321,7 @@ def _r_reduce_mean(c: _Ctx, w: _Writer) -> None:
         w.close()
     out_idx = _idx(0, _strides(k_ext), kn)
     w(f"{c.y[0]}[{out_idx}] = (float)(s / {count}.0);")
-    for _ in k_ext:
-        w.close()
-    w.depth -= 1
-    w("}")
+    close_reduction_nest(w, k_ext)
 
 
 def _r_pool(c: _Ctx, w: _Writer) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .cheap_ops import PARALLEL_MIN, _bcast, _Ctx, _flt, _idx, _merge, _pointwise, _strides
+from .cheap_ops import PARALLEL_MIN, _bcast, _Ctx, _flt, _idx, _pointwise, _strides, close_reduction_nest, reduction_nest
 from .cheap_ops import _r_pad as _r_pad_const
 
 MORE_PRELUDE = """
@@ -129,25 +129,8 @@ def _r_gather(c: _Ctx, w: Any) -> None:
 
 
 def _r_reduce(c: _Ctx, w: Any) -> None:
-    shape = c.need(0)
     op = c.step.op
-    axes = sorted({int(a) for a in c.step.attrs["axes"]})
-    if any(not 0 <= a < len(shape) for a in axes):
-        c.fail(f"axes {axes} out of range for rank {len(shape)}")
-    st = _strides(shape)
-    kept = [d for d in range(len(shape)) if d not in axes]
-    k_ext, (k_st,) = _merge([shape[d] for d in kept], [[st[d] for d in kept]])
-    r_ext, (r_st,) = _merge([shape[d] for d in axes], [[st[d] for d in axes]])
-    count = math.prod(shape[d] for d in axes)
-    outer = math.prod(k_ext)
-    w("{")
-    w.depth += 1
-    if outer >= 2 and outer * count >= PARALLEL_MIN and k_ext:
-        w("#pragma omp parallel for schedule(static)" + (f" collapse({len(k_ext)})" if len(k_ext) > 1 else ""))
-    kn = [f"k{d}" for d in range(len(k_ext))]
-    for e, nm in zip(k_ext, kn):
-        w.open(f"for (long {nm} = 0; {nm} < {e}; ++{nm})")
-    w(f"const float* p = {c.x[0]} + {_idx(0, k_st, kn)};")
+    k_ext, kn, r_ext, r_st, _ = reduction_nest(c, w)
     rn = [f"r{d}" for d in range(len(r_ext))]
     v = f"p[{_idx(0, r_st, rn)}]"
 
@@ -177,10 +160,7 @@ def _r_reduce(c: _Ctx, w: Any) -> None:
         loop(acc.format(v))
         final = {"ReduceL2": "sqrt(s)", "ReduceLogSum": "log(s)"}.get(op, "s")
     w(f"{c.y[0]}[{_idx(0, _strides(k_ext), kn)}] = (float)({final});")
-    for _ in k_ext:
-        w.close()
-    w.depth -= 1
-    w("}")
+    close_reduction_nest(w, k_ext)
 
 
 def _r_lrn(c: _Ctx, w: Any) -> None:
