@@ -319,15 +319,7 @@ class Space:
         """Raise ``ValueError`` naming the knob and its valid range if ``cfg`` is not in the space."""
         if cfg.sketch != self.sketch.name:
             raise ValueError(f"config is for sketch {cfg.sketch!r}, space is {self.sketch.name!r}")
-        if len(cfg.tiles) != len(self.axes):
-            raise ValueError(f"tiles: expected {len(self.axes)} axes ({', '.join(a.name for a in self.axes)}), "
-                             f"got {len(cfg.tiles)}")
-        for a, lv, t in zip(self.axes, self.levels, cfg.tiles):
-            if len(t) != lv:
-                raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
-            if any(x < 1 for x in t) or math.prod(t) != a.extent:
-                raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
-                                 f"extent {a.extent}")
+        check_tiles(self.axes, self.levels, cfg.tiles)
         if not 0 <= cfg.parallel <= self.n_spatial:
             raise ValueError(f"parallel={cfg.parallel}: valid range is 0..{self.n_spatial} (fused outer loops)")
         if cfg.vec not in self.vec_choices:
@@ -411,6 +403,19 @@ class Space:
         """A reasonable untuned schedule: a register block of about 12 accumulators, reduction tiles near
         256, parallel loops fused until there are enough chunks for every core."""
         return default_config(self)
+
+
+def check_tiles(axes, levels, tiles) -> None:
+    """Raise ``ValueError`` naming the axis unless ``tiles`` has one tuple of ``levels[i]`` positive
+    sizes per axis whose product is the axis's extent (shared by every sketch's ``validate``)."""
+    if len(tiles) != len(axes):
+        raise ValueError(f"tiles: expected {len(axes)} axes ({', '.join(a.name for a in axes)}), got {len(tiles)}")
+    for a, lv, t in zip(axes, levels, tiles):
+        if len(t) != lv:
+            raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
+        if any(x < 1 for x in t) or math.prod(t) != a.extent:
+            raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
+                             f"extent {a.extent}")
 
 
 def default_sketch(task: Task, target: Target) -> Sketch:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import Access, Task
-from ..space import (REDUCE_LEVELS, SPATIAL_LEVELS, UNROLL_CHOICES, Config, Sketch, Space,
+from ..space import (REDUCE_LEVELS, SPATIAL_LEVELS, UNROLL_CHOICES, Config, Sketch, Space, check_tiles,
                      _largest_divisor_leq, count_factorizations, random_factorization)
 from ..target import Target
 
@@ -162,15 +162,7 @@ class CudaSpace(Space):
         """Raise ``ValueError`` naming the knob and its valid range if ``cfg`` is not in the space."""
         if cfg.sketch != SKETCH:
             raise ValueError(f"config is for sketch {cfg.sketch!r}, space is {SKETCH!r}")
-        if len(cfg.tiles) != len(self.axes):
-            raise ValueError(f"tiles: expected {len(self.axes)} axes ({', '.join(a.name for a in self.axes)}), "
-                             f"got {len(cfg.tiles)}")
-        for a, lv, t in zip(self.axes, self.levels, cfg.tiles):
-            if len(t) != lv:
-                raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
-            if any(x < 1 for x in t) or math.prod(t) != a.extent:
-                raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
-                                 f"extent {a.extent}")
+        check_tiles(self.axes, self.levels, cfg.tiles)
         if cfg.extra:
             raise ValueError(f"knobs {[k for k, _ in cfg.extra]} do not apply to sketch {SKETCH!r}")
         if cfg.parallel not in STAGING_CHOICES:

@@ -364,14 +364,18 @@ def _r_pool(c: _Ctx, w: _Writer) -> None:
     w.close()
 
 
-def _r_softmax(c: _Ctx, w: _Writer) -> None:
+def softmax_extents(c: _Ctx, what: str) -> tuple[int, int, int]:
+    """``(outer, count, inner)`` of a (log-)softmax over a contiguous range of input 0's axes."""
     shape = c.need(0)
     axes = sorted(int(a) for a in c.step.attrs["axes"])
     if not axes or axes != list(range(axes[0], axes[-1] + 1)) or axes[-1] >= len(shape):
-        c.fail(f"softmax axes {axes} must be a contiguous range of the {len(shape)} axes")
-    outer = math.prod(shape[: axes[0]])
-    cnt = math.prod(shape[axes[0]: axes[-1] + 1])
-    inner = math.prod(shape[axes[-1] + 1:])
+        c.fail(f"{what} axes {axes} must be a contiguous range of the {len(shape)} axes")
+    return (math.prod(shape[: axes[0]]), math.prod(shape[axes[0]: axes[-1] + 1]),
+            math.prod(shape[axes[-1] + 1:]))
+
+
+def _r_softmax(c: _Ctx, w: _Writer) -> None:
+    outer, cnt, inner = softmax_extents(c, "softmax")
     if inner == 1:  # rows are contiguous: SIMD loops with reductions
         if outer >= 2 and outer * cnt >= PARALLEL_MIN // 4:
             w("#pragma omp parallel for schedule(static)")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .cheap_ops import PARALLEL_MIN, _bcast, _Ctx, _flt, _idx, _pointwise, _strides, close_reduction_nest, reduction_nest
+from .cheap_ops import PARALLEL_MIN, _bcast, _Ctx, _flt, _idx, _pointwise, _strides, close_reduction_nest, reduction_nest, softmax_extents
 from .cheap_ops import _r_pad as _r_pad_const
 
 MORE_PRELUDE = """
@@ -265,13 +265,7 @@ def _r_resize(c: _Ctx, w: Any) -> None:
 
 
 def _r_log_softmax(c: _Ctx, w: Any) -> None:
-    shape = c.need(0)
-    axes = sorted(int(a) for a in c.step.attrs["axes"])
-    if not axes or axes != list(range(axes[0], axes[-1] + 1)) or axes[-1] >= len(shape):
-        c.fail(f"log-softmax axes {axes} must be a contiguous range of the {len(shape)} axes")
-    outer = math.prod(shape[: axes[0]])
-    cnt = math.prod(shape[axes[0]: axes[-1] + 1])
-    inner = math.prod(shape[axes[-1] + 1:])
+    outer, cnt, inner = softmax_extents(c, "log-softmax")
     if outer * inner >= 2 and outer * cnt * inner >= PARALLEL_MIN // 4:
         w("#pragma omp parallel for schedule(static) collapse(2)")
     w.open(f"for (long o = 0; o < {outer}; ++o)")
