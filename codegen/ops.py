@@ -30,6 +30,11 @@ from .ir import DTypes
 
 ACTIVATIONS = (None, "relu", "relu6")
 OPS = ("matmul", "dense", "conv2d")
+#: the precisions of ``dtype=``: float32 (default), float16 (storage; float32 accumulation), int8
+#: (uint8 / int8 activations x int8 weights, int32 accumulation, per-output-channel weight scales)
+PRECISIONS = ("float32", "float16", "int8")
+#: the float16-accumulation variant of a float16 task (``dtypes=``; its accuracy: see :meth:`Task.tolerance`)
+FP16_ACCUMULATE = DTypes("float16", "float16", "float16", "float16")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,23 +138,39 @@ class Task:
     #: ``None`` means those of ``dtype`` (:meth:`DTypes.of`), and is what equal roles normalize to, so
     #: the field stays out of the JSON (and the key) unless it says something ``dtype`` does not
     dtypes: DTypes | None = None
+    #: int8 only: the activations (data) are int8 (True) or uint8 (False, the default)
+    act_signed: bool = False
+    #: int8 only: ``None`` (a float32, dequantized output) or ``"int8"`` (requantized with y_scale, y_zero_point)
+    out_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"unknown op {self.op!r}; supported: {', '.join(OPS)}")
         if self.act not in ACTIVATIONS:
             raise ValueError(f"act must be one of None, 'relu', 'relu6'; got {self.act!r}")
-        if self.dtype != "float32":
-            raise ValueError(f"dtype {self.dtype!r} is not supported yet; supported: float32 (float16 and int8 "
-                             f"with int32 accumulation come with low-precision kernels)")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"unknown dtype {self.dtype!r}; supported: {', '.join(PRECISIONS)}")
+        if self.out_dtype in ("float32", None):
+            object.__setattr__(self, "out_dtype", None)
+        elif self.out_dtype != "int8" or self.dtype != "int8":
+            raise ValueError(f"out_dtype={self.out_dtype!r}: only an int8 task takes out_dtype='int8' "
+                             f"(or None / 'float32', a dequantized float32 output)")
+        if not isinstance(self.act_signed, bool):
+            raise ValueError(f"act_signed must be a bool, got {self.act_signed!r}")
+        if self.act_signed and self.dtype != "int8":
+            raise ValueError("act_signed=True applies to int8 tasks only (signed int8 activations)")
         if self.dtypes is not None:
             dts = DTypes(**self.dtypes) if isinstance(self.dtypes, dict) else self.dtypes
             if not isinstance(dts, DTypes):
                 raise ValueError(f"dtypes must be a codegen.ir.DTypes, got {type(self.dtypes).__name__}")
-            if dts != DTypes.of(self.dtype):
-                raise ValueError(f"dtypes {dts} are not supported yet; supported: float32 for every role "
-                                 f"(low-precision kernels come later)")
-            object.__setattr__(self, "dtypes", None)
+            if dts == self._default_dtypes():
+                object.__setattr__(self, "dtypes", None)
+            elif self.dtype == "float16" and dts == FP16_ACCUMULATE:
+                object.__setattr__(self, "dtypes", dts)
+            else:
+                raise ValueError(f"dtypes {dts} are not supported for dtype={self.dtype!r}; supported: "
+                                 f"{self._default_dtypes()}"
+                                 + (f" or {FP16_ACCUMULATE} (float16 accumulation)" if self.dtype == "float16" else ""))
         for k, v in self.params:
             vals = v if isinstance(v, tuple) else (v,)
             if any((not isinstance(x, int)) or isinstance(x, bool) for x in vals):
@@ -168,6 +189,10 @@ class Task:
              "bias": self.bias, "act": self.act, "residual": self.residual, "dtype": self.dtype}
         if self.dtypes is not None:  # never at its default: existing keys stay byte-identical
             d["dtypes"] = self.dtypes.to_json()
+        if self.act_signed:  # int8 only, and only when set (keys of other tasks unchanged)
+            d["act_signed"] = True
+        if self.out_dtype is not None:
+            d["out_dtype"] = self.out_dtype
         return d
 
     @staticmethod
@@ -179,7 +204,7 @@ class Task:
         with _limits.override(**lenient):
             dts = DTypes.from_json(d["dtypes"]) if d.get("dtypes") else None
             return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
-                        d.get("dtype", "float32"), dts)
+                        d.get("dtype", "float32"), dts, bool(d.get("act_signed", False)), d.get("out_dtype"))
 
     def check_size(self, limits: "_limits.Limits | dict | None" = None, *, itemsize: int = 4) -> None:
         """Validate the shapes, then raise :class:`codegen.limits.SizeLimitError` if an extent, a buffer
@@ -189,17 +214,56 @@ class Task:
         lim = _limits.resolve(limits)
         for a in con.axes:
             _limits.check_extent(f"axis {a.name}", a.extent, lim, what=self.name)
-        names = ["data", "weight"] + (["bias"] if self.bias else []) + (["residual"] if self.residual else [])
+        names = self.input_names()
         buffers = list(zip(names, self.input_shapes())) + [("out", con.out.shape)]
         if con.data.shape != con.data_api_shape:
             buffers.append(("padded data", con.data.shape))
         _limits.check_buffers(buffers, lim, itemsize=itemsize, what=self.name)
         _limits.check_flops(self.flops, lim, what=self.name)
 
+    def _default_dtypes(self) -> DTypes:
+        if self.dtype == "int8":
+            return DTypes("int8" if self.act_signed else "uint8", "int8", "int32", self.out_dtype or "float32")
+        return DTypes.of(self.dtype)
+
     @property
     def buffer_dtypes(self) -> DTypes:
-        """Element types per role: ``dtypes``, else those of ``dtype``."""
-        return self.dtypes if self.dtypes is not None else DTypes.of(self.dtype)
+        """Element types per role: ``dtypes``, else those of ``dtype`` (int8: uint8 or int8 data by
+        ``act_signed``, output float32 or ``out_dtype``)."""
+        return self.dtypes if self.dtypes is not None else self._default_dtypes()
+
+    @property
+    def quantized(self) -> bool:
+        """An int8 task (int32 accumulation, scales and zero points among its inputs)."""
+        return self.dtype == "int8"
+
+    def tolerance(self) -> tuple[float, float]:
+        """``(rtol, atol)`` of the output check for this precision (see
+        :func:`codegen.measure_records.check_output`, whose absolute term also scales with sqrt(K) and
+        the output type's epsilon).
+
+        * float32: rtol 1e-4 (float32 sums of K products in another order);
+        * float16, float32 accumulation: the inputs are exact float16 values, the products and sums are
+          float32, only the final store rounds to float16: half an ulp, rtol 2**-11 (~4.9e-4); 1e-3;
+        * float16 accumulation: every multiply-add rounds to float16 (11-bit significand), so the error
+          of a K-term sum grows like K * 2**-11 in the worst case: rtol 1e-3, atol K * 2**-11 * max|ref|
+          (applied by the caller; here ``atol`` is the per-max factor ``K * 2**-11``);
+        * int8, float32 output: the int32 accumulation is exact; the dequantization
+          ``acc * x_scale * w_scale + bias`` is a few float32 roundings: rtol 1e-5;
+        * int8, int8 output: the requantized value may differ by one quantum where the float32
+          dequantization lands next to a rounding tie: atol 1 (in output units).
+
+        Example:
+            >>> matmul(4, 4, 4, dtype="int8", out_dtype="int8").tolerance()
+            (0.0, 1.0)
+        """
+        dts = self.buffer_dtypes
+        if self.dtype == "int8":
+            return (0.0, 1.0) if self.out_dtype == "int8" else (1e-5, 0.0)
+        if self.dtype == "float16":
+            k = self.contraction().reduction_size
+            return (1e-3, k * 2.0 ** -11) if dts.accumulator == "float16" else (1e-3, 0.0)
+        return (1e-4, 0.0)
 
     @property
     def key(self) -> str:
@@ -229,6 +293,11 @@ class Task:
             s += "_res"
         if self.act:
             s += f"_{self.act}"
+        if self.dtype != "float32":  # float32 names (and everything keyed on them) unchanged
+            s += {"float16": "_fp16", "int8": "_int8"}[self.dtype]
+            s += "_acc16" if self.buffer_dtypes.accumulator == "float16" else ""
+            s += "_s8" if self.act_signed else ""
+            s += "_q8out" if self.out_dtype == "int8" else ""
         return s
 
     def __str__(self) -> str:
@@ -288,15 +357,36 @@ class Task:
         bias = Access("bias", (kk,), ((("g", kg), ("k", 1)),)) if self.bias else None
         return Contraction(axes, data, weight, out, bias, (n, c, h, w), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
 
+    def input_names(self) -> list[str]:
+        """Names of the inputs in API (= kernel argument) order: data, weights, then bias, then
+        residual; an int8 task then x_scale, x_zp, w_scales, and with ``out_dtype="int8"`` y_scale, y_zp."""
+        names = ["data", "weight"] + (["bias"] if self.bias else []) + (["residual"] if self.residual else [])
+        if self.quantized:
+            names += ["x_scale", "x_zp", "w_scales"] + (["y_scale", "y_zp"] if self.out_dtype == "int8" else [])
+        return names
+
     def input_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the inputs in API order: data, weights, then bias, then residual."""
+        """Shapes of the inputs in API order (:meth:`input_names`); scales and zero points of one
+        tensor have shape ``(1,)``, ``w_scales`` one per output channel."""
         con = self.contraction()
-        shapes = [con.data_api_shape, con.weight.shape]
-        if self.bias:
-            shapes.append(con.bias.shape)  # type: ignore[union-attr]
-        if self.residual:
-            shapes.append(con.out.shape)
-        return shapes
+        table = {"data": con.data_api_shape, "weight": con.weight.shape, "residual": con.out.shape,
+                 "bias": (con.out.shape[1] if self.op == "conv2d" else con.out.shape[-1],),
+                 "x_scale": (1,), "x_zp": (1,), "y_scale": (1,), "y_zp": (1,)}
+        table["w_scales"] = table["bias"]
+        return [tuple(table[n]) for n in self.input_names()]
+
+    def input_dtypes(self) -> list[np.dtype]:
+        """Element types of the inputs in API order (what :meth:`random_inputs` returns and the kernel
+        reads): float32 tasks float32; float16 data, weights and residual float16, bias float32;
+        int8 data uint8 / int8 (``act_signed``), weights int8, bias, residual and scales float32,
+        zero points int32.
+
+        Example:
+            >>> [d.name for d in matmul(4, 4, 4, dtype="int8", bias=True).input_dtypes()]
+            ['uint8', 'int8', 'float32', 'float32', 'int32', 'float32']
+        """
+        dts = self.buffer_dtypes
+        return [np.dtype(dts.for_buffer(n)) for n in self.input_names()]
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -312,13 +402,48 @@ class Task:
 
     # ---- numerics ------------------------------------------------------------------------------
     def random_inputs(self, seed: int = 0, *, limits: "_limits.Limits | dict | None" = None) -> list[np.ndarray]:
-        """Random float32 inputs in API order (data, weights, bias, residual), uniform in [-1, 1).
+        """Random inputs in API order (:meth:`input_names`), of :meth:`input_dtypes`: float values
+        uniform in [-1, 1) (float16: rounded to float16); int8 tasks: quantized data over the whole
+        uint8 / int8 range, int8 weights in [-127, 127], x_scale in [0.01, 0.03), a zero point near
+        the middle of the range (uint8) or near 0 (int8), weight scales in [0.002, 0.01); with an int8
+        output, y_scale is chosen from the float result's range (so few outputs clip) and y_zp in [-8, 8].
 
         Raises :class:`codegen.limits.SizeLimitError` before allocating when the inputs (generated in
         float64, then cast) exceed ``limits``."""
         self.check_size(limits, itemsize=8)
         rng = np.random.default_rng(seed)
-        return [rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in self.input_shapes()]
+        shapes = dict(zip(self.input_names(), self.input_shapes()))
+        dts = dict(zip(self.input_names(), self.input_dtypes()))
+        out = {n: rng.uniform(-1.0, 1.0, size=s).astype(dts[n]) for n, s in shapes.items()
+               if dts[n].kind == "f"}
+        if self.quantized:
+            lo, hi = (-128, 128) if self.act_signed else (0, 256)
+            out["data"] = rng.integers(lo, hi, size=shapes["data"]).astype(dts["data"])
+            out["weight"] = rng.integers(-127, 128, size=shapes["weight"]).astype(np.int8)
+            out["x_scale"] = rng.uniform(0.01, 0.03, size=1).astype(np.float32)
+            out["x_zp"] = rng.integers(-8, 9, size=1).astype(np.int32) + (0 if self.act_signed else 128)
+            out["w_scales"] = rng.uniform(0.002, 0.01, size=shapes["w_scales"]).astype(np.float32)
+            if self.out_dtype == "int8":
+                out["y_scale"], out["y_zp"] = np.ones(1, np.float32), np.zeros(1, np.int32)
+                probe = Task(self.op, self.params, self.bias, self.act, self.residual, "int8", None, self.act_signed)
+                y = probe.reference(*[out[n] for n in probe.input_names()])
+                out["y_scale"][0] = max(float(np.abs(y).max()), 1e-6) / 120.0
+                out["y_zp"][0] = rng.integers(-8, 9)
+        return [out[n] for n in self.input_names()]
+
+    def _check_quant(self, named: dict[str, np.ndarray]) -> None:
+        """Clear errors for unusable quantization parameters."""
+        for n in ("x_scale", "w_scales", "y_scale"):
+            if n in named:
+                v = np.asarray(named[n], dtype=np.float64)
+                if not (np.isfinite(v).all() and (v > 0).all()):
+                    raise ValueError(f"{self.name}: {n} must be finite and > 0, got {v.ravel()[:4]}")
+        lo, hi = (-128, 127) if self.act_signed else (0, 255)
+        zp = int(np.asarray(named["x_zp"]).ravel()[0])
+        if not lo <= zp <= hi:
+            raise ValueError(f"{self.name}: x_zp={zp} is outside the data range [{lo}, {hi}]")
+        if "y_zp" in named and not -128 <= int(np.asarray(named["y_zp"]).ravel()[0]) <= 127:
+            raise ValueError(f"{self.name}: y_zp must be in [-128, 127]")
 
     def reference(self, *arrays: np.ndarray, limits: "_limits.Limits | dict | None" = None) -> np.ndarray:
         """Numpy reference output (computed in float64, returned as float32).
@@ -328,14 +453,19 @@ class Task:
         self.check_size(limits, itemsize=8)
         shapes = self.input_shapes()
         if len(arrays) != len(shapes):
-            raise ValueError(f"{self.name} takes {len(shapes)} inputs (data, weights"
-                             f"{', bias' if self.bias else ''}{', residual' if self.residual else ''}), "
-                             f"got {len(arrays)}")
+            raise ValueError(f"{self.name} ({self.dtype}) takes {len(shapes)} inputs "
+                             f"({', '.join(self.input_names())}), got {len(arrays)}"
+                             + ("; an int8 task needs its scales and zero points" if self.quantized else ""))
         for i, (a, s) in enumerate(zip(arrays, shapes)):
             if tuple(np.shape(a)) != tuple(s):
                 raise ValueError(f"{self.name}: input {i} has shape {np.shape(a)}, expected {s}")
+        named = dict(zip(self.input_names(), arrays))
         x, wt = (np.asarray(a, dtype=np.float64) for a in arrays[:2])
-        rest = list(arrays[2:])
+        rest = [named[n] for n in ("bias", "residual") if n in named]
+        if self.quantized:
+            self._check_quant(named)
+            # (x - x_zp) in float64 is exact, and zero padding of it is the real zero
+            x = x - float(np.asarray(named["x_zp"]).ravel()[0])
         p = self.p
         if self.op == "matmul":
             y = np.matmul(x, wt)
@@ -343,6 +473,9 @@ class Task:
             y = x @ wt.T
         else:
             y = _conv2d_ref(x, wt, p)
+        if self.quantized:  # dequantize: x_scale * w_scale[out channel] * (int32 sum of (x - zp) * w)
+            ws = np.asarray(named["w_scales"], dtype=np.float64) * float(np.asarray(named["x_scale"]).ravel()[0])
+            y = y * (ws.reshape(1, -1, 1, 1) if self.op == "conv2d" else ws)
         if self.bias:
             b = np.asarray(rest.pop(0), dtype=np.float64)
             y = y + (b.reshape(1, -1, 1, 1) if self.op == "conv2d" else b)
@@ -352,6 +485,9 @@ class Task:
             y = np.maximum(y, 0.0)
         elif self.act == "relu6":
             y = np.clip(y, 0.0, 6.0)
+        if self.out_dtype == "int8":  # requantize: round half to even, then the zero point, then saturate
+            ys, yzp = float(np.asarray(named["y_scale"]).ravel()[0]), int(np.asarray(named["y_zp"]).ravel()[0])
+            y = np.clip(np.round(y / ys) + yzp, -128, 127)
         return y.astype(np.float32)
 
 
@@ -385,10 +521,13 @@ def _params(**kw: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = False, act: str | None = None,
-           residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
+           residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
+           limits: "_limits.Limits | dict | None" = None) -> Task:
     """``C[M, N] = A[M, K] @ B[K, N]`` (``[batch, ...]`` on every operand when ``batch`` is given).
 
-    ``B`` is treated as the weights (packed once at load, as at inference).
+    ``B`` is treated as the weights (packed once at load, as at inference). ``dtype`` is "float32",
+    "float16" or "int8" (then ``act_signed`` and ``out_dtype``; see :class:`Task`); every constructor
+    takes the same three keywords.
 
     Example:
         >>> matmul(512, 512, 512).flops
@@ -397,11 +536,12 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
     params = _params(m=int(m), n=int(n), k=int(k)) if not batch else _params(m=int(m), n=int(n), k=int(k),
                                                                              batch=int(batch))
     with _limits.override(limits):
-        return Task("matmul", params, bias, act, residual)
+        return Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype)
 
 
 def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, act: str | None = None,
-          residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
+          residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
+          limits: "_limits.Limits | dict | None" = None) -> Task:
     """``y[N, OUT] = x[N, IN] @ W.T + b`` with ``W`` of shape ``[OUT, IN]``.
 
     Example:
@@ -410,13 +550,14 @@ def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, ac
     """
     with _limits.override(limits):
         return Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
-                    residual)
+                    residual, dtype, None, act_signed, out_dtype)
 
 
 def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
-           residual: bool = False, limits: "_limits.Limits | dict | None" = None) -> Task:
+           residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
+           limits: "_limits.Limits | dict | None" = None) -> Task:
     """2-D convolution, NCHW input, OIHW weights ``[out_channels, c // groups, kh, kw]``.
 
     ``padding`` is an int, ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``.
@@ -431,13 +572,14 @@ def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | t
         return Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
                                       stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
                                       dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
-                    bias, act, residual)
+                    bias, act, residual, dtype, None, act_signed, out_dtype)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int, int] = 3,
                      stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
                      dilation: int | tuple[int, int] = 1, multiplier: int = 1, bias: bool = False,
-                     act: str | None = None, residual: bool = False,
+                     act: str | None = None, residual: bool = False, dtype: str = "float32",
+                     act_signed: bool = False, out_dtype: str | None = None,
                      limits: "_limits.Limits | dict | None" = None) -> Task:
     """Depthwise convolution: ``conv2d`` with ``groups = c`` and ``c * multiplier`` output channels.
 
@@ -446,13 +588,15 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
         (256, 1, 3, 3)
     """
     return conv2d(n, c, h, w, out_channels=c * multiplier, kernel=kernel, stride=stride, padding=padding,
-                  dilation=dilation, groups=c, bias=bias, act=act, residual=residual, limits=limits)
+                  dilation=dilation, groups=c, bias=bias, act=act, residual=residual, dtype=dtype,
+                  act_signed=act_signed, out_dtype=out_dtype, limits=limits)
 
 
 # ----------------------------------------------------------------------------------------------
 # Command-line operator specs: "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,stride=1,pad=1"
 # ----------------------------------------------------------------------------------------------
 
+_PRECISION_KEYS = {"dtype", "act_signed", "out_dtype"}  # every op takes them (dtype=int8,act_signed=1,out_dtype=int8)
 _SPEC_KEYS = {
     "matmul": {"m", "n", "k", "batch", "bias", "act", "residual"},
     "dense": {"n", "in", "out", "bias", "act", "residual"},
@@ -460,6 +604,8 @@ _SPEC_KEYS = {
     "depthwise_conv2d": {"n", "c", "h", "w", "r", "s", "stride", "pad", "dilation", "multiplier", "bias", "act",
                          "residual"},
 }
+for _keys in _SPEC_KEYS.values():
+    _keys |= _PRECISION_KEYS
 
 
 def parse_spec(spec: str) -> Task:
@@ -494,7 +640,10 @@ def parse_spec(spec: str) -> Task:
 
     flag = {"bias": kv.get("bias", "0") not in ("0", "false", "False", ""),
             "residual": kv.get("residual", "0") not in ("0", "false", "False", ""),
-            "act": (kv.get("act") or None) if kv.get("act") not in ("none", "None") else None}
+            "act": (kv.get("act") or None) if kv.get("act") not in ("none", "None") else None,
+            "dtype": kv.get("dtype", "float32"),
+            "act_signed": kv.get("act_signed", "0") not in ("0", "false", "False", ""),
+            "out_dtype": kv.get("out_dtype") or None}
     if kind == "matmul":
         return matmul(num("m"), num("n"), num("k"), batch=num("batch", 0) or None, **flag)
     if kind == "dense":

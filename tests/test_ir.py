@@ -72,10 +72,12 @@ def test_dtypes_per_role():
         DTypes("int8", "float32", "int32", "float32")
     with pytest.raises(ValueError, match="valid element types"):
         DTypes("bfloat16")
-    # the public dtype stays float32-only until low-precision kernels land: a clear refusal
-    with pytest.raises(ValueError, match="not supported yet"):
-        Task(t.op, t.params, dtype="float16")
-    with pytest.raises(ValueError, match="not supported yet"):
+    # low precision (issue 16): float16 and int8 tasks; unknown precisions and mismatched roles are refused
+    assert Task(t.op, t.params, dtype="float16").buffer_dtypes == DTypes.of("float16")
+    assert Task(t.op, t.params, dtype="int8").buffer_dtypes == DTypes("uint8", "int8", "int32", "float32")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        Task(t.op, t.params, dtype="bfloat16")
+    with pytest.raises(ValueError, match="not supported for dtype"):
         Task(t.op, t.params, dtypes=DTypes.of("int8"))
 
 
