@@ -20,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,10 @@ class Task:
     act_signed: bool = False
     #: int8 only: ``None`` (a float32, dequantized output) or ``"int8"`` (requantized with y_scale, y_zero_point)
     out_dtype: str | None = None
+    #: fraction of zero weights (unstructured), in [0, 1); 0 is a dense task. The task holds the
+    #: fraction only: the pattern comes from :meth:`random_inputs` (tuning) or the layer's real weights
+    #: (``codegen.sparse_lower.with_weights``). Written to JSON only when non-zero (dense keys unchanged)
+    sparsity: float = 0.0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -175,7 +180,25 @@ class Task:
             vals = v if isinstance(v, tuple) else (v,)
             if any((not isinstance(x, int)) or isinstance(x, bool) for x in vals):
                 raise ValueError(f"{self.op} parameter {k}={v!r} must be integer")
+        self._check_sparsity()
         self.check_size()  # validates shapes, then sizes against codegen.limits (before any allocation)
+
+    def _check_sparsity(self) -> None:
+        """``sparsity`` is a fraction in [0, 1) of a float32 dense, matmul (no batch) or conv2d (groups 1)."""
+        s = self.sparsity
+        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(float(s)) \
+                or not 0.0 <= float(s) < 1.0:
+            raise ValueError(f"sparsity must be a fraction of zero weights in [0, 1), got {s!r}")
+        object.__setattr__(self, "sparsity", float(s))
+        if not s:
+            return
+        if self.dtype != "float32":
+            raise ValueError(f"sparsity= needs dtype float32 (sparse kernels are float32), got dtype {self.dtype!r}")
+        p = self.p
+        if self.op == "matmul" and p.get("batch"):
+            raise ValueError("sparsity= applies to a matmul without batch= (one weight matrix)")
+        if self.op == "conv2d" and p.get("groups", 1) != 1:
+            raise ValueError(f"sparsity= applies to conv2d with groups=1, got groups={p.get('groups')}")
 
     # ---- parameters ---------------------------------------------------------------------------
     @property
@@ -193,6 +216,8 @@ class Task:
             d["act_signed"] = True
         if self.out_dtype is not None:
             d["out_dtype"] = self.out_dtype
+        if self.sparsity:  # only when non-zero: keys of dense tasks stay byte-identical
+            d["sparsity"] = self.sparsity
         return d
 
     @staticmethod
@@ -204,7 +229,7 @@ class Task:
         with _limits.override(**lenient):
             dts = DTypes.from_json(d["dtypes"]) if d.get("dtypes") else None
             return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
-                        d.get("dtype", "float32"), dts, bool(d.get("act_signed", False)), d.get("out_dtype"))
+                        d.get("dtype", "float32"), dts, bool(d.get("act_signed", False)), d.get("out_dtype"), sparsity=float(d.get("sparsity", 0.0)))
 
     def check_size(self, limits: "_limits.Limits | dict | None" = None, *, itemsize: int = 4) -> None:
         """Validate the shapes, then raise :class:`codegen.limits.SizeLimitError` if an extent, a buffer
@@ -298,6 +323,8 @@ class Task:
             s += "_acc16" if self.buffer_dtypes.accumulator == "float16" else ""
             s += "_s8" if self.act_signed else ""
             s += "_q8out" if self.out_dtype == "int8" else ""
+        if self.sparsity:
+            s += f"_sp{self.sparsity:g}"
         return s
 
     def __str__(self) -> str:
@@ -429,6 +456,8 @@ class Task:
                 y = probe.reference(*[out[n] for n in probe.input_names()])
                 out["y_scale"][0] = max(float(np.abs(y).max()), 1e-6) / 120.0
                 out["y_zp"][0] = rng.integers(-8, 9)
+        if self.sparsity:  # zero weights (unstructured): the pattern of this seed
+            out["weight"] = _sparsify(out["weight"], self.sparsity, seed)
         return [out[n] for n in self.input_names()]
 
     def _check_quant(self, named: dict[str, np.ndarray]) -> None:
@@ -516,13 +545,35 @@ def _conv2d_ref(x: np.ndarray, w: np.ndarray, p: dict) -> np.ndarray:
 # Constructors (the public fj.ops.* names)
 # ----------------------------------------------------------------------------------------------
 
+def _sparse(task: Task, sparsity: float) -> Task:
+    """``task`` with ``sparsity`` (validated by :class:`Task`); the task itself when it is 0."""
+    return task if not sparsity else replace(task, sparsity=sparsity)
+
+
+def _sparsify(weight: np.ndarray, sparsity: float, seed: int) -> np.ndarray:
+    """A copy of ``weight`` with exactly ``round(sparsity * size)`` entries zeroed, chosen uniformly by a
+    stream of their own (``seed``), so the other entries keep the dense task's values."""
+    out = np.array(weight, copy=True)
+    zeros = int(round(sparsity * out.size))
+    out.reshape(-1)[np.random.default_rng([int(seed), 0x5BA75E]).permutation(out.size)[:zeros]] = 0
+    return out
+
+
+def _fraction(text: str, spec: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"sparsity={text!r} is not a number (a fraction of zero weights in [0, 1); in {spec!r})") \
+            from None
+
+
 def _params(**kw: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(kw.items()))
 
 
 def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = False, act: str | None = None,
            residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-           limits: "_limits.Limits | dict | None" = None) -> Task:
+           sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``C[M, N] = A[M, K] @ B[K, N]`` (``[batch, ...]`` on every operand when ``batch`` is given).
 
     ``B`` is treated as the weights (packed once at load, as at inference). ``dtype`` is "float32",
@@ -536,12 +587,12 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
     params = _params(m=int(m), n=int(n), k=int(k)) if not batch else _params(m=int(m), n=int(n), k=int(k),
                                                                              batch=int(batch))
     with _limits.override(limits):
-        return Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype)
+        return _sparse(Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype), sparsity)
 
 
 def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, act: str | None = None,
           residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-          limits: "_limits.Limits | dict | None" = None) -> Task:
+          sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``y[N, OUT] = x[N, IN] @ W.T + b`` with ``W`` of shape ``[OUT, IN]``.
 
     Example:
@@ -549,15 +600,15 @@ def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, ac
         [(1, 4096), (1000, 4096), (1000,)]
     """
     with _limits.override(limits):
-        return Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
-                    residual, dtype, None, act_signed, out_dtype)
+        return _sparse(Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
+                    residual, dtype, None, act_signed, out_dtype), sparsity)
 
 
 def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
            residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-           limits: "_limits.Limits | dict | None" = None) -> Task:
+           sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
     """2-D convolution, NCHW input, OIHW weights ``[out_channels, c // groups, kh, kw]``.
 
     ``padding`` is an int, ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``.
@@ -569,10 +620,10 @@ def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | t
     """
     r, s = _as_pair(kernel, "kernel")
     with _limits.override(limits):
-        return Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
+        return _sparse(Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
                                       stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
                                       dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
-                    bias, act, residual, dtype, None, act_signed, out_dtype)
+                    bias, act, residual, dtype, None, act_signed, out_dtype), sparsity)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int, int] = 3,
@@ -606,6 +657,9 @@ _SPEC_KEYS = {
 }
 for _keys in _SPEC_KEYS.values():
     _keys |= _PRECISION_KEYS
+
+for _op in ("matmul", "dense", "conv2d"):  # sparse kernels: sparsity=0.9
+    _SPEC_KEYS[_op] = _SPEC_KEYS[_op] | {"sparsity"}
 
 
 def parse_spec(spec: str) -> Task:
@@ -644,6 +698,8 @@ def parse_spec(spec: str) -> Task:
             "dtype": kv.get("dtype", "float32"),
             "act_signed": kv.get("act_signed", "0") not in ("0", "false", "False", ""),
             "out_dtype": kv.get("out_dtype") or None}
+    if "sparsity" in kv:
+        flag["sparsity"] = _fraction(kv["sparsity"], spec)
     if kind == "matmul":
         return matmul(num("m"), num("n"), num("k"), batch=num("batch", 0) or None, **flag)
     if kind == "dense":
