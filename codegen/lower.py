@@ -38,6 +38,10 @@ from .space import Config, Space
 
 LEVEL_ORDER = (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3))
 ALIGN_FLOATS = 16  # 64-byte alignment of workspace sub-buffers
+#: sketches whose plan is finished by a lowering of their own, ``base name -> finish(plan) -> Plan``
+#: (registered by :mod:`codegen.sparse_lower`: the sparse sketch's weights compiled into the kernel)
+SKETCH_LOWERINGS: dict = {}
+WS_UNIT = 4  # bytes of one workspace slot (``Buffer.ws_offset`` and ``Plan.workspace`` count slots)
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ class Plan:
     data_copy: bool  # the data input is copied (padded / blocked) inside the kernel
     acc: str  # buffer the reduction accumulates into ("out" or "scratch")
     epilogue: bool  # a fused epilogue pass runs after each S1 tile's reduction
-    workspace: int  # elements of ``dtype`` (see ``workspace_bytes``)
+    workspace: int  # 4-byte slots (see ``workspace_bytes``; float32 elements for a float32 task)
     vector_axis: str
     vec: int
     unroll: int
@@ -205,7 +209,7 @@ class Plan:
     @property
     def workspace_bytes(self) -> int:
         """Size of the workspace the kernel ABI passes last (a byte buffer, 64-byte aligned)."""
-        return self.workspace * self.dtype.itemsize
+        return self.workspace * WS_UNIT
 
     def arg_dtypes(self) -> tuple[np.dtype, ...]:
         """Element type of every kernel argument buffer, in ABI order (``args``: inputs, then out)."""
@@ -339,6 +343,7 @@ def lower(space: Space, config: Config) -> Plan:
         tail_shape = (rows, con.data.shape[-1])
         buffers["data_tail"] = Buffer("data_tail", Access("data_tail", tail_shape, ()), plain_layout(tail_shape),
                                       "workspace", ws_alloc(rows * con.data.shape[-1]), dtype=dts.for_buffer("data"))
+        # (ws_alloc counts 4-byte slots: an element of any dtype fits one)
     buffers["data"] = (make("data", con.data, data_l, "workspace", ws_alloc(data_l.size)) if data_copy
                        else probe)
     if data_copy:
@@ -346,15 +351,18 @@ def lower(space: Space, config: Config) -> Plan:
                                     plain_layout(con.data_api_shape), "arg", dtype=dts.for_buffer("data_in"))
 
     # output: accumulate in place when the vector axis is unit-stride, else in a blocked scratch
+    # (low precision: always in a scratch of the accumulator type, float32 / int32, which the epilogue
+    # converts: dequantizes / requantizes int8, rounds to float16)
     # (padded sketches: always in a padded scratch, which the epilogue crops; ``out`` then describes the
     # output over the padded range, as the features count it, and ``out_api`` holds the real strides)
     padded = bool(space.sketch.pad)
+    lowp = space.task.dtype != "float32"
     out = make("out", con.out, plain_layout(con.out.shape), "arg")
     buffers["out"] = out
     acc = "out"
-    if (out.stride(f"{v}3") != 1 and tiles[v][-1] > 1) or padded:
+    if (out.stride(f"{v}3") != 1 and tiles[v][-1] > 1) or padded or lowp:
         d = _blockable(con.out, v, tiles[v][-1], ext) if out.stride(f"{v}3") != 1 and tiles[v][-1] > 1 else None
-        if d is not None or padded:
+        if d is not None or padded or lowp:
             sl = (blocked_layout(con.out.shape, d, tiles[v][-1], front=False) if d is not None
                   else plain_layout(con.out.shape))
             buffers["scratch"] = make("scratch", Access("scratch", con.out.shape, con.out.dims), sl, "workspace",
@@ -368,12 +376,21 @@ def lower(space: Space, config: Config) -> Plan:
         buffers["residual"] = make("residual", Access("residual", con.out.shape, con.out.dims),
                                    plain_layout(con.out.shape), "arg")
 
+    quant = tuple(n for n in space.task.input_names() if n not in ("data", "weight", "bias", "residual"))
+    for name in quant:  # int8: x_scale, x_zp, w_scales (per output channel), y_scale, y_zp
+        if name == "w_scales":
+            ch = 1 if space.task.op == "conv2d" else len(con.out.dims) - 1
+            sc = Access("w_scales", (con.out.shape[ch],), (con.out.dims[ch],))
+            buffers[name] = make(name, sc, plain_layout(sc.shape), "arg")
+        else:
+            buffers[name] = make(name, Access(name, (1,), ((),)), plain_layout((1,)), "arg")
     args = ("data_in" if data_copy else "data", "weight") + (("bias",) if con.bias is not None else ()) + (
-        ("residual",) if space.task.residual else ()) + ("out",)
+        ("residual",) if space.task.residual else ()) + quant + ("out",)
     epilogue = padded or acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
     plan = Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
                 config.unroll, tail_row=tail_row)
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
         if knob.lower is not None:
             plan = knob.lower(plan, space.knob_value(config, knob))
-    return plan
+    finish = SKETCH_LOWERINGS.get(space.sketch.base)
+    return finish(plan) if finish is not None else plan

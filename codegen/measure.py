@@ -413,6 +413,7 @@ def _payload(request: RunRequest, protocol: TimingProtocol) -> dict[str, Any]:
         "out_dtype": out_dtype.str,
         "expected": expected,
         "rtol": float(request.rtol),
+        "atol": float(request.atol),
         "K": int(request.reduction_size),
         "threads": int(request.threads),
         "protocol": protocol,

@@ -168,6 +168,7 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
         return None
 
     expected, K, rtol = p["expected"], p["K"], p["rtol"]
+    atol = float(p.get("atol", 0.0))
     protocol: TimingProtocol = p["protocol"]
     lib.fj_set_threads(p["threads"])
     if lib.fj_prepare is not None:
@@ -180,7 +181,7 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
     conn.send(("progress", 0.0))  # checks follow: a fresh window
     if (err := memory_error()) is not None:
         return fail("runtime_error", err)
-    ok, msg = check_output(out, expected, K, rtol)
+    ok, msg = check_output(out, expected, K, rtol, atol=atol)
     if not ok:
         return fail("wrong_result", f"after the first call: {msg}")
 
@@ -212,7 +213,7 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
     conn.send(("progress", 0.0))
     if (err := memory_error()) is not None:
         return fail("runtime_error", err)
-    ok, msg = check_output(out, expected, K, rtol)
+    ok, msg = check_output(out, expected, K, rtol, atol=atol)
     if not ok:
         return fail(
             "wrong_result",

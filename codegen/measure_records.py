@@ -163,7 +163,8 @@ class RunRequest:
         threads: OpenMP threads (fj_set_threads).
         timeout_s: limit for loading and the first call; None = the runner's default.
         protocol: timing protocol; None = the runner's default.
-        out_dtype: dtype of the output buffer (the task's dtype; float32 for every task today).
+        out_dtype: dtype of the output buffer (float32, float16, or int8 for a requantized int8 task).
+        atol: absolute tolerance added to `check_output`'s (e.g. one quantum of a requantized int8 output).
     """
 
     lib_path: str | None
@@ -177,10 +178,11 @@ class RunRequest:
     timeout_s: float | None = None
     protocol: TimingProtocol | None = None
     out_dtype: str = "float32"
+    atol: float = 0.0
 
 
 def check_output(
-    y: np.ndarray, ref: np.ndarray, K: int, rtol: float = 1e-4, *, c: float = 4.0
+    y: np.ndarray, ref: np.ndarray, K: int, rtol: float = 1e-4, *, c: float = 4.0, atol: float = 0.0
 ) -> tuple[bool, str]:
     """Checks a kernel output against a reference.
 
@@ -194,6 +196,7 @@ def check_output(
         K: reduction size (terms per output element; 1 for elementwise kernels).
         rtol: relative tolerance.
         c: safety factor of the absolute term.
+        atol: an absolute tolerance added to every element's (default 0).
 
     Returns:
         (ok, message): the message gives the maximum error and where it is.
@@ -222,7 +225,7 @@ def check_output(
     err = np.abs(y64 - ref)
     eps = max(float(np.finfo(y.dtype).eps), _EPS32) if np.issubdtype(y.dtype, np.floating) else _EPS32
     tol = rtol * np.abs(ref) + (c * math.sqrt(max(K, 1)) * float(np.abs(ref).max()) * eps)
-    tol += _TINY32  # an all-zero reference still tolerates denormal noise
+    tol += _TINY32 + atol  # an all-zero reference still tolerates denormal noise
     bad = err > tol
     worst = np.unravel_index(int(np.argmax(err - tol)), y.shape)
     summary = (

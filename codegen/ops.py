@@ -262,7 +262,7 @@ class Task:
         """An int8 task (int32 accumulation, scales and zero points among its inputs)."""
         return self.dtype == "int8"
 
-    def tolerance(self) -> tuple[float, float]:
+    def tolerance(self, expected: np.ndarray | None = None) -> tuple[float, float]:
         """``(rtol, atol)`` of the output check for this precision (see
         :func:`codegen.measure_records.check_output`, whose absolute term also scales with sqrt(K) and
         the output type's epsilon).
@@ -272,7 +272,7 @@ class Task:
           float32, only the final store rounds to float16: half an ulp, rtol 2**-11 (~4.9e-4); 1e-3;
         * float16 accumulation: every multiply-add rounds to float16 (11-bit significand), so the error
           of a K-term sum grows like K * 2**-11 in the worst case: rtol 1e-3, atol K * 2**-11 * max|ref|
-          (applied by the caller; here ``atol`` is the per-max factor ``K * 2**-11``);
+          (``expected``: the reference, for its max; without it atol is that factor alone);
         * int8, float32 output: the int32 accumulation is exact; the dequantization
           ``acc * x_scale * w_scale + bias`` is a few float32 roundings: rtol 1e-5;
         * int8, int8 output: the requantized value may differ by one quantum where the float32
@@ -287,7 +287,8 @@ class Task:
             return (0.0, 1.0) if self.out_dtype == "int8" else (1e-5, 0.0)
         if self.dtype == "float16":
             k = self.contraction().reduction_size
-            return (1e-3, k * 2.0 ** -11) if dts.accumulator == "float16" else (1e-3, 0.0)
+            scale = float(np.abs(expected).max()) if expected is not None and np.size(expected) else 1.0
+            return (1e-3, k * 2.0 ** -11 * scale) if dts.accumulator == "float16" else (1e-3, 0.0)
         return (1e-4, 0.0)
 
     @property

@@ -76,6 +76,7 @@ class Measurer:
                 return
 
     def _request(self, plan: Plan) -> RunRequest:
+        rtol, atol = self.task.tolerance(self.expected)  # per dtype (codegen.ops.Task.tolerance)
         return RunRequest(None, self._inputs(plan), self.task.output_shape, plan.workspace_bytes, self.expected,
                           reduction_size=plan.con.reduction_size, threads=self.threads, protocol=self.protocol,
-                          out_dtype=plan.arg_dtypes()[-1].name)
+                          out_dtype=plan.arg_dtypes()[-1].name, rtol=rtol, atol=atol)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..knobs import Site
-from ..lower import Buffer, Loop, Plan
+from ..lower import WS_UNIT, Buffer, Loop, Plan
 
 MAX_UNROLLED_FMAS = 2048
 
@@ -47,7 +47,26 @@ class Dialect:
     prelude: str  # includes / helpers at the top of a standalone kernel source
     harness: str  # appended to a standalone kernel source: the timing entry points (see codegen.renderers.harness)
     # element types by Task dtype, and the spelling of a zero of the scalar type
-    scalar_types: dict[str, str] = field(default_factory=lambda: {"float32": "float"})
+    scalar_types: dict[str, str] = field(default_factory=lambda: {
+        "float32": "float", "float16": "_Float16", "int8": "signed char", "uint8": "unsigned char", "int32": "int"})
+    # low precision: what a source with float16 / int8 buffers includes (for the conversion intrinsics)
+    lowp_prelude: str = "#include <immintrin.h>\n"
+    # a storage vector (float16 / int8 lanes) read unaligned: {S}, {name}, {bytes}, {align}
+    storage_typedef: str = "typedef {S} {name} __attribute__((vector_size({bytes}), aligned({align})));"
+    # widening loads by (storage dtype, accumulator dtype, lanes): {ptr}; F16C / AVX2 / AVX-512 intrinsics.
+    # A pair missing here is converted with __builtin_convertvector of the storage vector (gcc 12 turns
+    # that into lane-by-lane inserts, so the table matters)
+    convert_loads: dict[tuple[str, str, int], str] = field(default_factory=lambda: {
+        ("float16", "float32", 4): "(vf)_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)({ptr})))",
+        ("float16", "float32", 8): "(vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)({ptr})))",
+        ("float16", "float32", 16): "(vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)({ptr})))",
+        ("int8", "int32", 4): "(vf)_mm_cvtepi8_epi32(_mm_loadu_si32({ptr}))",
+        ("int8", "int32", 8): "(vf)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)({ptr})))",
+        ("int8", "int32", 16): "(vf)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)({ptr})))",
+        ("uint8", "int32", 4): "(vf)_mm_cvtepu8_epi32(_mm_loadu_si32({ptr}))",
+        ("uint8", "int32", 8): "(vf)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)({ptr})))",
+        ("uint8", "int32", 16): "(vf)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)({ptr})))"})
+    convert_vector: str = "__builtin_convertvector(*(const {U}*)({ptr}), vf)"  # {U}: storage vector type, {ptr}
     zero: str = "0.0f"
     # qualifiers
     restrict: str = "restrict"
@@ -100,6 +119,11 @@ class Dialect:
 
 def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
+
+
+def _storage_vec(dtype: str) -> str:
+    """The name of the (unaligned) storage vector type of a low-precision operand."""
+    return f"vs_{dtype}"
 
 
 class Writer:
@@ -229,6 +253,8 @@ class CStyleRenderer:
         w(f" * config: {cfg.dumps()}")
         w(" * loop order S0 S1 R0 S2 R1 S3; S3 is a register block held across R1. */")
         w(self.d.prelude.rstrip("\n"))
+        if plan.space.task.dtype != "float32":
+            w(self.d.lowp_prelude.rstrip("\n"))
         if plan.vec > 1:
             self._vector_typedefs(plan, w, self.d.vector_typedefs)
         w()
@@ -244,7 +270,6 @@ class CStyleRenderer:
         inside the function body, since kernels of one file may use different vector widths.
         """
         d = self.d
-        S = d.scalar(plan.space.task.dtype)
         B = plan.buffers
         if not (name.isascii() and name.isidentifier()):
             raise ValueError(f"kernel name {name!r} is not a C identifier")
@@ -258,9 +283,15 @@ class CStyleRenderer:
         w(d.bind_workspace.format(restrict=d.restrict, i=len(plan.args)))
         for bname, buf in B.items():
             if buf.storage == "workspace":
-                w(d.bind_ws_buffer.format(S=S, restrict=d.restrict, name=bname,
-                                          offset=buf.ws_offset * plan.dtype.itemsize))
+                w(d.bind_ws_buffer.format(S=d.scalar(buf.dtype), restrict=d.restrict, name=bname,
+                                          offset=buf.ws_offset * WS_UNIT))
         w("(void)ws;")
+        if "x_zp" in B:  # int8: the quantization parameters of one tensor, read once
+            w("const int xzp = x_zp[0];")
+            w("const float xs = x_scale[0];")
+        if "y_zp" in B:
+            w("const int yzp = y_zp[0];")
+            w("const float ys = y_scale[0];")
         if plan.tail_row >= 0:
             self._data_tail(plan, w)
         self._hooks(plan, "kernel_begin", w, {}, ())
@@ -279,10 +310,14 @@ class CStyleRenderer:
                     w(line)
 
     def _vector_typedefs(self, plan: Plan, w: Writer, lines: tuple[str, ...]) -> None:
-        S = self.d.scalar(plan.space.task.dtype)
-        size = _itemsize(plan.space.task.dtype)
+        acc = plan.dtypes.accumulator
+        S = self.d.scalar(acc)
+        size = _itemsize(acc)
         for line in lines:
             w(line.format(S=S, bytes=size * plan.vec, align=size))
+        for st in sorted({plan.buffers["data"].dtype, plan.buffers["weight"].dtype} - {acc}):
+            w(self.d.storage_typedef.format(S=self.d.scalar(st), name=_storage_vec(st), bytes=_itemsize(st) * plan.vec,
+                                            align=_itemsize(st)))
 
     def _data_tail(self, plan: Plan, w: Writer) -> None:
         """The data rows from ``tail_row`` on, zero-padded to the padded extent, into ``data_tail``
@@ -328,7 +363,8 @@ class CStyleRenderer:
                 conds.append(f"{idx} >= 0 && {idx} < {api[k]}")
             src_terms.append(f"{src_strides[k]}*{idx}")
         cond = " && ".join(conds) if conds else "1"
-        w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? data_in[{' + '.join(src_terms)}] : {d.zero};")
+        fill = "xzp" if "x_zp" in plan.buffers else d.zero  # int8: the padding is the real zero, x_zp
+        w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? data_in[{' + '.join(src_terms)}] : {fill};")
         for _ in shape:
             w.close()
 
@@ -376,7 +412,7 @@ class CStyleRenderer:
     def _data_pack(self, plan: Plan, pack: _DataPack, w: Writer) -> None:
         """Copy the data micro-panel of the current S2 position into ``dpack`` (timed, in the kernel)."""
         d = self.d
-        S = d.scalar(plan.space.task.dtype)
+        S = d.scalar(plan.buffers["data"].dtype)
         L, data = plan.levels, plan.buffers["data"]
         outer = [lp for name in ("S0", "S1", "R0") for lp in _live(L[name])]
         outer += _live(L["S2"])[: pack.after + 1]
@@ -411,12 +447,34 @@ class CStyleRenderer:
         lanes = ", ".join(f"({ptr})[{j * stride}]" for j in range(vec))
         return d.load_gather.format(lanes=lanes)
 
+    def _widen_scalar(self, plan: Plan, op: Buffer, elem: str) -> str:
+        """One low-precision element as an accumulator-type scalar (int8 data: minus the zero point)."""
+        acc = plan.dtypes.accumulator
+        if op.dtype == acc:
+            return elem
+        val = f"({self.d.scalar(acc)}){elem}"
+        return f"({val} - xzp)" if op.name == "data" and "x_zp" in plan.buffers else val
+
+    def _widen_load(self, plan: Plan, op: Buffer, ptr: str, stride: int) -> str:
+        """``vec`` low-precision elements ``stride`` apart, widened to an accumulator vector (F16C
+        float16 -> float32, sign / zero extension int8 / uint8 -> int32); int8 data minus the zero point."""
+        d, acc, vec = self.d, plan.dtypes.accumulator, plan.vec
+        if vec == 1:
+            return self._widen_scalar(plan, op, d.load_scalar.format(ptr=ptr))
+        if stride == 1:
+            tmpl = d.convert_loads.get((op.dtype, acc, vec))
+            v = (tmpl.format(ptr=ptr) if tmpl is not None
+                 else d.convert_vector.format(U=_storage_vec(op.dtype), ptr=ptr))
+        else:
+            v = d.load_gather.format(lanes=", ".join(f"({ptr})[{j * stride}]" for j in range(vec)))
+        return f"({v} - xzp)" if op.name == "data" and "x_zp" in plan.buffers else v
+
     def _register_block(self, plan: Plan, w: Writer, pack: "_DataPack | None" = None) -> None:
         """Accumulators in registers across the R1 loop: load (or zero), R1 FMAs, store. With a data
         ``pack``, the data operand is read from the packed micro-panel instead of the data buffer."""
         d = self.d
-        S = d.scalar(plan.space.task.dtype)
-        size = _itemsize(plan.space.task.dtype)
+        S = d.scalar(plan.dtypes.accumulator)
+        size = _itemsize(plan.dtypes.accumulator)
         L = plan.levels
         B = plan.buffers
         vec = plan.vec
@@ -470,7 +528,7 @@ class CStyleRenderer:
                 cols = plan.buffers["data_tail"].layout.shape[-1]
                 base = (f"({row}) >= {plan.tail_row} ? data_tail + ({off} - {plan.tail_row * cols}) : "
                         f"data + ({off})")
-            w(f"const {S}* {d.restrict} {op.name}_p = {base};")
+            w(f"const {d.scalar(op.dtype)}* {d.restrict} {op.name}_p = {base};")
         pointers = {op.name: f"{op.name}_p" for op in ops}
         self._hooks(plan, "r1_before", w, pointers, tuple(r1))
         # R1 loops
@@ -507,8 +565,10 @@ class CStyleRenderer:
                     names[(op.name, off)] = nm
                     ptr = f"{op.name}_p + {r1off} + {off}" if r1off != "0" else f"{op.name}_p + {off}"
                     if vs == 0:  # broadcast operand: one scalar per row
-                        w(f"const {S} {nm} = {op.name}_p[{r1off} + {off}];" if r1off != "0" else
-                          f"const {S} {nm} = {op.name}_p[{off}];")
+                        elem = f"{op.name}_p[{r1off} + {off}]" if r1off != "0" else f"{op.name}_p[{off}]"
+                        w(f"const {S} {nm} = {self._widen_scalar(plan, op, elem)};")
+                    elif op.dtype != plan.dtypes.accumulator:  # low precision: widening load
+                        w(f"const {T} {nm} = {self._widen_load(plan, op, ptr, vs)};")
                     else:
                         w(f"const {T} {nm} = {self._load(ptr, vs, vec, size)};")
         for ri, row in enumerate(rows):
@@ -535,7 +595,7 @@ class CStyleRenderer:
     def _epilogue(self, plan: Plan, w: Writer) -> None:
         """After an S1 tile's reduction: out = act(acc + bias + residual), unpacking a blocked scratch."""
         d = self.d
-        S = d.scalar(plan.space.task.dtype)
+        S = d.scalar("float32")  # the epilogue computes in float32 (low precision: dequantized / widened)
         L = plan.levels
         B = plan.buffers
         task = plan.space.task
@@ -555,12 +615,22 @@ class CStyleRenderer:
         if guards:  # a padded sketch: only the in-range outputs are written (the scratch is cropped)
             w.open(f"if ({' && '.join(guards)})")
         out = B.get("out_api", B["out"])  # the real output's strides (padded sketches)
-        w(f"{S} v = {plan.acc}[{_affine(_offset(B[plan.acc], allv))}];")
+        accv = f"{plan.acc}[{_affine(_offset(B[plan.acc], allv))}]"
+        if "w_scales" in B:  # int8: dequantize the exact int32 sum
+            w(f"{S} v = ({S}){accv} * (xs * w_scales[{_affine(_offset(B['w_scales'], allv))}]);")
+        else:
+            w(f"{S} v = {accv};")
         if "bias" in B:
             w(f"v += bias[{_affine(_offset(B['bias'], allv))}];")
         if "residual" in B:
             w(f"v += residual[{_affine(_offset(out, allv))}];")
-        w(f"out[{_affine(_offset(out, allv))}] = {d.activations[task.act].format(v='v')};")
+        result = d.activations[task.act].format(v="v")
+        if "y_zp" in B:  # requantize: round half to even (nearbyintf), zero point, saturate to int8
+            w(f"{S} q = nearbyintf({result} / ys) + ({S})yzp;")
+            result = "(signed char)(q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q))"
+        elif out.dtype != "float32":
+            result = f"({d.scalar(out.dtype)})({result})"
+        w(f"out[{_affine(_offset(out, allv))}] = {result};")
         if guards:
             w.close()
         for _ in loops:
