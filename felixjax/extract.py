@@ -32,7 +32,7 @@ from codegen.lower import Buffer, Loop, Plan, lower
 from codegen.space import Config, Space
 from costmodels.base import Features
 from felixjax.features import LINE_BYTES, N_ACCESS_FEATURES, SLOTS, knob_features
-from felixjax.relax import POSITIONS
+from felixjax.relax import POSITIONS, operand_bytes
 
 # The loops around each statement of the emitted C (codegen.render_c), by level name.
 _BODY_POS = [POSITIONS.index(n) for n in ("S0", "S1", "R0", "S2", "R1")]  # FMAs; S3 = register block
@@ -115,7 +115,7 @@ def _copy_rows(buf: Buffer, elem: int) -> tuple[int, list[list[float]]]:
     return len(addr), [row] * len(POSITIONS)
 
 
-def extract(space: Space, config: Config, *, elem_bytes: int = 4) -> Features:
+def extract(space: Space, config: Config, *, elem_bytes: int | None = None) -> Features:
     """Exact features of one config by enumeration: ``Features(access [9, F], mask [9], glob [G])``
     as numpy, ``log(1 + v)``; slots absent from the program are all zero with mask 0.
 
@@ -129,7 +129,7 @@ def extract(space: Space, config: Config, *, elem_bytes: int = 4) -> Features:
     """
     plan = lower(space, config)
     target = space.target
-    elem = elem_bytes
+    elem = elem_bytes if elem_bytes is not None else operand_bytes(space)
     caches = (target.l1d_bytes, target.l2_bytes, target.l3_bytes)
     v3 = f"{plan.vector_axis}3"
     r1 = f"{[a.name for a in space.axes if a.reduce][-1]}1"

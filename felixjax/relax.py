@@ -90,7 +90,8 @@ class RelaxedSpace(NamedTuple):
         cores, l1_bytes, l2_bytes, l3_bytes: the target.
         max_acc: register budget in vector accumulators (``Space.max_accumulators``).
         simd_lanes: fp32 lanes of one vector register.
-        elem_bytes: bytes per element (4 for fp32; an input for precision knobs).
+        elem_bytes: bytes per element; default (None) the task's operand size (:func:`operand_bytes`:
+            4 for float32, 2 for float16, 1 for int8), so one model sees every dtype.
         extra_mask, extra_lo, extra_hi, extra_log2: ``[E]`` per declared-knob slot: whether a knob
             applies, the bounds of its coordinate, whether it is a log2 knob.
         extra_points, extra_values: ``[E, V]`` the coordinates and values of each knob's domain
@@ -142,7 +143,22 @@ def axis_primes(extent: int) -> tuple[tuple[int, int], ...]:
     return f
 
 
-def relaxed_space(space: Space, *, elem_bytes: int = 4) -> RelaxedSpace:
+def operand_bytes(space) -> int:
+    """Bytes of one operand element of a space's task (the data input's dtype): the ``elem_bytes`` the
+    features use, so float32 features are unchanged and float16 / int8 tasks are told apart.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.target import Target
+        >>> operand_bytes(Space(matmul(8, 8, 8, dtype="int8"), "gemm_packed", Target()))
+        1
+    """
+    task = getattr(space, "task", None)
+    dts = getattr(task, "buffer_dtypes", None)
+    return int(np.dtype(dts.inputs).itemsize) if dts is not None else 4
+
+
+def relaxed_space(space: Space, *, elem_bytes: int | None = None) -> RelaxedSpace:
     """Build the fixed-size arrays of a space.
 
     Example:
@@ -153,6 +169,8 @@ def relaxed_space(space: Space, *, elem_bytes: int = 4) -> RelaxedSpace:
         >>> rs.cap.shape, float(rs.n_spatial)
         ((8, 4), 5.0)
     """
+    if elem_bytes is None:
+        elem_bytes = operand_bytes(space)
     axes = space.axes
     if len(axes) > MAX_AXES:
         raise ValueError(f"{space}: {len(axes)} axes, at most {MAX_AXES} supported")
@@ -395,7 +413,7 @@ class Relaxation:
     penalty_of = staticmethod(penalty)
     project_of = staticmethod(project)
 
-    def __init__(self, space: Space, *, elem_bytes: int = 4):
+    def __init__(self, space: Space, *, elem_bytes: int | None = None):
         self.space = space
         self.arrays = relaxed_space(space, elem_bytes=elem_bytes)
         self._np = RelaxedSpace(*(np.asarray(a, np.float64) for a in self.arrays))
@@ -738,7 +756,7 @@ _constraints_jit = jax.jit(constraints)
 _penalty_jit = jax.jit(penalty, static_argnames="soft_weight")
 
 
-def relax(space: Space, *, elem_bytes: int = 4) -> Relaxation:
+def relax(space: Space, *, elem_bytes: int | None = None) -> Relaxation:
     """The :class:`Relaxation` of a space.
 
     Example:
