@@ -32,10 +32,16 @@ class Kernel:
 
     Weights are packed into the kernel's layout once and reused while the caller passes the *same*
     weights again: the cache keeps a reference to the array it packed (so its ``id`` cannot be
-    recycled by another array) and a private copy of its contents, and re-packs when the array
-    differs or was edited in place. ``kernel.bind(weights)`` packs once and returns a
-    :class:`BoundKernel` whose calls skip even that check (weights are constants, as at inference;
-    later edits of the caller's array do not reach it).
+    recycled by another array) and a private copy of its bytes, and re-packs when the array differs
+    or was edited in place (a ``memcmp`` of the bytes, at memory speed). ``kernel.bind(weights)``
+    packs once and returns a :class:`BoundKernel` whose calls skip even that check (weights are
+    constants, as at inference; later edits of the caller's array do not reach it).
+
+    The per-call path is prepared once (issue 14: a few microseconds per call): the argument array
+    of pointers, the workspace, the expected shapes and dtypes. A call whose arrays are C-contiguous
+    ndarrays of the expected shapes and dtypes only compares them, writes their addresses and
+    allocates a fresh output; anything else takes the checked path (shapes checked with a clear
+    error, other dtypes or layouts converted). One call at a time per kernel (one workspace).
 
     Example:
         >>> import numpy as np
@@ -68,8 +74,14 @@ class Kernel:
         self._shapes = tuple(tuple(int(d) for d in s) for s in task.input_shapes())
         self._out_shape = tuple(task.output_shape)
         self._dts = self.plan.arg_dtypes()  # ABI order: inputs, then out
-        self._ptr_type = ctypes.c_void_p * (len(self._shapes) + 2)
-        self._packed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (weights seen, copy, packed)
+        self._n = len(self._shapes)
+        self._ptr_type = ctypes.c_void_p * (self._n + 2)
+        # the fast path's data: (shape, dtype) per API input and one argument array reused by every call
+        self._sig = tuple(zip(self._shapes, self._dts[:-1]))
+        self._ptrs = self._ptr_type(*([0] * (self._n + 2)))
+        self._ptrs[self._n + 1] = self._ws_ptr
+        self._out_dt = self._dts[-1]
+        self._packed: tuple | None = None  # see _packed_weights
 
     def __repr__(self) -> str:
         return f"Kernel({self._name}, {self.plan.config.sketch})"
@@ -83,11 +95,13 @@ class Kernel:
 
     def _packed_weights(self, w) -> np.ndarray:
         cached = self._packed
-        if cached is not None and cached[0] is w and np.array_equal(cached[1], w):
+        if cached is not None and cached[0] is w and _same_bytes(cached[1], w):
             return cached[2]
-        copy = np.array(w, copy=True)
-        self._packed = (w, copy, self.plan.pack_weight(copy))
-        return self._packed[2]
+        copy = np.array(w, copy=True, order="C")
+        packed = self.plan.pack_weight(copy)
+        # (weights seen, their copy, packed, the copy's address and size, packed's address): the fast path's check
+        self._packed = (w, copy, packed, copy.ctypes.data, copy.nbytes, packed.ctypes.data)
+        return packed
 
     def _run(self, x, packed, rest) -> np.ndarray:
         dts = self._dts
@@ -98,6 +112,21 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        if len(arrays) == self._n and _ready(arrays, self._sig):
+            try:  # the data addresses without a.ctypes (a third of its cost); read-only arrays need the latter
+                addrs = [_addressof(_c_char.from_buffer(a)) for a in arrays]
+            except (TypeError, ValueError):
+                addrs = [a.ctypes.data for a in arrays]
+            ptrs, cached, w = self._ptrs, self._packed, arrays[1]
+            ptrs[:self._n] = addrs
+            if cached is not None and cached[0] is w and _memcmp(cached[3], addrs[1], cached[4]) == 0:
+                ptrs[1] = cached[5]
+            else:
+                ptrs[1] = _address(self._packed_weights(w))
+            out = _empty(self._out_shape, self._out_dt)
+            ptrs[self._n] = _addressof(_c_char.from_buffer(out))
+            self._fn(ptrs)
+            return out
         self._check(arrays)
         return self._run(arrays[0], self._packed_weights(arrays[1]), arrays[2:])
 
@@ -109,32 +138,82 @@ class Kernel:
 
 
 class BoundKernel:
-    """A :class:`Kernel` with its weights packed once: ``f(data, *rest) -> output`` (a fresh array)."""
+    """A :class:`Kernel` with its weights packed once: ``f(data, *rest) -> output`` (a fresh array).
+
+    Same fast path as the kernel's (shapes, dtypes and layout compared, addresses written into an
+    argument array made once, a fresh output), without the weights' check."""
 
     def __init__(self, kernel: Kernel, packed: np.ndarray):
         self.kernel, self._packed = kernel, packed
-        n = len(kernel._shapes)
+        n = kernel._n
         # one argument array for every call: the packed weights and the workspace never move
         self._ptrs = kernel._ptr_type(*([0] * (n + 2)))
         self._ptrs[1], self._ptrs[n + 1] = packed.ctypes.data, kernel._ws_ptr
         self._out_slot = n
+        (self._shape0, self._dt0), self._sig_rest = kernel._sig[0], kernel._sig[2:]
+        self._rest_slots, self._n_rest = tuple(range(2, n)), n - 2
+        self._fn, self._out_shape, self._out_dt = kernel._fn, kernel._out_shape, kernel._dts[-1]
 
     def __call__(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
-        k = self.kernel
-        if np.shape(data) != k._shapes[0] or len(rest) != len(k._shapes) - 2:
-            k._check((data, np.empty(k._shapes[1], np.uint8), *rest))
-        dts = k._dts
-        x = data if (type(data) is np.ndarray and data.dtype == dts[0] and data.flags.c_contiguous) else \
-            np.ascontiguousarray(data, dtype=dts[0])
-        keep = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(rest, dts[2:-1])]
-        out = np.empty(k._out_shape, dtype=dts[-1])
         ptrs = self._ptrs
-        ptrs[0] = x.ctypes.data
-        for i, a in enumerate(keep):
-            ptrs[2 + i] = a.ctypes.data
+        if (type(data) is _ndarray and data.shape == self._shape0 and data.dtype == self._dt0
+                and data.flags.c_contiguous and len(rest) == self._n_rest and (not rest or _ready(rest, self._sig_rest))):
+            try:  # the data address without data.ctypes (a third of its cost); read-only arrays need the latter
+                ptrs[0] = _addressof(_c_char.from_buffer(data))
+            except (TypeError, ValueError):
+                ptrs[0] = data.ctypes.data
+            if rest:
+                for i, a in zip(self._rest_slots, rest):
+                    ptrs[i] = _address(a)
+            out = _empty(self._out_shape, self._out_dt)
+            ptrs[self._out_slot] = _addressof(_c_char.from_buffer(out))
+            self._fn(ptrs)
+            return out
+        k = self.kernel
+        k._check((data, np.empty(k._shapes[1], np.uint8), *rest))
+        dts = k._dts
+        keep = [np.ascontiguousarray(data, dtype=dts[0])]
+        keep += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(rest, dts[2:-1])]
+        out = np.empty(self._out_shape, dtype=self._out_dt)
+        ptrs[0] = keep[0].ctypes.data
+        for i, a in zip(self._rest_slots, keep[1:]):
+            ptrs[i] = a.ctypes.data
         ptrs[self._out_slot] = out.ctypes.data
-        k._fn(ptrs)
+        self._fn(ptrs)
         return out
+
+
+_addressof, _c_char = ctypes.addressof, ctypes.c_char
+_ndarray, _empty = np.ndarray, np.empty
+
+
+def _ready(arrays, sig) -> bool:
+    """Whether every array is a C-contiguous ndarray of its (shape, dtype): the fast path's only check."""
+    for a, (shape, dt) in zip(arrays, sig):
+        if type(a) is not _ndarray or a.shape != shape or a.dtype != dt or not a.flags.c_contiguous:
+            return False
+    return True
+
+
+def _address(a: np.ndarray) -> int:
+    """The data address of a C-contiguous array (a third of the cost of ``a.ctypes.data``)."""
+    try:
+        return _addressof(_c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only or empty arrays
+        return a.ctypes.data
+
+
+_libc = ctypes.CDLL(None)
+_memcmp = _libc.memcmp
+_memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_memcmp.restype = ctypes.c_int
+
+
+def _same_bytes(copy: np.ndarray, w) -> bool:
+    """Whether ``w`` still holds the bytes of ``copy`` (C-contiguous, same dtype and shape)."""
+    if type(w) is not _ndarray or w.dtype != copy.dtype or w.shape != copy.shape or not w.flags.c_contiguous:
+        return np.array_equal(copy, w) and np.asarray(w).dtype == copy.dtype
+    return copy.nbytes == 0 or _memcmp(_address(copy), _address(w), copy.nbytes) == 0
 
 
 def _aligned(buf: np.ndarray) -> np.ndarray:

@@ -54,3 +54,37 @@ def test_bound_kernel_packs_once_and_returns_fresh_outputs():
         f(x[:, :5], bias)
     with pytest.raises(ValueError, match="weights have shape"):
         k.bind(w[:, :3])
+
+
+@pytest.mark.cc
+def test_fast_path_and_checked_path_agree_on_unusual_arrays():
+    """The per-call fast path (ready arrays) and the checked path (anything else) give the same
+    fresh outputs; read-only, non-contiguous, float64 and list inputs are accepted, a wrong shape
+    is a clear error, and editing one output leaves the next call's alone."""
+    task = dense(3, 40, 24, bias=True, act="relu")
+    k = _kernel(task)
+    x, w, bias = task.random_inputs(seed=5)
+    ref = task.reference(x, w, bias)
+    f = k.bind(w)
+    ro = x.copy()
+    ro.flags.writeable = False
+    wide = np.zeros((3, 80), np.float32)
+    wide[:, ::2] = x
+    for call in (k, lambda a, _w, b: f(a, b)):
+        y1, y2 = call(x, w, bias), call(x, w, bias)
+        assert y1 is not y2 and not np.shares_memory(y1, y2) and y1.flags.writeable
+        y1[...] = -1
+        for a in (x, ro, wide[:, ::2], x.astype(np.float64), x.tolist()):
+            np.testing.assert_allclose(call(a, w, bias), ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(call(x, w, bias.astype(np.float64)), ref, rtol=1e-4, atol=1e-4)
+        with pytest.raises(ValueError, match="shape"):
+            call(x[:, :39], w, bias)
+        with pytest.raises(ValueError, match="shape"):
+            call(x, w, bias[:5])
+    w_ro = w.copy()
+    w_ro.flags.writeable = False
+    np.testing.assert_allclose(k(x, w_ro, bias), ref, rtol=1e-4, atol=1e-4)  # read-only weights
+    w_f = np.asfortranarray(w)
+    np.testing.assert_allclose(k(x, w_f, bias), ref, rtol=1e-4, atol=1e-4)  # weights in another layout
+    w_f *= 2  # edited in place: repacked
+    np.testing.assert_allclose(k(x, w_f, bias), task.reference(x, w_f, bias), rtol=1e-4, atol=1e-4)
