@@ -36,6 +36,7 @@ import numpy as np
 
 from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task, parse_spec
+from codegen.spaces import spaces_for
 from codegen.target import Target
 
 from .database import Database, TuningRecord
@@ -46,6 +47,7 @@ from .testing import ReplayRunner
 
 DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
 REACH = 0.95  # "reached" = latency <= best known / REACH
+REFERENCE_PREFIX = "reference:"  # reserved run names of the strong reference (no strategy's history or budget)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -75,6 +77,12 @@ class Comparison:
         remeasured: ``{(task name, strategy, seed): [latency, ...]}`` of each run's final best,
             timed interleaved with the other runs' bests of the task.
         replay: True when latencies came from the synthetic oracle / a replay (no timing).
+        references: ``{(task name, "reference:<strategy>", seed): [TuningRecord, ...]}``: the strong
+            reference, runs of ``reference_factor`` x the budget under reserved run names
+            (``"reference:<strategy>:<seed>"``) that no compared run's history, budget or cost model
+            sees; their bests are re-timed interleaved with the final bests (``remeasured``, same keys).
+        openings: ``{task name: set of configs}`` measured first by every run (the hand-written
+            defaults, ``defaults=True``); empty when runs start from scratch.
     """
 
     tasks: list[Task]
@@ -85,12 +93,45 @@ class Comparison:
     histories: dict[tuple[str, str, int], list[TuningRecord]]
     remeasured: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
     replay: bool = False
+    references: dict[tuple[str, str, int], list[TuningRecord]] = field(default_factory=dict)
+    openings: dict[str, frozenset] = field(default_factory=dict)
 
     # ---- per run -------------------------------------------------------------------------------
     def best_known(self, task: str) -> float:
-        """Best latency any strategy found for ``task`` while tuning."""
-        return min((r.latency_s for (t, _, _), recs in self.histories.items() if t == task for r in recs),
+        """What "95% of best" is taken against: the best latency any compared run or reference run
+        found for ``task`` while tuning (with no reference: the compared runs' union alone)."""
+        found = min((r.latency_s for (t, _, _), recs in self.histories.items() if t == task for r in recs),
+                    default=math.inf)
+        return min(found, self.reference_best(task))
+
+    def reference_best(self, task: str) -> float:
+        """Best latency the reference runs found for ``task`` while tuning (inf: no reference)."""
+        return min((r.latency_s for (t, _, _), recs in self.references.items() if t == task for r in recs),
                    default=math.inf)
+
+    def reference_retimed(self, task: str) -> float:
+        """The reference's best, re-timed interleaved with the final bests (median of its re-timings;
+        the best reference run's; nan when not re-timed)."""
+        meds = [float(np.median(v)) for (t, s, _), v in self.remeasured.items()
+                if t == task and s.startswith(REFERENCE_PREFIX) and v and all(map(math.isfinite, v))]
+        return min(meds) if meds else math.nan
+
+    def opening_best(self, task: str) -> float:
+        """Median over the compared runs of the best latency among their shared opening (the
+        configs every run measured first); nan when runs started from scratch."""
+        cfgs = self.openings.get(task)
+        if not cfgs:
+            return math.nan
+        bests = [min((r.latency_s for r in recs if r.config in cfgs), default=math.inf)
+                 for (t, _, _), recs in self.histories.items() if t == task]
+        bests = [b for b in bests if math.isfinite(b)]
+        return float(np.median(bests)) if bests else math.nan
+
+    def opening_reaches(self, task: str) -> bool:
+        """True when the shared opening alone already reaches 95% of the best known: trials to 95%
+        then measure the opening, not the search, and the task is reported apart."""
+        best = self.opening_best(task)
+        return math.isfinite(best) and best <= self.best_known(task) / REACH
 
     def reach(self, task: str, strategy: str, seed: int) -> dict:
         """Trials and seconds until the run's latency was <= best known / 0.95 (censored at the budget
@@ -138,23 +179,43 @@ class Comparison:
     def ratios(self) -> dict[str, dict]:
         """Geomean over tasks of ``strategy / reference`` for trials and seconds to 95% and final latency.
 
-        Returns ``{strategy: {"trials95": r, "seconds95": r, "final": r, "censored": n}}`` where
-        ``censored`` counts tasks whose ratio involves a censored median (a bound, not a value).
+        Tasks whose shared opening already reaches 95% (:meth:`opening_reaches`) are left out (listed
+        in ``apart``). A censored median (most seeds never reached) enters as the budget it spent: a
+        bound, flagged. Returns ``{strategy: {...}}`` with ``trials95``, ``seconds95``, ``final`` (over
+        the tasks kept), ``censored`` (tasks whose ratio involves a censored median), ``bound``
+        (``"lower"`` when only the strategy's medians are censored, so its ratios are at least the
+        value; ``"upper"`` when only the reference strategy's are; ``"mixed"``; ``None``: no bound),
+        ``uncensored`` (tasks where neither is censored), ``uncensored_trials95`` and
+        ``uncensored_seconds95`` (geomeans over those tasks only), ``tasks`` (kept) and ``apart``.
         """
         ref = self.reference()
         rows = {(r["task"], r["strategy"]): r for r in self.rows()}
+        apart = [t.name for t in self.tasks if self.opening_reaches(t.name)]
+        kept = [t for t in self.tasks if t.name not in apart]
         out = {}
         for s in self.strategies:
             if s == ref:
                 continue
-            tr, sec, fin, cens = [], [], [], 0
-            for task in self.tasks:
+            tr, sec, fin, cens, sides = [], [], [], 0, set()
+            clean_tr, clean_sec = [], []
+            for task in kept:
                 a, b = rows[(task.name, s)], rows[(task.name, ref)]
-                tr.append(a["trials95"] / max(b["trials95"], 1e-12))
-                sec.append(a["seconds95"] / max(b["seconds95"], 1e-12))
+                r_tr = a["trials95"] / max(b["trials95"], 1e-12)
+                r_sec = a["seconds95"] / max(b["seconds95"], 1e-12)
+                tr.append(r_tr)
+                sec.append(r_sec)
                 fin.append(a["final_ms"] / b["final_ms"])
-                cens += bool(a["trials95_censored"] or b["trials95_censored"])
-            out[s] = {"trials95": _geomean(tr), "seconds95": _geomean(sec), "final": _geomean(fin), "censored": cens}
+                ca, cb = a["trials95_censored"], b["trials95_censored"]
+                if ca or cb:
+                    cens += 1
+                    sides.add("mixed" if ca and cb else ("lower" if ca else "upper"))
+                else:
+                    clean_tr.append(r_tr)
+                    clean_sec.append(r_sec)
+            bound = None if not sides else (sides.pop() if len(sides) == 1 else "mixed")
+            out[s] = {"trials95": _geomean(tr), "seconds95": _geomean(sec), "final": _geomean(fin), "censored": cens,
+                      "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": _geomean(clean_tr),
+                      "uncensored_seconds95": _geomean(clean_sec), "tasks": len(kept), "apart": apart}
         return out
 
     def table(self) -> str:
@@ -174,29 +235,54 @@ class Comparison:
             sec = (">" if r["seconds95_censored"] else "") + f"{r['seconds95']:.1f}"
             lines.append(f"| {r['task']} | {r['strategy']} | {r['final_ms']:.4g} | {r['found_ms']:.4g} | {tr} | {sec} "
                          f"| {r['reached']}/{r['seeds']} |")
+        if self.references or self.openings:
+            lines += ["", "95% of best is taken against the best known: the union of every compared run and the "
+                      "reference runs (" + (f"{len({k[1] for k in self.references})} strategy x "
+                                            f"{len({k[2] for k in self.references})} seed run(s) of "
+                                            f"{max((len(v) for v in self.references.values()), default=0)} "
+                                            "trials per task, under reserved run names" if self.references else
+                                            "none") + "). Opening: the configs every run measured first; a task "
+                      "whose opening already reaches 95% is reported apart (left out of the geomeans).", "",
+                      "| task | best known (ms) | reference while tuning (ms) | reference re-timed (ms) "
+                      "| opening best (ms) | opening reaches 95% |",
+                      "| --- | ---: | ---: | ---: | ---: | --- |"]
+            for t in self.tasks:
+                cells = [self.best_known(t.name), self.reference_best(t.name), self.reference_retimed(t.name),
+                         self.opening_best(t.name)]
+                txt = [f"{c * 1e3:.4g}" if math.isfinite(c) else "—" for c in cells]
+                lines.append(f"| {t.name} | {' | '.join(txt)} | {'yes (apart)' if self.opening_reaches(t.name) else 'no'} |")
         ratios = self.ratios()
         if ratios:
             ref = self.reference()
-            lines += ["", f"Geomean over {len(self.tasks)} task(s) of strategy / {ref} (> 1: {ref} is better):", "",
-                      "| ratio | trials to 95% | seconds to 95% | final latency | tasks with censored runs |",
-                      "| --- | ---: | ---: | ---: | ---: |"]
+            first = next(iter(ratios.values()))
+            apart = f"; apart (opening reaches 95%): {', '.join(first['apart'])}" if first["apart"] else ""
+            lines += ["", f"Geomean over {first['tasks']} task(s) of strategy / {ref} (> 1: {ref} is better){apart}. "
+                      "Bounds: `lower` = only the strategy's medians are censored (the true ratio is at least this), "
+                      f"`upper` = only {ref}'s are, `mixed` = both; the uncensored columns use only tasks where "
+                      "neither is censored.", "",
+                      "| ratio | trials to 95% | seconds to 95% | final latency | tasks with censored runs | bound "
+                      "| uncensored tasks | trials, uncensored | seconds, uncensored |",
+                      "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
             for s, r in ratios.items():
                 lines.append(f"| {s} / {ref} | {r['trials95']:.2f} | {r['seconds95']:.2f} | {r['final']:.3f} "
-                             f"| {r['censored']} |")
+                             f"| {r['censored']} | {r['bound'] or '—'} | {r['uncensored']} "
+                             f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |")
         return "\n".join(lines)
 
     def to_csv(self, path: str | os.PathLike) -> str:
-        """Every measurement: strategy, seed, task, phase (``tune`` / ``remeasure``), trial index,
+        """Every measurement: strategy, seed, task, phase (``tune`` / ``reference`` / ``remeasure``), trial index,
         elapsed seconds of its run, latency, best so far, status."""
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
                         "status"])
-            for (task, s, seed), recs in self.histories.items():
+            tagged = [(k, "tune", v) for k, v in self.histories.items()]
+            tagged += [(k, "reference", v) for k, v in self.references.items()]
+            for (task, s, seed), phase, recs in tagged:
                 best = math.inf
                 for r in recs:
                     best = min(best, r.latency_s)
-                    w.writerow([s, seed, task, "tune", r.trial, f"{r.elapsed_s:.4f}", repr(r.latency_s), repr(best),
+                    w.writerow([s, seed, task, phase, r.trial, f"{r.elapsed_s:.4f}", repr(r.latency_s), repr(best),
                                 r.status])
             for (task, s, seed), lats in self.remeasured.items():
                 for i, lat in enumerate(lats):
@@ -333,7 +419,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             threads: int | None = None, out: str | os.PathLike | None = None, replay=None, *,
             progress: bool = True, protocol: TimingProtocol | None = None, runner: LocalRunner | None = None,
             remeasure: int = 3, strategy_options: dict | None = None, defaults: bool = True,
-            cost_aware=None) -> Comparison:
+            cost_aware=None, reference: bool | Iterable = False, reference_factor: float = 2.0) -> Comparison:
     """Compare search strategies on tasks with equal budgets, interleaved, and summarize.
 
     Args:
@@ -359,6 +445,13 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             :func:`felixjax.tune` does), so strategies start from the same point.
         cost_aware: a :class:`~felixjax.cost_aware.CostAware` for every run (``None``: off, so
             strategies are compared on full budgets).
+        reference: the strong reference "95% of best" is judged against: ``True`` adds, per task,
+            one run of every compared strategy x seed with ``reference_factor`` x the budget (trials
+            and seconds) under the reserved run name ``"reference:<strategy>:<seed>"``, with its own
+            cost model, so no compared run's history, budget or model sees it; an iterable names the
+            strategies (names, objects or factories) of the reference instead. Its best is re-timed
+            interleaved with the final bests. ``False``: 95% of the compared runs' union.
+        reference_factor: the reference runs' budget as a multiple of the compared runs'.
 
     Returns:
         A :class:`Comparison` (``.table()``, ``.to_csv(path)``, ``.plot(path)``).
@@ -382,6 +475,17 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError("no strategies to compare")
     if len(set(labels)) != len(labels):
         raise ValueError(f"strategy names must be distinct, got {labels}")
+    reserved = [n for n in labels if n.startswith((REFERENCE_PREFIX, "retime:"))]
+    if reserved:
+        raise ValueError(f"strategy names {reserved} use a reserved prefix ({REFERENCE_PREFIX!r}, 'retime:')")
+    if reference is True:
+        ref_factories = factories
+    elif reference is False or reference is None:
+        ref_factories = []
+    else:
+        ref_factories = [_strategy_factory(s, strategy_options or {}) for s in reference]
+    if ref_factories and not reference_factor > 0:
+        raise ValueError(f"reference_factor must be > 0 (got {reference_factor})")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("seeds must be >= 1")
@@ -397,9 +501,17 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         # one cost model per (strategy, seed), shared by that run's tasks only
         runs = [session.add(t, make(), seed=seed, label=name, trials=trials, seconds=seconds, group=(name, seed))
                 for t in task_list for seed in seed_list for name, make in factories]
+        # the strong reference: longer runs under reserved names, with cost models of their own
+        ref_trials = max(1, int(round(reference_factor * trials)))
+        ref_seconds = None if seconds is None else reference_factor * seconds
+        ref_runs = [session.add(t, make(), seed=seed, label=REFERENCE_PREFIX + name, trials=ref_trials,
+                                seconds=ref_seconds, group=(REFERENCE_PREFIX, name, seed))
+                    for t in task_list for seed in seed_list for name, make in ref_factories]
+        openings = _openings(task_list, target) if defaults else {}
+        runs_all = runs + ref_runs
         # interleave: always advance the run that used the smallest share of its budget (ties: in order)
         while True:
-            active = [r for r in runs if not r.done]
+            active = [r for r in runs_all if not r.done]
             if not active:
                 break
             run = min(active, key=lambda r: r.progress())
@@ -409,13 +521,28 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
                 best = f"{b.latency_s * 1e3:.4f} ms" if b else "-"
                 print(f"[compare] {run.task.name} {run.run}: round {run.rounds} {len(run.history)}/{trials} trials "
                       f"{run.clock:.1f} s  best {best}", file=sys.stderr, flush=True)
-        remeasured = _remeasure(session, runs, remeasure, progress)
+        remeasured = _remeasure(session, runs_all, remeasure, progress)
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
-                            replay is not None)
+                            replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
+                            openings)
     if out is not None:
         result.save(out)
     return result
+
+
+def _openings(tasks: list[Task], target: Target) -> dict[str, frozenset]:
+    """Per task, the hand-written default of every sketch (what ``defaults=True`` measures first)."""
+    out = {}
+    for t in tasks:
+        cfgs = []
+        for space in spaces_for(t, target).values():
+            try:
+                cfgs.append(space.default())
+            except ValueError:  # as opening_defaults: no default for this sketch
+                continue
+        out[t.name] = frozenset(cfgs)
+    return out
 
 
 def _remeasure(session: TuningSession, runs: list[TaskRun], repeats: int, progress: bool) -> dict:
