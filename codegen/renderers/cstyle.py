@@ -566,7 +566,13 @@ class CStyleRenderer:
                     ptr = f"{op.name}_p + {r1off} + {off}" if r1off != "0" else f"{op.name}_p + {off}"
                     if vs == 0:  # broadcast operand: one scalar per row
                         elem = f"{op.name}_p[{r1off} + {off}]" if r1off != "0" else f"{op.name}_p[{off}]"
-                        w(f"const {S} {nm} = {self._widen_scalar(plan, op, elem)};")
+                        if vec > 1 and plan.dtypes.accumulator == "float16":
+                            # a _Float16 scalar is evaluated in float (excess precision), which does not
+                            # convert to a _Float16 vector implicitly: broadcast it explicitly
+                            w(f"const {S} {nm}_s = {elem};")
+                            w(f"const {T} {nm} = ({T}){{{', '.join([nm + '_s'] * vec)}}};")
+                        else:
+                            w(f"const {S} {nm} = {self._widen_scalar(plan, op, elem)};")
                     elif op.dtype != plan.dtypes.accumulator:  # low precision: widening load
                         w(f"const {T} {nm} = {self._widen_load(plan, op, ptr, vs)};")
                     else:

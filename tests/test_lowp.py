@@ -1,0 +1,223 @@
+"""Low-precision kernels (issue 16): float16 and int8 tasks on every sketch of the four ops.
+
+Layers: the task records (argument order, keys, errors); property tests per dtype (an emitted kernel
+of a random tiny task and config matches ``Task.reference`` within ``Task.tolerance``); the paths a
+target selects, forced (the float16 fallback through F16C on any x86 CPU; the float16-accumulation
+kernel run here, compiled for AVX512-FP16 only to read its assembly, skipped when gcc lacks the
+flag); a short real tuning run of an int8 task.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import felixjax as fj
+from codegen import ops
+from codegen.build import DEFAULT_FLAGS, assemble, build
+from codegen.ir import DTypes
+from codegen.lower import lower
+from codegen.measure_records import check_output
+from codegen.ops import FP16_ACCUMULATE, Task, parse_spec
+from codegen.renderers.c import render
+from codegen.runtime import Kernel
+from codegen.space import Space, sketches_for
+from codegen.target import Target
+from felixjax.relax import operand_bytes
+
+TARGET = Target.cpu(cores=2, simd_lanes=8, vector_registers=16, avx512_fp16=False, avx512_vnni=False)
+PRECISIONS = [dict(dtype="float16"), dict(dtype="int8"), dict(dtype="int8", act_signed=True, out_dtype="int8")]
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+def test_argument_order_dtypes_and_keys():
+    t = ops.conv2d(1, 4, 6, 6, out_channels=8, padding=1, bias=True, residual=True, dtype="int8", out_dtype="int8")
+    assert t.input_names() == ["data", "weight", "bias", "residual", "x_scale", "x_zp", "w_scales", "y_scale",
+                               "y_zp"]
+    arrays = t.random_inputs(seed=3)
+    assert [a.dtype.name for a in arrays] == ["uint8", "int8", "float32", "float32", "float32", "int32", "float32",
+                                              "float32", "int32"]
+    assert [a.shape for a in arrays] == t.input_shapes() and arrays[6].shape == (8,)
+    assert Task.from_json(t.to_json()) == t and t.key != ops.conv2d(1, 4, 6, 6, out_channels=8, padding=1).key
+    f16 = ops.matmul(4, 8, 8, dtype="float16", bias=True)
+    assert [a.dtype.name for a in f16.random_inputs()] == ["float16", "float16", "float32"]
+    # float32 tasks serialize as before: no new keys in their JSON
+    assert set(ops.matmul(4, 8, 8).to_json()) == {"op", "params", "bias", "act", "residual", "dtype"}
+    assert parse_spec("dense:n=1,in=16,out=8,dtype=int8,act_signed=1") == ops.dense(1, 16, 8, dtype="int8",
+                                                                                     act_signed=True)
+
+
+def test_int8_reference_is_exact_integer_arithmetic():
+    t = ops.matmul(3, 5, 7, dtype="int8", act_signed=True)
+    x, w, xs, xzp, ws = t.random_inputs(seed=1)
+    acc = (x.astype(np.int64) - int(xzp[0])) @ w.astype(np.int64)  # exact int32 sums
+    np.testing.assert_allclose(t.reference(x, w, xs, xzp, ws), acc * (float(xs[0]) * ws.astype(np.float64)),
+                               rtol=1e-6)
+    q = ops.matmul(3, 5, 7, dtype="int8", out_dtype="int8").random_inputs(seed=2)
+    y = ops.matmul(3, 5, 7, dtype="int8", out_dtype="int8").reference(*q)
+    assert y.min() >= -128 and y.max() <= 127 and np.array_equal(y, np.round(y))
+    # the requantization scale fits the outputs: few of them saturate
+    assert np.mean(np.abs(y) >= 127) < 0.2
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda: ops.matmul(4, 4, 4, dtype="bfloat16"), "unknown dtype"),
+    (lambda: ops.matmul(4, 4, 4, dtype="float16", act_signed=True), "act_signed"),
+    (lambda: ops.matmul(4, 4, 4, out_dtype="int8"), "out_dtype"),
+    (lambda: parse_spec("matmul:m=4,n=4,k=4,dtype=int4"), "unknown dtype"),
+    (lambda: Task("matmul", ops.matmul(4, 4, 4).params, dtype="float32", dtypes=DTypes.of("float16")),
+     "not supported for dtype"),
+])
+def test_bad_precision_input_is_a_clear_error(make, msg):
+    with pytest.raises(ValueError, match=msg):
+        make()
+
+
+def test_int8_without_scales_or_with_bad_scales_is_refused():
+    t = ops.dense(1, 8, 4, dtype="int8")
+    x, w, xs, xzp, ws = t.random_inputs()
+    with pytest.raises(ValueError, match="needs its scales and zero points"):
+        t.reference(x, w)
+    with pytest.raises(ValueError, match="x_scale must be finite and > 0"):
+        t.reference(x, w, np.zeros(1, np.float32), xzp, ws)
+    with pytest.raises(ValueError, match="x_zp=300 is outside"):
+        t.reference(x, w, xs, np.array([300], np.int32), ws)
+
+
+def test_cli_rejects_an_unknown_dtype_with_exit_code_2(capsys, tmp_path):
+    from felixjax.cli import main
+    assert main(["tune", "--op", "matmul:m=8,n=8,k=8,dtype=int4", "--trials", "1",
+                 "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown dtype" in err and len(err.splitlines()) == 1
+
+
+def test_features_see_the_operand_size():
+    sizes = [operand_bytes(Space(ops.matmul(8, 8, 8, **p), "gemm_packed", TARGET))
+             for p in (dict(), dict(dtype="float16"), dict(dtype="int8"))]
+    assert sizes == [4, 2, 1]
+
+
+# ---- kernels against the reference --------------------------------------------------------------
+
+@st.composite
+def lowp_case(draw, precision):
+    small = st.integers(1, 13)
+    epi = dict(bias=draw(st.booleans()), residual=draw(st.booleans()),
+               act=draw(st.sampled_from([None, "relu", "relu6"])), **precision)
+    kind = draw(st.sampled_from(["matmul", "dense", "conv2d", "depthwise"]))
+    if kind == "matmul":
+        t = ops.matmul(draw(small), draw(st.integers(1, 24)), draw(small), **epi)
+    elif kind == "dense":
+        t = ops.dense(1, draw(st.integers(1, 40)), draw(st.integers(1, 24)), **epi)
+    else:
+        h, w = draw(st.integers(3, 9)), draw(st.integers(3, 9))
+        k, pad, stride = draw(st.sampled_from([1, 3])), draw(st.integers(0, 1)), draw(st.integers(1, 2))
+        if kind == "depthwise":
+            t = ops.depthwise_conv2d(1, draw(small), h, w, kernel=k, stride=stride, padding=pad, **epi)
+        else:
+            t = ops.conv2d(1, draw(st.sampled_from([3, 8])), h, w, out_channels=draw(small), kernel=k,
+                           stride=stride, padding=pad, **epi)
+    sketches = sketches_for(t, TARGET)  # the exact sketches and the padded variants (odd extents)
+    sp = Space(t, draw(st.sampled_from(sketches)), TARGET)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    cfg = sp.default() if draw(st.booleans()) else sp.sample(rng)
+    return sp, cfg
+
+
+def check_kernel(sp, cfg, seed=5, threads=2):
+    plan = lower(sp, cfg)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    kern = Kernel(plan, b.lib_path, threads=threads)
+    arrays = sp.task.random_inputs(seed=seed)
+    ref = sp.task.reference(*arrays)
+    rtol, atol = sp.task.tolerance(ref)
+    for _ in range(2):  # a kernel that accumulates into its output fails the second call
+        y = kern(*arrays)
+        assert y.dtype == plan.arg_dtypes()[-1]
+        ok, msg = check_output(y, ref, plan.con.reduction_size, rtol, atol=atol)
+        assert ok, f"{sp.task.name} {cfg.dumps()}: {msg}"
+    return plan
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("precision", PRECISIONS, ids=lambda p: "-".join(map(str, p.values())))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+@given(data=st.data())
+def test_lowp_kernels_match_the_reference(precision, data):
+    sp, cfg = data.draw(lowp_case(precision))
+    plan = check_kernel(sp, cfg)
+    dts = sp.task.buffer_dtypes
+    assert plan.acc == "scratch" and plan.buffers["scratch"].dtype == dts.accumulator
+    assert plan.buffers["weight"].dtype == dts.weights and plan.arg_dtypes()[0].name == dts.inputs
+
+
+# ---- paths a target selects, forced -------------------------------------------------------------
+
+def _gcc_accepts(*flags: str) -> bool:
+    try:
+        r = subprocess.run(["gcc", *flags, "-x", "c", "-fsyntax-only", "-"], input="int x;", text=True,
+                           capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+@pytest.mark.cc
+def test_float16_fallback_converts_with_f16c_and_accumulates_in_float32():
+    if not _gcc_accepts("-mf16c", "-mavx2", "-mfma"):
+        pytest.skip("gcc cannot target F16C")
+    t = ops.matmul(8, 16, 24, dtype="float16", bias=True)
+    sp = Space(t, "gemm_packed", TARGET)
+    cfg = sp.default()
+    src = render(lower(sp, cfg))
+    assert "_mm256_cvtph_ps" in src and "typedef float vf" in src
+    asm = assemble(src, (*[f for f in DEFAULT_FLAGS if f != "-march=native"], "-mavx2", "-mfma", "-mf16c"))
+    assert "vcvtph2ps" in asm and "vfmadd" in asm and "ps" in asm
+    if "f16c" in open("/proc/cpuinfo").read():
+        check_kernel(sp, cfg)
+
+
+@pytest.mark.cc
+def test_float16_accumulation_runs_anywhere_and_is_native_with_avx512_fp16():
+    t = ops.matmul(8, 16, 32, dtype="float16")
+    t16 = Task(t.op, t.params, dtype="float16", dtypes=FP16_ACCUMULATE)
+    assert t16.buffer_dtypes.accumulator == "float16" and t16.key != t.key and t16.name.endswith("_acc16")
+    sp = Space(t16, "gemm_packed", TARGET)
+    check_kernel(sp, sp.default())  # without AVX512-FP16 gcc rounds every _Float16 operation in software
+    if not _gcc_accepts("-mavx512fp16", "-mavx512vl"):
+        pytest.skip("gcc has no -mavx512fp16 (gcc >= 12 needed) for the native path's compile check")
+    native = Target.cpu(cores=2, simd_lanes=16, vector_registers=32, avx512_fp16=True)
+    spn = Space(t16, "gemm_packed", native)
+    src = render(lower(spn, spn.default()))
+    asm = assemble(src, (*[f for f in DEFAULT_FLAGS if f != "-march=native"], "-mavx512f", "-mavx512fp16",
+                         "-mavx512vl", "-mf16c"))
+    assert "vfmadd" in asm and "ph" in asm.split("vfmadd", 1)[1][:16]  # vfmadd...ph: native float16 FMAs
+
+
+@pytest.mark.cc
+def test_int8_widening_loads_and_zero_point_padding():
+    t = ops.conv2d(1, 8, 5, 5, out_channels=16, padding=1, dtype="int8", bias=True, act="relu")
+    for sk in sketches_for(t, TARGET):
+        sp = Space(t, sk, TARGET)
+        plan = check_kernel(sp, sp.default())
+        src = render(plan)
+        if plan.data_copy:
+            assert ": xzp;" in src  # padded positions hold the zero point (the real zero)
+        assert "w_scales[" in src and "xs *" in src
+
+
+@pytest.mark.cc
+@pytest.mark.slow
+def test_a_short_int8_tuning_run(tmp_path):
+    t = ops.dense(1, 64, 32, dtype="int8", bias=True, act="relu")
+    res = fj.tune(t, strategy="random", trials=8, db=str(tmp_path / "q.db"), seed=0, threads=1, progress=False)
+    assert res.best is not None and res.best > 0
+    arrays = t.random_inputs(seed=9)
+    y = res.kernel()(*arrays)
+    ok, msg = check_output(y, t.reference(*arrays), 64, *t.tolerance()[:1])
+    assert ok, msg
