@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
 
 import numpy as np
 
 from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
 from .padding import PAD_SEP, padded_contraction, padded_sketch, parse_pad, with_pad
+from .sparse import SPARSE_SKETCH
 from .target import Target
 
 SPATIAL_LEVELS = 4
@@ -85,6 +86,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))]  # 13x13
         ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16']
     """
+    if task.sparsity:  # weights compiled into the kernel, zeros skipped (codegen.sparse): one sketch
+        return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
     else:
@@ -152,7 +155,7 @@ class Config:
         return d
 
     @staticmethod
-    def from_json(d: dict | str) -> "Config":
+    def from_json(d: dict | str) -> Config:
         if isinstance(d, str):
             d = json.loads(d)
         return Config(str(d["sketch"]), tuple(tuple(int(x) for x in t) for t in d["tiles"]), int(d["parallel"]),
@@ -450,6 +453,8 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
 def default_config(space: Space) -> Config:
     if space.sketch.base == "gemm_packed":
         return _gemm_default(space)
+    if space.sketch.base == SPARSE_SKETCH:
+        return _sparse_default(space)
     axes = space.axes
     vi = space.vector_index
     vec_extent = axes[vi].extent
@@ -524,5 +529,27 @@ def _gemm_default(space: Space) -> Config:
     tiles = {"b": (ext["b"], 1, 1, 1), "m": (m0, 1, M // (m0 * mr), mr), "n": (n0, 1, nc // nr, nr),
              "k": (K // kc, kc)}
     cfg = Config(space.sketch.name, tuple(tiles[a.name] for a in space.axes), 3, vec, 16)
+    space.validate(cfg)
+    return cfg
+
+
+def _sparse_default(space: Space) -> Config:
+    """The sparse sketch's default (:mod:`codegen.sparse`): CSR blocks (1 x 1); with more than one
+    column per weight row (``S > 1``), a register block of up to 2 rows x 4 vectors along ``s``; with
+    one (a batch-1 dense layer), 4 partial sums per row (``unroll``); every row block in parallel."""
+    vi = space.vector_index
+    ext = {a.name: a.extent for a in space.axes}
+    v, wa = space.sketch.vector_axis, space.sketch.weight_axis
+    vec = max([c for c in space.vec_choices if ext[v] % c == 0] or [1])
+    ts = _largest_divisor_leq(ext[v], 4 * vec, vec) if vec > 1 else 1
+    br = _largest_divisor_leq(ext[wa], 2) if ts > 1 else 1
+    tiles = []
+    for i, a in enumerate(space.axes):
+        if a.reduce:
+            tiles.append((a.extent, 1))
+        else:
+            s3 = ts if i == vi else (br if a.name == wa else 1)
+            tiles.append((a.extent // s3, 1, 1, s3))
+    cfg = Config(space.sketch.name, tuple(tiles), space.n_spatial, vec, 4)
     space.validate(cfg)
     return cfg

@@ -15,8 +15,9 @@ Example:
 """
 from __future__ import annotations
 
-from .cstyle import CStyleRenderer, Dialect
+from .cstyle import CStyleRenderer, Dialect, Writer
 from .harness import TIMING_HARNESS_C
+from .sparse import render_sparse, render_sparse_kernel
 
 C_DIALECT = Dialect(
     name="c",
@@ -25,5 +26,14 @@ C_DIALECT = Dialect(
 )
 
 C_RENDERER = CStyleRenderer(C_DIALECT)
-render = C_RENDERER.render
-render_kernel = C_RENDERER.render_kernel
+
+
+def render(plan) -> str:
+    """Full C source of a lowered plan (a sparse sketch's plan: :mod:`codegen.renderers.sparse`)."""
+    return render_sparse(plan) if getattr(plan, "sparse", False) else C_RENDERER.render(plan)
+
+
+def render_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = False, local_types: bool = False) -> None:
+    """Only the kernel function (and, for a sparse plan, its static weights) of ``plan`` into ``w``."""
+    fn = render_sparse_kernel if getattr(plan, "sparse", False) else C_RENDERER.render_kernel
+    fn(plan, w, name=name, static=static, local_types=local_types)

@@ -548,7 +548,9 @@ class GeneticSearch:
         size = self.population if size is None else size
         cum = np.cumsum(selection_probs(scores))
         names = self.kinds
-        kind_cum = np.cumsum([self.mutation_weights[k] for k in names])
+        # a registered knob that applies to none of this task's sketches (e.g. sparse_bc on a dense task) is no kind
+        known = set(MUTATIONS) | {k.name for k in codec.knobs}
+        kind_cum = np.cumsum([self.mutation_weights[k] if k in known else 0.0 for k in names])
         children, parents, kinds = [], [], []
         need = size
         for _ in range(self.max_fail + 1):

@@ -1,0 +1,246 @@
+"""C source of the sparse sketch (:mod:`codegen.sparse`, :mod:`codegen.sparse_lower`): block-sparse rows.
+
+The weights are ``static const`` arrays of the source (values, block columns, block-row pointers),
+never unrolled into code, so a kernel's size grows with its non-zeros as data. Its structure::
+
+    X = data / x.T / im2col(image)                         (timed copy into the workspace, if any)
+    parallel for each block-row ob (br output features):
+      for each column block of ts columns (s):             (S > 1: vectors along s)
+        acc[br][ts / vec] = 0
+        for each kept block p of block-row ob:             (#pragma GCC unroll <unroll>)
+          for j < bc: x = X[col[p] + j, s .. s + ts]; acc[i] += w[p, i, j] * x   for i < br
+        epilogue (bias, residual, activation) and store
+    with one column (S == 1, a batch-1 dense layer): ``unroll`` partial sums per row instead of vectors
+    (no reassociation flags: independent sums hide the FMA latency), added at the end.
+
+Zero blocks are never visited. The kernel ABI is every kernel's (:mod:`codegen.renderers`); its
+weight argument is unused (a 16-float token: the Python side checks the weights' fingerprint).
+
+Example:
+    >>> from codegen.ops import dense
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> from codegen.lower import lower
+    >>> sp = Space(dense(1, 16, 8, sparsity=0.5), "sparse_bsr", Target.cpu())
+    >>> src = render_sparse(lower(sp, sp.default()))
+    >>> "static const float" in src and "fj_time" in src
+    True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cstyle import Writer
+from .harness import TIMING_HARNESS_C
+
+PRELUDE = "#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n"
+PER_LINE = 12  # values per source line of a static array
+
+
+def _floats(values: np.ndarray) -> list[str]:
+    flat = np.asarray(values, np.float32).reshape(-1)
+    if flat.size == 0:
+        return ["0"]
+    text = [f"{v:.9g}" for v in flat.tolist()]  # 9 digits: the float32 exactly
+    return [", ".join(text[i:i + PER_LINE]) for i in range(0, len(text), PER_LINE)]
+
+
+def _ints(values: np.ndarray) -> list[str]:
+    flat = np.asarray(values).reshape(-1)
+    if flat.size == 0:
+        return ["0"]
+    text = [str(v) for v in flat.tolist()]
+    return [", ".join(text[i:i + 2 * PER_LINE]) for i in range(0, len(text), 2 * PER_LINE)]
+
+
+def _array(w: Writer, decl: str, rows: list[str]) -> None:
+    w(f"{decl} = {{")
+    for r in rows:
+        w(f"  {r},")
+    w("};")
+
+
+def _static_data(plan, w: Writer, prefix: str) -> None:
+    b = plan.blocks
+    idx = "unsigned short" if b.cols <= 65535 else "int"
+    w(f"/* weights: {b.rows}x{b.cols} in {b.br}x{b.bc} blocks, {b.nnz_blocks} kept "
+      f"({b.stored} values stored), fingerprint {plan.weights_fingerprint} */")
+    _array(w, f"static const float {prefix}_val[{max(b.stored, 1)}] __attribute__((aligned(64)))", _floats(b.values))
+    _array(w, f"static const {idx} {prefix}_col[{max(b.nnz_blocks, 1)}]", _ints(b.block_col))
+    _array(w, f"static const int {prefix}_ptr[{b.block_ptr.size}]", _ints(b.block_ptr))
+
+
+def _epilogue_value(plan, v: str, o: str, idx: str) -> list[str]:
+    """Lines turning accumulator value ``v`` of feature ``o`` at output index ``idx`` into ``y``."""
+    task = plan.space.task
+    lines = [f"float y = {v};"]
+    if task.bias:
+        lines.append(f"y += bias[{o}];")
+    if task.residual:
+        lines.append(f"y += residual[{idx}];")
+    if task.act == "relu":
+        lines.append("y = y > 0.0f ? y : 0.0f;")
+    elif task.act == "relu6":
+        lines.append("y = y > 0.0f ? (y < 6.0f ? y : 6.0f) : 0.0f;")
+    lines.append(f"out[{idx}] = y;")
+    return lines
+
+
+def _copy(plan, w: Writer, par: str) -> None:
+    """The timed copy forming ``X [R, S]`` of batch item ``b`` in the workspace."""
+    g, task = plan.geometry, plan.space.task
+    if g.copy == "transpose":  # x [S, R] -> X [R, S]
+        w(par)
+        w(f"for (long r = 0; r < {g.R}; ++r)")
+        w(f"  for (long s = 0; s < {g.S}; ++s) xt[r * {g.S} + s] = data[s * {g.R} + r];")
+        return
+    p = task.p
+    c, h, wd = p["c"], p["h"], p["w"]
+    kr, ks = p["r"], p["s"]
+    (sh, sw), (dh, dw) = p["stride"], p["dilation"]
+    pt, pl = p["pad"][0], p["pad"][1]
+    _, _, oh, ow = task.output_shape
+    w("/* im2col of image b (timed): X[(c * R + ry) * S + rx][y * OW + x] */")
+    w(par)
+    w(f"for (long cr = 0; cr < {c * kr * ks}; ++cr) {{")
+    w(f"  const long ci = cr / {kr * ks}, ry = cr / {ks} % {kr}, rx = cr % {ks};")
+    w(f"  const float* src = data + (b * {c} + ci) * {h * wd};")
+    w(f"  float* dst = xt + cr * {g.S};")
+    w(f"  for (long y = 0; y < {oh}; ++y) {{")
+    w(f"    const long iy = y * {sh} + ry * {dh} - {pt};")
+    w(f"    for (long x = 0; x < {ow}; ++x) {{")
+    w(f"      const long ix = x * {sw} + rx * {dw} - {pl};")
+    w(f"      dst[y * {ow} + x] = (iy >= 0 && iy < {h} && ix >= 0 && ix < {wd}) ? src[iy * {wd} + ix] : 0.0f;")
+    w("    }")
+    w("  }")
+    w("}")
+
+
+def _out_index(plan, o: str, s: str) -> str:
+    g = plan.geometry
+    if g.op == "conv2d":
+        return f"(b * {g.O} + {o}) * {g.S} + {s}"
+    return f"({s}) * {g.O} + {o}"
+
+
+def _rows_vector(plan, w: Writer, prefix: str) -> None:
+    """S > 1: a register block of br rows x (ts / vec) vectors along s."""
+    g, b = plan.geometry, plan.blocks
+    br, bc, ts, vec = b.br, b.bc, plan.ts, plan.vec
+    nv = ts // vec
+    vt = "vf" if vec > 1 else "float"
+    w(f"for (long st = 0; st < {g.S}; st += {ts}) {{")
+    for i in range(br):
+        w("  " + " ".join(f"{vt} a{i}_{q} = {'(vf){0}' if vec > 1 else '0.0f'};" for q in range(nv)))
+    if plan.unroll > 1:
+        w(f"  #pragma GCC unroll {plan.unroll}")
+    w(f"  for (int p = {prefix}_ptr[ob]; p < {prefix}_ptr[ob + 1]; ++p) {{")
+    w(f"    const float* xr = xb + (long){prefix}_col[p] * {g.S} + st;")
+    w(f"    const float* wv = {prefix}_val + (long)p * {br * bc};")
+    for j in range(bc):
+        for q in range(nv):
+            load = f"*(const vfu*)(xr + {j * g.S + q * vec})" if vec > 1 else f"xr[{j * g.S + q}]"
+            w(f"    const {vt} x{j}_{q} = {load};")
+        for i in range(br):
+            for q in range(nv):
+                w(f"    a{i}_{q} += wv[{i * bc + j}] * x{j}_{q};")
+    w("  }")
+    for i in range(br):
+        o = f"ob * {br} + {i}"
+        for q in range(nv):
+            w("  {")
+            w(f"    const long o = {o};")
+            for lane in range(vec):
+                val = f"a{i}_{q}[{lane}]" if vec > 1 else f"a{i}_{q}"
+                idx = _out_index(plan, "o", f"st + {q * vec + lane}")
+                w("    { " + " ".join(_epilogue_value(plan, val, "o", idx)) + " }")
+            w("  }")
+    w("}")
+
+
+def _rows_scalar(plan, w: Writer, prefix: str) -> None:
+    """S == 1: ``unroll`` (at most 8) partial sums per row, added at the end."""
+    b = plan.blocks
+    br, bc = b.br, b.bc
+    parts = max(1, min(plan.unroll, 8))
+    for i in range(br):
+        w(" ".join(f"float a{i}_{u} = 0.0f;" for u in range(parts)))
+    w(f"int p = {prefix}_ptr[ob];")
+    w(f"const int e = {prefix}_ptr[ob + 1];")
+    w(f"for (; p + {parts} <= e; p += {parts}) {{")
+    for u in range(parts):
+        w(f"  const float* x{u} = xb + {prefix}_col[p + {u}];")
+        w(f"  const float* w{u} = {prefix}_val + (long)(p + {u}) * {br * bc};")
+        for i in range(br):
+            w(f"  a{i}_{u} += " + " + ".join(f"w{u}[{i * bc + j}] * x{u}[{j}]" for j in range(bc)) + ";")
+    w("}")
+    w("for (; p < e; ++p) {")
+    w(f"  const float* x0 = xb + {prefix}_col[p];")
+    w(f"  const float* w0 = {prefix}_val + (long)p * {br * bc};")
+    for i in range(br):
+        w(f"  a{i}_0 += " + " + ".join(f"w0[{i * bc + j}] * x0[{j}]" for j in range(bc)) + ";")
+    w("}")
+    for i in range(br):
+        total = " + ".join(f"a{i}_{u}" for u in range(parts))
+        w(f"{{ const long o = ob * {br} + {i}; " + " ".join(
+            _epilogue_value(plan, f"({total})", "o", _out_index(plan, "o", "0"))) + " }")
+
+
+def render_sparse_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = False,
+                         local_types: bool = False) -> None:
+    """The static weight arrays and the kernel function of a sparse plan (``name``d, ``static`` linkage
+    for several kernels in one file; ``local_types`` declares the vector types inside the function)."""
+    if not (name.isascii() and name.isidentifier()):
+        raise ValueError(f"kernel name {name!r} is not a C identifier")
+    g, task = plan.geometry, plan.space.task
+    prefix = f"{name}_w"
+    _static_data(plan, w, prefix)
+    w.open(f"{'static ' if static else ''}void {name}(void* const* bufs)")
+    if local_types and plan.vec > 1:
+        _typedefs(plan, w)
+    args = ["data", "weight"] + (["bias"] if task.bias else []) + (["residual"] if task.residual else [])
+    for i, a in enumerate(args):
+        w(f"const float* restrict {a} = (const float*)bufs[{i}];")
+    w(f"float* restrict out = (float*)bufs[{len(args)}];")
+    w(f"float* restrict xt = (float*)bufs[{len(args) + 1}];")
+    w("(void)weight; (void)xt;")
+    par = "#pragma omp parallel for schedule(static)" if plan.config.parallel > 0 else ""
+    w.open(f"for (long b = 0; b < {g.batch}; ++b)")
+    if g.copy != "none":
+        _copy(plan, w, par)
+        w("const float* xb = xt;")
+    elif g.op == "conv2d":
+        w(f"const float* xb = data + b * {g.R * g.S};")
+    else:
+        w("const float* xb = data;")
+    if par:
+        w(par)
+    w.open(f"for (long ob = 0; ob < {g.O // plan.blocks.br}; ++ob)")
+    if g.S > 1:
+        _rows_vector(plan, w, prefix)
+    else:
+        _rows_scalar(plan, w, prefix)
+    w.close()
+    w.close()
+    w.close()
+
+
+def _typedefs(plan, w: Writer) -> None:
+    w(f"typedef float vf __attribute__((vector_size({4 * plan.vec})));")
+    w(f"typedef float vfu __attribute__((vector_size({4 * plan.vec}), aligned(4)));  /* unaligned */")
+
+
+def render_sparse(plan) -> str:
+    """Full source of one sparse kernel: header, static weights, the kernel and the timing harness."""
+    task, cfg = plan.space.task, plan.config
+    w = Writer()
+    w("/* felixjax generated sparse kernel (block-sparse rows; weights compiled in)")
+    w(f" * task:   {task.name}  ({task.key})")
+    w(f" * sketch: {cfg.sketch}")
+    w(f" * config: {cfg.dumps()} */")
+    w(PRELUDE.rstrip("\n"))
+    if plan.vec > 1:
+        _typedefs(plan, w)
+    w()
+    render_sparse_kernel(plan, w)
+    return w.text() + TIMING_HARNESS_C
