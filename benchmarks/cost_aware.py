@@ -37,15 +37,32 @@ import tempfile
 import time
 
 
-def tune_pair(task, args, seed: int, target, db: str) -> dict:
+def twin_model(session, src, dst) -> None:
+    """Give cost-model group ``dst`` a fresh model seeded exactly like group ``src``'s (a session seeds a
+    group's model from its name): two arms then differ only in their options, not in their models' seeds."""
+    from felixjax.model import OnlineCostModel
+    from felixjax.session import stream
+
+    seed = int(stream(session.seed, "model", repr(src)).integers(2**31))
+    session.models[dst] = OnlineCostModel(session.target, seed=seed, pretrained=session.cost_model)
+
+
+def cost_aware_options(args):
     from felixjax.cost_aware import CostAware
+
+    kw = {k: getattr(args, k) for k in ("warmup", "window", "patience") if getattr(args, k) is not None}
+    return CostAware(filter_p=args.filter_p, early_stop=args.early_stop, **kw)
+
+
+def tune_pair(task, args, seed: int, target, db: str) -> dict:
     from felixjax.session import TuningSession
     from felixjax.testing import ReplayRunner
 
     measurer = (lambda t, tg: ReplayRunner.from_oracle(t)) if args.replay else None
-    on_opts = CostAware(filter_p=args.filter_p, early_stop=args.early_stop, warmup=args.warmup)
+    on_opts = cost_aware_options(args)
     with TuningSession(target, db=db, measurer=measurer, threads=args.threads, progress=False, seed=seed) as s:
         off = s.add(task, args.strategy, seed=seed, trials=args.trials, run=f"off:{seed}", group=("off", seed))
+        twin_model(s, ("off", seed), ("on", seed))  # same model seed in both arms
         on = s.add(task, args.strategy, seed=seed, trials=args.trials, run=f"on:{seed}", group=("on", seed),
                    cost_aware=on_opts)
         while not (off.done and on.done):  # the least advanced arm steps next: interleaved rounds
@@ -56,7 +73,7 @@ def tune_pair(task, args, seed: int, target, db: str) -> dict:
     for name, tr in (("off", off), ("on", on)):
         best = retimed.get(tr.run, [])
         row[name] = {"trials": len(tr.history), "seconds": tr.clock, "stop_reason": tr.stop_reason,
-                     "filtered": int(tr.stats.get("filtered", 0)),
+                     "filtered": int(tr.stats.get("filtered", 0)), "screen_s": tr.stats.get("screen_s", 0.0),
                      "best_s": best[0].latency_s if best and best[0].ok else math.inf,
                      "best_while_tuning_s": tr.best().latency_s if tr.best() else math.inf}
     row["trials_saved"] = 1 - row["on"]["trials"] / max(1, row["off"]["trials"])
@@ -69,17 +86,29 @@ def tune_network(args, target) -> dict:
     import numpy as np
 
     import felixjax as fj
+    from felixjax.testing import ReplayRunner
 
     model = fj.load_onnx(fj.zoo.make_model(args.network, dataset="cifar10"))
-    out, built = {"network": args.network}, {}
-    for name, opts in (("off", {}), ("on", {"filter_p": args.filter_p, "early_stop": args.early_stop})):
+    out, built = {"network": args.network, "replay": args.replay}, {}
+    measurer = (lambda t, tg: ReplayRunner.from_oracle(t)) if args.replay else None
+    for name, ca in (("off", None), ("on", cost_aware_options(args))):
         db = os.path.join(args.workdir, f"net-{name}.db")
         t0 = time.perf_counter()
         res = fj.tune_model(model, target, trials=args.network_trials, db=db, strategy=args.strategy, seed=0,
-                            threads=args.threads, progress=False, **opts)
-        out[name] = {"trials": res.trials, "seconds": time.perf_counter() - t0,
-                     "estimated_ms": res.estimated_latency_s * 1e3}
-        built[name] = res.build(threads=args.threads)
+                            threads=args.threads, progress=False, measurer=measurer, cost_aware=ca)
+        wall = time.perf_counter() - t0
+        # a replay's trials cost simulated seconds (ReplayRunner.trial_s) that no wall clock sees
+        out[name] = {"trials": res.trials, "seconds": wall + (res.trials * 0.3 if args.replay else 0.0),
+                     "estimated_ms": res.estimated_latency_s * 1e3,
+                     "tasks": [{"task": t.task.name, "weight": t.weight, "trials": t.trials,
+                                "stop_reason": t.stop_reason} for t in res.tasks]}
+        if not args.replay:
+            built[name] = res.build(threads=args.threads)
+    if args.replay:  # the oracle's estimate (sum of weight x best) stands for the network's latency
+        out["latency_ratio"] = out["on"]["estimated_ms"] / out["off"]["estimated_ms"]
+        out["trials_saved"] = 1 - out["on"]["trials"] / out["off"]["trials"]
+        out["seconds_saved"] = 1 - out["on"]["seconds"] / out["off"]["seconds"]
+        return out
     x = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in built["off"].net.input_shapes]
     times = {"off": [], "on": []}
     for _ in range(args.network_repeats):  # interleaved end-to-end timing
@@ -110,7 +139,9 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=256, help="the full budget of both arms")
     p.add_argument("--filter-p", type=float, default=0.05)
     p.add_argument("--early-stop", type=float, default=0.001, help="expected -log latency gain per trial")
-    p.add_argument("--warmup", type=int, default=24)
+    p.add_argument("--warmup", type=int, default=None, help="CostAware's warmup (default: its default)")
+    p.add_argument("--window", type=int, default=None, help="CostAware's window (default: its default)")
+    p.add_argument("--patience", type=int, default=None, help="CostAware's patience (default: its default)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--retime-repeats", type=int, default=3)
     p.add_argument("--replay", action="store_true", help="replay the synthetic oracle (no compiling; a dry run)")

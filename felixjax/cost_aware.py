@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,8 +64,11 @@ class CostAware:
     members: int = 3
     hidden: int = 64
     uncertainty: Callable[[], Any] | None = None
+    stop_rule: str = "both"
 
     def __post_init__(self) -> None:
+        if self.stop_rule not in ("both", "model", "observed"):
+            raise ValueError(f"stop_rule must be 'both', 'model' or 'observed' (got {self.stop_rule!r})")
         if self.filter_p is not None and not 0 < self.filter_p < 1:
             raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
         if self.early_stop is not None and not self.early_stop > 0:
@@ -135,6 +139,7 @@ class Screen:
         self.fed = 0  # records of the run fed to the estimator
         self.cold_rounds = 0
         self.last: dict = {}
+        self.trace: list[dict] = []  # one entry per screened round (offline calibration of the thresholds)
 
     def _feed(self, ctx: Any) -> int:
         new = ctx.history[self.fed:]
@@ -156,7 +161,21 @@ class Screen:
 
     def screen(self, tr: Any, cands: list, n_head: int) -> tuple[list, str]:
         """``(candidates to measure, stop reason or "")`` for one round of run ``tr``."""
+        t0 = time.perf_counter()
+        try:
+            return self._screen(tr, cands, n_head)
+        finally:
+            tr.stats["screen_s"] = tr.stats.get("screen_s", 0.0) + time.perf_counter() - t0
+
+    def _screen(self, tr: Any, cands: list, n_head: int) -> tuple[list, str]:
         ctx, opt = tr.ctx, self.options
+        if opt.filter_p is None and opt.stop_rule == "observed":  # no model needed: no ensemble to fit
+            if sum(1 for r in ctx.history if r.ok) < opt.warmup or len(cands) <= n_head:
+                return cands, ""
+            observed = self.observed_gain(ctx.history)
+            tr.stats["observed_gain"] = observed
+            self.trace.append({"trials": len(ctx.history), "clock": tr.clock, "observed": observed})
+            return ([], "early_stop") if observed < opt.early_stop else (cands, "")
         if self._feed(ctx) < opt.warmup or len(cands) <= n_head:
             return cands, ""
         best = min((r for r in ctx.history if r.ok), key=lambda r: r.latency_s)
@@ -178,8 +197,14 @@ class Screen:
         tr.stats["filtered"] = tr.stats.get("filtered", 0) + int((~keep).sum())
         tr.stats["expected_gain"] = gain
         self.last = {"p": p, "ei": ei, "gain": gain, "kept": int(keep.sum()), "proposed": len(rest)}
+        self.trace.append({"trials": len(ctx.history), "clock": tr.clock, "best_s": best.latency_s, "gain": gain,
+                           "ei_max": float(ei.max()), "ei_top": float(np.sort(ei)[::-1][:len(cands)].sum()),
+                           "observed": self.observed_gain(ctx.history), "kept": int(keep.sum()),
+                           "proposed": len(rest)})
         if opt.early_stop is not None:
             self.cold_rounds = self.cold_rounds + 1 if gain < opt.early_stop else 0
-            if self.cold_rounds >= opt.patience and self.observed_gain(ctx.history) < opt.early_stop:
+            model_cold = self.cold_rounds >= opt.patience
+            observed_cold = self.observed_gain(ctx.history) < opt.early_stop
+            if {"model": model_cold, "observed": observed_cold, "both": model_cold and observed_cold}[opt.stop_rule]:
                 return [], "early_stop"
         return kept, ""

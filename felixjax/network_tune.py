@@ -24,13 +24,17 @@ from .strategies import registered
 
 @dataclass
 class TaskTuning:
-    """One distinct task of a tuned model: its weight, the trials this run gave it, its best record."""
+    """One distinct task of a tuned model: its weight, the trials this run gave it, its best record, and
+    why the scheduler stopped giving it rounds (``stop_reason``: ``"early_stop"`` when cost-aware
+    tuning ended it and its budget went to the other tasks, ``"exhausted"``, ``"no_correct_kernel"``; ``""`` while it still
+    had rounds when the session's budget ran out)."""
 
     task: Task
     weight: int
     trials: int = 0
     rounds: int = 0
     best: TuningRecord | None = None
+    stop_reason: str = ""
 
     @property
     def latency_s(self) -> float | None:
@@ -149,6 +153,8 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
         tt.best = session.db.best(tr.task, session.target_key)
         sched.record(i, tt.best.latency_s if tt.best is not None else None, len(new))
+        if i in sched.dead:  # the scheduler gives this task no more rounds: say why
+            tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),
                  "task_trials": tt.trials, "best": tt.best, "trials": sum(t.trials for t in info),
                  "budget": (budget or 0) + sum(r.resumed for r in runs),

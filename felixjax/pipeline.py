@@ -117,7 +117,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                strategy_options: dict | None = None, include_defaults: bool = True, alpha: float = 0.2,
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
                measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
-               early_stop: float | None = None) -> NetworkTuneResult:
+               early_stop: float | None = None, cost_aware: CostAware | None = None) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
     One tuning session serves every task: one strategy instance and context per task for the whole
@@ -146,7 +146,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         cost_model: a pretrained cost-model checkpoint to start the shared model from.
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
         filter_p, early_stop: cost-aware tuning as for :func:`tune_task`; a task stopped early
-            gives its share of the budget to the other tasks.
+            gives its share of the budget to the other tasks (``res.tasks[i].stop_reason`` says so).
+        cost_aware: all the cost-aware options (:class:`~felixjax.cost_aware.CostAware`) instead of
+            ``filter_p``/``early_stop``.
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -174,7 +176,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        cost_model=cost_model, seed=seed, seconds=seconds, progress=False,
                        defaults=include_defaults,
-                       cost_aware=CostAware.of(filter_p, early_stop)) as session:     # ⑥ one model for every task
+                       cost_aware=cost_aware or CostAware.of(filter_p, early_stop)) as session:  # ⑥ one model
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count

@@ -29,6 +29,14 @@ SUITES: dict[str, tuple[str, ...]] = {
         "dense:n=1,in=1280,out=1000",
         "conv2d:n=1,c=3,h=128,w=128,k=32,r=5,stride=2,pad=2",
     ),
+    # calibrating tuner thresholds (issue 19's cost-aware options): neither the op suite nor "fresh"
+    "calibration": (
+        "matmul:m=384,n=768,k=256",
+        "conv2d:n=1,c=32,h=112,w=112,k=64,r=3,pad=1",
+        "conv2d:n=1,c=512,h=7,w=7,k=512,r=3,pad=1",
+        "depthwise_conv2d:n=1,c=128,h=56,w=56,r=3,pad=1",
+        "dense:n=1,in=2048,out=512",
+    ),
 }
 
 

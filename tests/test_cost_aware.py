@@ -1,11 +1,18 @@
 """Cost-aware tuning (issue 19): cold-candidate filtering and early stop, with the replay oracle
 (no compiling) and an oracle stand-in for the ensemble's uncertainty; one run with the real ensemble."""
+import math
+
 import pytest
 
 import felixjax as fj
 from felixjax.cost_aware import CostAware
 from felixjax.session import TuningSession
-from felixjax.testing import OracleScorer, OracleUncertainty, ReplayRunner, SyntheticOracle
+from felixjax.testing import (
+    OracleScorer,
+    OracleUncertainty,
+    ReplayRunner,
+    SyntheticOracle,
+)
 
 TASK = fj.ops.matmul(64, 64, 64)
 ORACLE = SyntheticOracle(TASK)
@@ -59,11 +66,27 @@ def test_early_stop_saves_trials_and_says_why():
     assert res.stop_reason == "trials"
 
 
+def test_observed_rule_stops_on_the_convergence_curve_without_a_model():
+    # stop_rule="observed" without filtering: best-so-far improved < early_stop per trial over the last
+    # `window` trials ends the run; no ensemble is fitted (the screen costs nothing)
+    ca = CostAware(early_stop=1e-4, stop_rule="observed", warmup=16, window=32)
+    on, off = _run(320, ca), _run(320)
+    assert on.stop_reason == "early_stop" and off.stop_reason == "trials"
+    assert on.screen.estimator.model is None and "filtered" not in on.stats
+    n = len(on.history)
+    assert n < len(off.history) and [r.config for r in on.history] == [r.config for r in off.history[:n]]
+    # when it stopped, the last `window` trials had not improved the best by more than the threshold
+    best = lambda rs: min(r.latency_s for r in rs if r.ok)
+    assert math.log(best(on.history[:n - 32]) / best(on.history)) < 32 * 1e-4
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="filter_p"):
         CostAware(filter_p=1.5)
     with pytest.raises(ValueError, match="early_stop"):
         CostAware(early_stop=0)
+    with pytest.raises(ValueError, match="stop_rule"):
+        CostAware(early_stop=1e-3, stop_rule="sometimes")
 
 
 def test_with_the_real_ensemble():
@@ -83,10 +106,11 @@ def test_a_task_stopped_early_gives_its_budget_to_the_others():
         # cost-aware on the first task only (a per-run option): it stops, the scheduler gives the rest
         # of the session's budget to the second
         runs = [s.add(tasks[0], "random", seed=0, cost_aware=ca), s.add(tasks[1], "random", seed=0)]
-        info, rounds = scheduled_rounds(s, runs, [1, 1], per_round=16)
+        info, _rounds = scheduled_rounds(s, runs, [1, 1], per_round=16)
     assert runs[0].stop_reason == "early_stop" and len(runs[0].history) < 48
     assert sum(len(r.history) for r in runs) == 200 and len(runs[1].history) > 150
     assert [len(r.history) for r in runs] == [t.trials for t in info]
+    assert info[0].stop_reason == "early_stop" and info[1].stop_reason == ""  # the result says why
 
 
 def test_compare_takes_the_options_for_every_run():
