@@ -37,6 +37,55 @@ def _jitted_mean_std(graphdef: nnx.GraphDef) -> Any:
     return jax.jit(mean_std)
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_members(graphdef: nnx.GraphDef) -> Any:
+    return jax.jit(lambda params, features: tuple(_member_scores(graphdef, params, features)))
+
+
+ACQUISITIONS = ("mean", "ucb", "thompson")
+
+
+def acquire(score: Any, deviations: Any, n: int, *, kind: str = "ucb", beta: float = 1.0,
+            rng: np.random.Generator | None = None) -> np.ndarray:
+    """Pick ``n`` candidates (indices, best first) by an acquisition over an ensemble.
+
+    ``score`` ``[B]`` is the point estimate to rank by (e.g. the mean, or another model's score);
+    ``deviations`` ``[K, B]`` are the members' scores minus their mean (their spread is the
+    uncertainty). ``kind``:
+
+    * ``"mean"``: the top ``n`` of ``score`` (no exploration);
+    * ``"ucb"``: the top ``n`` of ``score + beta * std`` (optimism where members disagree);
+    * ``"thompson"``: each pick draws one member ``k`` at random and takes the best not yet picked
+      of ``score + beta * deviations[k]`` (a sample of a plausible model per pick).
+
+    Example:
+        >>> s = np.array([1.0, 0.9, 0.0])
+        >>> dev = np.array([[0.0, 0.0, 2.0], [0.0, 0.0, -2.0]])
+        >>> acquire(s, dev, 1, kind="mean").tolist(), acquire(s, dev, 1, kind="ucb").tolist()
+        ([0], [2])
+    """
+    score = np.asarray(score, np.float64).reshape(-1)
+    n = min(int(n), len(score))
+    if n <= 0:
+        return np.zeros(0, np.int64)
+    dev = np.asarray(deviations, np.float64).reshape(-1, len(score))
+    if kind == "mean" or not len(dev):
+        return np.argsort(-score, kind="stable")[:n]
+    if kind == "ucb":
+        return np.argsort(-(score + beta * dev.std(axis=0)), kind="stable")[:n]
+    if kind != "thompson":
+        raise ValueError(f"unknown acquisition {kind!r}; valid: {', '.join(ACQUISITIONS)}")
+    rng = rng or np.random.default_rng(0)
+    taken = np.zeros(len(score), bool)
+    out = []
+    for k in rng.integers(len(dev), size=n):
+        v = np.where(taken, -np.inf, score + beta * dev[k])
+        i = int(np.argmax(v))
+        taken[i] = True
+        out.append(i)
+    return np.asarray(out, np.int64)
+
+
 class EnsembleCostModel:
     """``num_members`` ``MLPCostModel``s; score = their mean, uncertainty = their std.
 
@@ -144,6 +193,18 @@ class EnsembleCostModel:
     def predict_with_std(self, features: Features) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, std)`` of member scores, each ``[B]`` (numpy)."""
         return self._predict_prepared(self._prepare(features))
+
+    def predict_members(self, features: Features) -> np.ndarray:
+        """Every member's scores ``[K, B]`` (numpy): what :func:`acquire` samples from.
+
+        Example:
+            >>> ens = EnsembleCostModel(3, 2, num_members=2, hidden=8)
+            >>> f = Features(np.ones((5, 2, 3)), np.ones((5, 2)), np.ones((5, 2)))
+            >>> ens.predict_members(f).shape
+            (2, 5)
+        """
+        out = predict_in_chunks(_jitted_members(self.graphdef), self.params, self._prepare(features))
+        return np.stack(out)
 
     def _fit_targets(self, features: Features, target: np.ndarray, groups: np.ndarray) -> dict[str, float]:
         start = time.perf_counter()

@@ -83,6 +83,9 @@ class Comparison:
             sees; their bests are re-timed interleaved with the final bests (``remeasured``, same keys).
         openings: ``{task name: set of configs}`` measured first by every run (the hand-written
             defaults, ``defaults=True``); empty when runs start from scratch.
+        stats: ``{(task name, strategy, seed): run statistics}`` of the compared runs (the session's
+            ``TaskRun.stats``: seconds per phase, per-round ranking quality, the strategy's ``search``
+            statistics).
     """
 
     tasks: list[Task]
@@ -95,6 +98,7 @@ class Comparison:
     replay: bool = False
     references: dict[tuple[str, str, int], list[TuningRecord]] = field(default_factory=dict)
     openings: dict[str, frozenset] = field(default_factory=dict)
+    stats: dict[tuple[str, str, int], dict] = field(default_factory=dict)
 
     # ---- per run -------------------------------------------------------------------------------
     def best_known(self, task: str) -> float:
@@ -525,7 +529,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
                             replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
-                            openings)
+                            openings, {(r.task.name, r.label, r.seed): dict(r.stats) for r in runs})
     if out is not None:
         result.save(out)
     return result

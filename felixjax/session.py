@@ -304,6 +304,8 @@ class TuningSession:
         head = opening_defaults(ctx, n) if self.defaults else []
         cands = head + [c for c in tr.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
         cands = list(dict.fromkeys(cands))[:n]
+        if isinstance(getattr(tr.strategy, "last_round", None), dict):  # the strategy's own per-round statistics
+            tr.stats.setdefault("search", []).append(dict(tr.strategy.last_round, round=tr.rounds))
         if tr.screen is not None:  # cost-aware: skip cold candidates, or end the run (felixjax.cost_aware)
             cands, why = tr.screen.screen(tr, cands, len(head))
             if why:
@@ -324,8 +326,10 @@ class TuningSession:
             nonlocal simulated
             simulated += trial_s
             clock = tr.clock + time.perf_counter() - t0 + simulated
+            info = getattr(self.measurer(tr.task), "info", None)  # e.g. GpuSimMeasurer: ptxas and simulator report
             rec = self.db.add(TuningRecord(tr.task, self.target_key, tr.run, len(ctx.history), cfg,
-                                           _finite_result(res), clock, self._target_json))
+                                           _finite_result(res), clock, self._target_json,
+                                           info=dict(info.get(cfg, {})) if isinstance(info, dict) else {}))
             ctx.history.append(rec)
             ctx.measured.add(cfg)
             new.append(rec)

@@ -11,6 +11,14 @@ One round, per sketch:
 4. rank: every candidate is scored by the model on exact (hard-mode) features; the top ``k`` are
    proposed, plus an ε share (5%) of random valid configs for exploration.
 
+Issue 15's levers, all off by default: a trust region around the measured best (``trust_weight``);
+an acquisition over a small ensemble fitted on the run's measurements (``acquisition="ucb"`` or
+``"thompson"``); measured-neighbour moves (``local_share``: a share of each batch spent on the
+model's best ±1 neighbours of the best *measured* points, as Dynamic Gradient Descent descends in
+tile space on measurements); the batch size. Every round records in ``last_round`` how the soft
+objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
+rounding costs (``rounding_loss``, ``left_basin``).
+
 Example:
     >>> from felixjax.strategies import get_strategy
     >>> get_strategy("gradient").name
@@ -23,12 +31,31 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from costmodels import kendall_tau
+from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
+
 from .base import SearchContext, fresh, register
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
 
 _COMPILED: dict = {}
+_SOFT_BATCH: dict = {}
+SOFT_CHUNK = 256  # soft scores of integer points are computed in chunks of this many rows (one compilation)
+
+
+def _soft_scores(score_fn, params, inputs, pts: np.ndarray) -> np.ndarray:
+    """``score_fn`` (soft features) at many points ``[B, N_X]``, in padded chunks (for statistics)."""
+    if id(score_fn) not in _SOFT_BATCH:
+        _SOFT_BATCH[id(score_fn)] = (score_fn, jax.jit(jax.vmap(score_fn, in_axes=(None, None, 0))))
+    fn = _SOFT_BATCH[id(score_fn)][1]
+    pts = np.asarray(pts, np.float32)
+    out = []
+    for lo in range(0, len(pts), SOFT_CHUNK):
+        chunk = pts[lo: lo + SOFT_CHUNK]
+        pad = np.concatenate([chunk, np.repeat(chunk[-1:], SOFT_CHUNK - len(chunk), axis=0)])
+        out.append(np.asarray(fn(params, inputs, jnp.asarray(pad)))[: len(chunk)])
+    return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
 
 def _key(x: np.ndarray) -> bytes:
@@ -116,19 +143,42 @@ class GradientSearch:
             (issue 15's exploration lever): the descent pays ``trust_weight · max(0, d² − radius²)``
             for a squared distance ``d²`` (in exponent units) to the nearest of them, so it does not
             chase the model where it extrapolates. 0 (the default) turns it off.
+        acquisition: how the model's candidates are picked: ``"mean"`` (the default: the top
+            scores), ``"ucb"`` (score + ``ucb_beta`` · ensemble std) or ``"thompson"`` (each pick
+            ranks by score + ``ucb_beta`` · one random member's deviation); the ensemble
+            (``ensemble_members`` small MLPs on bootstrap resamples) is fitted on this run's
+            measurements and used once it has ``MIN_ENSEMBLE`` of them, over the ``8 · k`` best
+            candidates by score.
+        local_share: share of each batch spent on measured-neighbour moves (DGD, ICS'24): the
+            model's best unmeasured ±1 neighbours of the ``local_of`` best measured configs,
+            round-robin over those configs, best first. 0 (the default) turns it off.
+        stats: record ``soft_hard_tau`` and the rounding statistics in ``last_round`` (a few
+            extra model evaluations per round).
     """
+
+    MIN_ENSEMBLE = 24
 
     name = "gradient"
 
     def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
                  harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
                  perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None,
-                 trust_weight: float = 0.0, trust_radius: float = 2.0):
+                 trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
+                 ucb_beta: float = 1.0, ensemble_members: int = 4, local_share: float = 0.0, local_of: int = 4,
+                 stats: bool = True):
+        if acquisition not in ACQUISITIONS:
+            raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
+        if not 0.0 <= local_share <= 1.0:
+            raise ValueError(f"local_share must be in [0, 1] (got {local_share})")
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
         self.scorer, self.cost_model = scorer, cost_model
         self.trust_weight, self.trust_radius = float(trust_weight), float(trust_radius)
+        self.acquisition, self.ucb_beta, self.ensemble_members = acquisition, float(ucb_beta), int(ensemble_members)
+        self.local_share, self.local_of, self.stats = float(local_share), int(local_of), bool(stats)
+        self._ensemble = None
+        self._ensemble_rows = 0
         self.last_round: dict = {}
         self._keys: dict[str, set] = {}
         self._keyed = (None, 0)  # (context, history records already keyed)
@@ -172,13 +222,16 @@ class GradientSearch:
             keep.append(self.steps - 1)
         measured = any(r.config.sketch == name for r in ctx.history)
         out = []
+        self._ends = []  # (starts, final iterates) of every pass: the rounding statistics
         for _ in range(1 if measured else max(1, self.warmup_passes)):
             x0 = self._starts(ctx, rel, self.starts)
             anchors, mask = self._anchors(ctx, rel, name, x0.shape[-1])
             trust = jnp.asarray([self.trust_weight if mask.any() else 0.0, self.trust_radius], jnp.float32)
-            traj = np.asarray(run(model.params, scorer.inputs[name], rel.arrays, jnp.asarray(x0), self.lr,
+            arrays = getattr(rel, "descent_arrays", rel.arrays)  # a GPU relaxation's penalty reads its limits too
+            traj = np.asarray(run(model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr,
                                   anchors, mask, trust))
             out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
+            self._ends.append((x0, traj[-1]))
         return np.concatenate(out)
 
     @staticmethod
@@ -199,6 +252,65 @@ class GradientSearch:
             return scorer.score_x(name, pts)
         return np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
 
+    def _round_stats(self, scorer, name: str, rel, stats: dict) -> None:
+        """What rounding does to this round's trajectories of one sketch (in model-score units):
+        ``rounding_loss`` sums ``soft(x_T) − soft(round(x_T))`` over trajectories (the predicted
+        score the end point loses to rounding, one model, soft features), ``left_basin`` counts
+        trajectories whose rounded end point scores (hard) below their rounded start (rounding
+        undid the descent)."""
+        fn = scorer.soft_score(self.temperature)
+        params, inputs = scorer.differentiable.params, scorer.inputs[name]
+        for x0, xt in self._ends:
+            u_t, i_t = rel.round_points(xt)
+            u_0, i_0 = rel.round_points(x0)
+            soft_end = _soft_scores(fn, params, inputs, xt)
+            soft_round = _soft_scores(fn, params, inputs, u_t)[i_t]
+            hard_end = self._score(scorer, name, rel, u_t)[i_t]
+            hard_start = self._score(scorer, name, rel, u_0)[i_0]
+            ok = np.isfinite(soft_end) & np.isfinite(soft_round)
+            stats["rounding_loss"] += float(np.sum((soft_end - soft_round)[ok]))
+            stats["left_basin"] += int(np.sum(hard_end < hard_start - 1e-9))
+            stats["trajectories"] += len(xt)
+
+    def _local_moves(self, ctx: SearchContext, scorer, keys: dict, k: int) -> list:
+        """DGD-style moves: the model's best unmeasured ±1 neighbours of the ``local_of`` best
+        measured configs (all sketches), round-robin over those configs, at most ``k``."""
+        if k <= 0:
+            return []
+        best = sorted((r for r in ctx.history if r.ok and r.config.sketch in scorer.relaxations),
+                      key=lambda r: r.latency_s)
+        anchors = list(dict.fromkeys(r.config for r in best))[: self.local_of]
+        queues = []
+        for cfg in anchors:
+            rel = scorer.relaxations[cfg.sketch]
+            nb = rel.neighbours_x(rel.to_x(cfg)[None])
+            nb = nb[[_key(x) not in keys[cfg.sketch] for x in nb]] if len(nb) else nb
+            if not len(nb):
+                continue
+            order = np.argsort(-self._score(scorer, cfg.sketch, rel, nb), kind="stable")[:k]
+            queues.append(rel.configs_from_x(nb[order]))
+        out, seen = [], set()
+        for depth in range(k):
+            for q in queues:
+                if depth < len(q) and q[depth] not in seen and len(out) < k:
+                    seen.add(q[depth])
+                    out.append(q[depth])
+        return out
+
+    def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
+                 k: int) -> np.ndarray:
+        """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
+        order = np.argsort(-scores, kind="stable")
+        if self.acquisition == "mean" or self._ensemble is None or k <= 0:
+            return order[:k]
+        short = order[: max(8 * k, 64)]
+        members = np.zeros((self.ensemble_members, len(short)))
+        for name in set(sketch[i] for i in short):
+            rows = [j for j, i in enumerate(short) if sketch[i] == name]
+            members[:, rows] = self._ensemble.predict_members(scorer.features_x(name, xs[short[rows]]))
+        dev = members - members.mean(axis=0, keepdims=True)
+        return short[acquire(scores[short], dev, k, kind=self.acquisition, beta=self.ucb_beta, rng=ctx.rng)]
+
     def propose(self, ctx: SearchContext, n: int) -> list:
         """Descend, harvest, round, drop measured points, add the ±1 neighbourhood of the best
         ``neighbours_of`` per sketch, rank everything by the model; all on integer-point arrays, so
@@ -206,9 +318,12 @@ class GradientSearch:
         scorer = self._ensure_scorer(ctx)
         keys = self._measured_keys(ctx, scorer.relaxations)
         pool_x, pool_s, pool_sketch = [], [], []
-        stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0}
+        stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0,
+                 "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
         for name, rel in scorer.relaxations.items():
             pts = self._descend(ctx, scorer, name, rel)
+            if self.stats:
+                self._round_stats(scorer, name, rel, stats)
             stats["harvested"] += len(pts)
             uniq, _ = rel.round_points(pts)
             uniq = uniq[[_key(x) not in keys[name] for x in uniq]] if keys[name] else uniq
@@ -226,17 +341,31 @@ class GradientSearch:
             pool_x.append(uniq)
             pool_s.append(scores)
             pool_sketch += [name] * len(uniq)
+        if stats["trajectories"]:
+            stats["rounding_loss"] /= stats["trajectories"]
+            stats["left_basin"] /= stats["trajectories"]
         n_rand = int(self.eps_greedy * n)
+        local = self._local_moves(ctx, scorer, keys, int(round(self.local_share * n)))
         picks: list = []
         if pool_x:
             xs, scores = np.concatenate(pool_x), np.concatenate(pool_s)
-            top = np.argsort(-scores, kind="stable")[: n - n_rand]
+            top = self._acquire(ctx, scorer, xs, scores, pool_sketch, n - n_rand - len(local))
             config_of = {}
             for name in set(pool_sketch[i] for i in top):
                 rows = [i for i in top if pool_sketch[i] == name]
                 config_of.update(zip(rows, scorer.relaxations[name].configs_from_x(xs[rows])))
+                if self.stats and len(rows) >= 4:
+                    rel = scorer.relaxations[name]
+                    soft = _soft_scores(scorer.soft_score(self.temperature), scorer.differentiable.params,
+                                        scorer.inputs[name], xs[rows])
+                    stats.setdefault("soft_hard_tau", []).append(
+                        (len(rows), kendall_tau(soft, np.exp(-scores[rows]))))
             picks = [config_of[i] for i in top]
-        picks = fresh(ctx, picks, n - n_rand)
+        if "soft_hard_tau" in stats:  # weighted over sketches by their picks
+            parts = [(w, t) for w, t in stats["soft_hard_tau"] if np.isfinite(t)]
+            stats["soft_hard_tau"] = (sum(w * t for w, t in parts) / sum(w for w, _ in parts)) if parts else np.nan
+        stats["local"] = len(local)
+        picks = fresh(ctx, local + picks, n - n_rand)
         taken = set(picks)
         names = sorted(ctx.spaces)
         tries = 0
@@ -252,4 +381,24 @@ class GradientSearch:
         return picks
 
     def update(self, ctx: SearchContext, records: list) -> None:
-        self._ensure_scorer(ctx).update(records)
+        scorer = self._ensure_scorer(ctx)
+        scorer.update(records)
+        if self.acquisition != "mean":
+            self._fit_ensemble(ctx, scorer)
+
+    def _fit_ensemble(self, ctx: SearchContext, scorer) -> None:
+        """Fine-tune the acquisition's ensemble on this run's correct measurements (hard features)."""
+        ok = [r for r in ctx.history if r.ok and r.config.sketch in scorer.relaxations]
+        if len(ok) < self.MIN_ENSEMBLE or len(ok) == self._ensemble_rows:
+            return
+        if self._ensemble is None:
+            from costmodels.mlp import TrainConfig
+
+            mlp = scorer.mlp
+            self._ensemble = EnsembleCostModel(mlp.n_access_features, mlp.n_glob_features,
+                                               num_members=self.ensemble_members, hidden=64,
+                                               seed=int(ctx.rng.integers(2**31)),
+                                               config=TrainConfig(sample_budget=2048, max_epochs=40))
+        feats = scorer.features([r.config for r in ok])
+        self._ensemble.update(feats, np.array([r.latency_s for r in ok]), None)
+        self._ensemble_rows = len(ok)
