@@ -15,6 +15,7 @@ from codegen.space import Config, Sketch, Space, sketches_for
 from codegen.target import Target
 
 from . import ops, zoo
+from .approx.search import ApproxResult, approximate
 from .compare import Comparison, compare
 from .dask_runner import DaskRunner
 from .database import Database, TuningRecord
@@ -27,5 +28,5 @@ from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "DaskRunner", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+__all__ = ["ApproxResult", "approximate", "CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "DaskRunner", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
            "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

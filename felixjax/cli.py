@@ -1,4 +1,4 @@
-"""The ``felixjax`` command line: tune, compare, build, zoo, report, pretrain.
+"""The ``felixjax`` command line: tune, compare, build, zoo, report, pretrain, approx.
 
 Errors in user input are one clear line on stderr and exit code 2, never a traceback.
 
@@ -30,6 +30,8 @@ EXAMPLES = {
   felixjax tune --op "matmul:m=512,n=512,k=512" --cost-model cost_model.npz""",
     "build": """example:
   felixjax build model.onnx --db runs.db -o out/""",
+    "approx": """example:
+  felixjax approx model.onnx --data data.npz --budget 0.01 --trials 200 -o out/""",
     "zoo": """example:
   felixjax zoo resnet18 --dataset cifar10 -o resnet18.onnx""",
 }
@@ -117,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     b.add_argument("--report", action="store_true",
                    help="print per layer whether it runs tuned, default or generic and its share of the time")
+
+    from .approx import cli as approx_cli
+
+    approx_cli.add_parser(add)
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
@@ -341,7 +347,13 @@ def _check_budgets(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,
-            "pretrain": _cmd_pretrain}
+            "pretrain": _cmd_pretrain, "approx": lambda args: _cmd_approx(args)}
+
+
+def _cmd_approx(args: argparse.Namespace) -> int:
+    from .approx import cli as approx_cli
+
+    return approx_cli.run(args, UserError)
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:

@@ -1,0 +1,75 @@
+"""``felixjax approx``: the command-line face of :func:`felixjax.approx.search.approximate`.
+
+Example:
+    felixjax approx model.onnx --data data.npz --budget 0.01 --trials 200 -o out/
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+EXAMPLE = """example:
+  felixjax approx model.onnx --data data.npz --budget 0.01 --trials 200 -o out/
+  (data.npz holds x: samples of the model's input shape, and y: integer labels; without y use
+   --metric fidelity)"""
+
+
+def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Register the ``approx`` subcommand (``add`` is cli.py's subparser factory)."""
+    a = add("approx", "prune each conv / dense layer's channels under a quality budget, choosing them in one "
+                      "objective with the schedules; every reported figure is measured on the C build")
+    a.add_argument("model", help="the ONNX model (one input)")
+    a.add_argument("--data", required=True, metavar="NPZ", help="x (inputs) and, for accuracy, y (labels)")
+    a.add_argument("--budget", type=float, default=0.01, help="allowed absolute drop of the metric (default 0.01)")
+    a.add_argument("--metric", default="accuracy", help="accuracy | fidelity (default accuracy)")
+    a.add_argument("--output-name", default=None, help="the model output the metric reads (default: the first)")
+    a.add_argument("--trials", type=int, default=200, help="tuning budget over the whole run (default 200)")
+    a.add_argument("--rounds", type=int, default=4, help="measured rounds (quality evaluations) (default 4)")
+    a.add_argument("--finetune", type=int, default=0, metavar="STEPS",
+                   help="fine-tune the pruned weights in JAX for this many steps (default 0: off)")
+    a.add_argument("--strategy", default=None, help="tuning strategy: gradient | genetic | random")
+    a.add_argument("--db", default=None, help="tuning database (default: in memory)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+    a.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the standalone C build + summary")
+    a.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
+    """Run ``felixjax approx``; bad input raises ``user_error`` (one line, exit code 2)."""
+    import numpy as np
+
+    from codegen.target import Target
+
+    from .search import approximate
+
+    for path in (args.model, args.data):
+        if not os.path.exists(path):
+            raise user_error(f"{path}: no such file")
+    try:
+        npz = np.load(args.data)
+    except (OSError, ValueError) as e:
+        raise user_error(f"{args.data}: not a readable .npz file ({e})") from None
+    if "x" not in npz.files:
+        raise user_error(f"{args.data} has no array 'x' (it has {npz.files})")
+    data: Any = (npz["x"], npz["y"]) if "y" in npz.files else (npz["x"],)
+    if args.budget < 0:
+        raise user_error(f"--budget must be >= 0 (got {args.budget})")
+    target = Target.cpu(cores=args.threads) if args.threads else Target.cpu()
+    res = approximate(args.model, target, data=data, quality_budget=args.budget, metric=args.metric,
+                      output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
+                      strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet)
+    out = res.export(args.output)
+    summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
+               "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,
+               "quality_evals": res.quality_evals, "excluded": list(res.excluded),
+               "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],
+               "layers": [d.__dict__ for d in res.layers]}
+    with open(os.path.join(out, "approx.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    print(res.table())
+    print(f"standalone C build: {out}", file=sys.stderr)
+    return 0

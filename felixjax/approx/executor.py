@@ -1,0 +1,305 @@
+"""A JAX executor of the fused graph (stage ② output): the quality side of approximation, differentiable.
+
+Every op here is a JAX twin of ``felixjax.graph_passes.evaluate`` (the numpy executor the C build is
+checked against). :data:`JAX_OPS` is the op table; :func:`drift_report` runs every op of the table
+through both executors on random inputs, so a change to one that the other does not follow fails
+``tests/test_approx.py`` (the two cannot drift silently). An op outside the table is a clear error.
+
+Hooks make the same graph run approximated: ``weights`` replaces constants (pruned or fine-tuned
+weights), ``anchor_inputs(node, args)`` rewrites an anchor's inputs (fake quantization, magnitude
+masks) and ``value_hook(name, value)`` rewrites every produced value (soft channel masks).
+
+Example:
+    >>> import numpy as np
+    >>> from felixjax.graph_passes import Graph, Node
+    >>> g = Graph((Node("Relu", ("x",), ("y",)),), ("x",), ("y",), {"x": (2,), "y": (2,)}, {})
+    >>> np.asarray(run(g, {"x": np.array([-1.0, 2.0], np.float32)})["y"]).tolist()
+    [0.0, 2.0]
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from felixjax.graph_passes import Graph, Node
+
+Args = Sequence[Any]
+
+
+def _act(y: Any, act: str | None) -> Any:
+    if act == "relu":
+        return jnp.maximum(y, 0.0)
+    if act == "relu6":
+        return jnp.clip(y, 0.0, 6.0)
+    return y
+
+
+def conv(x: Any, w: Any, *, stride: Sequence[int], pad: Sequence[int], dilation: Sequence[int],
+         groups: int) -> Any:
+    """NCHW x OIHW convolution; ``pad`` is (top, left, bottom, right) as in ``codegen.ops``."""
+    pt, pl, pb, pr = pad
+    return jax.lax.conv_general_dilated(x, w, tuple(stride), ((pt, pb), (pl, pr)), rhs_dilation=tuple(dilation),
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
+                                        precision=jax.lax.Precision.HIGHEST)
+
+
+def anchor(node: Node, args: Args) -> Any:
+    """An anchor (``conv2d`` / ``dense`` / ``matmul``) with its fused epilogue, as ``Task.reference``."""
+    task = node.task
+    shapes = task.input_shapes()
+    x, w = jnp.reshape(args[0], shapes[0]), jnp.reshape(args[1], shapes[1])
+    p = task.p
+    hi = jax.lax.Precision.HIGHEST
+    if task.op == "conv2d":
+        y = conv(x, w, stride=p["stride"], pad=p["pad"], dilation=p["dilation"], groups=p["groups"])
+    elif task.op == "dense":
+        y = jnp.matmul(x, w.T, precision=hi)
+    else:
+        y = jnp.matmul(x, w, precision=hi)
+    rest = list(args[2:])
+    if task.bias:
+        b = jnp.reshape(rest.pop(0), shapes[2])
+        y = y + (b.reshape(1, -1, 1, 1) if task.op == "conv2d" else b)
+    if task.residual:
+        y = y + jnp.reshape(rest.pop(0), y.shape)
+    return _act(y, task.act)
+
+
+def _channel(v: Any, rank: int) -> Any:
+    return jnp.reshape(v, (1, -1) + (1,) * (rank - 2))
+
+
+def _pool(x: Any, a: Mapping[str, Any], out_shape: Sequence[int], kind: str) -> Any:
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    oh, ow = int(out_shape[2]), int(out_shape[3])
+    h, w = x.shape[2:]
+    eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt + pb))  # ceil_mode cells, never counted
+    ew = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pl + pr))
+    pads = ((0, 0), (0, 0), (pt, pb + eh), (pl, pr + ew))
+    win, strides, dil = (1, 1, kh, kw), (1, 1, sh, sw), (1, 1, dh, dw)
+    if kind == "max":
+        y = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, win, strides, pads, window_dilation=dil)
+        return y[..., :oh, :ow]
+    counted = np.zeros((1, 1, h + pt + pb + eh, w + pl + pr + ew), np.float32)
+    if a["count_include_pad"]:
+        counted[..., : pt + h + pb, : pl + w + pr] = 1
+    else:
+        counted[..., pt: pt + h, pl: pl + w] = 1
+    s = jax.lax.reduce_window(x, 0.0, jax.lax.add, win, strides, pads, window_dilation=dil)
+    c = jax.lax.reduce_window(jnp.asarray(counted), 0.0, jax.lax.add, win, strides, "VALID", window_dilation=dil)
+    return (s / c)[..., :oh, :ow]
+
+
+def _softmax(x: Any, axes: Sequence[int]) -> Any:
+    axes = tuple(axes)
+    e = jnp.exp(x - jnp.max(x, axis=axes, keepdims=True))
+    return e / jnp.sum(e, axis=axes, keepdims=True)
+
+
+def _layer_norm(x: Any, args: Args, a: Mapping[str, Any]) -> list:
+    axes = tuple(range(a["axis"], x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    inv = 1.0 / jnp.sqrt(jnp.mean((x - mean) ** 2, axis=axes, keepdims=True) + a["epsilon"])
+    y = (x - mean) * inv * args[1]
+    if len(args) > 2 and args[2] is not None:
+        y = y + args[2]
+    return [y, mean, inv]
+
+
+def _pad(x: Any, a: Mapping[str, Any], value: Any) -> Any:
+    crop = tuple(slice(max(0, -b), x.shape[d] - max(0, -e)) for d, (b, e) in enumerate(a["pads"]))
+    widths = [(max(0, b), max(0, e)) for b, e in a["pads"]]
+    mode = a.get("mode", "constant")
+    if mode == "constant":
+        return jnp.pad(x[crop], widths, constant_values=jnp.reshape(value, ()))
+    return jnp.pad(x[crop], widths, mode=mode)
+
+
+def _clip(x: Any, args: Args) -> Any:
+    lo = args[1] if len(args) > 1 else None
+    hi = args[2] if len(args) > 2 else None
+    y = x if lo is None else jnp.maximum(x, lo)
+    return y if hi is None else jnp.minimum(y, hi)
+
+
+def _unary(f: Callable[[Any], Any]) -> Callable:
+    return lambda a, args, shapes: [f(args[0])]
+
+
+def _binary(f: Callable[[Any, Any], Any]) -> Callable:
+    return lambda a, args, shapes: [f(args[0], args[1])]
+
+
+#: op -> ``(attrs, args, out_shapes) -> outputs``; anchors are handled by :func:`anchor`.
+JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], list]] = {
+    "Identity": _unary(lambda x: x), "Dropout": _unary(lambda x: x),
+    "Add": _binary(jnp.add), "Sub": _binary(jnp.subtract), "Mul": _binary(jnp.multiply),
+    "Div": _binary(jnp.divide), "Pow": _binary(jnp.power), "Max": _binary(jnp.maximum), "Min": _binary(jnp.minimum),
+    "Sqrt": _unary(jnp.sqrt), "Relu": _unary(lambda x: jnp.maximum(x, 0.0)), "Sigmoid": _unary(jax.nn.sigmoid),
+    "Tanh": _unary(jnp.tanh), "Erf": _unary(jax.scipy.special.erf), "Exp": _unary(jnp.exp), "Log": _unary(jnp.log),
+    "Neg": _unary(jnp.negative), "Abs": _unary(jnp.abs), "Reciprocal": _unary(lambda x: 1.0 / x),
+    "Softplus": _unary(lambda x: jnp.logaddexp(0.0, x)),
+    "HardSwish": _unary(lambda x: x * jnp.clip(x / 6.0 + 0.5, 0.0, 1.0)),
+    "HardSigmoid": lambda a, args, s: [jnp.clip(a["alpha"] * args[0] + a["beta"], 0.0, 1.0)],
+    "LeakyRelu": lambda a, args, s: [jnp.where(args[0] < 0, args[0] * a["alpha"], args[0])],
+    "Elu": lambda a, args, s: [jnp.where(args[0] < 0, a["alpha"] * jnp.expm1(args[0]), args[0])],
+    "Gelu": lambda a, args, s: [jax.nn.gelu(args[0], approximate=a["approximate"] == "tanh")],
+    "PRelu": lambda a, args, s: [jnp.where(args[0] < 0, args[0] * args[1], args[0])],
+    "Clip": lambda a, args, s: [_clip(args[0], args)],
+    "Conv": lambda a, args, s: [conv(args[0], args[1], stride=a["strides"], pad=a["pads"], dilation=a["dilations"],
+                                     groups=a["groups"])
+                                + (0 if len(args) < 3 or args[2] is None else _channel(args[2], 4))],
+    "Gemm": lambda a, args, s: [a["alpha"] * jnp.matmul(args[0].T if a["trans_a"] else args[0],
+                                                        args[1].T if a["trans_b"] else args[1])
+                                + (0 if len(args) < 3 or args[2] is None else a["beta"] * args[2])],
+    "MatMul": _binary(jnp.matmul),
+    "BatchNormalization": lambda a, args, s: [
+        (args[0] - _channel(args[3], args[0].ndim)) / jnp.sqrt(_channel(args[4], args[0].ndim) + a["epsilon"])
+        * _channel(args[1], args[0].ndim) + _channel(args[2], args[0].ndim)],
+    "ScaleShift": lambda a, args, s: [args[0] * _channel(args[1], args[0].ndim) + _channel(args[2], args[0].ndim)],
+    "LayerNormalization": lambda a, args, s: _layer_norm(args[0], args, a)[: len(s)],
+    "ReduceMean": lambda a, args, s: [jnp.mean(args[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))],
+    "ReduceSum": lambda a, args, s: [jnp.sum(args[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))],
+    "ReduceMax": lambda a, args, s: [jnp.max(args[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))],
+    "MaxPool": lambda a, args, s: [_pool(args[0], a, s[0], "max")],
+    "AveragePool": lambda a, args, s: [_pool(args[0], a, s[0], "avg")],
+    "Reshape": lambda a, args, s: [jnp.reshape(args[0], a["shape"])],
+    "Transpose": lambda a, args, s: [jnp.transpose(args[0], a["perm"])],
+    "Concat": lambda a, args, s: [jnp.concatenate(list(args), axis=a["axis"])],
+    "Softmax": lambda a, args, s: [_softmax(args[0], a["axes"])],
+    "LogSoftmax": lambda a, args, s: [jax.nn.log_softmax(args[0], axis=tuple(a["axes"]))],
+    "Pad": lambda a, args, s: [_pad(args[0], a, args[1])],
+    "Slice": lambda a, args, s: [args[0][tuple(slice(*v) for v in a["slices"])]],
+    "Flatten": lambda a, args, s: [jnp.reshape(args[0], s[0])],
+}
+
+
+def supported(graph: Graph) -> list[str]:
+    """The ops of ``graph`` this executor cannot run (empty: it runs the whole graph)."""
+    return sorted({n.op for n in graph.nodes if not n.is_anchor and n.op not in JAX_OPS})
+
+
+def check_supported(graph: Graph) -> None:
+    """Raise a clear ValueError naming the ops outside :data:`JAX_OPS`."""
+    missing = supported(graph)
+    if missing:
+        raise ValueError(f"the JAX quality executor does not run {', '.join(missing)} yet (it runs "
+                         f"{len(JAX_OPS)} ops and the conv2d / dense / matmul anchors)")
+
+
+def evaluate(node: Node, args: Args, out_shapes: Sequence[Sequence[int]]) -> list:
+    """JAX semantics of one canonical node (the twin of ``graph_passes.evaluate``)."""
+    if node.is_anchor:
+        return [jnp.reshape(anchor(node, args), out_shapes[0])]
+    if node.op not in JAX_OPS:
+        raise ValueError(f"node {node.name!r}: the JAX executor has no op {node.op!r}")
+    return JAX_OPS[node.op](node.attrs, args, out_shapes)
+
+
+def run(graph: Graph, feeds: Mapping[str, Any], *, weights: Mapping[str, Any] | None = None,
+        anchor_inputs: Callable[[Node, list], list] | None = None,
+        value_hook: Callable[[str, Any], Any] | None = None) -> dict[str, Any]:
+    """Run ``graph`` in JAX (traceable: jit, grad and vmap go through it).
+
+    Args:
+        graph: a fused graph (``Model.graph``).
+        feeds: ``{input name: array}`` of the graph's input shapes.
+        weights: constants to use instead of ``graph.constants`` (same names, same shapes).
+        anchor_inputs: ``(anchor node, [data, weight, ...]) -> new args`` (fake quantization, masks).
+        value_hook: ``(value name, value) -> value`` applied to every node output (channel masks).
+
+    Returns:
+        ``{output name: jax array}``.
+    """
+    env: dict[str, Any] = dict(graph.constants)
+    if weights:
+        env.update(weights)
+    for name in graph.inputs:
+        if name not in feeds:
+            raise ValueError(f"missing input {name!r}; the graph takes {list(graph.inputs)}")
+        env[name] = feeds[name]
+    for node in graph.nodes:
+        args = [env[i] if i else None for i in node.inputs]
+        if node.is_anchor and anchor_inputs is not None:
+            args = anchor_inputs(node, args)
+        outs = evaluate(node, args, [graph.shapes.get(o) for o in node.outputs])
+        for name, value in zip(node.outputs, outs):
+            if name:
+                env[name] = value_hook(name, value) if value_hook is not None else value
+    return {o: env[o] for o in graph.outputs}
+
+
+def batched(graph: Graph, **hooks: Any) -> Callable[..., Any]:
+    """``f(xs, weights=None) -> first output per sample`` over a batch (leading axis) of single-input
+    samples of the graph's input shape, vmapped (the graph's own batch is usually 1)."""
+    name = graph.inputs[0]
+    out = graph.outputs[0]
+
+    def one(x: Any, weights: Mapping[str, Any] | None) -> Any:
+        return run(graph, {name: x}, weights=weights, **hooks)[out]
+
+    return jax.vmap(one, in_axes=(0, None))
+
+
+def drift_report(*, seed: int = 0) -> list[str]:
+    """Run every op of :data:`JAX_OPS` on random inputs through both executors; the mismatches.
+
+    Example:
+        >>> drift_report()
+        []
+    """
+    from felixjax import graph_passes
+
+    rng = np.random.default_rng(seed)
+    x4 = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    pos = (np.abs(x4) + 0.5).astype(np.float32)
+    vec = rng.standard_normal((4,)).astype(np.float32)
+    m2 = rng.standard_normal((3, 5)).astype(np.float32)
+    pool = {"kernel": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "dilations": (1, 1), "ceil_mode": 1,
+            "count_include_pad": 0}
+    cases: dict[str, tuple[dict, list, list]] = {
+        "HardSigmoid": ({"alpha": 0.2, "beta": 0.5}, [x4], [x4.shape]),
+        "LeakyRelu": ({"alpha": 0.1}, [x4], [x4.shape]), "Elu": ({"alpha": 1.0}, [x4], [x4.shape]),
+        "Gelu": ({"approximate": "tanh"}, [x4], [x4.shape]),
+        "PRelu": ({}, [x4, vec.reshape(1, 4, 1, 1)], [x4.shape]),
+        "Clip": ({}, [x4, np.float32(-0.5), np.float32(0.5)], [x4.shape]),
+        "Conv": ({"kernel": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "groups": 2},
+                 [x4, rng.standard_normal((6, 2, 3, 3)).astype(np.float32), vec[:2].repeat(3)], [(1, 6, 6, 6)]),
+        "Gemm": ({"alpha": 0.5, "beta": 2.0, "trans_a": 0, "trans_b": 1}, [m2, m2, m2[:, :3]], [(3, 3)]),
+        "MatMul": ({}, [m2, m2.T], [(3, 3)]),
+        "BatchNormalization": ({"epsilon": 1e-5}, [x4, vec, vec, vec, np.abs(vec)], [x4.shape]),
+        "ScaleShift": ({}, [x4, vec, vec], [x4.shape]),
+        "LayerNormalization": ({"axis": 2, "epsilon": 1e-5}, [x4, np.ones((6, 6), np.float32)], [x4.shape]),
+        "ReduceMean": ({"axes": (2, 3), "keepdims": 1}, [x4], [(1, 4, 1, 1)]),
+        "ReduceSum": ({"axes": (1,), "keepdims": 0}, [x4], [(1, 6, 6)]),
+        "ReduceMax": ({"axes": (3,), "keepdims": 1}, [x4], [(1, 4, 6, 1)]),
+        "MaxPool": (pool, [x4], [(1, 4, 4, 4)]), "AveragePool": (pool, [x4], [(1, 4, 4, 4)]),
+        "Reshape": ({"shape": (1, 144)}, [x4], [(1, 144)]), "Flatten": ({}, [x4], [(1, 144)]),
+        "Transpose": ({"perm": (0, 2, 3, 1)}, [x4], [(1, 6, 6, 4)]),
+        "Concat": ({"axis": 1}, [x4, x4], [(1, 8, 6, 6)]),
+        "Softmax": ({"axes": (1,)}, [x4], [x4.shape]), "LogSoftmax": ({"axes": (1,)}, [x4], [x4.shape]),
+        "Pad": ({"pads": ((0, 0), (0, 0), (1, -1), (2, 0))}, [x4, np.float32(0.5)], [(1, 4, 6, 8)]),
+        "Slice": ({"slices": ((0, 1, 1), (1, 3, 1), (0, 6, 2), (0, None, 1))}, [x4], [(1, 2, 3, 6)]),
+    }
+    bad = []
+    for op in JAX_OPS:
+        if op == "Flatten":
+            continue  # never in a canonical graph (imported as Reshape); kept for hand-built graphs
+        attrs, args, shapes = cases.get(op, ({}, [pos] + ([pos] if _is_binary(op) else []), [x4.shape]))
+        node = Node(op, tuple(f"i{k}" for k in range(len(args))), tuple(f"o{k}" for k in range(len(shapes))),
+                    attrs, op)
+        want = graph_passes.evaluate(node, args, shapes)
+        got = evaluate(node, [jnp.asarray(a) for a in args], shapes)
+        for w, g in zip(want, got):
+            if np.shape(w) != np.shape(g) or not np.allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5):
+                bad.append(f"{op}: JAX and numpy executors disagree")
+    return bad
+
+
+def _is_binary(op: str) -> bool:
+    return op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")

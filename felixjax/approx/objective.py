@@ -1,0 +1,311 @@
+"""The joint objective: layer latency from the learned cost model + a quality term, descended with optax.
+
+**Relaxed channel counts meet factorized schedule spaces.** A schedule space is built on the prime
+factors of its extents, so a changing channel count changes the space itself: there is no schedule at
+"45.3 channels". The relaxation therefore never puts a fractional extent into a space. Each layer's
+latency is tabulated on a grid of *real* extents (multiples of the SIMD width, which the kernels like;
+odd ones run on the padded sketches of ``codegen.padding``), each entry the cost model's predicted
+latency of that task at its best known schedule (the database's best record if the task was measured,
+else the best-scored default of every sketch), and the table is calibrated per layer by the measured
+latency of the full-size layer. The relaxed counts ``(c_in, c_out)`` read the table by bilinear
+interpolation in log-extents (:func:`interp2`), so ``d latency / d channels`` is the slope between
+neighbouring schedulable extents: flat where an extent change keeps the vector lanes busy the same
+way, steep where it crosses a register-block or padding boundary. With ``latency="flops"`` the entries
+are FLOP counts instead (the proxy baseline this objective must beat). Measured latencies of rounded
+points are written back into the tables (:meth:`LatencyTable.observe`).
+
+Example:
+    >>> import numpy as np
+    >>> float(interp2(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([8.0, 16.0]), np.array([8.0, 16.0]),
+    ...               8.0, 16.0))
+    2.0
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from codegen import ops
+from codegen.ops import Task
+from codegen.spaces import spaces_for
+from codegen.target import Target
+from felixjax.graph_passes import Graph, Node
+
+from . import executor
+from .knobs import Groups, mask_vector
+from .quality import soft_mask, surrogate
+
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def round_channels(n: float, size: int, multiple: int) -> int:
+    """A channel count the kernels like: a multiple of ``multiple`` (the SIMD width) in ``[multiple, size]``,
+    or ``size`` itself.
+
+    Example:
+        >>> round_channels(21.7, 64, 8), round_channels(3.0, 64, 8), round_channels(60.0, 64, 8)
+        (24, 8, 64)
+    """
+    if size <= multiple:
+        return size
+    return int(min(size, max(multiple, multiple * round(n / multiple))))
+
+
+def grid(size: int, multiple: int, fractions: tuple[float, ...] = FRACTIONS) -> np.ndarray:
+    """The extents a group of ``size`` channels is tabulated at."""
+    return np.unique([round_channels(size * f, size, multiple) for f in fractions] + [size]).astype(np.float64)
+
+
+def interp2(table: Any, gi: np.ndarray, go: np.ndarray, ci: Any, co: Any) -> Any:
+    """Bilinear interpolation of ``table[i, o]`` (positive) in log-extents, log-values; clamped at the ends."""
+    def frac(g: np.ndarray, c: Any) -> Any:
+        if len(g) == 1:
+            return jnp.zeros(())
+        return jnp.interp(jnp.log(c), jnp.log(jnp.asarray(g)), jnp.arange(len(g), dtype=jnp.float32))
+
+    t = jnp.log(jnp.asarray(table))
+    fi, fo = frac(gi, ci), frac(go, co)
+    i0 = jnp.clip(jnp.floor(fi).astype(jnp.int32), 0, max(len(gi) - 2, 0))
+    o0 = jnp.clip(jnp.floor(fo).astype(jnp.int32), 0, max(len(go) - 2, 0))
+    i1, o1 = jnp.minimum(i0 + 1, len(gi) - 1), jnp.minimum(o0 + 1, len(go) - 1)
+    a, b = fi - i0, fo - o0
+    v = ((1 - a) * (1 - b) * t[i0, o0] + a * (1 - b) * t[i1, o0] + (1 - a) * b * t[i0, o1] + a * b * t[i1, o1])
+    return jnp.exp(v)
+
+
+def resized(task: Task, cin: int, cout: int) -> Task:
+    """``task`` with ``cin`` input and ``cout`` output channels (a depthwise conv: both ``cin``)."""
+    p = task.p
+    kw = {"bias": task.bias, "act": task.act, "residual": task.residual}
+    if task.op == "dense":
+        return ops.dense(p["n"], cin, cout, **kw)
+    if task.op != "conv2d":
+        raise ValueError(f"{task.name}: only conv2d and dense layers change channels")
+    dw = p["groups"] > 1
+    return ops.conv2d(p["n"], cin, p["h"], p["w"], out_channels=cin if dw else cout, kernel=(p["r"], p["s"]),
+                      stride=p["stride"], padding=p["pad"], dilation=p["dilation"], groups=cin if dw else 1, **kw)
+
+
+@dataclass
+class Layer:
+    """One anchor whose extents follow channel groups: ``ins`` / ``out`` are (group, channels, inner)
+    segments of its input and output channel axes (frozen groups count as constants)."""
+
+    node: Node
+    ins: tuple[tuple[int | None, int, int], ...]
+    out: tuple[tuple[int | None, int, int], ...]
+    gi: np.ndarray = field(default_factory=lambda: np.ones(1))
+    go: np.ndarray = field(default_factory=lambda: np.ones(1))
+    table: np.ndarray = field(default_factory=lambda: np.ones((1, 1)))
+
+    @property
+    def depthwise(self) -> bool:
+        return self.node.task.op == "conv2d" and self.node.task.p["groups"] > 1
+
+    def extents(self, kappa: Mapping[int, Any]) -> tuple[Any, Any]:
+        def total(segs: tuple) -> Any:
+            return sum((kappa[g] if g is not None and g in kappa else size) * inner for g, size, inner in segs)
+        return total(self.ins), total(self.out) if not self.depthwise else total(self.ins)
+
+
+def _segments(groups: Groups, layout: Any) -> tuple[tuple[int | None, int, int], ...]:
+    if layout is None:
+        return ()
+    return tuple((None if groups.is_frozen(g) else groups.find(g), s, layout.inner) for g, s in layout.segments)
+
+
+class LatencyTable:
+    """Per layer latency over channel extents (see the module docstring)."""
+
+    def __init__(self, graph: Graph, groups: Groups, target: Target, *, measured: Mapping[Task, float],
+                 kind: str = "cost_model", multiple: int | None = None, fractions: tuple[float, ...] = FRACTIONS,
+                 predictor: Callable[[Task], float] | None = None):
+        if kind not in ("cost_model", "flops"):
+            raise ValueError(f"latency must be 'cost_model' or 'flops', got {kind!r}")
+        self.kind, self.target, self.groups = kind, target, groups
+        self.multiple = multiple or max(1, int(target.simd_lanes))
+        self.measured = dict(measured)
+        self._predict = predictor or _CostModelPredictor(target, self.measured)
+        self.layers: list[Layer] = []
+        for node in graph.nodes:
+            if not node.is_anchor:
+                continue
+            ins = _segments(groups, groups.layouts.get(node.inputs[0]))
+            out = _segments(groups, groups.layouts.get(node.outputs[0]))
+            if not any(g is not None for g, _, _ in ins + out):
+                continue  # nothing of this layer changes
+            lay = Layer(node, ins, out)
+            self._tabulate(lay, fractions)
+            self.layers.append(lay)
+        self.full = {id(l): self._value(l.node.task) for l in self.layers}
+
+    def _value(self, task: Task) -> float:
+        if self.kind == "flops":
+            return float(task.flops)
+        return float(self.measured.get(task) or self._predict(task))
+
+    def _tabulate(self, lay: Layer, fractions: tuple[float, ...]) -> None:
+        task = lay.node.task
+        cin = task.input_shapes()[0][1]
+        cout = task.output_shape[1]
+        m = self.multiple
+        lay.gi = grid(cin, m, fractions) if any(g is not None for g, _, _ in lay.ins) else np.array([float(cin)])
+        lay.go = (grid(cout, m, fractions) if any(g is not None for g, _, _ in lay.out) and not lay.depthwise
+                  else np.array([float(cout)]))
+        lay.table = np.array([[self._value(resized(task, int(i), int(o))) for o in lay.go] for i in lay.gi])
+        full = self._value(task)
+        scale = (self.measured.get(task) or full) / max(lay.table[-1, -1], 1e-30)
+        if self.kind == "cost_model" and task in self.measured:
+            lay.table = lay.table * scale  # calibrated: the full layer's entry is its measured latency
+
+    def observe(self, measured: Mapping[Task, float]) -> int:
+        """Write measured task latencies into the tables where a layer's grid holds that task; returns
+        how many entries changed."""
+        self.measured.update(measured)
+        if self.kind == "flops":
+            return 0
+        changed = 0
+        for lay in self.layers:
+            for a, i in enumerate(lay.gi):
+                for b, o in enumerate(lay.go):
+                    t = resized(lay.node.task, int(i), int(o))
+                    if t in measured:
+                        lay.table[a, b] = measured[t]
+                        changed += 1
+        return changed
+
+    def total(self, kappa: Mapping[int, Any]) -> Any:
+        """Sum of the layers' latencies at relaxed counts ``kappa`` (group root -> channels)."""
+        out = 0.0
+        for lay in self.layers:
+            ci, co = lay.extents(kappa)
+            out = out + interp2(lay.table, lay.gi, lay.go, ci, co)
+        return out
+
+
+class _CostModelPredictor:
+    """Predicted seconds of a task at its best known schedule: ``exp(-score)`` of the learned model
+    (trained on every record of the database given), the best over the sketches' defaults."""
+
+    def __init__(self, target: Target, measured: Mapping[Task, float], model: Any = None):
+        from felixjax.model import OnlineCostModel
+
+        self.target = target
+        self.model = model or OnlineCostModel(target)
+        self.cache: dict[Task, float] = {}
+
+    def __call__(self, task: Task) -> float:
+        if task not in self.cache:
+            spaces = spaces_for(task, self.target)
+            scorer = self.model.scorer(spaces)
+            configs = [s.default() for s in spaces.values()]
+            self.cache[task] = float(np.min(np.exp(-scorer.score(configs))))
+        return self.cache[task]
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """The relaxed knobs: one unconstrained coordinate per prunable group."""
+
+    roots: tuple[int, ...]
+    sizes: tuple[int, ...]
+    lows: tuple[int, ...]
+
+    def kappa(self, theta: Any) -> dict[int, Any]:
+        s = jax.nn.sigmoid(theta)
+        return {g: lo + (n - lo) * s[k] for k, (g, n, lo) in enumerate(zip(self.roots, self.sizes, self.lows))}
+
+    def theta_of(self, keep: Mapping[int, float]) -> np.ndarray:
+        out = []
+        for g, n, lo in zip(self.roots, self.sizes, self.lows):
+            f = (float(keep.get(g, n)) - lo) / max(n - lo, 1e-9)
+            f = min(max(f, 0.02), 0.98)
+            out.append(math.log(f / (1 - f)))
+        return np.asarray(out, np.float32)
+
+
+def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *, metric: str,
+            labels: np.ndarray | None, reference: np.ndarray | None, lam: float, start: Mapping[int, float],
+            steps: int = 60, lr: float = 0.15, batch: int = 64, seed: int = 0, multiple: int = 8,
+            ) -> tuple[dict[int, float], dict]:
+    """Minimize ``latency / latency_full + lam * (quality surrogate - its value at full size)`` over the
+    groups' relaxed channel counts with optax Adam; returns the relaxed counts and a trace."""
+    roots = tuple(groups.prunable())
+    sizes = tuple(groups.size(g) for g in roots)
+    relaxed = Relaxed(roots, sizes, tuple(min(n, multiple) for n in sizes))
+    name, outname = graph.inputs[0], graph.outputs[0]
+    lat_full = float(table.total({g: float(n) for g, n in zip(roots, sizes)}))
+
+    def outputs(theta: Any, xb: Any) -> Any:
+        kappa = relaxed.kappa(theta)
+        masks = {g: soft_mask(kappa[g], n, tau=max(0.5, n / 64)) for g, n in zip(roots, sizes)}
+
+        def hook(v: str, val: Any) -> Any:
+            lay = groups.layouts.get(v)
+            if lay is None:
+                return val
+            m = mask_vector(groups, lay, masks, jnp)
+            return val * m.reshape((1, -1) + (1,) * (val.ndim - 2))
+
+        one = lambda xi: executor.run(graph, {name: xi}, value_hook=hook)[outname]
+        return jax.vmap(one)(xb)
+
+    def loss(theta: Any, xb: Any, yb: Any, rb: Any) -> tuple[Any, tuple]:
+        kappa = relaxed.kappa(theta)
+        lat = table.total(kappa) / lat_full
+        q = surrogate(outputs(theta, xb), metric, labels=yb, reference=rb)
+        return lat + lam * q, (lat, q)
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    opt = optax.adam(lr)
+    theta = jnp.asarray(relaxed.theta_of(start))
+    state = opt.init(theta)
+    rng = np.random.default_rng(seed)
+    trace, last = [], np.zeros(len(roots))
+    dummy_y = np.zeros(len(x), np.int64) if labels is None else labels
+    dummy_r = np.zeros((len(x), 1), np.float32) if reference is None else reference
+    for step in range(steps):
+        idx = rng.choice(len(x), size=min(batch, len(x)), replace=False)
+        (val, (lat, q)), gr = grad(theta, x[idx], dummy_y[idx], dummy_r[idx])
+        upd, state = opt.update(gr, state)
+        last = np.asarray(gr)
+        theta = optax.apply_updates(theta, upd)
+        trace.append((float(val), float(lat), float(q)))
+    kappa = {g: float(v) for g, v in relaxed.kappa(theta).items()}
+    return kappa, {"trace": trace, "grad": dict(zip(roots, last.tolist())), "lat_full": lat_full}
+
+
+def finetune(graph: Graph, x: np.ndarray, *, metric: str, labels: np.ndarray | None,
+             reference: np.ndarray | None, steps: int = 30, lr: float = 1e-3, batch: int = 64,
+             seed: int = 0) -> Graph:
+    """A short fine-tune of the anchors' weights and biases (Adam on the quality surrogate, in JAX);
+    returns the graph with the new constants."""
+    names = sorted({i for n in graph.nodes if n.is_anchor for i in n.inputs[1:3] if i in graph.constants})
+    params = {k: jnp.asarray(graph.constants[k]) for k in names}
+    name, outname = graph.inputs[0], graph.outputs[0]
+    dummy_y = np.zeros(len(x), np.int64) if labels is None else labels
+    dummy_r = np.zeros((len(x), 1), np.float32) if reference is None else reference
+
+    def loss(p: Any, xb: Any, yb: Any, rb: Any) -> Any:
+        out = jax.vmap(lambda xi: executor.run(graph, {name: xi}, weights=p)[outname])(xb)
+        return surrogate(out, metric, labels=yb, reference=rb)
+
+    step = jax.jit(jax.value_and_grad(loss))
+    opt = optax.adam(lr)
+    state = opt.init(params)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        idx = rng.choice(len(x), size=min(batch, len(x)), replace=False)
+        _, g = step(params, x[idx], dummy_y[idx], dummy_r[idx])
+        upd, state = opt.update(g, state)
+        params = optax.apply_updates(params, upd)
+    consts = dict(graph.constants)
+    consts.update({k: np.asarray(v, np.float32) for k, v in params.items()})
+    return graph.replace(constants=consts)

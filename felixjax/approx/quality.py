@@ -1,0 +1,162 @@
+"""Quality of an approximated network, computed differentiably in JAX, and its measured metrics.
+
+* soft channel masks: keeping a relaxed number ``kappa`` of a group's channels, ranked by filter L1
+  norm, gives rank ``r`` the weight ``sigmoid((kappa - r - 0.5) / tau)`` (the hard top-``n`` mask at
+  integer ``kappa`` as ``tau -> 0``);
+* fake quantization with a straight-through estimator: int8 symmetric per-output-channel weights and a
+  per-tensor activation scale calibrated on the given data (the largest magnitude seen), float16 by a
+  round trip through half precision; the forward pass sees the rounded values, the backward pass the
+  identity;
+* magnitude pruning masks: the fraction ``s`` of a layer's weights with the smallest magnitudes is zero.
+
+Metrics (``metric=``): ``"accuracy"`` (top-1 against labels) and ``"fidelity"`` (top-1 agreement with
+the float32 network for classifiers, else ``1 - relative L2 error``).
+
+Example:
+    >>> import numpy as np, jax.numpy as jnp
+    >>> w = jnp.asarray(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    >>> bool(jnp.abs(fake_quant_weight(w, "int8") - w).max() < 1 / 127)
+    True
+    >>> float(magnitude_mask(w, 0.5).mean())
+    0.5
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PRECISIONS = ("float32", "float16", "int8")
+METRICS = ("accuracy", "fidelity")
+
+
+def ste(x: Any, rounded: Any) -> Any:
+    """``rounded`` in the forward pass, gradient of the identity in the backward pass."""
+    return x + jax.lax.stop_gradient(rounded - x)
+
+
+def fake_quant(x: Any, precision: str, scale: Any = None) -> Any:
+    """``x`` rounded to ``precision`` (int8: ``scale`` per element broadcast, symmetric), with STE."""
+    if precision == "float32":
+        return x
+    if precision == "float16":
+        return ste(x, x.astype(jnp.float16).astype(x.dtype))
+    if precision == "int8":
+        s = jnp.maximum(scale, 1e-12)
+        return ste(x, jnp.clip(jnp.round(x / s), -127, 127) * s)
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def fake_quant_weight(w: Any, precision: str) -> Any:
+    """Weights rounded per output channel (axis 0) to ``precision``, with STE."""
+    if precision != "int8":
+        return fake_quant(w, precision)
+    amax = jnp.max(jnp.abs(w.reshape(w.shape[0], -1)), axis=1)
+    return fake_quant(w, "int8", (amax / 127.0).reshape((-1,) + (1,) * (w.ndim - 1)))
+
+
+def magnitude_mask(w: Any, sparsity: Any) -> Any:
+    """1 where ``|w|`` is above the ``sparsity`` quantile of the layer's magnitudes, else 0."""
+    if not 0.0 <= float(sparsity) < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    a = jnp.abs(w).reshape(-1)
+    k = int(round(float(sparsity) * a.size))
+    if k == 0:
+        return jnp.ones_like(w)
+    thr = jnp.sort(a)[k - 1]
+    return (jnp.abs(w) > thr).astype(w.dtype)
+
+
+def soft_mask(kappa: Any, size: int, tau: float = 0.5) -> Any:
+    """Weights of ranks ``0..size-1`` when keeping a relaxed ``kappa`` channels (best rank first).
+
+    Example:
+        >>> np.round(np.asarray(soft_mask(2.0, 4, tau=0.05)), 3).tolist()
+        [1.0, 1.0, 0.0, 0.0]
+    """
+    r = jnp.arange(size, dtype=jnp.float32)
+    return jax.nn.sigmoid((kappa - r - 0.5) / tau)
+
+
+def calibrate(values: Sequence[np.ndarray]) -> float:
+    """The int8 activation scale of a tensor seen on calibration data: max |x| / 127."""
+    amax = max(float(np.max(np.abs(v))) for v in values) if values else 0.0
+    return max(amax, 1e-8) / 127.0
+
+
+def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequence[int], metric: str,
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate ``(x, y)`` for a single-input network; ``x`` gets the graph's batch axis per sample.
+
+    Raises:
+        ValueError: one clear line (wrong sample shape, labels of the wrong count or range, ...).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    x = np.asarray(x, dtype=np.float32)
+    sample = tuple(input_shape[1:]) if input_shape and input_shape[0] == 1 else tuple(input_shape)
+    if x.ndim == len(sample):
+        x = x[None]
+    if x.ndim != len(sample) + 1 or tuple(x.shape[1:]) != sample or len(x) == 0:
+        raise ValueError(f"data x has shape {x.shape}; the model takes samples of shape {sample}, so x must be "
+                         f"(N, {', '.join(map(str, sample))})")
+    if not np.isfinite(x).all():
+        raise ValueError("data x has NaN or infinite values")
+    if metric == "fidelity":
+        return x.reshape((len(x),) + tuple(input_shape)), None
+    if y is None:
+        raise ValueError('metric="accuracy" needs labels: data=(x, y); without labels use metric="fidelity"')
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != len(x):
+        raise ValueError(f"labels y have shape {y.shape}; expected ({len(x)},), one class index per sample of x")
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.all(np.equal(np.mod(y, 1), 0)):
+            raise ValueError("labels y must be integer class indices")
+        y = y.astype(np.int64)
+    classes = int(np.prod(output_shape[1:])) if len(output_shape) > 1 else int(output_shape[0])
+    if y.min() < 0 or y.max() >= classes:
+        raise ValueError(f"labels y range over [{y.min()}, {y.max()}] but the output has {classes} classes")
+    return x.reshape((len(x),) + tuple(input_shape)), y.astype(np.int64)
+
+
+def metric_value(outputs: np.ndarray, metric: str, *, labels: np.ndarray | None = None,
+                 reference: np.ndarray | None = None) -> float:
+    """The metric (higher is better) of outputs ``[N, ...]``: accuracy, or fidelity to ``reference``.
+
+    Example:
+        >>> out = np.array([[0.1, 0.9], [0.8, 0.2]])
+        >>> metric_value(out, "accuracy", labels=np.array([1, 1]))
+        0.5
+    """
+    o = np.asarray(outputs, np.float64).reshape(len(outputs), -1)
+    if metric == "accuracy":
+        return float(np.mean(o.argmax(axis=1) == labels))
+    r = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    if o.shape[1] > 1:
+        return float(np.mean(o.argmax(axis=1) == r.argmax(axis=1)))
+    return float(1.0 - np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def surrogate(outputs: Any, metric: str, *, labels: Any = None, reference: Any = None) -> Any:
+    """The differentiable stand-in of a metric's loss: cross-entropy to the labels (accuracy), to the
+    float32 network's softmax (fidelity of a classifier), else the relative squared error."""
+    o = outputs.reshape(outputs.shape[0], -1)
+    if metric == "accuracy":
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(o), labels[:, None], axis=1))
+    r = reference.reshape(reference.shape[0], -1)
+    if o.shape[1] > 1:
+        return -jnp.mean(jnp.sum(jax.nn.softmax(r) * jax.nn.log_softmax(o), axis=1))
+    return jnp.sum((o - r) ** 2) / jnp.maximum(jnp.sum(r ** 2), 1e-30)
+
+
+def binomial_ci(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson 95% interval of a proportion ``p`` measured on ``n`` samples."""
+    if n <= 0:
+        return (0.0, 1.0)
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (float(c - h), float(c + h))

@@ -1,0 +1,354 @@
+"""``fj.approximate``: per-layer approximation knobs chosen in one objective with the schedules, under a
+quality budget, with every reported figure measured on the built C network.
+
+One round: descend the joint objective (:mod:`felixjax.approx.objective`) at a quality weight
+``lam`` -> round the channel counts to multiples of the SIMD width -> prune (:mod:`felixjax.approx.knobs`)
+-> tune the tasks the pruning created with the tuning session -> build -> measure real latency and
+real quality (one *quality evaluation*) -> write the measured kernel latencies back into the latency
+tables and move ``lam`` (bisection: larger when the measured loss broke the budget, smaller when it
+held). The result keeps every measured point (``pareto``) and returns the fastest one within budget.
+
+Precision (float16 / int8) and unstructured sparsity are probed on ``codegen.ops`` (constructing the
+Task): a choice whose kernels the code generator does not accept is excluded, with the reason, in
+``result.excluded``. Their quality side (fake quantization with STE, magnitude masks) is in
+:mod:`felixjax.approx.quality`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codegen import ops
+from codegen.ops import Task
+from codegen.target import Target
+
+from ..database import Database
+from ..network_build import CompiledModel, _as_model
+from ..onnx_import import Model
+from . import executor
+from .knobs import Groups, analyze, prune
+from .objective import LatencyTable, descend, finetune, round_channels
+from .quality import check_data, metric_value
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    """What one conv / dense layer became: its task before and after, output channels, precision, sparsity."""
+
+    name: str
+    before: str
+    after: str
+    channels: tuple[int, int]
+    precision: str = "float32"
+    sparsity: float = 0.0
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One measured network: its latency (seconds, C build), quality and loss against the baseline."""
+
+    method: str
+    latency_s: float
+    quality: float
+    quality_loss: float
+    keep: tuple[tuple[int, int], ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ApproxResult:
+    """What :func:`approximate` returns; every number in it is measured on the built networks."""
+
+    baseline: CompiledModel
+    executable: CompiledModel
+    metric: str
+    baseline_latency_s: float
+    latency_s: float
+    baseline_quality: float
+    quality: float
+    quality_budget: float
+    layers: tuple[LayerDecision, ...]
+    pareto: tuple[ParetoPoint, ...]
+    quality_evals: int
+    excluded: tuple[str, ...] = ()
+    trace: tuple[dict, ...] = field(default=(), repr=False)
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_latency_s / self.latency_s
+
+    @property
+    def quality_loss(self) -> float:
+        return self.baseline_quality - self.quality
+
+    def export(self, directory: str | os.PathLike) -> Path:
+        """The approximated network as a standalone C folder (``CompiledModel.export``)."""
+        return self.executable.export(directory)
+
+    def table(self) -> str:
+        """The measured points and the chosen layers, as text."""
+        lines = [f"baseline (tuned float32): {self.baseline_latency_s * 1e3:.3f} ms, {self.metric} "
+                 f"{self.baseline_quality:.4f}",
+                 f"{'method':<12} {'ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
+        for p in self.pareto:
+            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {self.baseline_latency_s / p.latency_s:>7.2f}x "
+                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}")
+        lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
+                     f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations")
+        lines += [f"  {d.name}: {d.before} -> {d.after}" for d in self.layers if d.before != d.after]
+        lines += [f"  excluded: {e}" for e in self.excluded]
+        return "\n".join(lines)
+
+
+def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(precisions the code generator accepts, reasons for the excluded choices)``.
+
+    Example:
+        >>> precisions, reasons = probe_knobs()
+        >>> "float32" in precisions
+        True
+    """
+    ok, why = ["float32"], []
+    for dt in ("float16", "int8"):
+        try:
+            ops.conv2d(1, 8, 8, 8, out_channels=8, kernel=3, padding=1, dtype=dt)
+            ok.append(dt)
+            why.append(f"precision {dt}: codegen.ops has kernels for it, but the network build and this objective do not use them yet")
+        except (TypeError, ValueError) as e:
+            why.append(f"precision {dt}: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
+    try:
+        ops.dense(1, 64, 64, sparsity=0.5)
+        why.append("sparsity: sparse codegen.ops has kernels for it, but the network build and this objective do not use them yet")
+    except (TypeError, ValueError) as e:
+        why.append(f"sparsity: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
+    return ("float32",), tuple(why)
+
+
+class Approximator:
+    """The measured side of approximation: tune, build, time and score networks (the benchmark's
+    baselines use it too, so every method is measured the same way)."""
+
+    def __init__(self, model: Model | str | os.PathLike | bytes, target: Target | None = None, *,
+                 data: tuple, metric: str = "accuracy", output: str | None = None,
+                 db: str | os.PathLike | Database | None = None, seed: int = 0, strategy: Any = None,
+                 trials_per_task: int = 16, progress: bool | Callable[[str], None] = False,
+                 multiple: int | None = None, finetune_steps: int = 0):
+        self.model = _as_model(model)
+        if len(self.model.input_names) != 1:
+            raise ValueError(f"approximate takes single-input models; this one takes {list(self.model.input_names)}")
+        g = self.model.graph
+        executor.check_supported(g)
+        self.output = output or g.outputs[0]
+        if self.output not in g.outputs:
+            raise ValueError(f"output {self.output!r} is not an output of the model; outputs: {list(g.outputs)}")
+        self.out_index = list(g.outputs).index(self.output)
+        if not isinstance(data, (tuple, list)) or len(data) not in (1, 2):
+            raise ValueError("data must be (x, y) or (x,): inputs and, for metric='accuracy', labels")
+        x, y = data[0], data[1] if len(data) == 2 else None
+        self.metric = metric
+        self.x, self.y = check_data(x, y, g.shapes[g.inputs[0]], g.shapes[self.output], metric)
+        self.target = target or Target.cpu()
+        self.db = db if isinstance(db, Database) else Database(db if db is not None else ":memory:")
+        self.seed, self.strategy, self.trials_per_task = seed, strategy, trials_per_task
+        self.multiple = multiple or max(1, int(self.target.simd_lanes))
+        self.finetune_steps = finetune_steps
+        self._say = progress if callable(progress) else ((lambda s: print(s, file=sys.stderr, flush=True))
+                                                         if progress else (lambda s: None))
+        self.groups: Groups = analyze(g)
+        self.quality_evals = 0
+        self.tuned: set[Task] = set()
+        self.reference: np.ndarray | None = None
+
+    # ---- measuring -------------------------------------------------------------------------
+    def tune(self, model: Model, trials_per_task: int | None = None) -> None:
+        """Tune the tasks of ``model`` not tuned yet in this run (the tuning session, scheduled rounds)."""
+        from ..network_tune import _default_strategy, scheduled_rounds
+        from ..session import TuningSession
+
+        pairs = [(t, w) for t, w in model.tasks if t not in self.tuned]
+        n = self.trials_per_task if trials_per_task is None else trials_per_task
+        if not pairs or n <= 0:
+            return
+        strategy = self.strategy or _default_strategy()
+        with TuningSession(self.target, db=self.db, seed=self.seed, progress=False, defaults=True) as session:
+            runs = [session.add(t, strategy, seed=self.seed, run=f"approx:{self.seed}") for t, _ in pairs]
+            session.trials = max(0, n * len(pairs) - sum(r.resumed for r in runs))
+            scheduled_rounds(session, runs, [w for _, w in pairs], per_round=max(1, min(8, n)), seed=self.seed)
+        self.tuned.update(t for t, _ in pairs)
+
+    def build(self, model: Model) -> CompiledModel:
+        from ..pipeline import build_model
+
+        return build_model(model, self.target, db=self.db)
+
+    def outputs(self, exe: CompiledModel) -> np.ndarray:
+        return np.stack([exe.run(xi)[self.out_index] for xi in self.x])
+
+    def quality_of(self, exe: CompiledModel) -> float:
+        """The metric of a built network on the data (one quality evaluation)."""
+        self.quality_evals += 1
+        out = self.outputs(exe)
+        if self.metric == "fidelity" and self.reference is None:
+            self.reference = out  # the float32 baseline is the reference
+        return metric_value(out, self.metric, labels=self.y, reference=self.reference)
+
+    def latency(self, exe: CompiledModel, *, repeats: int = 5) -> float:
+        """Seconds per call of the C build: the best of ``repeats`` timings (each about 0.1 s)."""
+        x0 = self.x[0]
+        once = exe.timeit(x0, number=1)
+        number = max(1, int(0.1 / max(once, 1e-6)))
+        return min(exe.timeit(x0, number=number) for _ in range(repeats))
+
+    def measured(self) -> dict[Task, float]:
+        """The best measured latency of every task tuned so far."""
+        out = {}
+        for t in self.tuned:
+            rec = self.db.best(t, self.target)
+            if rec is not None:
+                out[t] = rec.latency_s
+        return out
+
+    # ---- points ----------------------------------------------------------------------------
+    def pruned_model(self, keep: Mapping[int, int]) -> Model:
+        graph = prune(self.model.graph, self.groups, keep)
+        return Model(name=f"{self.model.name}_approx", graph=graph, source=graph, opset=self.model.opset)
+
+    def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
+              note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
+        """Prune to ``keep``, tune the new tasks, build, measure latency and quality."""
+        model = self.pruned_model(keep)
+        if self.finetune_steps:
+            graph = finetune(model.graph, self.x, metric=self.metric, labels=self.y, reference=self.reference,
+                             steps=self.finetune_steps, seed=self.seed)
+            model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
+        self.tune(model)
+        exe = self.build(model)
+        lat, q = self.latency(exe), self.quality_of(exe)
+        loss = (baseline.quality - q) if baseline else 0.0
+        keys = tuple(sorted((g, int(n)) for g, n in keep.items()))
+        return ParetoPoint(method, lat, q, loss, keys, note), exe, model
+
+
+def approximate(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, data: tuple,
+                quality_budget: float = 0.01, metric: str = "accuracy", output: str | None = None,
+                trials: int = 200, db: str | os.PathLike | Database | None = None, seed: int = 0,
+                rounds: int = 4, latency: str = "cost_model", strategy: Any = None, steps: int = 40,
+                lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None,
+                progress: bool | Callable[[str], None] = True) -> ApproxResult:
+    """Choose per-layer channel counts (and, where kernels exist, precisions) in one objective with the
+    schedules, under an absolute quality budget, and return the measured result.
+
+    Args:
+        model: an ONNX path / bytes / ``ModelProto`` or a loaded :class:`~felixjax.onnx_import.Model`
+            (one input).
+        target: the machine (default ``Target.cpu()``).
+        data: ``(x, y)`` (``x``: samples of the input shape, with or without the batch axis of 1;
+            ``y``: integer labels) or ``(x,)`` for ``metric="fidelity"``.
+        quality_budget: allowed absolute drop of the metric (0.01 = one accuracy point), >= 0.
+        metric: ``"accuracy"`` or ``"fidelity"`` (top-1 agreement with float32 for classifiers, else
+            1 - relative L2 error), on ``output`` (default: the first output).
+        trials: tuning budget in measured candidates over the whole call (half for the baseline).
+        db: tuning database (path or :class:`~felixjax.database.Database`; default in memory).
+        seed: seeds tuning, descent and fine-tuning.
+        rounds: measured rounds of the loop (each is one quality evaluation).
+        latency: ``"cost_model"`` (the learned, schedule-aware tables) or ``"flops"`` (the FLOPs proxy).
+        strategy: the tuning strategy (default as ``fj.tune_model``).
+        steps, lam: Adam steps per round and the starting quality weight.
+        finetune_steps: fine-tune the pruned weights in JAX for this many steps before building (0: off).
+        multiple: channel counts are rounded to multiples of this (default: the SIMD width).
+        progress: one line per round on stderr (or a callable receiving the lines).
+
+    Raises:
+        ValueError: a negative budget, data of the wrong shape, labels that do not match the outputs, an
+            unknown metric or output.
+
+    Example:
+        >>> import numpy as np, felixjax as fj
+        >>> from felixjax.approx import digits
+        >>> x, y = digits.load(size=8)
+        >>> p = digits.train_cnn(x[:256], y[:256], width=4, epochs=1)
+        >>> res = fj.approximate(digits.to_onnx(p, 8), data=(x[:64], y[:64]), quality_budget=1.0, trials=4,
+        ...                      rounds=1, steps=2, strategy="random", progress=False)
+        >>> res.speedup > 0, len(res.pareto) >= 1
+        (True, True)
+    """
+    if not isinstance(quality_budget, (int, float)) or not math.isfinite(quality_budget) or quality_budget < 0:
+        raise ValueError(f"quality_budget must be a number >= 0 (an absolute drop of the metric), got {quality_budget!r}")
+    if trials < 0 or rounds < 0:
+        raise ValueError(f"trials and rounds must be >= 0 (got trials={trials}, rounds={rounds})")
+    ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
+                      progress=progress, multiple=multiple, finetune_steps=finetune_steps)
+    say = ax._say
+    _, excluded = probe_knobs()
+    for e in excluded:
+        say(f"approx: {e}")
+    tasks = len(ax.model.tasks)
+    ax.trials_per_task = max(0, trials // 2 // max(1, tasks))
+    base_model = ax.model
+    ax.tune(base_model)                                                       # tune the float32 network
+    base_exe = ax.build(base_model)                                           # build it
+    base = ParetoPoint("float32", ax.latency(base_exe), ax.quality_of(base_exe), 0.0,
+                       tuple((g, ax.groups.size(g)) for g in ax.groups.prunable()))
+    say(f"approx: baseline {base.latency_s * 1e3:.3f} ms, {metric} {base.quality:.4f}")
+    table = LatencyTable(base_model.graph, ax.groups, ax.target, measured=ax.measured(), kind=latency,
+                         multiple=ax.multiple)                                # per-layer latency over channels
+    ax.trials_per_task = max(0, (trials - trials // 2) // max(1, rounds * tasks))
+    points, best = [], (base, base_exe, base_model)
+    lo = hi = None
+    seen: dict = {}  # rounded point -> within budget
+    trace = []
+    full = {g: float(ax.groups.size(g)) for g in ax.groups.prunable()}
+    for r in range(rounds):
+        kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
+                              reference=ax.reference, lam=lam, start=full, steps=steps, seed=seed + r,
+                              multiple=ax.multiple)                           # the joint objective, relaxed
+        keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
+        key = tuple(sorted(keep.items()))
+        trace.append({"round": r, "lam": lam, "kappa": kappa, "keep": dict(keep), "grad": info["grad"],
+                      "objective": info["trace"][-1] if info["trace"] else None})
+        if all(keep[g] == ax.groups.size(g) for g in keep):
+            say(f"approx: round {r}: lam {lam:.3g} keeps the full network; lowering it")
+            lam = lam / 4
+            continue
+        if key in seen:
+            say(f"approx: round {r}: lam {lam:.3g} gives a point already measured")
+            lam = lam / 2 if seen[key] else lam * 2
+            continue
+        pt, exe, pm = ax.point(keep, latency if latency != "cost_model" else "ours", baseline=base,
+                               note=f"lam={lam:.3g}")                         # prune, re-tune, build, measure
+        points.append(pt)
+        table.observe(ax.measured())                                          # measured kernels feed back
+        ok = seen[key] = pt.quality_loss <= quality_budget
+        say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({base.latency_s / pt.latency_s:.2f}x), "
+            f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)")
+        if ok and pt.latency_s < best[0].latency_s:
+            best = (pt, exe, pm)
+        if ok:
+            hi = lam if hi is None else min(hi, lam)
+            lam = lam / 4 if lo is None else math.sqrt(lo * lam)
+        else:
+            lo = lam if lo is None else max(lo, lam)
+            lam = lam * 4 if hi is None else math.sqrt(hi * lam)
+    chosen, exe, chosen_model = best
+    layers = _decisions(base_model, chosen_model)
+    return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
+                        float(quality_budget), layers, tuple([base] + points), ax.quality_evals, excluded,
+                        tuple(trace))
+
+
+def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
+    new = {n.name: n for n in after.graph.nodes if n.is_anchor}
+    out = []
+    for n in before.graph.nodes:
+        if n.is_anchor and n.name in new:
+            a = new[n.name].task
+            out.append(LayerDecision(n.name, n.task.name, a.name, (n.task.output_shape[1], a.output_shape[1])))
+    return tuple(out)
