@@ -33,6 +33,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from .depthwise import DW_SKETCH
+from .depthwise import applies as _depthwise_applies
+from .depthwise import default_schedule as _depthwise_default
 from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
 from .padding import PAD_SEP, padded_contraction, padded_sketch, parse_pad, with_pad
@@ -94,6 +97,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         con = task.contraction()
         channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
         base = (Sketch("conv_direct", "x", channel), Sketch("conv_spatial_pack", channel, channel))
+        if _depthwise_applies(task):  # the dedicated depthwise sketch (codegen.depthwise)
+            base += (Sketch(DW_SKETCH, "x", channel),)
     if target is None:
         return base
     out: list[Sketch] = []
@@ -453,6 +458,10 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
 def default_config(space: Space) -> Config:
     if space.sketch.base == "gemm_packed":
         return _gemm_default(space)
+    if space.sketch.base == DW_SKETCH:
+        cfg = Config(space.sketch.name, *_depthwise_default(space))
+        space.validate(cfg)
+        return cfg
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
     axes = space.axes

@@ -101,7 +101,7 @@ PADDED = [Space(t, sk, TARGET) for t in PADDED_TASKS for sk in sketches_for(t, T
 
 def test_padded_hard_features_equal_the_extractor():
     assert len(PADDED) >= 6 and {sp.sketch.base for sp in PADDED} == {"gemm_packed", "conv_direct",
-                                                                        "conv_spatial_pack"}
+                                                                        "conv_spatial_pack", "dw_rows"}
     for i, sp in enumerate(PADDED):
         rel = Relaxation(sp)
         configs = _configs(sp, 100 + i)

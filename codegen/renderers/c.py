@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .cstyle import CStyleRenderer, Dialect, Writer
 from .harness import TIMING_HARNESS_C
+from .depthwise import is_depthwise, render_depthwise, render_depthwise_kernel
 from .sparse import render_sparse, render_sparse_kernel
 
 C_DIALECT = Dialect(
@@ -29,11 +30,16 @@ C_RENDERER = CStyleRenderer(C_DIALECT)
 
 
 def render(plan) -> str:
-    """Full C source of a lowered plan (a sparse sketch's plan: :mod:`codegen.renderers.sparse`)."""
+    """Full C source of a lowered plan (a sparse sketch's plan: :mod:`codegen.renderers.sparse`; the
+    depthwise sketch's: :mod:`codegen.renderers.depthwise`)."""
+    if is_depthwise(plan):
+        return render_depthwise(plan)
     return render_sparse(plan) if getattr(plan, "sparse", False) else C_RENDERER.render(plan)
 
 
 def render_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = False, local_types: bool = False) -> None:
     """Only the kernel function (and, for a sparse plan, its static weights) of ``plan`` into ``w``."""
     fn = render_sparse_kernel if getattr(plan, "sparse", False) else C_RENDERER.render_kernel
+    if is_depthwise(plan):
+        fn = render_depthwise_kernel
     fn(plan, w, name=name, static=static, local_types=local_types)

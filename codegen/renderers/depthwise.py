@@ -1,0 +1,287 @@
+"""C source of the depthwise sketch (``dw_rows``, :mod:`codegen.depthwise`): register blocks of output rows
+x vectors along the output width, taps broadcast from registers, edges peeled or rows staged.
+
+The plan is the standard lowering of the sketch's tiles (:func:`codegen.lower.lower`); this renderer
+reads the schedule from it (``S3`` tiles of ``y`` and ``x``: the register block; ``S2 x S3`` of ``y``:
+the rows of a work unit; ``vec``; ``parallel > 0``: OpenMP over the units; the ``dw_stage`` knob), the
+argument order from ``plan.args`` and the packed weight layout from ``plan.buffers["weight"]``. The
+workspace is unused (no padded copy of the input).
+
+Example:
+    >>> from codegen.ops import depthwise_conv2d
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> from codegen.lower import lower
+    >>> sp = Space(depthwise_conv2d(1, 16, 32, 32, kernel=3, stride=2, padding=1), "dw_rows", Target.cpu())
+    >>> "__builtin_shuffle" in render_depthwise(lower(sp, sp.default()))
+    True
+"""
+from __future__ import annotations
+
+from ..depthwise import DW_SKETCH, DW_STAGE, geometry, stage_rows
+from ..space import Space
+from .cstyle import Writer
+from .harness import TIMING_HARNESS_C
+
+
+def is_depthwise(plan) -> bool:
+    """Whether ``plan`` is a plan of the depthwise sketch (rendered here)."""
+    return plan.space.sketch.base == DW_SKETCH
+
+
+def _dim_offset(dl, index: str | int) -> str | int:
+    """The C offset of index ``index`` (a constant or a C expression) in one dimension's layout."""
+    if isinstance(index, int):
+        return dl.stride * index if dl.kind == "plain" else dl.stride * (index // dl.block) + index % dl.block
+    if dl.kind == "plain":
+        return f"{dl.stride}L * {index}"
+    return f"({dl.stride}L * ({index} / {dl.block}) + {index} % {dl.block})"
+
+
+class _Gen:
+    """One kernel's text: the schedule and geometry read once, then the pieces."""
+
+    def __init__(self, plan, name: str):
+        sp, cfg = plan.space, plan.config
+        self.plan, self.name = plan, name
+        self.g = geometry(sp.api_con)
+        tiles = {a.name: t for a, t in zip(sp.axes, cfg.tiles)}
+        self.V = cfg.vec
+        self.RX = max(1, tiles["x"][-1] // self.V)
+        self.RY = tiles["y"][-1]
+        self.chunk = tiles["y"][-1] * tiles["y"][-2]
+        self.parallel = cfg.parallel > 0
+        knob = next((k for k in sp.knobs if k.name == "dw_stage"), None)
+        if knob is not None:
+            self.stage = sp.knob_value(cfg, knob) == 1
+        else:  # a padded variant (no declared knobs): staged where it fits, for its partial last vector
+            self.stage = DW_STAGE.values(Space(sp.task, DW_SKETCH, sp.target)) == (0, 1)
+        task = sp.task
+        self.bias, self.res, self.act = bool(task.bias), bool(task.residual), task.act
+        g = self.g
+        self.OHW = g["OH"] * g["OW"]
+        if self.stage:  # staged rows: input column ix sits at ix + PL; every output column is in range
+            reach = (g["OW"] - 1 + self.V) * g["SX"] + (g["KW"] - 1) * g["DX"] + 1  # + a partial last vector
+            self.SW = max(g["PL"] + g["W"], reach) + 8
+            self.SW += -self.SW % 16
+            self.NR = stage_rows(g, self.RY)
+            self.xlo, self.xhi, self.col0 = 0, g["OW"], 0
+        else:  # columns whose taps all fall inside the row run vectorized; the others are peeled
+            self.SW = g["W"]
+            self.xlo = min(g["OW"], -(-g["PL"] // g["SX"]))
+            last = (g["W"] - 1 + g["PL"] - (g["KW"] - 1) * g["DX"])
+            self.xhi = max(0, min(g["OW"], last // g["SX"] + 1)) if last >= 0 else 0
+            self.col0 = -g["PL"]
+        self.vt, self.it = f"{name}_vf", f"{name}_vi"
+
+    # ---- file-scope helpers: the vector types and the loads -----------------------------------------
+    def helpers(self, w: Writer) -> None:
+        V, vt, it, sx = self.V, self.vt, self.it, self.g["SX"]
+        if V == 1:
+            w(f"typedef float {vt};")
+            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return p[0]; }}")
+            return
+        w(f"typedef float {vt} __attribute__((vector_size({4 * V})));")
+        w(f"typedef int {it} __attribute__((vector_size({4 * V})));")
+        w(f"static inline {vt} {self.name}_ldu(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
+        w(f"static inline void {self.name}_stu(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}")
+        if sx == 1:
+            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return {self.name}_ldu(p); }}")
+        elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
+            idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
+            w(f"static inline {vt} {self.name}_ld(const float* p) {{ {vt} a = {self.name}_ldu(p), "
+              f"b = {self.name}_ldu(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}); }}")
+        else:
+            lanes = ", ".join(f"p[{sx * i}]" for i in range(V))
+            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return ({vt}){{{lanes}}}; }}")
+
+    # ---- the epilogue of one value (vector or scalar) -------------------------------------------------
+    def _finish(self, w: Writer, v: str, vector: bool, out_idx: str) -> None:
+        if self.bias:
+            w(f"{v} += bb;")
+        if self.res:
+            w(f"{v} += {self.name}_ldu(rp + {out_idx});" if vector else f"{v} += rp[{out_idx}];")
+        if self.act in ("relu", "relu6"):
+            if vector:
+                w(f"{v} = ({self.vt})((({self.it}){v}) & ({v} > zv));")
+                if self.act == "relu6":
+                    w(f"{{ {self.it} big = {v} > six; {v} = ({self.vt})((({self.it}){v} & ~big) | "
+                      f"(({self.it})six & big)); }}")
+            else:
+                w(f"{v} = {v} < 0.0f ? 0.0f : {v};")
+                if self.act == "relu6":
+                    w(f"{v} = {v} > 6.0f ? 6.0f : {v};")
+        if vector:
+            w(f"{self.name}_stu(op + {out_idx}, {v});")
+        else:
+            w(f"op[{out_idx}] = {v};")
+
+    def _vec_block(self, w: Writer, R: int, RX: int) -> None:
+        g, V = self.g, self.V
+        vector = V > 1
+        w.open("")
+        for r in range(R):
+            for j in range(RX):
+                w(f"{self.vt} a{r}_{j} = zv;")
+        for ky in range(g["KH"]):
+            for kx in range(g["KW"]):
+                w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
+                for r in range(R):
+                    for j in range(RX):
+                        col = f"(x + {j * V}) * {g['SX']} + {self.col0 + kx * g['DX']}"
+                        w(f"  a{r}_{j} += wb * {self.name}_ld(p{r}_{ky} + {col});")
+                w("}")
+        for r in range(R):
+            for j in range(RX):
+                self._finish(w, f"a{r}_{j}", vector, f"(y + {r}) * {g['OW']} + x + {j * V}")
+        w.close()
+
+    def _scalar_cols(self, w: Writer, R: int, hi: str) -> None:
+        g = self.g
+        w.open(f"for (; x < {hi}; ++x)")
+        for r in range(R):
+            w(f"float s{r} = 0.0f;")
+        for kx in range(g["KW"]):
+            col = f"x * {g['SX']} + {self.col0 + kx * g['DX']}"
+            guard = "" if self.stage else f"if ((unsigned)({col}) < {g['W']}u) "
+            w(f"{guard}{{ const long c = {col};")
+            for r in range(R):
+                terms = " + ".join(f"w{ky}_{kx} * p{r}_{ky}[c]" for ky in range(g["KH"]))
+                w(f"  s{r} += {terms};")
+            w("}")
+        for r in range(R):
+            self._finish(w, f"s{r}", False, f"(y + {r}) * {g['OW']} + x")
+        w.close()
+
+    def _block(self, w: Writer, R: int) -> None:
+        """A register block of R output rows at row ``y``: row pointers, then the columns."""
+        g = self.g
+        w.open("")
+        if self.stage:
+            for i in range(stage_rows(g, R)):
+                w(f"{{ const int iy = y * {g['SY']} - {g['PT']} + {i};")
+                w(f"  if ((unsigned)iy < {g['H']}u) __builtin_memcpy(stg + {i * self.SW + g['PL']}, "
+                  f"ip + (long)iy * {g['W']}, {4 * g['W']}); }}")
+        for r in range(R):
+            for ky in range(g["KH"]):
+                iy = f"(y + {r}) * {g['SY']} - {g['PT']} + {ky * g['DY']}"
+                src = f"stg + {(r * g['SY'] + ky * g['DY']) * self.SW}" if self.stage else f"ip + (long)({iy}) * {g['W']}"
+                w(f"const float* restrict p{r}_{ky} = (unsigned)({iy}) < {g['H']}u ? {src} : zrow;")
+        w("int x = 0;")
+        if self.xlo > 0:
+            self._scalar_cols(w, R, str(self.xlo))
+        step = self.RX * self.V
+        if self.xhi > self.xlo and self.xhi - self.xlo >= self.V:
+            if self.xlo:
+                w(f"x = {self.xlo};")
+            w.open(f"for (; x + {step} <= {self.xhi}; x += {step})")
+            self._vec_block(w, R, self.RX)
+            w.close()
+            if self.RX > 1:
+                w.open(f"for (; x + {self.V} <= {self.xhi}; x += {self.V})")
+                self._vec_block(w, R, 1)
+                w.close()
+        if self.stage and self.V > 1 and g["OW"] % self.V:
+            self._partial_block(w, R)
+        else:
+            self._scalar_cols(w, R, str(g["OW"]))
+        w.close()
+
+    def _partial_block(self, w: Writer, R: int) -> None:
+        """Staged rows: the last ``OW % V`` columns as one vector (the staged row's zeros beyond the image
+        are read, the lanes past the row are not stored)."""
+        g, V = self.g, self.V
+        w.open(f"if (x < {g['OW']})")
+        for r in range(R):
+            w(f"{self.vt} a{r} = zv;")
+        for ky in range(g["KH"]):
+            for kx in range(g["KW"]):
+                w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
+                for r in range(R):
+                    w(f"  a{r} += wb * {self.name}_ld(p{r}_{ky} + x * {g['SX']} + {kx * g['DX']});")
+                w("}")
+        w(f"float t[{V}] __attribute__((aligned(64)));")
+        for r in range(R):
+            w(f"{self.name}_stu(t, a{r});")
+            w.open(f"for (int l = 0; x + l < {g['OW']}; ++l)")
+            w("float s = t[l];")
+            self._finish(w, "s", False, f"(y + {r}) * {g['OW']} + x + l")
+            w.close()
+        w.close()
+
+    def kernel(self, w: Writer, *, static: bool) -> None:
+        g, plan = self.g, self.plan
+        args = plan.args
+        data = "data_in" if "data_in" in args else "data"
+        nch = -(-g["OH"] // self.chunk)
+        GM = g["G"] * g["M"]
+        w.open(f"{'static ' if static else ''}void {self.name}(void* const* args)")
+        w(f"const float* restrict in = (const float*)args[{args.index(data)}];")
+        w("const float* restrict wt = (const float*)args[1];")
+        if self.bias:
+            w(f"const float* restrict bias = (const float*)args[{args.index('bias')}];")
+        if self.res:
+            w(f"const float* restrict res = (const float*)args[{args.index('residual')}];")
+        w(f"float* restrict out = (float*)args[{args.index('out')}];")
+        w(f"static const float zrow[{self.SW}] = {{0}};")
+        if self.V > 1:
+            w(f"const {self.vt} zv = {{0}};")
+            if self.act == "relu6":
+                w(f"const {self.vt} six = zv + 6.0f;")
+        else:
+            w("const float zv = 0.0f;")
+        if self.parallel:
+            w("#pragma omp parallel for schedule(static)")
+        w.open(f"for (long u = 0; u < {g['N'] * GM * nch}L; ++u)")
+        w(f"const long ch = u / {nch}; const int yc = (int)(u % {nch});")
+        w(f"const long n = ch / {GM}; const int oc = (int)(ch % {GM}); const int gi = oc / {g['M']};")
+        w(f"const float* restrict ip = in + (n * {g['G']} + gi) * {g['H'] * g['W']}L;")
+        w(f"float* restrict op = out + ch * {self.OHW}L;")
+        if self.res:
+            w(f"const float* restrict rp = res + ch * {self.OHW}L;")
+        else:
+            w("(void)zv;")
+        if self.bias:
+            w("const float bb = bias[oc];")
+        wl = plan.buffers["weight"].layout.dims
+        for ky in range(g["KH"]):
+            for kx in range(g["KW"]):
+                off = f"{_dim_offset(wl[0], 'oc')} + {_dim_offset(wl[2], ky) + _dim_offset(wl[3], kx)}"
+                w(f"const float w{ky}_{kx} = wt[{off}];")
+        if self.stage:
+            w(f"float stg[{self.NR * self.SW}] __attribute__((aligned(64)));")
+            w("__builtin_memset(stg, 0, sizeof stg);")
+        w(f"const int y_end = (yc + 1) * {self.chunk} < {g['OH']} ? (yc + 1) * {self.chunk} : {g['OH']};")
+        w(f"int y = yc * {self.chunk};")
+        w.open(f"for (; y + {self.RY} <= y_end; y += {self.RY})")
+        self._block(w, self.RY)
+        w.close()
+        if self.RY > 1:
+            w.open("for (; y < y_end; ++y)")
+            self._block(w, 1)
+            w.close()
+        w.close()
+        w.close()
+
+
+def render_depthwise_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = False,
+                            local_types: bool = False) -> None:
+    """The helpers and the kernel function of a depthwise plan into ``w`` (named ``name``; file-scope
+    helpers and types carry the name, so kernels of one network file never clash)."""
+    del local_types  # the vector types are file-scope and named after the kernel
+    gen = _Gen(plan, name)
+    gen.helpers(w)
+    gen.kernel(w, static=static)
+
+
+def render_depthwise(plan) -> str:
+    """Full source of one depthwise kernel: header, helpers, the kernel and the timing harness."""
+    task, cfg = plan.space.task, plan.config
+    w = Writer()
+    w("/* felixjax generated depthwise kernel (dw_rows: row blocks x vectors along the width)")
+    w(f" * task:   {task.name}  ({task.key})")
+    w(f" * config: {cfg.dumps()} */")
+    w("#include <stddef.h>")
+    w("#include <string.h>")
+    render_depthwise_kernel(plan, w)
+    return w.text() + TIMING_HARNESS_C

@@ -1,0 +1,94 @@
+"""The dedicated depthwise sketch (dw_rows, codegen.depthwise / codegen.renderers.depthwise): every
+emitted kernel matches numpy (strides 1-3, paddings, dilations, multipliers, odd sizes, epilogues,
+both edge modes, exact and padded variants); the relaxation and the genetic codec see its knob."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codegen.build import build
+from codegen.depthwise import DW_SKETCH, applies
+from codegen.lower import lower
+from codegen.ops import conv2d, depthwise_conv2d
+from codegen.render_c import render
+from codegen.runtime import Kernel
+from codegen.space import Space, sketches_for
+from codegen.target import Target
+
+TARGET = Target.cpu()
+
+
+def test_it_applies_to_float32_depthwise_convs_only():
+    dw = depthwise_conv2d(1, 8, 10, 10, kernel=3, padding=1)
+    assert applies(dw) and DW_SKETCH in [s.name for s in sketches_for(dw)]
+    assert not applies(conv2d(1, 8, 10, 10, out_channels=8, kernel=3))
+    assert not applies(conv2d(1, 8, 10, 10, out_channels=8, kernel=3, groups=2))
+    assert not applies(depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="float16"))
+
+
+@st.composite
+def _cases(draw):
+    k = draw(st.sampled_from([1, 3, 5]))
+    stride = draw(st.sampled_from([1, 2, 3]))
+    dil = draw(st.sampled_from([1, 1, 2]))
+    pad = draw(st.integers(0, k // 2 * dil + 1))
+    h = draw(st.integers(max(3, (k - 1) * dil + 1), 19))
+    w = draw(st.integers(max(3, (k - 1) * dil + 1), 37))
+    task = depthwise_conv2d(draw(st.sampled_from([1, 2])), draw(st.sampled_from([2, 3, 8])), h, w, kernel=k,
+                            stride=stride, padding=pad, dilation=dil, multiplier=draw(st.sampled_from([1, 1, 2])),
+                            bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])),
+                            residual=draw(st.booleans()))
+    names = [s.name for s in sketches_for(task, TARGET) if s.base == DW_SKETCH]
+    space = Space(task, draw(st.sampled_from(names)), TARGET)
+    cfg = space.default() if draw(st.booleans()) else space.sample(np.random.default_rng(draw(st.integers(0, 99))))
+    stage = [k for k in space.knobs if k.name == "dw_stage"]
+    if stage:
+        cfg = space.with_knobs(cfg, {"dw_stage": draw(st.sampled_from(stage[0].values(space)))})
+    return space, cfg
+
+
+@pytest.mark.cc
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_every_kernel_matches_numpy(case):
+    space, cfg = case
+    plan = lower(space, cfg)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    arrays = space.task.random_inputs(seed=2)
+    ref = space.task.reference(*arrays)
+    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_vectorized_defaults_match_numpy_without_a_padded_copy(stride, stage):
+    """The MobileNet-like shapes the sketch is for: 8-lane vectors along the width, no workspace copy."""
+    task = depthwise_conv2d(1, 16, 32, 32, kernel=3, stride=stride, padding=1, bias=True, act="relu6")
+    space = Space(task, DW_SKETCH, TARGET)
+    cfg = space.with_knobs(space.default(), {"dw_stage": stage})
+    assert cfg.vec == min(8, TARGET.simd_lanes)
+    src = render(lower(space, cfg))
+    assert ("stg[" in src) == bool(stage) and ("__builtin_shuffle" in src) == (stride == 2 and cfg.vec > 1)
+    b = build(src)
+    assert b.status == "ok", b.error
+    arrays = task.random_inputs(seed=3)
+    plan = lower(space, cfg)
+    np.testing.assert_allclose(Kernel(plan, b.lib_path, threads=2)(*arrays), task.reference(*arrays),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_relaxation_and_genetic_codec_see_its_knob():
+    from felixjax.relax import Relaxation
+
+    space = Space(depthwise_conv2d(1, 32, 28, 28, kernel=3, padding=1), DW_SKETCH, TARGET)
+    rel = Relaxation(space)
+    staged = space.with_knobs(space.default(), {"dw_stage": 1})
+    assert rel.from_x(rel.to_x(staged)) == staged
+    rng = np.random.default_rng(0)
+    configs = rel.round_x(np.stack([rel.to_x(space.sample(rng)) + rng.normal(0, 0.3, rel.to_x(staged).shape)
+                                    for _ in range(32)]))
+    assert all(space.is_valid(c) for c in configs)
+    assert {c.knob("dw_stage", 0) for c in configs} == {0, 1}
