@@ -34,40 +34,55 @@ from .cstyle import Writer
 from .harness import TIMING_HARNESS_C
 
 PRELUDE = "#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n"
-PER_LINE = 12  # values per source line of a static array
+LINE_BYTES = 96  # weight bytes per source line
 
 
-def _floats(values: np.ndarray) -> list[str]:
-    flat = np.asarray(values, np.float32).reshape(-1)
-    if flat.size == 0:
-        return ["0"]
-    text = [f"{v:.9g}" for v in flat.tolist()]  # 9 digits: the float32 exactly
-    return [", ".join(text[i:i + PER_LINE]) for i in range(0, len(text), PER_LINE)]
+def _escape_table() -> np.ndarray:
+    """C string-literal spelling of every byte: printable ASCII as itself (but ``"``, ``\\``, ``?``), else a
+    3-digit octal escape (never followed by a misread digit: octal escapes stop at 3 digits)."""
+    out = []
+    for b in range(256):
+        ch = chr(b)
+        out.append(ch if 32 <= b < 127 and ch not in '"\\?' else f"\\{b:03o}")
+    return np.array(out, dtype=object)
 
 
-def _ints(values: np.ndarray) -> list[str]:
-    flat = np.asarray(values).reshape(-1)
-    if flat.size == 0:
-        return ["0"]
-    text = [str(v) for v in flat.tolist()]
-    return [", ".join(text[i:i + 2 * PER_LINE]) for i in range(0, len(text), 2 * PER_LINE)]
+_ESCAPES = _escape_table()
 
 
-def _array(w: Writer, decl: str, rows: list[str]) -> None:
-    w(f"{decl} = {{")
-    for r in rows:
-        w(f"  {r},")
-    w("};")
+def _string_lines(blob: bytes) -> list[str]:
+    """``blob`` as C string-literal lines (about ``LINE_BYTES`` bytes each)."""
+    codes = _ESCAPES[np.frombuffer(blob, np.uint8)]
+    return ['"' + "".join(codes[i:i + LINE_BYTES]) + '"' for i in range(0, len(codes), LINE_BYTES)] or ['""']
+
+
+def _pad64(b: bytes) -> bytes:
+    return b + bytes(-len(b) % 64)
 
 
 def _static_data(plan, w: Writer, prefix: str) -> None:
+    """One ``static const`` blob (a string literal: compiles about 15x faster than a float initializer
+    list of the same size) holding the values, block columns and block-row pointers, 64-byte aligned,
+    read through a union (type punning through a union is defined in GNU C)."""
     b = plan.blocks
-    idx = "unsigned short" if b.cols <= 65535 else "int"
-    w(f"/* weights: {b.rows}x{b.cols} in {b.br}x{b.bc} blocks, {b.nnz_blocks} kept "
-      f"({b.stored} values stored), fingerprint {plan.weights_fingerprint} */")
-    _array(w, f"static const float {prefix}_val[{max(b.stored, 1)}] __attribute__((aligned(64)))", _floats(b.values))
-    _array(w, f"static const {idx} {prefix}_col[{max(b.nnz_blocks, 1)}]", _ints(b.block_col))
-    _array(w, f"static const int {prefix}_ptr[{b.block_ptr.size}]", _ints(b.block_ptr))
+    short = b.cols <= 65535
+    vals = _pad64(np.ascontiguousarray(b.values, np.float32).tobytes())
+    cols = _pad64(np.ascontiguousarray(b.block_col, np.uint16 if short else np.int32).tobytes())
+    ptrs = _pad64(np.ascontiguousarray(b.block_ptr, np.int32).tobytes())
+    n = len(vals) + len(cols) + len(ptrs)
+    w(f"/* weights: {b.rows}x{b.cols} in {b.br}x{b.bc} blocks, {b.nnz_blocks} kept ({b.stored} values stored), "
+      f"fingerprint {plan.weights_fingerprint}; bytes: values, block columns, block-row pointers */")
+    w(f"static const union {{ unsigned char c[{n + 1}]; float f[{n // 4}]; int i[{n // 4}]; "
+      f"unsigned short h[{n // 2}]; }} {prefix}_blob __attribute__((aligned(64))) = {{ .c =")
+    for line in _string_lines(vals + cols + ptrs):
+        w("  " + line)
+    w("};")
+    w(f"static const float* const {prefix}_val = {prefix}_blob.f;")
+    if short:
+        w(f"static const unsigned short* const {prefix}_col = {prefix}_blob.h + {len(vals) // 2};")
+    else:
+        w(f"static const int* const {prefix}_col = {prefix}_blob.i + {len(vals) // 4};")
+    w(f"static const int* const {prefix}_ptr = {prefix}_blob.i + {(len(vals) + len(cols)) // 4};")
 
 
 def _epilogue_value(plan, v: str, o: str, idx: str) -> list[str]:
