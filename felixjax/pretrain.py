@@ -185,3 +185,55 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     model.save(out)
     Path(str(out) + ".json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
+
+
+PACKAGED = Path(__file__).resolve().parent / "data" / "pretrain_cpu.jsonl.gz"
+
+
+def packaged_database(path: str | os.PathLike | None = None, db: str | os.PathLike | None = None) -> tuple[str, dict]:
+    """The pretraining dataset shipped as package data (``benchmarks/make_pretrain_dataset.py``:
+    CIFAR-size layers, shapes disjoint from the ``ops`` and ``fresh`` suites) as a database file
+    ``pretrain`` can read, and its provenance (command, commit, date, machine).
+
+    On another CPU a model pretrained on it is a warm start only: the tuner's online model compares
+    it with the roofline prior on held-out measurements after each update and ranks with the prior
+    where it ranks worse.
+
+    Args:
+        path: a ``.jsonl.gz`` in that format (default: the packaged file).
+        db: database file to write (default: a fresh temporary file).
+
+    Raises:
+        FileNotFoundError: the dataset has not been generated (it needs hours on a quiet machine).
+
+    Example:
+        >>> packaged_database("/nonexistent.jsonl.gz")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: /nonexistent.jsonl.gz: no pretraining dataset (generate it with python benchmarks/make_pretrain_dataset.py on a quiet machine)
+    """
+    import gzip
+    import tempfile
+
+    from .database import Database, TuningRecord
+
+    src = Path(path) if path is not None else PACKAGED
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no pretraining dataset (generate it with python "
+                                "benchmarks/make_pretrain_dataset.py on a quiet machine)")
+    out = str(db) if db is not None else os.path.join(tempfile.mkdtemp(), "pretrain.db")
+    prov: dict = {}
+    store = Database(out)
+    try:
+        with gzip.open(src, "rt") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if "provenance" in row:
+                    prov = row["provenance"]
+                    continue
+                store.add(TuningRecord.from_json(row))
+    finally:
+        store.close()
+    return out, prov
