@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -180,6 +180,10 @@ class Plan:
     #: whose rows the kernel reads from ``data_tail`` (a small zero-padded copy) instead of copying the
     #: whole data input; -1 otherwise (see :func:`lower`)
     tail_row: int = -1
+    #: int8 only: 2 when the register block takes the reduction two at a time with exact int16 pair
+    #: dot products (AVX2 ``vpmaddwd``: weights packed in pairs along the innermost R1 loop at load,
+    #: see :func:`int8_pairs`), else 1 (widening int8 -> int32 multiplies)
+    pairs: int = 1
 
     @property
     def con(self) -> Contraction:
@@ -222,7 +226,11 @@ class Plan:
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
         layout = self.buffers["weight"].layout
-        return layout.pack(embed(weight, layout.shape), dtype=self.arg_dtypes()[1])
+        flat = layout.pack(embed(weight, layout.shape), dtype=self.arg_dtypes()[1])
+        if self.pairs == 2:  # interleave rows k, k+1 of every panel: ..., w[k][q], w[k+1][q], ...
+            sk = self.buffers["weight"].stride(_pair_loop(self).var)
+            flat = flat.reshape(-1, 2, sk).transpose(0, 2, 1).reshape(-1).copy()
+        return flat
 
     def kernel_inputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """API-order task inputs -> kernel argument arrays (weights packed, contiguous, of ``arg_dtypes``)."""
@@ -230,6 +238,47 @@ class Plan:
         out = [np.ascontiguousarray(arrays[0], dtype=dts[0]), self.pack_weight(arrays[1])]
         out += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays[2:], dts[2:])]
         return out
+
+
+def _pair_loop(plan: "Plan") -> Loop:
+    """The innermost live R1 loop (the one an int8 pair path steps by two)."""
+    return [lp for lp in plan.levels["R1"] if lp.extent > 1][-1]
+
+
+def int8_pairs(plan: Plan) -> int:
+    """2 when an int8 plan's register block can take its reduction in pairs with exact int16 dot
+    products (AVX2 ``vpmaddwd``: 16 products per instruction, summed in pairs into 8 int32 lanes),
+    else 1. Needs: 4, 8 or 16 lanes; the weights are the vector operand (unit stride along the
+    vector loop, the same for every row of the block) and the data the broadcast one; the innermost
+    live R1 loop has an even extent, and its weight stride is the packed panel's row (so rows k and
+    k+1 interleave in place at load, untimed). A function of the config, not a knob.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> from codegen.space import Space
+        >>> from codegen.target import Target
+        >>> sp = Space(matmul(16, 16, 32, dtype="int8"), "gemm_packed", Target(simd_lanes=8))
+        >>> int8_pairs(lower(sp, sp.default()))
+        2
+    """
+    if not plan.space.task.quantized or plan.vec not in (4, 8, 16):
+        return 1
+    live_r1 = [lp for lp in plan.levels["R1"] if lp.extent > 1]
+    if not live_r1 or live_r1[-1].extent % 2:
+        return 1
+    kr = live_r1[-1]
+    w, d = plan.buffers["weight"], plan.buffers["data"]
+    vloop = next((lp for lp in plan.levels["S3"] if lp.axis == plan.vector_axis), None)
+    if vloop is None or w.stride(vloop.var) != 1 or d.stride(vloop.var) != 0:
+        return 1
+    rows = [lp for lp in plan.levels["S3"] if lp.extent > 1 and lp is not vloop]
+    if any(w.stride(lp.var) for lp in rows) or w.stride(kr.var) != vloop.extent:
+        return 1
+    sk = vloop.extent
+    live = {lp.var for lp in plan.loops() if lp.extent > 1} - {kr.var, vloop.var}
+    if w.layout.size % (2 * sk) or any(st % (2 * sk) for var, st in w.strides if var in live):
+        return 1  # every other loop must move whole pairs of panel rows
+    return 2
 
 
 def _var_strides(access: Access, layout: Layout, space: Space, tiles: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -392,5 +441,7 @@ def lower(space: Space, config: Config) -> Plan:
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
         if knob.lower is not None:
             plan = knob.lower(plan, space.knob_value(config, knob))
+    if space.task.quantized and int8_pairs(plan) == 2:
+        plan = replace(plan, pairs=2)
     finish = SKETCH_LOWERINGS.get(space.sketch.base)
     return finish(plan) if finish is not None else plan

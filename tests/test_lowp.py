@@ -145,7 +145,7 @@ def check_kernel(sp, cfg, seed=5, threads=2):
 
 @pytest.mark.cc
 @pytest.mark.parametrize("precision", PRECISIONS, ids=lambda p: "-".join(map(str, p.values())))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
 @given(data=st.data())
 def test_lowp_kernels_match_the_reference(precision, data):
@@ -197,6 +197,24 @@ def test_float16_accumulation_runs_anywhere_and_is_native_with_avx512_fp16():
     asm = assemble(src, (*[f for f in DEFAULT_FLAGS if f != "-march=native"], "-mavx512f", "-mavx512fp16",
                          "-mavx512vl", "-mf16c"))
     assert "vfmadd" in asm and "ph" in asm.split("vfmadd", 1)[1][:16]  # vfmadd...ph: native float16 FMAs
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", [ops.matmul(6, 16, 34, dtype="int8", bias=True),
+                                  ops.dense(1, 64, 24, dtype="int8", act_signed=True, out_dtype="int8"),
+                                  ops.conv2d(1, 10, 5, 5, out_channels=16, kernel=1, dtype="int8", act="relu")],
+                         ids=lambda t: t.name)
+def test_int8_pairs_path_is_exact(task):
+    # the AVX2 pair path (vpmaddwd on weights packed in pairs at load) where the schedule allows it
+    rng = np.random.default_rng(1)
+    paired = [(sp, c) for sk in sketches_for(task, TARGET) for sp in [Space(task, sk, TARGET)]
+              for c in [sp.default()] + sp.sample_many(rng, 40) if lower(sp, c).pairs == 2]
+    assert paired, "no schedule took the pair path"
+    sp, cfg = paired[0]
+    plan = check_kernel(sp, cfg)
+    assert "_madd_epi16" in render(plan)
+    w = sp.task.random_inputs()[1]
+    assert sorted(plan.pack_weight(w).tolist()) == sorted(plan.buffers["weight"].layout.pack(w, np.int8).tolist())
 
 
 @pytest.mark.cc

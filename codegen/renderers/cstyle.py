@@ -67,6 +67,19 @@ class Dialect:
         ("uint8", "int32", 8): "(vf)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)({ptr})))",
         ("uint8", "int32", 16): "(vf)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)({ptr})))"})
     convert_vector: str = "__builtin_convertvector(*(const {U}*)({ptr}), vf)"  # {U}: storage vector type, {ptr}
+    # int8 pairs (Plan.pairs == 2), by lanes: the operand type, 2*lanes int8 weights sign-extended to int16,
+    # a broadcast data pair (two int16 in an int32), the exact pair dot product vpmaddwd added to an accumulator
+    madd_types: dict[int, str] = field(default_factory=lambda: {4: "__m128i", 8: "__m256i", 16: "__m512i"})
+    madd_load: dict[int, str] = field(default_factory=lambda: {
+        4: "_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)({ptr})))",
+        8: "_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)({ptr})))",
+        16: "_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)({ptr})))"})
+    madd_bcast: dict[int, str] = field(default_factory=lambda: {
+        4: "_mm_set1_epi32({v})", 8: "_mm256_set1_epi32({v})", 16: "_mm512_set1_epi32({v})"})
+    madd: dict[int, str] = field(default_factory=lambda: {
+        4: "{acc} += (vf)_mm_madd_epi16({a}, {b});", 8: "{acc} += (vf)_mm256_madd_epi16({a}, {b});",
+        16: "{acc} += (vf)_mm512_madd_epi16({a}, {b});"})
+    loop_step: str = "for (long {var} = 0; {var} < {n}; {var} += {step})"  # {var}, {n}, {step}
     zero: str = "0.0f"
     # qualifiers
     restrict: str = "restrict"
@@ -455,6 +468,17 @@ class CStyleRenderer:
         val = f"({self.d.scalar(acc)}){elem}"
         return f"({val} - xzp)" if op.name == "data" and "x_zp" in plan.buffers else val
 
+    def _pair_operand(self, plan: Plan, op: Buffer, r1off: str, off: int, kr: Loop) -> str:
+        """An int8 pair operand: the weights' ``2 * vec`` interleaved int8 (rows k, k+1) sign-extended
+        to int16, or the data pair ``(x[k] - zp, x[k+1] - zp)`` as two int16 in every int32 lane."""
+        d, vec = self.d, plan.vec
+        base = f"{op.name}_p + {r1off}" if r1off != "0" else f"{op.name}_p"
+        if op.name == "weight":
+            return d.madd_load[vec].format(ptr=f"{base} + {2 * off}")
+        lo = f"(unsigned)((int)({base})[{off}] - xzp)"
+        hi = f"(unsigned)((int)({base})[{off + op.stride(kr.var)}] - xzp)"
+        return d.madd_bcast[vec].format(v=f"(int)(({lo} & 0xFFFFu) | ({hi} << 16))")
+
     def _widen_load(self, plan: Plan, op: Buffer, ptr: str, stride: int) -> str:
         """``vec`` low-precision elements ``stride`` apart, widened to an accumulator vector (F16C
         float16 -> float32, sign / zero extension int8 / uint8 -> int32); int8 data minus the zero point."""
@@ -547,10 +571,12 @@ class CStyleRenderer:
             elif cum * lp.extent <= unroll:
                 unroll_pragmas[lp.var] = lp.extent
             cum *= lp.extent
+        pairs = plan.pairs == 2  # int8: the innermost R1 loop two at a time (codegen.lower.int8_pairs)
         for lp in r1:
             if lp.var in unroll_pragmas and d.unroll:
                 w(d.unroll.format(n=unroll_pragmas[lp.var]))
-            w.open(d.loop.format(var=lp.var, n=lp.extent))
+            w.open(d.loop_step.format(var=lp.var, n=lp.extent, step=2) if pairs and lp is r1[-1]
+                   else d.loop.format(var=lp.var, n=lp.extent))
         self._hooks(plan, "r1_body", w, pointers, tuple(r1))
         names: dict[tuple[str, int], str] = {}
         for op in ops:
@@ -564,6 +590,9 @@ class CStyleRenderer:
                     nm = f"{op.name[0]}{len(names)}"
                     names[(op.name, off)] = nm
                     ptr = f"{op.name}_p + {r1off} + {off}" if r1off != "0" else f"{op.name}_p + {off}"
+                    if pairs:
+                        w(f"const {d.madd_types[vec]} {nm} = {self._pair_operand(plan, op, r1off, off, r1[-1])};")
+                        continue
                     if vs == 0:  # broadcast operand: one scalar per row
                         elem = f"{op.name}_p[{r1off} + {off}]" if r1off != "0" else f"{op.name}_p[{off}]"
                         if vec > 1 and plan.dtypes.accumulator == "float16":
@@ -581,7 +610,7 @@ class CStyleRenderer:
             for c in range(ncols):
                 a = names[("data", elem_off(ops[0], row, c))]
                 b = names[("weight", elem_off(B["weight"], row, c))]
-                w(d.fma.format(acc=f"acc_{ri}_{c}", a=a, b=b))
+                w((d.madd[vec] if pairs else d.fma).format(acc=f"acc_{ri}_{c}", a=a, b=b))
         for _ in r1:
             w.close()
         self._hooks(plan, "r1_after", w, pointers, tuple(r1))
