@@ -26,7 +26,8 @@ def test_acquire_mean_ucb_thompson():
 
 def test_levers_on_the_replay_oracle():
     task = fj.ops.matmul(64, 48, 32)
-    g = GradientSearch(batch_size=16, acquisition="ucb", local_share=0.25, local_of=2)
+    # the ensemble as wide as the shared model (128): its training compiles once for both
+    g = GradientSearch(batch_size=16, acquisition="ucb", local_share=0.25, local_of=2, ensemble_hidden=128)
     with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
                        defaults=False) as s:
         run = s.add(task, g, seed=0, trials=64)

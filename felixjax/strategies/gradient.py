@@ -146,7 +146,7 @@ class GradientSearch:
         acquisition: how the model's candidates are picked: ``"mean"`` (the default: the top
             scores), ``"ucb"`` (score + ``ucb_beta`` · ensemble std) or ``"thompson"`` (each pick
             ranks by score + ``ucb_beta`` · one random member's deviation); the ensemble
-            (``ensemble_members`` small MLPs on bootstrap resamples) is fitted on this run's
+            (``ensemble_members`` MLPs of width ``ensemble_hidden`` on bootstrap resamples) is fitted on this run's
             measurements and used once it has ``MIN_ENSEMBLE`` of them, over the ``8 · k`` best
             candidates by score.
         local_share: share of each batch spent on measured-neighbour moves (DGD, ICS'24): the
@@ -164,7 +164,8 @@ class GradientSearch:
                  harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
                  perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None,
                  trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
-                 ucb_beta: float = 1.0, ensemble_members: int = 4, local_share: float = 0.0, local_of: int = 4,
+                 ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
+                 local_share: float = 0.0, local_of: int = 4,
                  stats: bool = True):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
@@ -176,6 +177,7 @@ class GradientSearch:
         self.scorer, self.cost_model = scorer, cost_model
         self.trust_weight, self.trust_radius = float(trust_weight), float(trust_radius)
         self.acquisition, self.ucb_beta, self.ensemble_members = acquisition, float(ucb_beta), int(ensemble_members)
+        self.ensemble_hidden = int(ensemble_hidden)
         self.local_share, self.local_of, self.stats = float(local_share), int(local_of), bool(stats)
         self._ensemble = None
         self._ensemble_rows = 0
@@ -396,7 +398,7 @@ class GradientSearch:
 
             mlp = scorer.mlp
             self._ensemble = EnsembleCostModel(mlp.n_access_features, mlp.n_glob_features,
-                                               num_members=self.ensemble_members, hidden=64,
+                                               num_members=self.ensemble_members, hidden=self.ensemble_hidden,
                                                seed=int(ctx.rng.integers(2**31)),
                                                config=TrainConfig(sample_budget=2048, max_epochs=40))
         feats = scorer.features([r.config for r in ok])
