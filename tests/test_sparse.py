@@ -1,0 +1,168 @@
+"""Sparse tasks and kernels (issue 16): ``sparsity=`` on dense, matmul and conv2d, the block-sparse
+sketch, weights compiled into the kernel, and the path through fj.tune."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import felixjax as fj
+from codegen.build import build
+from codegen.lower import lower
+from codegen.measure import TimingProtocol
+from codegen.ops import Task, conv2d, dense, matmul, parse_spec
+from codegen.render_c import render
+from codegen.runtime import Kernel
+from codegen.space import Space, sketches_for
+from codegen.sparse import (
+    SPARSE_SKETCH,
+    SparseWeightsError,
+    fingerprint,
+    geometry,
+    to_blocks,
+)
+from codegen.sparse_lower import with_weights
+from codegen.target import Target
+
+TARGET = Target.cpu()
+
+
+# ---- the task -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [1.0, 1.5, -0.1, float("nan"), float("inf"), True, "0.5"])
+def test_sparsity_outside_0_1_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match=r"sparsity must be a fraction of zero weights in \[0, 1\)"):
+        dense(1, 8, 4, sparsity=bad)
+
+
+def test_unsupported_sparse_tasks_are_clear_errors():
+    with pytest.raises(ValueError, match="without batch"):
+        matmul(4, 4, 4, batch=2, sparsity=0.5)
+    with pytest.raises(ValueError, match="groups=1"):
+        conv2d(1, 4, 6, 6, out_channels=4, groups=2, sparsity=0.5)
+    with pytest.raises(ValueError, match="float32"):
+        dense(1, 8, 4, dtype="float16", sparsity=0.5)
+    with pytest.raises(ValueError, match="not a number"):
+        parse_spec("dense:in=8,out=4,sparsity=lots")
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        parse_spec("dense:in=8,out=4,sparsity=1")
+
+
+def test_identity_keys_and_spec():
+    d = dense(1, 64, 32)
+    assert "sparsity" not in d.to_json() and dense(1, 64, 32, sparsity=0.0) == d  # dense keys unchanged
+    s = dense(1, 64, 32, sparsity=0.9)
+    assert s.to_json()["sparsity"] == 0.9 and s.key != d.key and Task.from_json(s.to_json()) == s
+    assert parse_spec("dense:in=64,out=32,sparsity=0.9") == s
+    assert parse_spec("conv2d:c=4,h=6,w=6,k=8,r=3,pad=1,sparsity=0.5").sparsity == 0.5
+    assert s.name.endswith("_sp0.9")
+    assert [sk.name for sk in sketches_for(s, TARGET)] == [SPARSE_SKETCH]
+
+
+def test_random_inputs_pattern():
+    t = dense(3, 40, 50, sparsity=0.7)
+    x, w = t.random_inputs(seed=1)
+    assert int((w == 0).sum()) == round(0.7 * w.size)
+    dx, dw = dense(3, 40, 50).random_inputs(seed=1)
+    assert np.array_equal(x, dx) and np.array_equal(w[w != 0], dw[w != 0])  # same values, zeros added
+    assert np.array_equal(t.random_inputs(seed=1)[1], w)  # deterministic
+    assert not np.array_equal(t.random_inputs(seed=2)[1] == 0, w == 0)  # the pattern comes from the seed
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 6), cols=st.integers(1, 6), br=st.sampled_from([1, 2, 3]), bc=st.sampled_from([1, 2, 4]),
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
+def test_blocks_round_trip(rows, cols, br, bc, density, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(-1, 1, (rows * br, cols * bc)).astype(np.float32) * (rng.random((rows * br, cols * bc)) < density)
+    b = to_blocks(w, br, bc)
+    assert np.array_equal(b.dense(), w)
+    blocks = w.reshape(rows, br, cols, bc).transpose(0, 2, 1, 3)
+    assert b.nnz_blocks == int((blocks != 0).any(axis=(2, 3)).sum())  # zero blocks are not stored
+    assert b.block_ptr[-1] == b.nnz_blocks and (np.diff(b.block_ptr) >= 0).all()
+
+
+# ---- kernels --------------------------------------------------------------------------------------
+
+def _check(task, cfg, arrays=None):
+    sp = Space(task, SPARSE_SKETCH, TARGET)
+    plan = lower(sp, cfg)
+    res = build(render(plan))
+    assert res.status == "ok", res.error
+    arrays = task.random_inputs(seed=0) if arrays is None else arrays
+    y = Kernel(plan, res.lib_path, threads=1)(*arrays)
+    ref = task.reference(*arrays)
+    k = geometry(task).R
+    tol = 1e-4 * np.abs(ref) + 4 * np.sqrt(k) * max(1.0, float(np.abs(ref).max())) * np.finfo(np.float32).eps
+    np.testing.assert_array_less(np.abs(y - ref), tol + 1e-30)
+    return plan, res
+
+
+@pytest.mark.cc
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), op=st.sampled_from(["dense", "matmul", "conv2d"]), sparsity=st.sampled_from([0.3, 0.5, 0.9]),
+       epi=st.sampled_from([{}, {"bias": True, "act": "relu"}, {"residual": True, "act": "relu6"}]))
+def test_every_sparse_kernel_matches_numpy(data, op, sparsity, epi):
+    ints = data.draw
+    if op == "dense":
+        task = dense(ints(st.integers(1, 5)), ints(st.sampled_from([8, 12, 16, 24])), ints(st.integers(2, 20)),
+                     sparsity=sparsity, **epi)
+    elif op == "matmul":
+        task = matmul(ints(st.integers(1, 24)), ints(st.integers(2, 16)), ints(st.sampled_from([4, 8, 12])),
+                      sparsity=sparsity, **epi)
+    else:
+        r = ints(st.sampled_from([1, 3]))
+        task = conv2d(ints(st.integers(1, 2)), ints(st.integers(1, 6)), ints(st.integers(3, 8)), ints(st.integers(3, 8)),
+                      out_channels=ints(st.integers(1, 8)), kernel=r, stride=ints(st.sampled_from([1, 2])),
+                      padding=ints(st.integers(0, r // 2)), sparsity=sparsity, **epi)
+    sp = Space(task, SPARSE_SKETCH, TARGET)
+    cfg = sp.default() if ints(st.booleans()) else sp.sample(np.random.default_rng(ints(st.integers(0, 999))))
+    _check(task, cfg)
+
+
+@pytest.mark.cc
+def test_weights_are_constants_of_the_kernel():
+    task = dense(2, 32, 16, sparsity=0.8, bias=True)
+    sp = Space(task, SPARSE_SKETCH, TARGET)
+    plan, res = _check(task, sp.default())
+    x, w, b = task.random_inputs(seed=0)
+    src = render(plan)
+    assert "static const union" in src and fingerprint(w) in src
+    kernel = Kernel(plan, res.lib_path, threads=1)
+    other = task.random_inputs(seed=5)[1]
+    with pytest.raises(SparseWeightsError, match="built for other weights"):
+        kernel(x, other, b)
+    with pytest.raises(ValueError, match="built for other weights"):
+        kernel.bind(other)
+    # regenerated for the other weights (the network build's path): same schedule, their pattern
+    plan2 = with_weights(plan, other)
+    y = Kernel(plan2, build(render(plan2)).lib_path, threads=1)(x, other, b)
+    np.testing.assert_allclose(y, task.reference(x, other, b), rtol=1e-4, atol=1e-5)
+
+
+def test_features_see_the_density():
+    from codegen.knobs import feature_slots
+    from felixjax.extract import extract
+    from felixjax.features import GLOBAL_FEATURES
+
+    col = GLOBAL_FEATURES.index(f"knob_{feature_slots('sparse_density')[0]}")
+    for s in (0.5, 0.9):
+        sp = Space(dense(1, 64, 32, sparsity=s), SPARSE_SKETCH, TARGET)
+        f = extract(sp, sp.default())
+        assert np.isclose(np.expm1(f.glob[col]), 1 - s, atol=1e-3)
+    dsp = Space(dense(1, 64, 32), "gemm_packed", TARGET)
+    assert extract(dsp, dsp.default()).glob[col] == 0.0  # one model: dense tasks leave the sparse slots at 0
+
+
+@pytest.mark.cc
+def test_a_short_tune(tmp_path):
+    task = dense(2, 32, 16, sparsity=0.75, act="relu")
+    db = str(tmp_path / "sparse.db")
+    res = fj.tune(task, TARGET, strategy="random", trials=3, db=db, seed=0, threads=1, progress=False, retime=0,
+                  protocol=TimingProtocol.quick())
+    assert len(res.history) == 3 and all(r.config.sketch == SPARSE_SKETCH for r in res.history)
+    assert res.best is not None and res.best.result.status == "ok"
+    arrays = task.random_inputs(seed=0)
+    np.testing.assert_allclose(res.kernel()(*arrays), task.reference(*arrays), rtol=1e-4, atol=1e-5)
+    assert fj.Database(db).best(task, TARGET).config == res.best.config
