@@ -15,12 +15,14 @@ from codegen.build import DEFAULT_FLAGS
 from codegen.lower import Plan, lower
 from codegen.ops import Task
 from codegen.space import Config, Space, default_sketch
+from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 
 from .database import Database
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
+from .sparsify import layer_weights
 
 
 def _as_model(model: Model | str | os.PathLike | bytes | Any) -> Model:
@@ -83,7 +85,10 @@ def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
                 raise UnsupportedModelError(f"node {node.name!r} ({node.op}) writes {o!r}, which already exists")
             outs.append(add(o, "temp"))
         if node.is_anchor:
-            steps.append(netbuild.Step("kernel", ins, tuple(outs), plan=plans[node.task], label=node.name))
+            plan = plans[node.task]
+            if isinstance(plan, SparsePlan):  # weights compiled into the kernel: this layer's own
+                plan = with_weights(plan, layer_weights(graph, node))
+            steps.append(netbuild.Step("kernel", ins, tuple(outs), plan=plan, label=node.name))
         elif node.op in netbuild.CHEAP_OPS:
             steps.append(netbuild.Step(node.op, ins, tuple(outs), dict(node.attrs), label=node.name))
         else:

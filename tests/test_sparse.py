@@ -166,3 +166,39 @@ def test_a_short_tune(tmp_path):
     arrays = task.random_inputs(seed=0)
     np.testing.assert_allclose(res.kernel()(*arrays), task.reference(*arrays), rtol=1e-4, atol=1e-5)
     assert fj.Database(db).best(task, TARGET).config == res.best.config
+
+
+# ---- a network with sparse layers ------------------------------------------------------------------
+
+def _exact_zeros(rng, shape, fraction):
+    w = rng.uniform(-1, 1, shape).astype(np.float32)
+    w.reshape(-1)[rng.permutation(w.size)[: round(fraction * w.size)]] = 0
+    return w
+
+
+@pytest.mark.cc
+def test_build_model_regenerates_sparse_layers_with_their_weights():
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    # two 3x3 convs of one shape and one zero fraction (one sparse task) with different weights, then a dense layer
+    inits = [numpy_helper.from_array(_exact_zeros(rng, (8, 8, 3, 3), 0.8), "wa"),
+             numpy_helper.from_array(_exact_zeros(rng, (8, 8, 3, 3), 0.8), "wb"),
+             numpy_helper.from_array(_exact_zeros(rng, (10, 512), 0.9), "wg"),
+             numpy_helper.from_array(rng.uniform(-1, 1, 10).astype(np.float32), "bg")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "wb"], ["b"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["b"], ["br"]),
+             helper.make_node("Flatten", ["br"], ["f"]), helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "sparse_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    model = fj.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    assert all(t.sparsity == 0 for t, _ in model.tasks)  # off by default
+    sparse = fj.sparsify(model, min_sparsity=0.5)
+    assert sorted((t.name, n) for t, n in sparse.tasks) == [("conv2d_1x8x8x8_k8_3x3_s1_p1_relu_sp0.8", 2),
+                                                            ("dense_1x512_10_bias_sp0.9", 1)]
+    with pytest.raises(ValueError, match="min_sparsity"):
+        fj.sparsify(model, min_sparsity=1.0)
+    exe = fj.build_model(sparse)
+    assert exe.source.count("static const union") == 3  # one kernel per layer: weights are per layer
+    x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(exe(x), fj.build_model(model)(x), rtol=1e-4, atol=1e-4)

@@ -115,11 +115,12 @@ def emit(spec: NetSpec) -> NetSource:
     w(_PRELUDE.rstrip("\n"))
     w()
     # tuned kernels, one function per distinct (task, config)
-    kernel_names: dict[tuple[str, str], str] = {}
+    # (task, config, weights of a sparse kernel: compiled in) -> function name
+    kernel_names: dict[tuple[str, str, str], str] = {}
     for step in spec.steps:
         if step.op != "kernel":
             continue
-        key = (step.plan.space.task.key, step.plan.config.dumps())
+        key = (step.plan.space.task.key, step.plan.config.dumps(), getattr(step.plan, "weights_fingerprint", ""))
         if key in kernel_names:
             continue
         name = kernel_names[key] = f"fj_k{len(kernel_names)}"
@@ -131,7 +132,8 @@ def emit(spec: NetSpec) -> NetSource:
     calls: list[str] = []
     for s, step in enumerate(spec.steps):
         if step.op == "kernel":
-            name = kernel_names[(step.plan.space.task.key, step.plan.config.dumps())]
+            name = kernel_names[(step.plan.space.task.key, step.plan.config.dumps(),
+                                 getattr(step.plan, "weights_fingerprint", ""))]
             args = [f"(float*){ref(step.inputs[0])}", f"(float*)(W + {mem.packed[(step.inputs[1], s)]})"]
             args += [f"(float*){ref(i)}" for i in step.inputs[2:]]
             args.append(ref(step.outputs[0]))

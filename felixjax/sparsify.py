@@ -1,0 +1,80 @@
+"""Sparse layers of an imported network (issue 16): run a conv / dense / matmul layer whose weights
+are mostly zeros as a sparse task (:mod:`codegen.sparse`). Off by default: a model's layers are dense
+tasks unless :func:`sparsify` marks them.
+
+The sparse task holds the layer's zero fraction only (rounded down to ``decimals``); tuning measures
+kernels built for ``task.random_inputs`` (the same fraction, a random pattern), and
+:func:`felixjax.network_build.graph_to_spec` regenerates each sparse layer's kernel for the layer's
+real weights (:func:`codegen.sparse_lower.with_weights`), so two layers of one task keep their own.
+
+Example:
+    >>> import felixjax as fj
+    >>> m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=32, heads=2))
+    >>> [t.sparsity for t, _ in sparsify(m, min_sparsity=0.5).tasks]   # random dense weights: nothing marked
+    [0.0, 0.0, 0.0, 0.0]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from .graph_passes import Graph, Node
+from .onnx_import import Model
+
+
+def zero_fraction(weights: np.ndarray) -> float:
+    """The fraction of exact zeros in ``weights``.
+
+    Example:
+        >>> zero_fraction(np.array([0.0, 1.0, 0.0, 2.0]))
+        0.5
+    """
+    w = np.asarray(weights)
+    return float((w == 0).sum()) / max(1, w.size)
+
+
+def _layer_weights(graph: Graph, node: Node) -> np.ndarray | None:
+    """The constant weight tensor of an anchor node in its task's API shape, or None (not a constant)."""
+    name = node.inputs[1] if len(node.inputs) > 1 else ""
+    if name not in graph.constants:
+        return None
+    w = np.asarray(graph.constants[name], dtype=np.float32)
+    shape = node.task.input_shapes()[1]
+    return w.reshape(shape) if w.size == math.prod(shape) else None
+
+
+def layer_weights(graph: Graph, node: Node) -> np.ndarray:
+    """The weights a sparse layer's kernel is built for (its constant, in the task's weight shape)."""
+    w = _layer_weights(graph, node)
+    if w is None:
+        raise ValueError(f"layer {node.name!r}: a sparse task needs constant weights")
+    return w
+
+
+def sparsify(model: Model, *, min_sparsity: float = 0.5, decimals: int = 2) -> Model:
+    """A copy of ``model`` whose anchor layers (conv2d with groups 1, dense, matmul without batch) with
+    constant weights of at least ``min_sparsity`` zeros are sparse tasks.
+
+    Raises:
+        ValueError: ``min_sparsity`` outside (0, 1).
+    """
+    if not 0.0 < float(min_sparsity) < 1.0:
+        raise ValueError(f"min_sparsity must be in (0, 1), got {min_sparsity!r}")
+    g = model.graph
+    nodes = []
+    for node in g.nodes:
+        if node.is_anchor and not node.task.sparsity:
+            w = _layer_weights(g, node)
+            frac = zero_fraction(w) if w is not None else 0.0
+            if frac >= min_sparsity:
+                s = math.floor(frac * 10 ** decimals) / 10 ** decimals
+                try:
+                    task = replace(node.task, sparsity=min(s, 1.0 - 10 ** -decimals))
+                except ValueError:  # not a sparse kind (grouped conv, batched matmul, low precision)
+                    task = None
+                if task is not None:
+                    node = replace(node, attrs={**node.attrs, "task": task})
+        nodes.append(node)
+    return replace(model, graph=replace(g, nodes=tuple(nodes)))
