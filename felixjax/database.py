@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_task ON records (task_key, target_key, run);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS record_info (record_id INTEGER PRIMARY KEY, info TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS claims (
     task_key TEXT NOT NULL,
     target_key TEXT NOT NULL,
@@ -96,6 +97,9 @@ class TuningRecord:
         config: the schedule (its ``sketch`` names the loop structure).
         result: status, latencies (seconds per call, one per repeat), error text, timings.
         elapsed_s: seconds since the start of the run when the result arrived.
+        info: what the measurer reported besides the result, as JSON (e.g. on a ``cuda-sim`` target:
+            ptxas's registers, shared memory and spills, or the estimate and ``registers_estimated``;
+            the simulator's bound and occupancy); stored in the ``record_info`` table, ``{}`` if none.
     """
 
     task: Task
@@ -107,6 +111,7 @@ class TuningRecord:
     elapsed_s: float = 0.0
     target: dict = field(default_factory=dict, compare=False, repr=False)
     id: int | None = field(default=None, compare=False)
+    info: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -133,13 +138,13 @@ class TuningRecord:
     def to_json(self) -> dict:
         return {"task": self.task.to_json(), "target_key": self.target_key, "target": self.target, "run": self.run,
                 "trial": self.trial, "config": self.config.to_json(), "result": self.result.to_json(),
-                "elapsed_s": self.elapsed_s}
+                "elapsed_s": self.elapsed_s, **({"info": self.info} if self.info else {})}
 
     @staticmethod
     def from_json(d: dict) -> "TuningRecord":
         return TuningRecord(Task.from_json(d["task"]), d["target_key"], d["run"], int(d["trial"]),
                             Config.from_json(d["config"]), MeasureResult.from_json(d["result"]),
-                            float(d.get("elapsed_s", 0.0)), d.get("target") or {})
+                            float(d.get("elapsed_s", 0.0)), d.get("target") or {}, info=d.get("info") or {})
 
 
 def _target_key(target: Target | str) -> str:
@@ -147,7 +152,7 @@ def _target_key(target: Target | str) -> str:
 
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_KNOWN_TABLES = {"records", "meta", "claims", "sqlite_sequence"}
+_KNOWN_TABLES = {"records", "meta", "claims", "record_info", "sqlite_sequence"}
 _CORRUPT_HINTS = ("malformed", "not a database", "corrupt", "disk image")
 _BUSY_HINTS = ("locked", "busy")
 
@@ -438,10 +443,14 @@ class Database:
                r.timestamp, rec.elapsed_s, rec.task.flops, json.dumps(rec.task.to_json(), sort_keys=True),
                json.dumps(rec.target, sort_keys=True))
 
+        info = json.dumps(rec.info, sort_keys=True) if rec.info else None
+
         def insert(c: sqlite3.Connection) -> int:
             c.execute("BEGIN IMMEDIATE")
             cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
                             f"({', '.join('?' * len(_COLUMNS))})", row)
+            if info is not None:
+                c.execute("INSERT INTO record_info (record_id, info) VALUES (?, ?)", (cur.lastrowid, info))
             c.execute("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
                       row[:3] + (row[5],))
             c.execute("COMMIT")
@@ -525,15 +534,28 @@ class Database:
 
     # ---- reading -------------------------------------------------------------------------------
     def _rows(self, where: str, args: tuple, order: str = "id") -> Iterator[TuningRecord]:
-        rows = self._query(f"SELECT id, {', '.join(_COLUMNS)} FROM records {where} ORDER BY {order}", args)
+        if self._has_info():
+            rows = self._query(f"SELECT id, {', '.join(_COLUMNS)}, record_info.info FROM records LEFT JOIN record_info "
+                               f"ON record_info.record_id = records.id {where} ORDER BY {order}", args)
+        else:  # a read-only database written before the table existed
+            rows = [r + (None,) for r in
+                    self._query(f"SELECT id, {', '.join(_COLUMNS)} FROM records {where} ORDER BY {order}", args)]
         tasks: dict[str, Task] = {}
         for row in rows:
-            d = dict(zip(("id",) + _COLUMNS, row))
+            d = dict(zip(("id",) + _COLUMNS + ("info",), row))
             task = tasks.get(d["task"]) or tasks.setdefault(d["task"], Task.from_json(json.loads(d["task"])))
             result = MeasureResult(d["status"], tuple(json.loads(d["latencies"])), d["error"], d["build_s"],
                                    d["run_s"], d["timestamp"])
             yield TuningRecord(task, d["target_key"], d["run"], d["trial"], Config.from_json(d["config"]), result,
-                               d["elapsed_s"], json.loads(d["target"]), d["id"])
+                               d["elapsed_s"], json.loads(d["target"]), d["id"],
+                               json.loads(d["info"]) if d["info"] else {})
+
+    def _has_info(self) -> bool:
+        """Whether the ``record_info`` table exists (always, except in read-only old databases)."""
+        if getattr(self, "_info_table", None) is None:
+            self._info_table = bool(self._query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND "
+                                                "name = 'record_info'")[0][0])
+        return self._info_table
 
     @staticmethod
     def _where(task: Task | None, target: Target | str | None, run: str | None,

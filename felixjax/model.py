@@ -19,7 +19,8 @@ from codegen.space import Config
 from costmodels import Features, MLPCostModel
 
 from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES, batch_features, feature_inputs, features
-from .relax import Relaxation
+from .features_gpu import batch_gpu_features, gpu_feature_inputs, gpu_features
+from .relax_gpu import GpuRelaxation, relaxation_for
 from .smooth import Smooth
 
 
@@ -84,15 +85,26 @@ class OnlineCostModel:
 
         jaxcache.enable()
         self.target = target
-        peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
-        g = GLOBAL_FEATURES.index
-        self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
-                                   bandwidth=12e9 * max(1, int(target.cores)),
-                                   efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
-                                   softness=0.1)
+        n_access, n_glob = N_ACCESS_FEATURES, N_GLOBAL_FEATURES
+        if getattr(target, "is_gpu", False):  # GPU feature set (felixjax.features_gpu): same classes, own widths
+            from .features_gpu import GPU_GLOBAL_FEATURES, L2_BYTES_PER_CLK_SM, N_GPU_ACCESS_FEATURES, N_GPU_GLOBAL_FEATURES
+
+            spec, g = target.spec, GPU_GLOBAL_FEATURES.index
+            n_access, n_glob = N_GPU_ACCESS_FEATURES, N_GPU_GLOBAL_FEATURES
+            self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("l2_bytes"), peak_flops=spec.peak_flops,
+                                       bandwidth=L2_BYTES_PER_CLK_SM * spec.sm_count * spec.clock_hz,
+                                       efficiency_cols=(g("sm_fill"), g("fma_share"), g("tail_efficiency"),
+                                                        g("valid")), overhead=4e-6, softness=0.1)
+        else:
+            peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
+            g = GLOBAL_FEATURES.index
+            self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
+                                       bandwidth=12e9 * max(1, int(target.cores)),
+                                       efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
+                                       softness=0.1)
         cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
         if pretrained is None:
-            self.mlp = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
+            self.mlp = MLPCostModel(n_access, n_glob, hidden=hidden, seed=seed, config=cfg)
             self.pretrained = None
         else:
             self.mlp = load_pretrained(pretrained) if isinstance(pretrained, (str, os.PathLike)) else pretrained
@@ -195,8 +207,14 @@ class CostModelScorer:
             model = OnlineCostModel(target, seed=seed, hidden=hidden, train_config=train_config,
                                     pretrained=pretrained)
         self.shared = model
-        self.relaxations = {name: Relaxation(sp) for name, sp in spaces.items()}
-        self.inputs = {name: feature_inputs(r) for name, r in self.relaxations.items()}
+        self.relaxations = {name: relaxation_for(sp) for name, sp in spaces.items()}
+        # GPU spaces have features of their own (felixjax.features_gpu); a session's spaces are all one kind
+        self.gpu = any(isinstance(r, GpuRelaxation) for r in self.relaxations.values())
+        if self.gpu and not all(isinstance(r, GpuRelaxation) for r in self.relaxations.values()):
+            raise ValueError("a scorer's spaces are all CPU or all GPU sketches")
+        self.feature_fn = gpu_features if self.gpu else features
+        self.inputs = {name: (gpu_feature_inputs(r) if self.gpu else feature_inputs(r))
+                       for name, r in self.relaxations.items()}
         task = next(iter(spaces.values())).task if spaces else None
         self.group = model.group_of(task) if task is not None else 0
 
@@ -226,7 +244,8 @@ class CostModelScorer:
         """
         parts = []
         for pad, n in self._padded(xs):
-            f = batch_features(self.inputs[sketch], jnp.asarray(pad), Smooth.hard_mode())
+            batch = batch_gpu_features if self.gpu else batch_features
+            f = batch(self.inputs[sketch], jnp.asarray(pad), Smooth.hard_mode())
             parts.append(Features(*(np.asarray(a)[:n] for a in f)))
         return Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
 
@@ -253,7 +272,7 @@ class CostModelScorer:
         if not len(xs):
             return np.zeros(0)
         blend = self.differentiable
-        fn = _hard_score_for(blend)
+        fn = _hard_score_for(blend, self.feature_fn)
         out = []
         for pad, n in self._padded(xs):
             out.append(np.asarray(fn(blend.params, self.inputs[sketch], jnp.asarray(pad)))[:n])
@@ -262,7 +281,7 @@ class CostModelScorer:
     def soft_score(self, temperature: float):
         """``fn(params, inputs, x) -> predicted score`` on soft features of one relaxed point: the
         differentiable objective of the gradient strategy (pure; compiled once per model kind)."""
-        return _soft_score_for(self.differentiable, float(temperature))
+        return _soft_score_for(self.differentiable, float(temperature), self.feature_fn)
 
     def update(self, records: list) -> None:
         """Feed this task's new correct measurements to the shared model and fine-tune it."""
@@ -300,14 +319,15 @@ def model_key(model) -> tuple:
 _HARD_SCORE: dict = {}
 
 
-def _hard_score_for(model):
-    """``jit(params, inputs, x [B, N_X]) -> scores [B]`` on exact (hard-mode) features."""
-    key = (model_key(model), registry_key())  # the features call the declared knobs' hooks
+def _hard_score_for(model, feature_fn=features):
+    """``jit(params, inputs, x [B, N_X]) -> scores [B]`` on exact (hard-mode) features of ``feature_fn``
+    (:func:`felixjax.features.features`, or :func:`felixjax.features_gpu.gpu_features`)."""
+    key = (model_key(model), registry_key(), feature_fn.__name__)  # the features call the declared knobs' hooks
     if key not in _HARD_SCORE:
         hard = Smooth.hard_mode()
 
         def one(params, inputs, x):
-            f = features(inputs, x, hard)
+            f = feature_fn(inputs, x, hard)
             return model.apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
 
         _HARD_SCORE[key] = jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
@@ -317,14 +337,14 @@ def _hard_score_for(model):
 _SOFT_SCORE: dict = {}
 
 
-def _soft_score_for(model, temperature: float):
+def _soft_score_for(model, temperature: float, feature_fn=features):
     """``fn(params, inputs, x [N_X]) -> score`` on soft features (not jitted: the caller composes it)."""
-    key = (model_key(model), temperature, registry_key())
+    key = (model_key(model), temperature, registry_key(), feature_fn.__name__)
     if key not in _SOFT_SCORE:
         soft = Smooth.soft(temperature)
 
         def one(params, inputs, x):
-            f = features(inputs, x, soft)
+            f = feature_fn(inputs, x, soft)
             return model.apply(params, Features(f.access[None], f.mask[None], f.glob[None]))[0]
 
         _SOFT_SCORE[key] = one

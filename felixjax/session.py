@@ -326,8 +326,10 @@ class TuningSession:
             nonlocal simulated
             simulated += trial_s
             clock = tr.clock + time.perf_counter() - t0 + simulated
+            info = getattr(self.measurer(tr.task), "info", None)  # e.g. GpuSimMeasurer: ptxas and simulator report
             rec = self.db.add(TuningRecord(tr.task, self.target_key, tr.run, len(ctx.history), cfg,
-                                           _finite_result(res), clock, self._target_json))
+                                           _finite_result(res), clock, self._target_json,
+                                           info=dict(info.get(cfg, {})) if isinstance(info, dict) else {}))
             ctx.history.append(rec)
             ctx.measured.add(cfg)
             new.append(rec)

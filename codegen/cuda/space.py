@@ -252,29 +252,35 @@ class CudaSpace(Space):
         raise NotImplementedError("the GPU space is sampled, not enumerated")
 
     def default(self) -> Config:
-        """A conventional tiled schedule without search: 256 threads (16 along the last spatial axis),
-        2x2 virtual threads of 4x4 (or 2x2) outputs per thread on the two innermost spatial axes, or a
-        plain 4x4 tile; reduction slices of about 8 staged in shared memory; smaller fallbacks. Of the
-        valid ones, the first that best fills the GPU: ``min(1, blocks / SMs) * min(1, threads / 128)``."""
-        tries = [(256, 16, 8, 1, 2), (256, 4, 8, 1, 2), (256, 16, 8, 1, 1), (128, 8, 4, 1, 1), (64, 4, 1, 1, 1),
-                 (32, 1, 1, 0, 1), (1, 1, 1, 0, 1)]
+        """A conventional tiled schedule without search. First choice, for large outputs: 256 threads
+        (32 along the last spatial axis, 8 along the one before), 4x4 virtual threads of 4x2 outputs
+        (128 accumulators per thread, a 128x256 block tile on a matmul), reduction slices of 32 staged
+        in shared memory; then 256 threads (16 along the last axis) with 2x2 virtual threads of 4x4 (or
+        2x2) outputs and slices of 8, a plain 4x4 tile, and smaller fallbacks. The first valid one
+        that keeps at least 3/4 of the SMs busy is taken (big tiles leave too few blocks on small
+        outputs), else the one that best fills the GPU: ``min(1, blocks / SMs) * min(1, threads / 128)``
+        (ties: the first)."""
+        tries = [(256, 8, 32, 1, 4, 32, 2), (256, 16, 8, 1, 2), (256, 4, 8, 1, 2), (256, 16, 8, 1, 1),
+                 (128, 8, 4, 1, 1), (64, 4, 1, 1, 1), (32, 1, 1, 0, 1), (1, 1, 1, 0, 1)]
         valid = [c for c in (self._default(*t) for t in tries) if self.is_valid(c)]
         if not valid:
             raise ValueError(f"{self}: no default schedule fits {self.spec.name}")
-        def fill(c: Config) -> float:  # share of the SMs busy x share of a 128-thread block (ties: first)
+
+        def fill(c: Config) -> float:  # share of the SMs busy x share of a 128-thread block
             g = self.geometry(c)
             return min(1.0, g.n_blocks / self.spec.sm_count) * min(1.0, g.n_threads / 128)
 
-        return max(valid, key=fill)
+        return next((c for c in valid if fill(c) >= 0.75), None) or max(valid, key=fill)
 
-    def _default(self, threads: int, inner: int, depth: int, staged: int, vthreads: int) -> Config:
+    def _default(self, threads: int, inner: int, depth: int, staged: int, vthreads: int, last_threads: int = 16,
+                 last_inner: int = 4) -> Config:
         ext = {a.name: a.extent for a in self.axes}
         sp = [a.name for a in self.con.spatial]
         tiles = {}
         t_left, i_left = threads, inner
         for k, a in enumerate(reversed(sp)):
-            i = _largest_divisor_leq(ext[a], max(1, min(4, i_left)))
-            th = _largest_divisor_leq(ext[a] // i, max(1, min(16 if k == 0 else t_left, t_left)))
+            i = _largest_divisor_leq(ext[a], max(1, min(last_inner if k == 0 else 4, i_left)))
+            th = _largest_divisor_leq(ext[a] // i, max(1, min(last_threads if k == 0 else t_left, t_left)))
             v = vthreads if k < 2 and (ext[a] // (i * th)) % vthreads == 0 else 1
             tiles[a] = (ext[a] // (i * th * v), v, th, i)
             t_left //= th

@@ -14,8 +14,9 @@ on_result)``, like ``felixjax.measurer.Measurer``): for every config it
    shared memory beyond the SM) is a ``runtime_error``, as the launch would fail on the device.
 
 The result's latency is the simulated seconds (one repeat: the simulator is deterministic).
-``info[config]`` keeps the ptxas report and the simulator's breakdown (the database record holds the
-status and the simulated seconds only). Builds (nvcc and g++) run ``workers`` at a time in a thread
+``info[config]`` keeps the ptxas report (registers, shared memory, spill stores / loads; without nvcc the
+register estimate with ``registers_estimated: True`` and spills ``None``) and the simulator's breakdown;
+the tuning session stores it with the record (``TuningRecord.info``, the database's ``record_info``). Builds (nvcc and g++) run ``workers`` at a time in a thread
 pool, each group checked and simulated before the next is built, so records arrive in order and a
 seconds budget (wall-clock: builds, checks and simulation) stops the round soon after it runs out.
 
@@ -121,8 +122,12 @@ class GpuSimMeasurer:
             return MeasureResult(chk.status, error=chk.error, build_s=build_s, run_s=time.perf_counter() - t0)
         regs = nv.ptxas.get("registers") if nv.status == "ok" else None
         sim = simulate_config(space, cfg, registers=regs)
+        ptx = dict(nv.ptxas) if nv.status == "ok" else {}
         self.info[cfg] = {"registers": regs if regs is not None else space.registers(cfg),
-                          "registers_estimated": regs is None, "ptxas": dict(nv.ptxas), "bound": sim.bound,
+                          "registers_estimated": regs is None,
+                          "smem_bytes": ptx.get("smem_bytes", kernel.smem_bytes),
+                          "spill_stores": ptx.get("spill_stores"), "spill_loads": ptx.get("spill_loads"),
+                          "ptxas": ptx, "arch": self.spec.arch, "bound": sim.bound,
                           "blocks_per_sm": sim.blocks_per_sm, "occupancy": sim.occupancy, "waves": sim.waves,
                           "roofline_s": sim.roofline_s, "emulated_blocks": chk.blocks_run,
                           "grid_blocks": chk.blocks_total}
