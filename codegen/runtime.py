@@ -100,7 +100,8 @@ class Kernel:
         copy = np.array(w, copy=True, order="C")
         packed = self.plan.pack_weight(copy)
         # (weights seen, their copy, packed, the copy's address and size, packed's address): the fast path's check
-        self._packed = (w, copy, packed, copy.ctypes.data, copy.nbytes, packed.ctypes.data)
+        self._packed = (w, copy, packed, ctypes.c_void_p(copy.ctypes.data), ctypes.c_size_t(copy.nbytes),
+                        packed.ctypes.data)
         return packed
 
     def _run(self, x, packed, rest) -> np.ndarray:
@@ -112,11 +113,13 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
-        if len(arrays) == self._n and _ready(arrays, self._sig):
-            try:  # the data addresses without a.ctypes (a third of its cost); read-only arrays need the latter
+        addrs = None
+        if len(arrays) == self._n:
+            try:  # the data addresses without a.ctypes (a third of its cost): writable C-contiguous buffers only
                 addrs = [_addressof(_c_char.from_buffer(a)) for a in arrays]
-            except (TypeError, ValueError):
-                addrs = [a.ctypes.data for a in arrays]
+            except (TypeError, ValueError):  # read-only, strided, empty, not a buffer: the checked path
+                pass
+        if addrs is not None and _shapes_ok(arrays, self._sig):
             ptrs, cached, w = self._ptrs, self._packed, arrays[1]
             ptrs[:self._n] = addrs
             if cached is not None and cached[0] is w and _memcmp(cached[3], addrs[1], cached[4]) == 0:
@@ -191,6 +194,14 @@ def _ready(arrays, sig) -> bool:
     """Whether every array is a C-contiguous ndarray of its (shape, dtype): the fast path's only check."""
     for a, (shape, dt) in zip(arrays, sig):
         if type(a) is not _ndarray or a.shape != shape or a.dtype != dt or not a.flags.c_contiguous:
+            return False
+    return True
+
+
+def _shapes_ok(arrays, sig) -> bool:
+    """Whether every array is an ndarray of its (shape, dtype) (contiguity checked by the caller)."""
+    for a, (shape, dt) in zip(arrays, sig):
+        if type(a) is not _ndarray or a.shape != shape or not (a.dtype is dt or a.dtype == dt):
             return False
     return True
 
