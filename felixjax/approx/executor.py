@@ -286,18 +286,24 @@ def drift_report(*, seed: int = 0) -> list[str]:
         "Pad": ({"pads": ((0, 0), (0, 0), (1, -1), (2, 0))}, [x4, np.float32(0.5)], [(1, 4, 6, 8)]),
         "Slice": ({"slices": ((0, 1, 1), (1, 3, 1), (0, 6, 2), (0, None, 1))}, [x4], [(1, 2, 3, 6)]),
     }
-    bad = []
+    nodes, arglists, shapelists = [], [], []
     for op in JAX_OPS:
         if op == "Flatten":
             continue  # never in a canonical graph (imported as Reshape); kept for hand-built graphs
         attrs, args, shapes = cases.get(op, ({}, [pos] + ([pos] if _is_binary(op) else []), [x4.shape]))
-        node = Node(op, tuple(f"i{k}" for k in range(len(args))), tuple(f"o{k}" for k in range(len(shapes))),
-                    attrs, op)
+        nodes.append(Node(op, tuple(f"i{k}" for k in range(len(args))), tuple(f"o{k}" for k in range(len(shapes))),
+                          attrs, op))
+        arglists.append(args)
+        shapelists.append(shapes)
+    # every op in one jitted program (one compilation instead of one per op)
+    got_all = jax.jit(lambda arrays: [evaluate(n, a, s) for n, a, s in zip(nodes, arrays, shapelists)])(
+        [[jnp.asarray(a) for a in args] for args in arglists])
+    bad = []
+    for node, args, shapes, got in zip(nodes, arglists, shapelists, got_all):
         want = graph_passes.evaluate(node, args, shapes)
-        got = evaluate(node, [jnp.asarray(a) for a in args], shapes)
         for w, g in zip(want, got):
             if np.shape(w) != np.shape(g) or not np.allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5):
-                bad.append(f"{op}: JAX and numpy executors disagree")
+                bad.append(f"{node.op}: JAX and numpy executors disagree")
     return bad
 
 

@@ -61,7 +61,7 @@ class Groups:
 
     layouts: dict[str, Layout] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
-    producers: dict[int, list[str]] = field(default_factory=dict)   # group -> anchor names creating it
+    producers: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # group -> (anchor, first filter)
     frozen: dict[int, str] = field(default_factory=dict)            # group -> why it keeps every channel
     parent: dict[int, int] = field(default_factory=dict)
     ranking: dict[int, np.ndarray] = field(default_factory=dict)    # group -> channel order, best first
@@ -85,15 +85,15 @@ class Groups:
 
     def group_of(self, anchor_name: str) -> int | None:
         """The (root) group an anchor's output channels belong to, or None."""
-        for g, names in self.producers.items():
-            if anchor_name in names:
+        for g, made in self.producers.items():
+            if any(name == anchor_name for name, _ in made):
                 return self.find(g)
         return None
 
     # ---- building ---------------------------------------------------------------------------
     def new(self, size: int, producer: str) -> int:
         g = len(self.parent)
-        self.parent[g], self.sizes[g], self.producers[g] = g, size, [producer]
+        self.parent[g], self.sizes[g], self.producers[g] = g, size, [(producer, 0)]
         return g
 
     def union(self, a: int, b: int) -> None:
@@ -210,11 +210,20 @@ def _anchor(gr: Groups, node: Node, ins: list, graph: Graph) -> None:
     res = ins[-1] if task.residual else None
     p = task.p
     if task.op == "conv2d" and p["groups"] == 1 or task.op == "dense":
-        mine = Layout(((gr.new(task.output_shape[1], node.name), task.output_shape[1]),))
+        k = task.output_shape[1]
         if task.op == "dense" and len(graph.shapes[out]) != 2:
-            gr.freeze(mine, f"dense {node.name!r} on a rank-{len(graph.shapes[out])} value")
             gr.freeze(ins[0], f"dense {node.name!r} on a rank-{len(graph.shapes[out])} value")
             return
+        if res is not None and res.inner == 1 and len(res.segments) > 1 and res.channels == k:
+            # the residual's channels are several groups side by side (a concat): this anchor's filters
+            # join those groups, segment by segment
+            offset = 0
+            for g, size in res.segments:
+                gr.producers[gr.find(g)].append((node.name, offset))
+                offset += size
+            lay[out] = res
+            return
+        mine = Layout(((gr.new(k, node.name), k),))
         if task.residual:
             mine = gr.unify(mine, res, f"residual of {node.name!r}")
             if mine is None:
@@ -234,10 +243,10 @@ def _anchor(gr: Groups, node: Node, ins: list, graph: Graph) -> None:
 def _rank(gr: Groups, graph: Graph) -> None:
     by_name = {n.name: n for n in graph.nodes}
     score: dict[int, np.ndarray] = {}
-    for g, names in gr.producers.items():
+    for g, made in gr.producers.items():
         r = gr.find(g)
-        for name in names:
-            w = graph.constants[by_name[name].inputs[1]]
+        for name, offset in made:
+            w = graph.constants[by_name[name].inputs[1]][offset: offset + gr.sizes[r]]
             l1 = np.abs(w.reshape(w.shape[0], -1)).sum(axis=1)
             score[r] = score.get(r, 0) + l1 / (l1.mean() + 1e-12)  # each producer counts equally
     for g in {gr.find(g) for g in gr.parent}:

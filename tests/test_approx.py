@@ -1,0 +1,260 @@
+"""Approximation (issue 17): the JAX executor, channel groups and pruning, quality knobs, the latency
+tables, bad input, and one small measured run of fj.approximate."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import felixjax as fj
+from felixjax.approx import executor, knobs, objective, quality
+from felixjax.approx.digits import _init, to_onnx
+from felixjax.graph_passes import run_graph
+
+
+def _masked(graph, groups, keep):
+    """The original graph run in JAX with hard 0/1 channel masks (what pruning must reproduce)."""
+    masks = {g: (np.arange(groups.size(g)) < n).astype(np.float32) for g, n in keep.items()}
+
+    def hook(v, val):
+        lay = groups.layouts.get(v)
+        if lay is None:
+            return val
+        return val * knobs.mask_vector(groups, lay, masks, jnp).reshape((1, -1) + (1,) * (val.ndim - 2))
+
+    return hook
+
+
+def _concat_model() -> onnx.ModelProto:
+    """conv a, conv b -> concat -> conv c (+ skip from concat) -> relu -> flatten -> gemm."""
+    rng = np.random.default_rng(0)
+    w = {"wa": rng.standard_normal((6, 3, 3, 3)), "wb": rng.standard_normal((10, 3, 1, 1)),
+         "wc": rng.standard_normal((16, 16, 3, 3)) * 0.2, "bc": rng.standard_normal(16),
+         "wd": rng.standard_normal((5, 16 * 16)) * 0.1}
+    init = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1], name="ca"),
+             helper.make_node("Relu", ["a"], ["ra"], name="ra"),
+             helper.make_node("Conv", ["x", "wb"], ["b"], name="cb"),
+             helper.make_node("Concat", ["ra", "b"], ["cat"], axis=1, name="cat"),
+             helper.make_node("Conv", ["cat", "wc", "bc"], ["c"], pads=[1, 1, 1, 1], name="cc"),
+             helper.make_node("Add", ["c", "cat"], ["s"], name="skip"),
+             helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "wd"], ["y"], transB=1, name="fc")]
+    g = helper.make_graph(nodes, "concat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], init)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+# ---- executor ---------------------------------------------------------------------------------
+
+def test_every_op_of_the_jax_table_matches_the_numpy_executor():
+    assert executor.drift_report() == []
+
+
+@pytest.mark.parametrize("name", ["concat", "digits"])
+def test_jax_executor_matches_onnxruntime(name):
+    ort = pytest.importorskip("onnxruntime")
+    proto = _concat_model() if name == "concat" else to_onnx({k: np.asarray(v) for k, v in _init(4, 1).items()}, 16)
+    m = fj.load_onnx(proto)
+    x = np.random.default_rng(1).standard_normal(m.graph.shapes[m.graph.inputs[0]]).astype(np.float32)
+    want = ort.InferenceSession(proto.SerializeToString()).run(None, {m.graph.inputs[0]: x})[0]
+    got = np.asarray(jax.jit(lambda v: executor.run(m.graph, {m.graph.inputs[0]: v})[m.graph.outputs[0]])(x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_op_outside_the_table_is_a_clear_error():
+    m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    missing = executor.supported(m.graph)
+    if missing:
+        with pytest.raises(ValueError, match="does not run"):
+            executor.check_supported(m.graph)
+
+
+# ---- channel groups and pruning -----------------------------------------------------------------
+
+def test_residual_adds_tie_channel_groups():
+    m = fj.load_onnx(fj.zoo.make_model("resnet18", dataset="cifar10"))
+    g = knobs.analyze(m.graph)
+    assert g.find(g.group_of("conv1")) == g.find(g.group_of("conv3")) == g.find(g.group_of("conv5"))
+    assert g.group_of("conv2") != g.group_of("conv1")
+    assert g.group_of("gemm1") is not None and g.is_frozen(g.group_of("gemm1"))  # the logits keep every class
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "concat", "digits"])
+def test_pruning_equals_masking(name):
+    proto = {"concat": _concat_model, "digits": lambda: to_onnx({k: np.asarray(v) for k, v in _init(8, 2).items()},
+                                                                 16)}.get(name, lambda: fj.zoo.make_model(name))()
+    m = fj.load_onnx(proto)
+    g = knobs.analyze(m.graph)
+    assert g.prunable()
+    rng = np.random.default_rng(3)
+    keep = {k: int(rng.integers(1, g.size(k) + 1)) for k in g.prunable()}
+    pruned = knobs.prune(m.graph, g, keep)
+    x = rng.standard_normal(m.graph.shapes[m.graph.inputs[0]]).astype(np.float32)
+    small = run_graph(pruned, {m.graph.inputs[0]: x})[pruned.outputs[0]]
+    run = jax.jit(lambda v: executor.run(m.graph, {m.graph.inputs[0]: v},
+                                         value_hook=_masked(m.graph, g, keep))[m.graph.outputs[0]])
+    full = run(x)
+    np.testing.assert_allclose(small, np.asarray(full), rtol=1e-4, atol=1e-5)
+    assert sum(n.task.flops for n in pruned.nodes if n.is_anchor) < sum(t.flops * w for t, w in m.tasks)
+
+
+def test_concat_lays_groups_side_by_side_and_consumers_follow():
+    m = fj.load_onnx(_concat_model())
+    g = knobs.analyze(m.graph)
+    ga, gb = g.group_of("ca"), g.group_of("cb")
+    assert ga != gb and g.layouts["cat"].segments == ((ga, 6), (gb, 10))
+    pruned = knobs.prune(m.graph, g, {ga: 2, gb: 8})
+    cc = next(n for n in pruned.nodes if n.name == "cc")
+    assert cc.task.input_shapes()[0][1] == 10 and cc.task.output_shape[1] == 10  # tied by the skip add
+    fc = next(n for n in pruned.nodes if n.name == "fc")
+    assert fc.task.input_shapes()[0][1] == 10 * 16  # flatten: 16 values per kept channel
+
+
+def test_ranking_keeps_the_filters_of_largest_l1_norm():
+    m = fj.load_onnx(_concat_model())
+    g = knobs.analyze(m.graph)
+    gb = g.group_of("cb")
+    w = m.graph.constants[next(n for n in m.graph.nodes if n.name == "cb").inputs[1]]
+    l1 = np.abs(w.reshape(w.shape[0], -1)).sum(1)
+    assert set(g.ranking[gb][:3]) == set(np.argsort(-l1)[:3])
+
+
+def test_bad_keep_counts_are_errors():
+    m = fj.load_onnx(_concat_model())
+    g = knobs.analyze(m.graph)
+    with pytest.raises(ValueError, match="cannot keep"):
+        knobs.prune(m.graph, g, {g.group_of("ca"): 0})
+    with pytest.raises(ValueError, match="frozen"):
+        knobs.prune(m.graph, g, {g.group_of("fc"): 2})
+
+
+# ---- quality knobs -----------------------------------------------------------------------------
+
+def test_fake_quant_rounds_forward_and_passes_gradients_straight_through():
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((4, 9)).astype(np.float32))
+    q = quality.fake_quant_weight(w, "int8")
+    scale = np.abs(np.asarray(w)).max(axis=1, keepdims=True) / 127
+    np.testing.assert_allclose(np.asarray(q) / scale, np.round(np.asarray(q) / scale), atol=1e-3)
+    assert 0 < float(jnp.abs(q - w).max()) <= float(scale.max()) / 2 + 1e-6
+    grad = jax.grad(lambda v: jnp.sum(quality.fake_quant_weight(v, "int8") * 3.0))(w)
+    np.testing.assert_allclose(np.asarray(grad), 3.0)
+    h = quality.fake_quant(w, "float16")
+    assert np.array_equal(np.asarray(h), np.asarray(w).astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="precision"):
+        quality.fake_quant(w, "int4")
+
+
+def test_magnitude_mask_and_calibration():
+    w = jnp.asarray(np.arange(1, 11, dtype=np.float32))
+    m = quality.magnitude_mask(w, 0.3)
+    assert np.asarray(m).tolist() == [0, 0, 0] + [1] * 7
+    assert quality.calibrate([np.array([-254.0, 3.0])]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        quality.magnitude_mask(w, 1.0)
+
+
+def test_soft_mask_is_the_top_n_mask_at_integers_and_differentiable():
+    np.testing.assert_allclose(np.asarray(quality.soft_mask(3.0, 6, tau=0.01)), [1, 1, 1, 0, 0, 0], atol=1e-6)
+    d = jax.grad(lambda k: jnp.sum(quality.soft_mask(k, 6, tau=0.5)))(2.3)
+    assert float(d) > 0
+
+
+# ---- latency tables ----------------------------------------------------------------------------
+
+def test_latency_slope_comes_from_the_schedules_table_not_flops():
+    """A predictor whose latency steps every 8 output channels (one register block of 8 lanes) gives
+    d latency / d channels = 0 between 12 and 16 channels (same blocks) and > 0 across a step; the
+    FLOPs proxy has a slope everywhere."""
+    m = fj.load_onnx(_concat_model())
+    g = knobs.analyze(m.graph)
+
+    def stepped(task):
+        return 1e-6 * -(-task.output_shape[1] // 8) * task.input_shapes()[0][1]
+
+    tg = fj.Target.cpu(cores=1)
+    tab = objective.LatencyTable(m.graph, g, tg, measured={}, predictor=stepped, multiple=4)
+    flops = objective.LatencyTable(m.graph, g, tg, measured={}, kind="flops", multiple=4)
+    cc = next(lay for lay in tab.layers if lay.node.name == "cc")
+    fc = next(lay for lay in flops.layers if lay.node.name == "cc")
+    assert list(cc.go) == [4.0, 8.0, 12.0, 16.0]
+    slope = jax.grad(lambda co: objective.interp2(cc.table, cc.gi, cc.go, 16.0, co))
+    slope_flops = jax.grad(lambda co: objective.interp2(fc.table, fc.gi, fc.go, 16.0, co))
+    assert float(slope(14.0)) == 0.0 and float(slope(10.0)) > 0
+    assert float(slope_flops(14.0)) > 0
+
+
+def test_interp2_is_exact_on_the_grid():
+    t = np.array([[1.0, 2.0, 4.0], [3.0, 5.0, 9.0]])
+    gi, go = np.array([8.0, 16.0]), np.array([8.0, 16.0, 32.0])
+    for a, i in enumerate(gi):
+        for b, o in enumerate(go):
+            assert float(objective.interp2(t, gi, go, i, o)) == pytest.approx(t[a, b], rel=1e-5)
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    params = {k: np.asarray(v) for k, v in _init(4, 0).items()}
+    proto = to_onnx(params, 8)
+    x = np.random.default_rng(0).uniform(0, 1, (24, 1, 8, 8)).astype(np.float32)
+    y = np.arange(24) % 10
+    return proto, x, y
+
+
+@pytest.mark.parametrize("case,match", [
+    ("negative budget", "quality_budget"), ("data not a tuple", "data must be"),
+    ("no labels for accuracy", "fidelity"), ("wrong sample shape", "shape"), ("label count", "labels"),
+    ("label range", "classes"), ("unknown metric", "metric"), ("unknown output", "not an output"),
+])
+def test_bad_input_is_a_clear_error(tiny, case, match):
+    proto, x, y = tiny
+    kwargs = {"data": (x, y)}
+    kwargs.update({"negative budget": {"quality_budget": -0.1}, "data not a tuple": {"data": "x"},
+                   "no labels for accuracy": {"data": (x,)}, "wrong sample shape": {"data": (x[:, :, :4], y)},
+                   "label count": {"data": (x, y[:5])}, "label range": {"data": (x, y + 5)},
+                   "unknown metric": {"metric": "f1"}, "unknown output": {"output": "nope"}}[case])
+    with pytest.raises(ValueError, match=match):
+        fj.approximate(proto, progress=False, **kwargs)
+
+
+def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny):
+    from felixjax.cli import main
+
+    proto, x, y = tiny
+    model = tmp_path / "m.onnx"
+    onnx.save(proto, model)
+    np.savez(tmp_path / "d.npz", x=x, y=y + 20)
+    assert main(["approx", str(model), "--data", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o")]) == 2
+    np.savez(tmp_path / "e.npz", z=x)
+    assert main(["approx", str(model), "--data", str(tmp_path / "e.npz"), "-o", str(tmp_path / "o")]) == 2
+
+
+# ---- one small measured run --------------------------------------------------------------------
+
+@pytest.mark.cc
+def test_approximate_measures_what_it_reports(tmp_path):
+    rng = np.random.default_rng(0)
+    params = {k: np.asarray(v) for k, v in _init(8, 0).items()}
+    proto = to_onnx(params, 8)
+    x = rng.uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
+    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=1.0,
+                         trials=0, rounds=1, steps=3, lam=0.05, multiple=4, latency="flops", progress=False)
+    assert res.pareto[0].method == "float32" and res.quality_evals == len(res.pareto)
+    assert res.baseline_quality == 1.0  # fidelity of the float32 build to itself
+    assert res.speedup > 0 and np.isfinite(res.latency_s)
+    # the reported quality is the metric of the returned executable's outputs, recomputed here
+    ref = np.stack([res.baseline(x[i: i + 1]) for i in range(len(x))])
+    out = np.stack([res.executable(x[i: i + 1]) for i in range(len(x))])
+    assert quality.metric_value(out, "fidelity", reference=ref) == pytest.approx(res.quality)
+    m = fj.load_onnx(proto)
+    np.testing.assert_allclose(ref[0], m.run_numpy(x[:1]), rtol=1e-4, atol=1e-5)
+    assert len(res.layers) == 5 and "float32" in res.table()
+    assert (res.export(tmp_path / "out") / "model.c").exists()
