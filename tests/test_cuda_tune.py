@@ -53,6 +53,21 @@ def test_measurer_reads_ptxas():
     m = GpuSimMeasurer(t, fj.Target.cuda_sim("orin"))
     (cfg, r), = _collect(m, [m.spaces["cuda_tiled"].default()])
     assert r.ok and m.info[cfg]["registers_estimated"] is False and m.info[cfg]["ptxas"]["registers"] > 0
+    assert m.info[cfg]["registers"] == m.info[cfg]["ptxas"]["registers"] and m.info[cfg]["spill_stores"] == 0
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_ptxas_report_is_stored_in_the_record(tmp_path):
+    t = fj.ops.matmul(32, 32, 32)
+    tg = fj.Target.cuda_sim("a100")
+    db = str(tmp_path / "nv.db")
+    fj.tune(t, tg, strategy="random", trials=2, db=db, seed=0, progress=False, retime=0)
+    store = fj.Database(db)
+    recs = [r for r in store.records(task=t, target=tg) if r.ok]
+    assert recs and all(r.info["registers_estimated"] is False and r.info["registers"] == r.info["ptxas"]["registers"]
+                        and r.info["spill_stores"] is not None and r.info["smem_bytes"] >= 0 for r in recs)
+    store.close()
 
 
 @pytest.mark.parametrize("strategy", ["random", "genetic"])
@@ -71,6 +86,13 @@ def test_tune_on_cuda_sim(no_nvcc, tmp_path, strategy):
     np.testing.assert_allclose(res.kernel()(*xs), t.reference(*xs), rtol=1e-4, atol=1e-4)
     store = fj.Database(db)
     assert store.records(task=t, target=tg) and not store.records(task=t, target=fj.Target.cpu())
+    # the measurer's report is in the record: no nvcc here, so registers are the estimate, flagged so
+    ok = [r for r in store.records(task=t, target=tg) if r.ok]
+    assert ok and all(r.info["registers_estimated"] is True and r.info["registers"] > 0
+                      and r.info["spill_stores"] is None and r.info["arch"] == "sm_87" for r in ok)
+    back = fj.Database(":memory:")
+    back.add(type(ok[0]).from_json(ok[0].to_json()))
+    assert back.records()[0].info == ok[0].info
     assert not store.records(task=t, target=fj.Target.cuda_sim("a100"))
     store.close()
 
