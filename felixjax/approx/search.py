@@ -126,7 +126,7 @@ def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
             why.append(f"precision {dt}: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
     try:
         ops.dense(1, 64, 64, sparsity=0.5)
-        why.append("sparsity: sparse codegen.ops has kernels for it, but the network build and this objective do not use them yet")
+        why.append("sparsity: codegen.ops has sparse kernels, but the network build and this objective do not use them yet")
     except (TypeError, ValueError) as e:
         why.append(f"sparsity: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
     return ("float32",), tuple(why)
