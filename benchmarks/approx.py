@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uniform", default="0.75,0.5,0.375,0.25")
     ap.add_argument("--strategy", default="random")
     ap.add_argument("--finetune", type=int, default=0)
+    ap.add_argument("--multiple", type=int, default=None, help="channel multiple (default: the SIMD width)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/approx")
     args = ap.parse_args(argv)
@@ -114,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     db = str(work / "runs.db")
     common = dict(data=(xc, yc), quality_budget=args.budget, trials=args.trials, db=db, seed=args.seed,
                   rounds=args.rounds, steps=args.steps, strategy=args.strategy, finetune_steps=args.finetune,
-                  progress=True)
+                  multiple=args.multiple, progress=True)
     rows: list[dict] = []
     res = fj.approximate(proto, target, latency="cost_model", **common)
     flops = fj.approximate(proto, target, latency="flops", **common)
     ax = Approximator(proto, target, data=(xc, yc), db=db, seed=args.seed, strategy=args.strategy,
-                      trials_per_task=max(1, args.trials // 8), finetune_steps=args.finetune)
+                      trials_per_task=max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(
+                          fj.load_onnx(proto).tasks))),  # as one round of fj.approximate
+                      finetune_steps=args.finetune, multiple=args.multiple)
 
     def add(method: str, keep, lat: float, q: float, evals: int) -> None:
         exe = ax.build(ax.pruned_model(dict(keep))) if keep is not None else res.baseline
