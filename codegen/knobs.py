@@ -41,7 +41,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-MAX_EXTRA_KNOBS = 4  # continuous coordinates the relaxation reserves for declared knobs
+MAX_EXTRA_KNOBS = 8  # continuous coordinates the relaxation reserves for declared knobs (3 are taken by the
+# built-in ones: sparse_bc and sparse_density of codegen.sparse, dw_stage of codegen.depthwise)
 MAX_KNOB_FEATURES = 4  # global feature slots reserved for declared knobs' features
 MAX_KNOB_VALUES = 32  # values in one knob's domain
 RELAX_KINDS = ("index", "log2")
