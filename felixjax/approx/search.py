@@ -61,6 +61,13 @@ class ParetoPoint:
     quality_loss: float
     keep: tuple[tuple[int, int], ...]
     note: str = ""
+    #: the float32 baseline timed interleaved with this point (same load, same minute): the speedup's
+    #: denominator; NaN for the baseline itself
+    baseline_s: float = float("nan")
+
+    @property
+    def speedup(self) -> float:
+        return (self.baseline_s if math.isfinite(self.baseline_s) else self.latency_s) / self.latency_s
 
 
 @dataclass(frozen=True)
@@ -81,9 +88,12 @@ class ApproxResult:
     excluded: tuple[str, ...] = ()
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
+    chosen: ParetoPoint | None = None
+
     @property
     def speedup(self) -> float:
-        return self.baseline_latency_s / self.latency_s
+        """Measured: the chosen network against the float32 build timed interleaved with it."""
+        return self.chosen.speedup if self.chosen is not None else self.baseline_latency_s / self.latency_s
 
     @property
     def quality_loss(self) -> float:
@@ -99,7 +109,7 @@ class ApproxResult:
                  f"{self.baseline_quality:.4f}",
                  f"{'method':<12} {'ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
         for p in self.pareto:
-            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {self.baseline_latency_s / p.latency_s:>7.2f}x "
+            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {p.speedup:>7.2f}x "
                          f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}")
         lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations")
@@ -207,6 +217,17 @@ class Approximator:
         number = max(1, int(0.1 / max(once, 1e-6)))
         return min(exe.timeit(x0, number=number) for _ in range(repeats))
 
+    def latency_pair(self, exe: CompiledModel, base: CompiledModel, *, repeats: int = 7) -> tuple[float, float]:
+        """``(seconds of exe, seconds of base)``: best of ``repeats`` timings each, interleaved, so both
+        see the same machine load."""
+        x0 = self.x[0]
+        number = max(1, int(0.05 / max(base.timeit(x0, number=1), 1e-6)))
+        a, b = [], []
+        for _ in range(repeats):
+            a.append(exe.timeit(x0, number=number))
+            b.append(base.timeit(x0, number=number))
+        return min(a), min(b)
+
     def measured(self) -> dict[Task, float]:
         """The best measured latency of every task tuned so far."""
         out = {}
@@ -222,7 +243,7 @@ class Approximator:
         return Model(name=f"{self.model.name}_approx", graph=graph, source=graph, opset=self.model.opset)
 
     def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
-              note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
+              base_exe: CompiledModel | None = None, note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
         """Prune to ``keep``, tune the new tasks, build, measure latency and quality."""
         model = self.pruned_model(keep)
         if self.finetune_steps:
@@ -231,10 +252,14 @@ class Approximator:
             model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
         self.tune(model)
         exe = self.build(model)
-        lat, q = self.latency(exe), self.quality_of(exe)
+        if base_exe is not None:
+            lat, base_s = self.latency_pair(exe, base_exe)
+        else:
+            lat, base_s = self.latency(exe), float("nan")
+        q = self.quality_of(exe)
         loss = (baseline.quality - q) if baseline else 0.0
         keys = tuple(sorted((g, int(n)) for g, n in keep.items()))
-        return ParetoPoint(method, lat, q, loss, keys, note), exe, model
+        return ParetoPoint(method, lat, q, loss, keys, note, base_s), exe, model
 
 
 def approximate(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, data: tuple,
@@ -323,13 +348,13 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             lam = lam / 2 if seen[key] else lam * 2
             continue
         pt, exe, pm = ax.point(keep, latency if latency != "cost_model" else "ours", baseline=base,
-                               note=f"lam={lam:.3g}")                         # prune, re-tune, build, measure
+                               base_exe=base_exe, note=f"lam={lam:.3g}")                         # prune, re-tune, build, measure
         points.append(pt)
         table.observe(ax.measured())                                          # measured kernels feed back
         ok = seen[key] = pt.quality_loss <= quality_budget
-        say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({base.latency_s / pt.latency_s:.2f}x), "
+        say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
             f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)")
-        if ok and pt.latency_s < best[0].latency_s:
+        if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
         if ok:
             hi = lam if hi is None else min(hi, lam)
@@ -341,7 +366,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     layers = _decisions(base_model, chosen_model)
     return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
                         float(quality_budget), layers, tuple([base] + points), ax.quality_evals, excluded,
-                        tuple(trace))
+                        tuple(trace), chosen if chosen is not base else None)
 
 
 def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
