@@ -202,3 +202,15 @@ def test_build_model_regenerates_sparse_layers_with_their_weights():
     assert exe.source.count("static const union") == 3  # one kernel per layer: weights are per layer
     x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(exe(x), fj.build_model(model)(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.2", "nan", "x"])
+def test_cli_sparsity_is_one_clear_line(value, tmp_path, capsys):
+    from felixjax.cli import main as cli
+
+    db = tmp_path / "t.db"
+    assert cli(["tune", "--op", f"dense:in=16,out=8,sparsity={value}", "--strategy", "random", "--no-compare",
+                "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sparsity" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not db.exists()
