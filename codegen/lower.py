@@ -180,9 +180,10 @@ class Plan:
     #: whose rows the kernel reads from ``data_tail`` (a small zero-padded copy) instead of copying the
     #: whole data input; -1 otherwise (see :func:`lower`)
     tail_row: int = -1
-    #: int8 only: 2 when the register block takes the reduction two at a time with exact int16 pair
-    #: dot products (AVX2 ``vpmaddwd``: weights packed in pairs along the innermost R1 loop at load,
-    #: see :func:`int8_pairs`), else 1 (widening int8 -> int32 multiplies)
+    #: int8 only: reduction steps per dot-product instruction (:func:`int8_pairs`): 4 on a VNNI target
+    #: (``vpdpbusd``, weights in groups of four along the innermost R1 loop, their per-channel sums
+    #: appended at load for the zero-point correction), 2 on AVX2 (``vpmaddwd`` on exact int16
+    #: pairs), 1 otherwise (widening int8 -> int32 multiplies)
     pairs: int = 1
 
     @property
@@ -226,11 +227,23 @@ class Plan:
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
         layout = self.buffers["weight"].layout
-        flat = layout.pack(embed(weight, layout.shape), dtype=self.arg_dtypes()[1])
-        if self.pairs == 2:  # interleave rows k, k+1 of every panel: ..., w[k][q], w[k+1][q], ...
+        full = embed(weight, layout.shape)
+        flat = layout.pack(full, dtype=self.arg_dtypes()[1])
+        g = self.pairs
+        if g > 1:  # interleave rows k .. k+g-1 of every panel: ..., w[k][q], w[k+1][q], ..., w[k+g-1][q], ...
             sk = self.buffers["weight"].stride(_pair_loop(self).var)
-            flat = flat.reshape(-1, 2, sk).transpose(0, 2, 1).reshape(-1).copy()
+            flat = flat.reshape(-1, g, sk).transpose(0, 2, 1).reshape(-1).copy()
+        if g == 4:  # VNNI reads raw uint8 data: append sum_k w per output channel (int32, 64-byte aligned)
+            ch = 1 if self.space.task.op == "matmul" else 0
+            sums = np.asarray(full, np.int64).sum(axis=tuple(d for d in range(full.ndim) if d != ch))
+            pad = np.zeros(self.wsum_offset - flat.size, np.int8)
+            flat = np.concatenate([flat, pad, sums.astype("<i4").view(np.int8)])
         return flat
+
+    @property
+    def wsum_offset(self) -> int:
+        """Byte offset of the per-channel weight sums in a VNNI plan's packed weights."""
+        return -(-self.buffers["weight"].layout.size // 64) * 64
 
     def kernel_inputs(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """API-order task inputs -> kernel argument arrays (weights packed, contiguous, of ``arg_dtypes``)."""
@@ -246,12 +259,15 @@ def _pair_loop(plan: "Plan") -> Loop:
 
 
 def int8_pairs(plan: Plan) -> int:
-    """2 when an int8 plan's register block can take its reduction in pairs with exact int16 dot
-    products (AVX2 ``vpmaddwd``: 16 products per instruction, summed in pairs into 8 int32 lanes),
-    else 1. Needs: 4, 8 or 16 lanes; the weights are the vector operand (unit stride along the
-    vector loop, the same for every row of the block) and the data the broadcast one; the innermost
-    live R1 loop has an even extent, and its weight stride is the packed panel's row (so rows k and
-    k+1 interleave in place at load, untimed). A function of the config, not a knob.
+    """Reduction steps per int8 dot-product instruction the register block can take: 4 on a target
+    with ``avx512_vnni`` (``vpdpbusd``: u8 x s8 groups of four into int32, exact; signed data is
+    offset by 128 and the zero point corrected with the weights' per-channel sums in the epilogue),
+    2 elsewhere (AVX2 ``vpmaddwd``: exact int16 pairs, 16 products per instruction, summed in pairs
+    into 8 int32 lanes), else 1. Needs: 4, 8 or 16 lanes; the weights are the vector operand (unit
+    stride along the vector loop, the same for every row of the block) and the data the broadcast
+    one; the innermost live R1 loop's extent is a multiple of the group, and its weight stride is the
+    packed panel's row (so rows k .. k+g-1 interleave in place at load, untimed); VNNI also needs an
+    unbatched task (one weight sum per output channel). A function of the config, not a knob.
 
     Example:
         >>> from codegen.ops import matmul
@@ -266,6 +282,8 @@ def int8_pairs(plan: Plan) -> int:
     live_r1 = [lp for lp in plan.levels["R1"] if lp.extent > 1]
     if not live_r1 or live_r1[-1].extent % 2:
         return 1
+    vnni = bool(plan.space.target.avx512_vnni) and not plan.space.task.p.get("batch")
+    g = 4 if vnni and live_r1[-1].extent % 4 == 0 else 2
     kr = live_r1[-1]
     w, d = plan.buffers["weight"], plan.buffers["data"]
     vloop = next((lp for lp in plan.levels["S3"] if lp.axis == plan.vector_axis), None)
@@ -276,9 +294,9 @@ def int8_pairs(plan: Plan) -> int:
         return 1
     sk = vloop.extent
     live = {lp.var for lp in plan.loops() if lp.extent > 1} - {kr.var, vloop.var}
-    if w.layout.size % (2 * sk) or any(st % (2 * sk) for var, st in w.strides if var in live):
-        return 1  # every other loop must move whole pairs of panel rows
-    return 2
+    if w.layout.size % (g * sk) or any(st % (g * sk) for var, st in w.strides if var in live):
+        return 1  # every other loop must move whole groups of panel rows
+    return g
 
 
 def _var_strides(access: Access, layout: Layout, space: Space, tiles: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -441,7 +459,7 @@ def lower(space: Space, config: Config) -> Plan:
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
         if knob.lower is not None:
             plan = knob.lower(plan, space.knob_value(config, knob))
-    if space.task.quantized and int8_pairs(plan) == 2:
-        plan = replace(plan, pairs=2)
+    if space.task.quantized and int8_pairs(plan) > 1:
+        plan = replace(plan, pairs=int8_pairs(plan))
     finish = SKETCH_LOWERINGS.get(space.sketch.base)
     return finish(plan) if finish is not None else plan

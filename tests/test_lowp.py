@@ -240,3 +240,58 @@ def test_a_short_int8_tuning_run(tmp_path, runner):
     ref = t.reference(*arrays)
     ok, msg = check_output(res.kernel(threads=1)(*arrays), ref, 64, *t.tolerance(ref)[:1], atol=t.tolerance(ref)[1])
     assert ok, msg
+
+
+# the VNNI path (groups of four, vpdpbusd) cannot run on a CPU without AVX512-VNNI: its kernels are
+# run here with vpdpbusd emulated in C (a dialect table, all else as emitted: packing in groups of
+# four, the weight sums appended at load, raw uint8 data, signed data flipped by 128, the zero-point
+# correction in the epilogue) and compiled for AVX512-VNNI to read the instruction in the assembly
+_DP4_EMULATED = r"""
+#include <immintrin.h>
+__attribute__((noinline)) static __m256i fj_dp4_8(__m256i acc, __m256i a, __m256i b) {
+    typedef unsigned char u8x32 __attribute__((vector_size(32)));
+    typedef signed char s8x32 __attribute__((vector_size(32)));
+    typedef int i32x8 __attribute__((vector_size(32)));
+    u8x32 ua = (u8x32)a;
+    s8x32 sb = (s8x32)b;
+    i32x8 r = (i32x8)acc;
+    for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 4; ++i)
+            r[j] += (int)ua[4 * j + i] * (int)sb[4 * j + i];
+    return (__m256i)r;
+}
+"""
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", [ops.matmul(6, 16, 36, dtype="int8", bias=True, act="relu"),
+                                  ops.dense(1, 64, 24, dtype="int8", act_signed=True, out_dtype="int8"),
+                                  ops.conv2d(1, 12, 5, 5, out_channels=16, kernel=1, padding=1, dtype="int8",
+                                             residual=True)],
+                         ids=lambda t: t.name)
+def test_vnni_groups_of_four_emulated_and_compiled(task):
+    from dataclasses import replace as dc_replace
+
+    from codegen.renderers.c import C_DIALECT
+    from codegen.renderers.cstyle import CStyleRenderer
+
+    vnni = Target.cpu(cores=2, simd_lanes=8, vector_registers=16, avx512_vnni=True)
+    rng = np.random.default_rng(2)
+    grouped = [(sp, c) for sk in sketches_for(task, vnni) for sp in [Space(task, sk, vnni)]
+               for c in [sp.default()] + sp.sample_many(rng, 60) if lower(sp, c).pairs == 4 and c.vec == 8]
+    assert grouped, "no schedule took the VNNI path"
+    emulated = CStyleRenderer(dc_replace(C_DIALECT, name="c_dp4_emulated", prelude=C_DIALECT.prelude + _DP4_EMULATED,
+                                         dot4={8: "{acc} = (vf)fj_dp4_8((__m256i){acc}, {a}, {b});"}))
+    for sp, cfg in grouped[:1]:
+        plan = lower(sp, cfg)
+        kern = Kernel(plan, build(emulated.render(plan)).lib_path, threads=2)
+        arrays = task.random_inputs(seed=4)
+        ref = task.reference(*arrays)
+        rtol, atol = task.tolerance(ref)
+        ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size, rtol, atol=atol)
+        assert ok, f"{task.name} {cfg.dumps()}: {msg}"
+    if not _gcc_accepts("-mavx512vnni", "-mavx512vl"):
+        pytest.skip("gcc cannot target AVX512-VNNI")
+    asm = assemble(render(lower(*grouped[0])), (*[f for f in DEFAULT_FLAGS if f != "-march=native"], "-mavx2",
+                                                "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"))
+    assert "vpdpbusd" in asm

@@ -79,6 +79,16 @@ class Dialect:
     madd: dict[int, str] = field(default_factory=lambda: {
         4: "{acc} += (vf)_mm_madd_epi16({a}, {b});", 8: "{acc} += (vf)_mm256_madd_epi16({a}, {b});",
         16: "{acc} += (vf)_mm512_madd_epi16({a}, {b});"})
+    # int8 groups of four (Plan.pairs == 4, AVX512-VNNI; 4 / 8 lanes need AVX512VL): 4*lanes int8 weights,
+    # a broadcast quad of uint8 data, vpdpbusd (u8 x s8, four products summed into each int32 lane)
+    dot4_load: dict[int, str] = field(default_factory=lambda: {
+        4: "_mm_loadu_si128((const __m128i*)({ptr}))", 8: "_mm256_loadu_si256((const __m256i*)({ptr}))",
+        16: "_mm512_loadu_si512((const void*)({ptr}))"})
+    dot4: dict[int, str] = field(default_factory=lambda: {
+        4: "{acc} = (vf)_mm_dpbusd_epi32((__m128i){acc}, {a}, {b});",
+        8: "{acc} = (vf)_mm256_dpbusd_epi32((__m256i){acc}, {a}, {b});",
+        16: "{acc} = (vf)_mm512_dpbusd_epi32((__m512i){acc}, {a}, {b});"})
+    load_quad: str = "_mm_cvtsi128_si32(_mm_loadu_si32({ptr}))"  # 4 bytes as an int (no aliasing violation)
     loop_step: str = "for (long {var} = 0; {var} < {n}; {var} += {step})"  # {var}, {n}, {step}
     zero: str = "0.0f"
     # qualifiers
@@ -302,6 +312,9 @@ class CStyleRenderer:
         if "x_zp" in B:  # int8: the quantization parameters of one tensor, read once
             w("const int xzp = x_zp[0];")
             w("const float xs = x_scale[0];")
+        if plan.pairs == 4:  # VNNI: raw uint8 data (signed data + 128); the zero point is corrected per channel
+            w(f"const int* {d.restrict} wsum = (const int*)(weight + {plan.wsum_offset});")
+            w(f"const int xzpe = xzp{' + 128' if plan.space.task.act_signed else ''};")
         if "y_zp" in B:
             w("const int yzp = y_zp[0];")
             w("const float ys = y_scale[0];")
@@ -473,6 +486,16 @@ class CStyleRenderer:
         to int16, or the data pair ``(x[k] - zp, x[k+1] - zp)`` as two int16 in every int32 lane."""
         d, vec = self.d, plan.vec
         base = f"{op.name}_p + {r1off}" if r1off != "0" else f"{op.name}_p"
+        if plan.pairs == 4:  # VNNI: 4*vec int8 weights; four uint8 data (signed: flipped to x + 128)
+            if op.name == "weight":
+                return d.dot4_load[vec].format(ptr=f"{base} + {4 * off}")
+            sd = op.stride(kr.var)
+            quad = (d.load_quad.format(ptr=f"({base}) + {off}") if sd == 1 else
+                    "(int)(" + " | ".join(f"((unsigned)(unsigned char)({base})[{off + j * sd}] << {8 * j})"
+                                          for j in range(4)) + ")")
+            if plan.space.task.act_signed:
+                quad = f"({quad} ^ (int)0x80808080u)"
+            return d.madd_bcast[vec].format(v=quad)
         if op.name == "weight":
             return d.madd_load[vec].format(ptr=f"{base} + {2 * off}")
         lo = f"(unsigned)((int)({base})[{off}] - xzp)"
@@ -571,11 +594,11 @@ class CStyleRenderer:
             elif cum * lp.extent <= unroll:
                 unroll_pragmas[lp.var] = lp.extent
             cum *= lp.extent
-        pairs = plan.pairs == 2  # int8: the innermost R1 loop two at a time (codegen.lower.int8_pairs)
+        pairs = plan.pairs > 1  # int8: the innermost R1 loop 2 / 4 at a time (codegen.lower.int8_pairs)
         for lp in r1:
             if lp.var in unroll_pragmas and d.unroll:
                 w(d.unroll.format(n=unroll_pragmas[lp.var]))
-            w.open(d.loop_step.format(var=lp.var, n=lp.extent, step=2) if pairs and lp is r1[-1]
+            w.open(d.loop_step.format(var=lp.var, n=lp.extent, step=plan.pairs) if pairs and lp is r1[-1]
                    else d.loop.format(var=lp.var, n=lp.extent))
         self._hooks(plan, "r1_body", w, pointers, tuple(r1))
         names: dict[tuple[str, int], str] = {}
@@ -610,7 +633,8 @@ class CStyleRenderer:
             for c in range(ncols):
                 a = names[("data", elem_off(ops[0], row, c))]
                 b = names[("weight", elem_off(B["weight"], row, c))]
-                w((d.madd[vec] if pairs else d.fma).format(acc=f"acc_{ri}_{c}", a=a, b=b))
+                tmpl = {4: d.dot4.get(vec), 2: d.madd.get(vec)}.get(plan.pairs, d.fma)
+                w(tmpl.format(acc=f"acc_{ri}_{c}", a=a, b=b))
         for _ in r1:
             w.close()
         self._hooks(plan, "r1_after", w, pointers, tuple(r1))
@@ -652,7 +676,10 @@ class CStyleRenderer:
         out = B.get("out_api", B["out"])  # the real output's strides (padded sketches)
         accv = f"{plan.acc}[{_affine(_offset(B[plan.acc], allv))}]"
         if "w_scales" in B:  # int8: dequantize the exact int32 sum
-            w(f"{S} v = ({S}){accv} * (xs * w_scales[{_affine(_offset(B['w_scales'], allv))}]);")
+            ch = _affine(_offset(B["w_scales"], allv))
+            if plan.pairs == 4:  # VNNI summed raw data: subtract zero point x sum of the channel's weights
+                accv = f"({accv} - xzpe * wsum[{ch}])"
+            w(f"{S} v = ({S}){accv} * (xs * w_scales[{ch}]);")
         else:
             w(f"{S} v = {accv};")
         if "bias" in B:
