@@ -15,7 +15,8 @@ kernel (rendered by :mod:`codegen.renderers.depthwise`) works one output channel
   the output columns whose taps all fall inside the row run vectorized, the few edge columns run a
   guarded scalar loop (``dw_stage = 0``), or each register block's input rows are first staged into a
   small zero-padded row buffer on the thread's stack (in L1), so every column runs vectorized
-  (``dw_stage = 1``: the declared knob below);
+  (``dw_stage = 1``, the default where it fits: the declared knob below); staged at stride 2, a row is
+  deinterleaved once into its even and odd columns, so every tap is one contiguous vector load;
 * row chunks of ``y2 * y3`` rows (``S2 x S3`` of ``y``) are the units of work; the OpenMP loop runs
   over (image, output channel, row chunk).
 
@@ -103,10 +104,12 @@ def _stage_domain(space) -> tuple[int, ...]:
     return (0, 1) if fits else (0,)
 
 
-#: 0: peeled, guarded scalar edge columns; 1: each register block's input rows staged, zero-padded,
-#: into a small row buffer on the stack, so every column runs vectorized. No features of its own (the
+#: 0: peeled, guarded scalar edge columns; 1 (the default where it fits): each register block's input
+#: rows staged, zero-padded, into a small row buffer on the stack, so every column runs vectorized (at
+#: stride 2 deinterleaved into even and odd columns once per row: contiguous loads). No features of its own (the
 #: reserved feature slots are taken by the sparse knobs and the knob walkthrough's): the cost model
 #: tells the two apart only through the measurements it is trained on
 DW_STAGE = register_knob(Knob(
-    "dw_stage", (DW_SKETCH,), _stage_domain, 0, relax="index", mutation_weight=0.1,
+    "dw_stage", (DW_SKETCH,), _stage_domain, lambda space: max(_stage_domain(space)), relax="index",
+    mutation_weight=0.1,
     doc="depthwise: stage each register block's input rows into a zero-padded row buffer (1) or peel the edges (0)"))

@@ -91,4 +91,5 @@ def test_relaxation_and_genetic_codec_see_its_knob():
     configs = rel.round_x(np.stack([rel.to_x(space.sample(rng)) + rng.normal(0, 0.3, rel.to_x(staged).shape)
                                     for _ in range(32)]))
     assert all(space.is_valid(c) for c in configs)
-    assert {c.knob("dw_stage", 0) for c in configs} == {0, 1}
+    knob = next(k for k in space.knobs if k.name == "dw_stage")
+    assert knob.default_value(space) == 1 and {space.knob_value(c, knob) for c in configs} == {0, 1}

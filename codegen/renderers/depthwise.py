@@ -65,8 +65,16 @@ class _Gen:
             self.SW = max(g["PL"] + g["W"], reach) + 8
             self.SW += -self.SW % 16
             self.NR = stage_rows(g, self.RY)
+            # stride 2: each staged row deinterleaved once into its even and odd columns (halves of HW
+            # floats), so every tap is one contiguous vector load instead of two loads and a shuffle
+            self.split = g["SX"] == 2 and self.V > 1
+            self.HW = (self.SW + 1) // 2 + self.V + 8
+            self.HW += -self.HW % 16
+            if self.split:
+                self.SW = 2 * self.HW
             self.xlo, self.xhi, self.col0 = 0, g["OW"], 0
         else:  # columns whose taps all fall inside the row run vectorized; the others are peeled
+            self.split = False
             self.SW = g["W"]
             self.xlo = min(g["OW"], -(-g["PL"] // g["SX"]))
             last = (g["W"] - 1 + g["PL"] - (g["KW"] - 1) * g["DX"])
@@ -116,6 +124,15 @@ class _Gen:
         else:
             w(f"op[{out_idx}] = {v};")
 
+    def _tap(self, r: int, ky: int, kx: int, xexpr: str) -> str:
+        """The load of tap (ky, kx) for the vector of outputs starting at column ``xexpr`` of row r."""
+        g = self.g
+        c = kx * g["DX"]
+        if self.split:
+            off = c // 2 if c % 2 == 0 else self.HW + (c - 1) // 2
+            return f"{self.name}_ldu(p{r}_{ky} + {xexpr} + {off})"
+        return f"{self.name}_ld(p{r}_{ky} + ({xexpr}) * {g['SX']} + {self.col0 + c})"
+
     def _vec_block(self, w: Writer, R: int, RX: int) -> None:
         g, V = self.g, self.V
         vector = V > 1
@@ -128,8 +145,7 @@ class _Gen:
                 w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
                 for r in range(R):
                     for j in range(RX):
-                        col = f"(x + {j * V}) * {g['SX']} + {self.col0 + kx * g['DX']}"
-                        w(f"  a{r}_{j} += wb * {self.name}_ld(p{r}_{ky} + {col});")
+                        w(f"  a{r}_{j} += wb * {self._tap(r, ky, kx, f'x + {j * V}')};")
                 w("}")
         for r in range(R):
             for j in range(RX):
@@ -143,6 +159,9 @@ class _Gen:
             w(f"float s{r} = 0.0f;")
         for kx in range(g["KW"]):
             col = f"x * {g['SX']} + {self.col0 + kx * g['DX']}"
+            if self.split:
+                c = kx * g["DX"]
+                col = f"x + {c // 2 if c % 2 == 0 else self.HW + (c - 1) // 2}"
             guard = "" if self.stage else f"if ((unsigned)({col}) < {g['W']}u) "
             w(f"{guard}{{ const long c = {col};")
             for r in range(R):
@@ -160,6 +179,15 @@ class _Gen:
         if self.stage:
             for i in range(stage_rows(g, R)):
                 w(f"{{ const int iy = y * {g['SY']} - {g['PT']} + {i};")
+                if self.split:  # even padded columns 2j (input 2j - PL) to the first half, odd ones to the second
+                    pl, W = g["PL"], g["W"]
+                    e0, e1 = -(-pl // 2), (W - 1 + pl) // 2 + 1
+                    o0, o1 = max(0, -(-(pl - 1) // 2)), (W - 2 + pl) // 2 + 1
+                    w(f"  if ((unsigned)iy < {g['H']}u) {{ const float* restrict s = ip + (long)iy * {W}; "
+                      f"float* restrict e = stg + {i * self.SW}; float* restrict o = e + {self.HW};")
+                    w(f"    for (int j = {e0}; j < {e1}; ++j) e[j] = s[2 * j - {pl}];")
+                    w(f"    for (int j = {o0}; j < {o1}; ++j) o[j] = s[2 * j + {1 - pl}]; }} }}")
+                    continue
                 w(f"  if ((unsigned)iy < {g['H']}u) __builtin_memcpy(stg + {i * self.SW + g['PL']}, "
                   f"ip + (long)iy * {g['W']}, {4 * g['W']}); }}")
         for r in range(R):
@@ -198,7 +226,7 @@ class _Gen:
             for kx in range(g["KW"]):
                 w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
                 for r in range(R):
-                    w(f"  a{r} += wb * {self.name}_ld(p{r}_{ky} + x * {g['SX']} + {kx * g['DX']});")
+                    w(f"  a{r} += wb * {self._tap(r, ky, kx, 'x')};")
                 w("}")
         w(f"float t[{V}] __attribute__((aligned(64)));")
         for r in range(R):
