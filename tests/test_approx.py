@@ -258,3 +258,10 @@ def test_approximate_measures_what_it_reports(tmp_path):
     np.testing.assert_allclose(ref[0], m.run_numpy(x[:1]), rtol=1e-4, atol=1e-5)
     assert len(res.layers) == 5 and "float32" in res.table()
     assert (res.export(tmp_path / "out") / "model.c").exists()
+
+
+def test_docstring_examples_of_the_fast_modules():
+    import doctest
+
+    for module in (quality, objective):
+        assert doctest.testmod(module).failed == 0, module.__name__
