@@ -552,15 +552,16 @@ def _gemm_default(space: Space) -> Config:
 
 
 def _sparse_default(space: Space) -> Config:
-    """The sparse sketch's default (:mod:`codegen.sparse`): CSR blocks (1 x 1); with more than one
-    column per weight row (``S > 1``), a register block of up to 2 rows x 4 vectors along ``s``; with
-    one (a batch-1 dense layer), 4 partial sums per row (``unroll``); every row block in parallel."""
+    """The sparse sketch's default (:mod:`codegen.sparse`): CSR (1 x 1 blocks: unstructured zeros leave
+    few all-zero blocks of more weights); with more than one column per weight row (``S > 1``), a
+    register block of one row x up to 8 vectors along ``s``; with one (a batch-1 dense layer), 4
+    partial sums per row (``unroll``); every row in parallel."""
     vi = space.vector_index
     ext = {a.name: a.extent for a in space.axes}
     v, wa = space.sketch.vector_axis, space.sketch.weight_axis
     vec = max([c for c in space.vec_choices if ext[v] % c == 0] or [1])
-    ts = _largest_divisor_leq(ext[v], 4 * vec, vec) if vec > 1 else 1
-    br = _largest_divisor_leq(ext[wa], 2) if ts > 1 else 1
+    ts = _largest_divisor_leq(ext[v], min(8, space.max_accumulators) * vec, vec) if vec > 1 else 1
+    br = 1
     tiles = []
     for i, a in enumerate(space.axes):
         if a.reduce:
