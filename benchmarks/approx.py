@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=64, help="images per descent step")
     ap.add_argument("--uniform", default="0.75,0.5,0.375,0.25")
     ap.add_argument("--strategy", default="random")
     ap.add_argument("--finetune", type=int, default=0)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     db = str(work / "runs.db")
     common = dict(data=(xc, yc), quality_budget=args.budget, trials=args.trials, db=db, seed=args.seed,
                   rounds=args.rounds, steps=args.steps, strategy=args.strategy, finetune_steps=args.finetune,
-                  multiple=args.multiple, progress=True)
+                  multiple=args.multiple, batch=args.batch, progress=True)
     rows: list[dict] = []
     res = fj.approximate(proto, target, latency="cost_model", **common)
     flops = fj.approximate(proto, target, latency="flops", **common)

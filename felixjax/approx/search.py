@@ -266,7 +266,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                 quality_budget: float = 0.01, metric: str = "accuracy", output: str | None = None,
                 trials: int = 200, db: str | os.PathLike | Database | None = None, seed: int = 0,
                 rounds: int = 4, latency: str = "cost_model", strategy: Any = None, steps: int = 40,
-                lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None,
+                lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None, batch: int = 64,
                 progress: bool | Callable[[str], None] = True) -> ApproxResult:
     """Choose per-layer channel counts (and, where kernels exist, precisions) in one objective with the
     schedules, under an absolute quality budget, and return the measured result.
@@ -286,7 +286,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         rounds: measured rounds of the loop (each is one quality evaluation).
         latency: ``"cost_model"`` (the learned, schedule-aware tables) or ``"flops"`` (the FLOPs proxy).
         strategy: the tuning strategy (default as ``fj.tune_model``).
-        steps, lam: Adam steps per round and the starting quality weight.
+        steps, lam, batch: Adam steps per round, the starting quality weight, images per step.
         finetune_steps: fine-tune the pruned weights in JAX for this many steps before building (0: off).
         multiple: channel counts are rounded to multiples of this (default: the SIMD width).
         progress: one line per round on stderr (or a callable receiving the lines).
@@ -334,7 +334,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     for r in range(rounds):
         kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
                               reference=ax.reference, lam=lam, start=full, steps=steps, seed=seed + r,
-                              multiple=ax.multiple)                           # the joint objective, relaxed
+                              multiple=ax.multiple, batch=batch)                           # the joint objective, relaxed
         keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
         key = tuple(sorted(keep.items()))
         trace.append({"round": r, "lam": lam, "kappa": kappa, "keep": dict(keep), "grad": info["grad"],
