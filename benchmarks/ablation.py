@@ -127,6 +127,15 @@ def search_stats(cmp) -> list[str]:
     return lines
 
 
+def _section(doc: Path) -> str:
+    """The ablation section's current text (earlier runs), without its markers."""
+    if not doc.exists():
+        return ""
+    text = doc.read_text()
+    b, e = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+    return text[text.index(b) + len(b): text.index(e)].strip("\n") if b in text and e in text else ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default="conv28,dw28,matmul512,dense4096", help=f"from {', '.join(SHORT)}")
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
     ap.add_argument("--out", default="results/ablation")
     ap.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md and the curves "
-                                                         "into docs/img/ablation_curves.png")
+                                                         "into docs/img/ablation_curves_<date>.png")
     args = ap.parse_args(argv)
     ops = suite("ops")
     tasks = [ops[SHORT[name]] for name in args.ops.split(",")]
@@ -159,18 +168,20 @@ def main(argv=None) -> int:
         from benchmarks.kernels import write_doc
 
         root = Path(__file__).resolve().parent.parent
-        img = root / "docs" / "img" / "ablation_curves.png"
+        img = root / "docs" / "img" / f"ablation_curves_{time.strftime('%Y%m%d_%H%M', time.gmtime())}.png"
         img.parent.mkdir(parents=True, exist_ok=True)
         img.write_bytes((Path(args.out) / "curves.png").read_bytes())
         arm_opt = f" --arms {args.arms}" if args.arms else ""
         head = (f"Replay oracle (no timing), {len(tasks)} ops x {args.seeds} seeds x {args.trials} trials, no "
                 f"default schedules first, one memoized oracle per op shared by every arm, JIT compiled before the runs; `python "
                 f"benchmarks/ablation.py --ops {args.ops} --seeds {args.seeds} --trials {args.trials}{arm_opt} "
-                f"--write` ({minutes:.1f} min on a shared, loaded 2-core machine). Ratios: arm / gradient (above 1: "
-                "the default gradient needed fewer trials / seconds, or found a faster kernel). Seconds are "
+                f"--write` ({minutes:.1f} min on a shared, loaded 2-core machine). Ratios: arm / {cmp.reference()} "
+                "(above 1: that arm needed fewer trials / seconds, or found a faster kernel). Seconds are "
                 "simulated (0.3 s per trial) plus the search's own wall time, which the machine's load inflates.")
+        # newest run first; earlier runs stay below it (write_doc replaces the whole marked section)
+        old = _section(root / "docs" / "BENCHMARKS.md")
         write_doc(head + "\n\n" + text + "\n\n![ablation: best so far against trials and seconds]"
-                  "(img/ablation_curves.png)", begin="<!-- ablation:begin -->", end="<!-- ablation:end -->",
+                  f"(img/{img.name})" + ("\n\n" + old if old else ""), begin="<!-- ablation:begin -->", end="<!-- ablation:end -->",
                   heading="Ablation of the gradient search's levers on the replay oracle (benchmarks/ablation.py)")
     return 0
 
