@@ -145,7 +145,7 @@ def check_kernel(sp, cfg, seed=5, threads=2):
 
 @pytest.mark.cc
 @pytest.mark.parametrize("precision", PRECISIONS, ids=lambda p: "-".join(map(str, p.values())))
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
 @given(data=st.data())
 def test_lowp_kernels_match_the_reference(precision, data):
