@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"unknown task(s) {bad}; known: {', '.join(TASKS)}", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), _commit()  # the code that runs, not what HEAD is at the end
     rows = run(tasks, args.gpus.split(","), args.strategies.split(","), args.trials, args.check_blocks, args.nvcc)
     minutes = (time.perf_counter() - t0) / 60
     text = table(rows)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.kernels import write_doc
 
         cmd = " ".join(["python benchmarks/cuda_sim.py"] + (argv if argv is not None else sys.argv[1:]))
-        head = (f"Simulated (no GPU lent), at commit {_commit()}, `{cmd}` ({minutes:.1f} min on a shared, loaded "
+        head = (f"Simulated (no GPU lent), at commit {commit}, `{cmd}` ({minutes:.1f} min on a shared, loaded "
                 f"2-core machine). Tasks: {', '.join(f'{t} = `{TASKS[t]}`' for t in tasks)}. Each run measures "
                 f"the sketch's default schedule first, then the strategy's proposals ({args.trials} trials in all, "
                 f"seed 0). Every kernel was emulated on the CPU on {args.check_blocks} sampled blocks (corner blocks "

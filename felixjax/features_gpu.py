@@ -26,7 +26,7 @@ What the features describe (per thread, per block, per launch), in hard mode equ
 * global: FLOPs, blocks, threads, warps (a partial warp counts whole), outputs per thread, estimated
   registers, shared memory, reduction steps and depth, unroll, staging, the occupancy inputs (blocks
   per SM allowed by warps, registers and shared memory; resident blocks; occupancy; waves; SM fill;
-  tail efficiency), instructions per thread by kind, FMA share, L2 and compulsory bytes, arithmetic
+  tail efficiency; the share of a warp's lanes in use), instructions per thread by kind, FMA share, L2 and compulsory bytes, arithmetic
   intensities, compute / L2 / DRAM times at the spec's rates, and which limits hold.
 
 Soft mode replaces ceil / floor / min / comparisons by the surrogates of :class:`~felixjax.smooth.Smooth`;
@@ -60,7 +60,7 @@ GPU_ACCESS_FEATURES = ("read", "write", "buffer_bytes", "fragment", "box_bytes",
                        "thread_stride", "contiguous", "broadcast", "sectors_per_request", "fetch_run",
                        "smem_stride", "reuse")
 GPU_GLOBAL_FEATURES = (
-    "flops", "blocks", "threads", "warps", "partial_warp", "outputs_per_thread", "registers", "smem_bytes",
+    "flops", "blocks", "threads", "warps", "warp_efficiency", "outputs_per_thread", "registers", "smem_bytes",
     "steps", "depth", "unroll", "unroll_effective", "staged",
     "blocks_by_warps", "blocks_by_registers", "blocks_by_smem", "blocks_per_sm", "occupancy", "waves",
     "sm_fill", "tail_efficiency",
@@ -158,7 +158,7 @@ def gpu_features(inputs: GpuFeatureInputs, x: jax.Array, smooth: Smooth) -> Feat
     fits = jnp.stack([sm.le(threads, tab.max_threads + 0.5), sm.le(smem + 1.0, tab.smem_block + 1.5),
                       sm.le(regs, tab.regs_thread + 0.5), sm.le(regs * threads, tab.regs_sm + 0.5)])
     glob = jnp.stack([
-        tab.flops, blocks, threads, warps, warps * tab.warp / threads, outputs, regs, smem,
+        tab.flops, blocks, threads, warps, threads / (warps * tab.warp), outputs, regs, smem,
         steps, depth, unroll, sm.minimum(unroll, depth), staged,
         by_warps, by_regs, by_smem, per_sm, occupancy, waves, fill, tail,
         fma, lds, ldg, sts, fma_share,

@@ -94,7 +94,7 @@ class OnlineCostModel:
             self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("l2_bytes"), peak_flops=spec.peak_flops,
                                        bandwidth=L2_BYTES_PER_CLK_SM * spec.sm_count * spec.clock_hz,
                                        efficiency_cols=(g("sm_fill"), g("fma_share"), g("tail_efficiency"),
-                                                        g("valid")), overhead=4e-6, softness=0.1)
+                                                        g("warp_efficiency")), overhead=4e-6, softness=0.1)
         else:
             peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
             g = GLOBAL_FEATURES.index
