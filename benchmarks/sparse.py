@@ -1,7 +1,7 @@
 """Sparse and channel-pruned layers on this CPU (issue 16): the sparse rows of a DLAS-style table.
 
 For each layer (a 3x3 conv, a 1x1 conv, a depthwise conv, a batch-1 dense layer, a transformer-style
-matmul) and each thread count, four variants of the same layer:
+matmul; the shapes of ``benchmarks/lowp.py``) and each thread count, four variants of the same layer:
 
 * ``fp32``: the dense float32 layer;
 * ``sp50`` / ``sp90``: 50% / 90% unstructured zero weights (``sparsity=``; the sparse sketch; a
@@ -24,11 +24,13 @@ Usage:
     python benchmarks/sparse.py                       # full table, 1 and 2 threads (~1 h on 2 cores)
     python benchmarks/sparse.py --quick               # smoke run: small layers, 3 trials, 1 thread
     python benchmarks/sparse.py --trials 64 --strategy gradient --threads 1 --out results/sparse.md
+    python benchmarks/sparse.py --json results/sparse.json   # rows for benchmarks/lowp.py --merge
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -59,18 +61,18 @@ VARIANTS = ("fp32", "sp50", "sp90", "pruned50")
 
 
 def layers(quick: bool) -> dict[str, Task]:
-    """The layers of the table (``quick``: small versions of each)."""
+    """The layers of the table, the shapes and names of ``benchmarks/lowp.py`` (``quick``: small ones)."""
     if quick:
         return {"conv3x3": conv2d(1, 16, 14, 14, out_channels=16, kernel=3, padding=1),
-                "conv1x1": conv2d(1, 32, 14, 14, out_channels=32, kernel=1),
-                "depthwise": depthwise_conv2d(1, 32, 14, 14, kernel=3, padding=1),
+                "conv1x1": conv2d(1, 32, 14, 14, out_channels=16, kernel=1),
+                "dwconv3x3": depthwise_conv2d(1, 32, 14, 14, kernel=3, padding=1),
                 "dense_b1": dense(1, 512, 512),
-                "matmul_tf": matmul(32, 128, 128)}
+                "matmul": matmul(32, 64, 64)}
     return {"conv3x3": conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1),
-            "conv1x1": conv2d(1, 256, 28, 28, out_channels=256, kernel=1),
-            "depthwise": depthwise_conv2d(1, 256, 28, 28, kernel=3, padding=1),
-            "dense_b1": dense(1, 2048, 2048),
-            "matmul_tf": matmul(128, 768, 768)}
+            "conv1x1": conv2d(1, 256, 28, 28, out_channels=128, kernel=1),
+            "dwconv3x3": depthwise_conv2d(1, 128, 56, 56, kernel=3, padding=1),
+            "dense_b1": dense(1, 1024, 1024),
+            "matmul": matmul(128, 768, 768)}
 
 
 def variant(task: Task, name: str) -> Task | None:
@@ -169,6 +171,26 @@ def table(cells: list[Cell], caches: dict[str, list[str]]) -> list[str]:
     return lines
 
 
+def json_rows(cells: list[Cell], caches: dict[str, list[str]]) -> list[dict]:
+    """Rows in the form of ``benchmarks/lowp.py`` (``--merge``): speedup vs our tuned fp32, expected =
+    the FLOP ratio; the dtype column names the variant (``float32 sp90``, ``float32 pruned50``)."""
+    base = {(c.layer, c.threads): c for c in cells if c.variant == "fp32"}
+    rows = []
+    for c in cells:
+        for cache in caches.get(c.layer, ["warm"]):
+            ref = base[(c.layer, c.threads)].median("tuned", cache)
+            for sched in ("default", "tuned"):
+                t = c.median(sched, cache)
+                ok = bool(np.isfinite(t))
+                speed = ref / t if ok else None
+                dtype = "float32" if c.variant == "fp32" else f"float32 {c.variant}"
+                rows.append({"layer": c.layer, "variant": sched, "dtype": dtype, "threads": c.threads,
+                             "ms": 1e3 * t if ok else None, "speedup": speed, "expected": c.expected,
+                             "achieved_over_expected": None if speed is None else speed / c.expected,
+                             "note": f"{cache} caches; {c.configs[sched].sketch}"})
+    return rows
+
+
 def targets(cells: list[Cell]) -> list[str]:
     base = {(c.layer, c.threads): c for c in cells if c.variant == "fp32"}
     out = []
@@ -197,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="", help="comma-separated subset of the layers")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="also write the table (markdown) here")
+    ap.add_argument("--json", default="", help="also write the rows as JSON here (benchmarks/lowp.py --merge)")
     args = ap.parse_args(argv)
     if args.quick:
         args.trials, args.threads, args.rounds = min(args.trials, 3), "1", 1
@@ -243,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(json_rows(cells, {"dense_b1": ["warm", "flushed"]}), indent=1))
     return 0
 
 
