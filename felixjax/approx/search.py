@@ -331,9 +331,10 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     seen: dict = {}  # rounded point -> within budget
     trace = []
     full = {g: float(ax.groups.size(g)) for g in ax.groups.prunable()}
+    start = full  # descent starts at the smallest network measured within budget so far (else the full one)
     for r in range(rounds):
         kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
-                              reference=ax.reference, lam=lam, start=full, steps=steps, seed=seed + r,
+                              reference=ax.reference, lam=lam, start=start, steps=steps, seed=seed + r,
                               multiple=ax.multiple, batch=batch)                           # the joint objective, relaxed
         keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
         key = tuple(sorted(keep.items()))
@@ -356,6 +357,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)")
         if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
+            start = {g: float(n) for g, n in keep.items()}
         if ok:
             hi = lam if hi is None else min(hi, lam)
             lam = lam / 4 if lo is None else math.sqrt(lo * lam)
