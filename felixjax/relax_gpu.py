@@ -25,7 +25,7 @@ Example:
     >>> from codegen.target import Target
     >>> sp = CudaSpace(matmul(256, 256, 256), Target.cuda_sim("a100"))
     >>> rel = GpuRelaxation(sp)
-    >>> cfgs = rel.round_x(np.random.default_rng(0).uniform(-2, 9, size=(16, 103)))
+    >>> cfgs = rel.round_x(np.random.default_rng(0).uniform(-2, 9, size=(16, N_X)))
     >>> all(sp.is_valid(c) for c in cfgs)
     True
 """

@@ -31,7 +31,7 @@ Example:
     >>> sp = CudaSpace(matmul(256, 256, 256), Target.cuda_sim("a100"))
     >>> cfg = sp.default()
     >>> sp.validate(cfg) is None, sp.geometry(cfg).n_threads
-    (True, 256)
+    (True, 128)
 """
 from __future__ import annotations
 
