@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uniform", default="0.75,0.5,0.375,0.25")
     ap.add_argument("--strategy", default="random")
     ap.add_argument("--finetune", type=int, default=0)
+    ap.add_argument("--retime", type=int, default=15, help="round-robin re-timings of every network (best of)")
     ap.add_argument("--multiple", type=int, default=None, help="channel multiple (default: the SIMD width)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/approx")
@@ -121,12 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     res = fj.approximate(proto, target, latency="cost_model", **common)
     flops = fj.approximate(proto, target, latency="flops", **common)
     ax = Approximator(proto, target, data=(xc, yc), db=db, seed=args.seed, strategy=args.strategy,
-                      trials_per_task=max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(
+                      trials_per_task=(args.trials > 0) * max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(
                           fj.load_onnx(proto).tasks))),  # as one round of fj.approximate
                       finetune_steps=args.finetune, multiple=args.multiple)
 
+    exes: list = []
+
     def add(method: str, keep, lat: float, q: float, evals: int, speedup: float | None = None) -> None:
-        exe = ax.build(ax.pruned_model(dict(keep))) if keep is not None else res.baseline
+        exe = ax.build(ax.final_model(dict(keep))) if keep is not None else res.baseline  # fine-tuned if asked
+        exes.append(exe)
         rows.append({"method": method, "latency_s": lat, "given_data": q, "held_out": held_out_accuracy(exe, xt, yt),
                      "keep": [int(n) for _, n in keep] if keep is not None else None, "quality_evals": evals,
                      "speedup_interleaved": speedup})
@@ -141,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         keep = {g: min(n, ax.groups.size(g)) for g, n in keep.items()}
         pt, exe, _ = ax.point(keep, "uniform", baseline=base_pt, base_exe=res.baseline)
         add("uniform", pt.keep, pt.latency_s, pt.quality, len(args.uniform.split(",")), pt.speedup)
+    # every network again, round robin (each sees the same spread of machine load), best of --retime
+    best = [float("inf")] * len(exes)
+    for _ in range(args.retime):
+        for k, exe in enumerate(exes):
+            best[k] = min(best[k], exe.timeit(xt[:1], number=20))
+    for r, b in zip(rows, best):
+        r["retimed_s"] = b
     rows += ort_points(proto, xc, xt, yt, work)
 
     # kernels' share of the float32 build's time
@@ -152,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     n = len(yt)
     for r in rows:
         # against the float32 build timed interleaved with the point where there is one (same load)
-        r["speedup"] = r.get("speedup_interleaved") or base["latency_s"] / r["latency_s"]
+        # the round-robin re-timing (same load spread for every network); onnxruntime: its own timing
+        r["speedup"] = (base["retimed_s"] / r["retimed_s"]) if "retimed_s" in r else base["retimed_s"] / r["latency_s"]
         r["held_out_loss"] = base["held_out"] - r["held_out"]
         r["held_out_ci95"] = binomial_ci(r["held_out"], n)
     ours = [r for r in rows if r["method"] == "ours"]
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     lines = [f"digits {args.size}x{args.size}, width {args.width}: {mflop:.1f} MFLOP, kernels {100 * kernel_share:.0f}% "
              f"of the float32 build; held-out {n} images; budget {args.budget}",
-             "| method | ms | speedup | acc (given) | acc (held-out) | 95% CI | loss | quality evals | channels |",
+             "| method | ms (in-loop) | speedup (round robin) | acc (given) | acc (held-out) | 95% CI | loss | quality evals | channels |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ci = r["held_out_ci95"]

@@ -242,14 +242,19 @@ class Approximator:
         graph = prune(self.model.graph, self.groups, keep)
         return Model(name=f"{self.model.name}_approx", graph=graph, source=graph, opset=self.model.opset)
 
-    def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
-              base_exe: CompiledModel | None = None, note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
-        """Prune to ``keep``, tune the new tasks, build, measure latency and quality."""
+    def final_model(self, keep: Mapping[int, int]) -> Model:
+        """The pruned model, fine-tuned when ``finetune_steps`` (deterministic: same seed, same weights)."""
         model = self.pruned_model(keep)
         if self.finetune_steps:
             graph = finetune(model.graph, self.x, metric=self.metric, labels=self.y, reference=self.reference,
                              steps=self.finetune_steps, seed=self.seed)
             model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
+        return model
+
+    def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
+              base_exe: CompiledModel | None = None, note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
+        """Prune to ``keep``, tune the new tasks, build, measure latency and quality."""
+        model = self.final_model(keep)
         self.tune(model)
         exe = self.build(model)
         if base_exe is not None:
