@@ -102,7 +102,10 @@ def test_soft_gradients_are_finite_and_match_finite_differences():
         f = gpu_features(inp, x, Smooth.soft(1.0))
         return f.glob.sum() + f.access.sum()
 
-    g = np.asarray(jax.jit(jax.grad(total))(jnp.asarray(x0)))
+    # every partial derivative by forward mode over the basis (compiles in about half the time of
+    # jax.grad here; both differentiate the same function through the same custom_jvp rules)
+    partials = jax.jit(jax.vmap(lambda e: jax.jvp(total, (jnp.asarray(x0),), (e,))[1]))
+    g = np.asarray(partials(jnp.eye(N_X, dtype=jnp.float32)))
     assert np.isfinite(g).all() and np.abs(g * mask).max() > 0
     dirs = rng.normal(size=(3, N_X)).astype(np.float32) * mask
     dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
