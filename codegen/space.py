@@ -554,7 +554,7 @@ def _gemm_default(space: Space) -> Config:
 def _sparse_default(space: Space) -> Config:
     """The sparse sketch's default (:mod:`codegen.sparse`): CSR (1 x 1 blocks: unstructured zeros leave
     few all-zero blocks of more weights); with more than one column per weight row (``S > 1``), a
-    register block of one row x up to 8 vectors along ``s``; with one (a batch-1 dense layer), 4
+    register block of one row x up to 8 vectors along ``s``; with one (a batch-1 dense layer), 8
     partial sums per row (``unroll``); every row in parallel."""
     vi = space.vector_index
     ext = {a.name: a.extent for a in space.axes}
@@ -569,6 +569,7 @@ def _sparse_default(space: Space) -> Config:
         else:
             s3 = ts if i == vi else (br if a.name == wa else 1)
             tiles.append((a.extent // s3, 1, 1, s3))
-    cfg = Config(space.sketch.name, tuple(tiles), space.n_spatial, vec, 4)
+    # one column: 8 partial sums per row (4 ran ~20% slower on a 90%-sparse 1024x1024 layer here)
+    cfg = Config(space.sketch.name, tuple(tiles), space.n_spatial, vec, 4 if ext[v] > 1 else 8)
     space.validate(cfg)
     return cfg
