@@ -76,6 +76,9 @@ class OnlineCostModel:
     #: from scratch on 30000 per round; here the MLP continues from its weights every round, so a
     #: smaller budget per round keeps the update under a second).
     SAMPLE_BUDGET = 4096
+    #: The CPU prior: ``"multilevel"`` (:func:`multilevel_prior`, issue 15) or ``"roofline"`` (the
+    #: single roofline over L3 traffic that ties most configs of a task).
+    prior_kind = "roofline"
 
     def __init__(self, target, *, seed: int = 0, hidden: int = 128, train_config=None, pretrained=None):
         from costmodels import MLPCostModel, RooflineModel, TrainConfig
@@ -98,10 +101,13 @@ class OnlineCostModel:
         else:
             peak = float(target.peak_gflops_per_core or 150.0) * 1e9 * max(1, int(target.cores))
             g = GLOBAL_FEATURES.index
-            self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
-                                       bandwidth=12e9 * max(1, int(target.cores)),
-                                       efficiency_cols=(g("vec_utilization"), g("balance"), g("register_utilization")),
-                                       softness=0.1)
+            if self.prior_kind == "multilevel":
+                self.prior = multilevel_prior(target)
+            else:
+                self.prior = RooflineModel(flops_col=g("flops"), bytes_col=g("traffic_l3"), peak_flops=peak,
+                                           bandwidth=12e9 * max(1, int(target.cores)),
+                                           efficiency_cols=(g("vec_utilization"), g("balance"),
+                                                            g("register_utilization")), softness=0.1)
         cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
         if pretrained is None:
             self.mlp = MLPCostModel(n_access, n_glob, hidden=hidden, seed=seed, config=cfg)
@@ -302,11 +308,51 @@ class Blend:
         self.n_access_features, self.n_glob_features = mlp.n_access_features, mlp.n_glob_features
         self.prior_cols = (prior.flops_col, prior.bytes_col) + tuple(prior.efficiency_cols)
         self.prior_softness = prior.softness
+        self.prior_key = model_key(prior)  # the prior's kind and columns: compiled code is per prior
         self.params = {"w": np.float32(weight), "prior": prior.params, "mlp": mlp.params}
 
     def apply(self, params, features):
         w = params["w"]
         return w * self._mlp.apply(params["mlp"], features) + (1.0 - w) * self._prior.apply(params["prior"], features)
+
+
+#: Machine constants of the multilevel prior that the target does not describe (AMD Zen 2/3 and
+#: Intel Skylake-class cores: FMA latency 4-5 cycles, 2 FMA / 2 load / 1 store ports, 4-wide issue;
+#: L2 -> L1 32 B/cycle, L3 -> L2 ~16 B/cycle per core). The clock is derived from the measured peak
+#: when the target has one (peak = clock x 2 FMA ports x 2 FLOPs x lanes), else ``clock_hz``.
+CPU_MACHINE = {"clock_hz": 3.0e9, "fma_latency": 4.0, "fma_ports": 2.0, "load_ports": 2.0, "store_ports": 1.0,
+               "issue_width": 4.0, "loop_ops": 2.0, "l2_bytes_per_cycle": 32.0, "l3_bytes_per_cycle": 16.0,
+               "dram_bytes_per_s_per_core": 12e9}
+
+
+def multilevel_prior(target, softness: float = 0.1, side: bool = False):
+    """The :class:`costmodels.roofline.MultiLevelRoofline` prior of a CPU target over this feature set.
+
+    ``side``: count the accumulator / epilogue / copy vector accesses and a pipeline drain per
+    accumulator-loop execution too. Off: on the issue-15 measurements (``benchmarks/prior_rank.py``)
+    that term lowered the mean Kendall tau from 0.52 to 0.46 (it charges scalar (vec 1) configs
+    one store per element and every ``S2`` iteration a full drain, more than gcc's code pays)."""
+    from costmodels.roofline import MultiLevelRoofline
+
+    from .features import ACCESS_FEATURES, GLOBAL_FEATURES, SLOTS
+
+    g, a, m = GLOBAL_FEATURES.index, ACCESS_FEATURES.index, CPU_MACHINE
+    lanes, cores = max(1, int(target.simd_lanes)), max(1, int(target.cores))
+    fma_ports = m["fma_ports"] if getattr(target, "fma", True) else 1.0
+    clock = (float(target.peak_gflops_per_core) * 1e9 / (2.0 * fma_ports * lanes)
+             if target.peak_gflops_per_core else m["clock_hz"])
+    cols = {k: g(k) for k in ("flops", "elem_bytes", "vec", "accumulators", "balance", "unroll_effective",
+                              "traffic_l1", "traffic_l2", "traffic_l3")}
+    cols["s2_trips"] = tuple(g(f"trips_{p}") for p in ("S0", "S1", "R0", "S2")) if side else ()
+    machine = {"clock_hz": clock, "fma_latency": m["fma_latency"], "fma_ports": fma_ports,
+               "load_ports": m["load_ports"], "store_ports": m["store_ports"], "issue_width": m["issue_width"],
+               "loop_ops": m["loop_ops"], "cores": cores, "l2_bw": m["l2_bytes_per_cycle"] * clock,
+               "l3_bw": m["l3_bytes_per_cycle"] * clock, "dram_bw": m["dram_bytes_per_s_per_core"] * cores}
+    return MultiLevelRoofline(cols=cols, operand_slots=(SLOTS.index("data"), SLOTS.index("weight")),
+                              other_slots=tuple(SLOTS.index(s) for s in SLOTS if s not in ("data", "weight"))
+                              if side else (),
+                              tile_col=a("S3_unique_bytes"), total_col=a("S0_bytes"),
+                              contiguous_col=a("vec_contiguous"), machine=machine, softness=softness)
 
 
 def model_key(model) -> tuple:
