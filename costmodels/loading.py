@@ -8,7 +8,7 @@ from typing import Any
 from costmodels.checkpoint import load_npz
 from costmodels.ensemble import EnsembleCostModel
 from costmodels.mlp import MLPCostModel
-from costmodels.roofline import RooflineModel
+from costmodels.roofline import MultiLevelRoofline, RooflineModel
 
 
 def load_model(path: str | os.PathLike) -> Any:
@@ -22,7 +22,7 @@ def load_model(path: str | os.PathLike) -> Any:
         >>> type(load_model(p)).__name__
         'RooflineModel'
     """
-    kinds = {cls.KIND: cls for cls in (RooflineModel, MLPCostModel, EnsembleCostModel)}
+    kinds = {cls.KIND: cls for cls in (RooflineModel, MultiLevelRoofline, MLPCostModel, EnsembleCostModel)}
     _, meta = load_npz(path)
     if meta.get("kind") not in kinds:
         raise ValueError(f"unknown cost model kind {meta.get('kind')!r} in {path}")

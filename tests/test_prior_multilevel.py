@@ -80,3 +80,10 @@ def test_save_load_round_trip(tmp_path):
     back = MultiLevelRoofline.load(tmp_path / "p.npz")
     f = _features([_block(1, 8), _block(4, 16)])
     np.testing.assert_allclose(back.predict(f), prior.predict(f), rtol=1e-6)
+
+
+def test_load_model_dispatches_on_the_kind(tmp_path):
+    from costmodels.loading import load_model
+
+    multilevel_prior(TARGET).save(tmp_path / "p.npz")
+    assert type(load_model(tmp_path / "p.npz")).__name__ == "MultiLevelRoofline"
