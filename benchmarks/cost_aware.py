@@ -50,7 +50,7 @@ def twin_model(session, src, dst) -> None:
 def cost_aware_options(args):
     from felixjax.cost_aware import CostAware
 
-    kw = {k: getattr(args, k) for k in ("warmup", "window", "patience") if getattr(args, k) is not None}
+    kw = {k: getattr(args, k) for k in ("warmup", "window", "patience", "stop_rule") if getattr(args, k) is not None}
     return CostAware(filter_p=args.filter_p, early_stop=args.early_stop, **kw)
 
 
@@ -132,12 +132,14 @@ def main() -> None:
     from felixjax.suites import suite
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default="ops")
+    p.add_argument("--suite", default="ops", help="a named suite (felixjax.suites), or 'none' (--network only)")
     p.add_argument("--op", action="append", default=[], metavar="SPEC", help="operators instead of --suite")
     p.add_argument("--strategy", default="gradient")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--trials", type=int, default=256, help="the full budget of both arms")
-    p.add_argument("--filter-p", type=float, default=0.05)
+    p.add_argument("--filter-p", type=lambda v: None if v.lower() == "none" else float(v), default=0.05,
+                   help="a probability, or 'none' (no filtering)")
+    p.add_argument("--stop-rule", default=None, help="CostAware's stop_rule (both, model, observed)")
     p.add_argument("--early-stop", type=float, default=0.001, help="expected -log latency gain per trial")
     p.add_argument("--warmup", type=int, default=None, help="CostAware's warmup (default: its default)")
     p.add_argument("--window", type=int, default=None, help="CostAware's window (default: its default)")
@@ -152,7 +154,7 @@ def main() -> None:
     args = p.parse_args()
     args.workdir = tempfile.mkdtemp(prefix="fj-cost-aware-")
     target = fj.Target.cpu()
-    tasks = [fj.ops.parse_spec(s) for s in args.op] if args.op else suite(args.suite)
+    tasks = [fj.ops.parse_spec(s) for s in args.op] if args.op else [] if args.suite == "none" else suite(args.suite)
     rows = []
     for task in tasks:
         for seed in range(args.seeds):
@@ -163,9 +165,11 @@ def main() -> None:
                   f"{r['on']['seconds']:7.1f} ({100 * r['seconds_saved']:5.1f}% saved), final latency "
                   f"{100 * (r['latency_ratio'] - 1):+5.2f}%, stop {r['on']['stop_reason']}, "
                   f"filtered {r['on']['filtered']}", flush=True)
-    trials_saved = 1 - sum(r["on"]["trials"] for r in rows) / sum(r["off"]["trials"] for r in rows)
-    seconds_saved = 1 - sum(r["on"]["seconds"] for r in rows) / sum(r["off"]["seconds"] for r in rows)
-    loss = geomean([r["latency_ratio"] for r in rows]) - 1
+    trials_saved = seconds_saved = loss = math.nan
+    if rows:
+        trials_saved = 1 - sum(r["on"]["trials"] for r in rows) / sum(r["off"]["trials"] for r in rows)
+        seconds_saved = 1 - sum(r["on"]["seconds"] for r in rows) / sum(r["off"]["seconds"] for r in rows)
+        loss = geomean([r["latency_ratio"] for r in rows]) - 1
     print(f"\nsuite total: {100 * trials_saved:.1f}% of trials and {100 * seconds_saved:.1f}% of seconds saved, "
           f"final latency {100 * loss:+.2f}% (geomean of re-timed on/off; target >= 40%, >= 30%, <= +2%)")
     net = None
@@ -173,7 +177,10 @@ def main() -> None:
         net = tune_network(args, target)
         print(f"{args.network}: trials {net['off']['trials']} -> {net['on']['trials']} "
               f"({100 * net['trials_saved']:.1f}% saved), seconds {100 * net['seconds_saved']:.1f}% saved, "
-              f"end-to-end latency {100 * (net['latency_ratio'] - 1):+.2f}%")
+              f"{'estimated (oracle)' if args.replay else 'end-to-end'} latency {100 * (net['latency_ratio'] - 1):+.2f}%")
+        for t_off, t_on in zip(net["off"]["tasks"], net["on"]["tasks"]):
+            print(f"  {t_on['task']:42s} x{t_on['weight']}: trials {t_off['trials']:4d} -> {t_on['trials']:4d}, "
+                  f"stop {t_on['stop_reason'] or '-'}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
         with open(args.out, "w") as f:
