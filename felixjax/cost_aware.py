@@ -53,6 +53,11 @@ class CostAware:
         sigma_floor: ``σ_0``, the floor of the uncertainty (model error the ensemble does not see).
         members, hidden: the ensemble's size and width.
         uncertainty: ``() -> estimator`` replacing the ensemble (tests: an oracle with noise).
+        stop_rule: what early stop needs below ``early_stop``: ``"both"`` the ensemble's expected gain
+            (``patience`` rounds) and the observed gain over ``window`` trials; ``"model"`` the first;
+            ``"observed"`` the second (without ``filter_p`` no ensemble is fitted at all). Calibrated on
+            the replay oracle's ``calibration`` suite: ``early_stop=0.001, stop_rule="observed",
+            window=128, warmup=64`` without filtering (docs/BENCHMARKS.md; it lost 14% on the op suite).
     """
 
     filter_p: float | None = None
