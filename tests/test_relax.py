@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
+from codegen.knobs import knob_slot
 from codegen.space import Config, Space, sketches_for
 from codegen.target import Target
 from felixjax.relax import (
@@ -263,7 +264,19 @@ def _reference_repair(rel, ex, scalars):
         ex[a, 2, j] += 1
         tiles = tiles_of(ex)
     tiles = tuple(tuple(t[:2] if axis.reduce else t) for t, axis in zip(tiles, sp.axes))
-    return Config(sp.sketch.name, tiles, int(scalars[2]), vec, 2 ** int(scalars[0]))
+    return Config(sp.sketch.name, tiles, int(scalars[2]), vec, 2 ** int(scalars[0]),
+                  _reference_extra(sp, scalars[3:]))
+
+
+def _reference_extra(sp, coords):
+    """``Config.extra`` of declared-knob coordinates (one slot each), non-default values only."""
+    out = []
+    for knob in sp.knobs:
+        point = float(coords[knob_slot(knob.name)])
+        value = knob.values(sp)[list(knob.points(sp)).index(point)]
+        if value != knob.default_value(sp):
+            out.append((knob.name, value))
+    return tuple(out)
 
 
 @settings(derandomize=True, deadline=None, max_examples=30)
@@ -297,6 +310,16 @@ def _reference_neighbours(rel, cfg):
     out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, ch[k], cfg.unroll) for k in (i - 1, i + 1) if 0 <= k < len(ch)}
     out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, u) for u in (cfg.unroll // 2, cfg.unroll * 2)}
     out |= {Config(cfg.sketch, cfg.tiles, q, cfg.vec, cfg.unroll) for q in (cfg.parallel - 1, cfg.parallel + 1)}
+    out = {Config(c.sketch, c.tiles, c.parallel, c.vec, c.unroll, cfg.extra) for c in out}  # knobs kept
+    for knob in sp.knobs:  # one declared knob one domain step up or down, the rest kept
+        vals = knob.values(sp)
+        i = vals.index(cfg.knob(knob.name, knob.default_value(sp)))
+        for k in (i - 1, i + 1):
+            if 0 <= k < len(vals):
+                kept = dict(cfg.extra) | {knob.name: vals[k]}
+                extra = tuple((kk.name, kept[kk.name]) for kk in sp.knobs
+                              if kept.get(kk.name, kk.default_value(sp)) != kk.default_value(sp))
+                out.add(Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, cfg.unroll, extra))
     return {c for c in out if c != cfg and sp.is_valid(c)}
 
 
