@@ -124,21 +124,30 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=64)
     p.add_argument("--filter-p", action="append", default=[], help="'none' or a probability; repeatable")
     p.add_argument("--max-loss", type=float, default=0.01, help="geomean latency loss allowed when picking")
-    p.add_argument("--load", default=None, help="re-evaluate the rules on the runs saved in this JSON")
+    p.add_argument("--only", default=None, help="indices of the suite's tasks to run (e.g. 0,1)")
+    p.add_argument("--load", action="append", default=[], help="re-evaluate the rules on the runs saved in "
+                   "these JSON files (repeatable)")
     p.add_argument("--rule", default=None, metavar="ARM:RULE:T:W:PATIENCE",
                    help="evaluate this one rule per run (e.g. on:None:observed:0.0001:64:1) instead of the grid")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     filters = [None if f.lower() == "none" else float(f) for f in (args.filter_p or ["none", "0.05"])]
     if args.load:
-        with open(args.load) as f:
-            rows = json.load(f)["runs"]
+        rows = []
+        for path in args.load:
+            with open(path) as f:
+                rows += json.load(f)["runs"]
     else:
         rows = []
-        for task in suite(args.suite):
+        tasks = suite(args.suite)
+        if args.only:
+            tasks = [tasks[int(i)] for i in args.only.split(",")]
+        for task in tasks:
             for seed in range(args.seeds):
                 rows.append(run_task(task, args.strategy, seed, args.trials, filters, args.warmup))
                 r = rows[-1]
+                if args.out:  # after every run: a long calibration stopped half-way keeps what it made
+                    save(args, rows, [])
                 print(f"{r['task']:42s} seed {seed}: off best {min(r['off']['lat']) * 1e3:.4f} ms, clock "
                       f"{r['off']['clock']:.0f} s; " + "; ".join(
                           f"{k} best {min(v['lat']) * 1e3:.4f} ms, clock {v['clock']:.0f} s (screen "
@@ -176,9 +185,13 @@ def main() -> None:
               f"{100 * r['trials_saved']:.1f}% | {100 * r['seconds_saved']:.1f}% | "
               f"{100 * r['latency_loss']:+.2f}% | {100 * r['worst']:+.2f}% |")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "runs": rows, "rules": results}, f)
+        save(args, rows, results)
+
+
+def save(args, rows: list[dict], results: list[dict]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "runs": rows, "rules": results}, f)
 
 
 if __name__ == "__main__":
