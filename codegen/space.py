@@ -38,7 +38,8 @@ from .depthwise import applies as _depthwise_applies
 from .depthwise import default_schedule as _depthwise_default
 from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
-from .padding import PAD_SEP, padded_contraction, padded_sketch, parse_pad, with_pad
+from .padding import (PAD_SEP, block_rows, padded_contraction, padded_sketch, parse_pad, row_padded_sketch,
+                      with_pad)
 from .sparse import SPARSE_SKETCH
 from .target import Target
 
@@ -102,9 +103,10 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     if target is None:
         return base
     out: list[Sketch] = []
+    rows = block_rows(int(target.vector_registers), REGISTER_RESERVE)
     for s in base:
         out.append(s)
-        padded = padded_sketch(task, s, int(target.simd_lanes))
+        padded = padded_sketch(task, s, int(target.simd_lanes)) or row_padded_sketch(task, s, rows)
         if padded is not None:
             out.append(padded)
     return tuple(out)
@@ -441,6 +443,11 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         ('conv_spatial_pack', 'conv_direct')
     """
     sketches = sketches_for(task)
+    if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:
+        # the full-height register block (6 rows x 2 vectors on AVX2) over rows padded to its multiple
+        padded = row_padded_sketch(task, sketches[0], block_rows(int(target.vector_registers), REGISTER_RESERVE))
+        if padded is not None:
+            return padded
     if _depthwise_applies(task):  # its own sketch: 1.1-2.6x conv_direct's default in a smoke run (issue 14)
         return next(s for s in sketches if s.name == DW_SKETCH)
     if task.op == "conv2d":
