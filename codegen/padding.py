@@ -118,7 +118,8 @@ def block_rows(vector_registers: int, reserve: int) -> int:
 def row_padded_sketch(task: Task, sketch, rows: int):
     """``gemm_packed`` with its row axis ``m`` padded to a multiple of ``rows`` (:func:`block_rows`), or
     None: when ``rows`` is 0, the sketch is not ``gemm_packed``, ``m`` already has the divisor, is
-    shorter than ``4 * rows`` or cannot be padded. On the AVX2 EPYC (quiet, 1 thread) matmul 512^3
+    shorter than ``4 * rows`` or cannot be padded. ``m`` is padded to a multiple of ``2 * rows`` (an even
+    number of row blocks: a prime count, 258 = 6 x 43, left a 2-thread default one chunk). On the AVX2 EPYC (quiet, 1 thread) matmul 512^3
     ran at 55 GFLOP/s with its default 4 x 2-vector block and at 81 GFLOP/s with a 6 x 2-vector block
     over 516 rows (``benchmarks/register_block_probe.py``).
 
@@ -136,7 +137,10 @@ def row_padded_sketch(task: Task, sketch, rows: int):
     m = con.axis("m").extent
     if m % rows == 0 or m < 4 * rows or not paddable(con, "m"):
         return None
-    return with_pad(task, sketch, {"m": round_up(m, rows)})
+    padded = round_up(m, 2 * rows)  # an even count of row blocks, so the parallel loop can split them
+    if padded > MAX_WASTE_ROWS * m:
+        return None
+    return with_pad(task, sketch, {"m": padded})
 
 
 def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:
