@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from codegen.cuda.sim import row_major_strides
 from codegen.cuda.space import REG_OVERHEAD, STATIC_SMEM_LIMIT, CudaSpace
 from codegen.ops import Access
 from felixjax.relax import (
@@ -107,14 +108,6 @@ class GpuArrays(NamedTuple):
     gpu: GpuTable
 
 
-def _strides(shape) -> list[int]:
-    out, s = [], 1
-    for n in reversed(shape):
-        out.append(s)
-        s *= n
-    return out[::-1]
-
-
 def gpu_table(space: CudaSpace, *, xp=jnp) -> GpuTable:
     """The :class:`GpuTable` of a GPU space (``xp=numpy`` for the integer side)."""
     if len(space.axes) > MAX_AXES:
@@ -139,7 +132,7 @@ def gpu_table(space: CudaSpace, *, xp=jnp) -> GpuTable:
         if len(acc.dims) > MAX_DIMS:
             raise ValueError(f"{acc.buffer}: {len(acc.dims)} dimensions, at most {MAX_DIMS} supported")
         pad = MAX_DIMS - len(acc.dims)
-        for d, (terms, stride) in enumerate(zip(acc.dims, _strides(shape))):
+        for d, (terms, stride) in enumerate(zip(acc.dims, row_major_strides(shape))):
             for a, c in terms:
                 if c:
                     coef[b, pad + d, names.index(a)] += abs(c)

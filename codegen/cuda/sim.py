@@ -216,7 +216,8 @@ def _warp_coords(geo: Geometry, n: int = 32) -> dict[str, np.ndarray]:
     return out
 
 
-def _strides(shape) -> list[int]:
+def row_major_strides(shape) -> list[int]:
+    """Element strides of a C-contiguous array of ``shape``."""
     out, s = [], 1
     for n in reversed(shape):
         out.append(s)
@@ -226,7 +227,7 @@ def _strides(shape) -> list[int]:
 
 def _addresses(acc: Access, coord: dict[str, np.ndarray], shape) -> np.ndarray:
     total = 0
-    for dim, st in zip(acc.dims, _strides(shape)):
+    for dim, st in zip(acc.dims, row_major_strides(shape)):
         total = total + st * sum(c * coord.get(a, 0) for a, c in dim)
     return np.asarray(total) + np.zeros(len(next(iter(coord.values()))), dtype=np.int64)
 
@@ -298,7 +299,7 @@ def profile(space: CudaSpace, cfg: Config, registers: int | None = None) -> Kern
                 rem = rem // n
             idx = idx[::-1]
             shape = acc.shape
-            flat = sum(i * s for i, s in zip(idx, _strides(shape)))
+            flat = sum(i * s for i, s in zip(idx, row_major_strides(shape)))
             sec.append((fetch[b], sectors(flat) / max(1, -(-len(e) * itemsize // 32))))
         ldg_sectors = 4.0 * sum(f * s for f, s in sec) / max(1, sum(f for f, _ in sec))
         other += steps * sum(fetch.values()) * cal["fetch_instr"]
