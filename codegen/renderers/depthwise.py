@@ -133,20 +133,23 @@ class _Gen:
             return f"{self.name}_ldu(p{r}_{ky} + {xexpr} + {off})"
         return f"{self.name}_ld(p{r}_{ky} + ({xexpr}) * {g['SX']} + {self.col0 + c})"
 
+    def _accumulate(self, w: Writer, accs: list[tuple[str, int, str]]) -> None:
+        """Declare the vector accumulators ``(name, row, column expression)`` and add every tap into them,
+        one broadcast weight per tap."""
+        for name, _, _ in accs:
+            w(f"{self.vt} {name} = zv;")
+        for ky in range(self.g["KH"]):
+            for kx in range(self.g["KW"]):
+                w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
+                for name, r, col in accs:
+                    w(f"  {name} += wb * {self._tap(r, ky, kx, col)};")
+                w("}")
+
     def _vec_block(self, w: Writer, R: int, RX: int) -> None:
         g, V = self.g, self.V
         vector = V > 1
         w.open("")
-        for r in range(R):
-            for j in range(RX):
-                w(f"{self.vt} a{r}_{j} = zv;")
-        for ky in range(g["KH"]):
-            for kx in range(g["KW"]):
-                w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
-                for r in range(R):
-                    for j in range(RX):
-                        w(f"  a{r}_{j} += wb * {self._tap(r, ky, kx, f'x + {j * V}')};")
-                w("}")
+        self._accumulate(w, [(f"a{r}_{j}", r, f"x + {j * V}") for r in range(R) for j in range(RX)])
         for r in range(R):
             for j in range(RX):
                 self._finish(w, f"a{r}_{j}", vector, f"(y + {r}) * {g['OW']} + x + {j * V}")
@@ -220,14 +223,7 @@ class _Gen:
         are read, the lanes past the row are not stored)."""
         g, V = self.g, self.V
         w.open(f"if (x < {g['OW']})")
-        for r in range(R):
-            w(f"{self.vt} a{r} = zv;")
-        for ky in range(g["KH"]):
-            for kx in range(g["KW"]):
-                w(f"{{ const {self.vt} wb = zv + w{ky}_{kx};")
-                for r in range(R):
-                    w(f"  a{r} += wb * {self._tap(r, ky, kx, 'x')};")
-                w("}")
+        self._accumulate(w, [(f"a{r}", r, "x") for r in range(R)])
         w(f"float t[{V}] __attribute__((aligned(64)));")
         for r in range(R):
             w(f"{self.name}_stu(t, a{r});")
