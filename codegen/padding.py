@@ -116,31 +116,45 @@ def block_rows(vector_registers: int, reserve: int) -> int:
 
 
 def row_padded_sketch(task: Task, sketch, rows: int):
-    """``gemm_packed`` with its row axis ``m`` padded to a multiple of ``rows`` (:func:`block_rows`), or
-    None: when ``rows`` is 0, the sketch is not ``gemm_packed``, ``m`` already has the divisor, is
-    shorter than ``4 * rows`` or cannot be padded. ``m`` is padded to a multiple of ``2 * rows`` (an even
-    number of row blocks: a prime count, 258 = 6 x 43, left a 2-thread default one chunk). On the AVX2 EPYC (quiet, 1 thread) matmul 512^3
-    ran at 55 GFLOP/s with its default 4 x 2-vector block and at 81 GFLOP/s with a 6 x 2-vector block
-    over 516 rows (``benchmarks/register_block_probe.py``).
+    """The sketch with its register-block row axis padded to a multiple of ``rows`` (:func:`block_rows`),
+    or None: when ``rows`` is 0, the axis already has the divisor, is too short, cannot be padded, or
+    padding would waste more than :data:`MAX_WASTE_ROWS`.
+
+    * ``gemm_packed``: rows ``m``, padded to a multiple of ``2 * rows`` (an even number of row blocks: a
+      prime count, 258 = 6 x 43, left a 2-thread default one chunk) when ``m >= 4 * rows``. On the AVX2
+      EPYC (quiet, 1 thread) matmul 512^3 ran at 55 GFLOP/s with its default 4 x 2-vector block and at
+      81 GFLOP/s with a 6 x 2-vector block over 516 rows (``benchmarks/register_block_probe.py``).
+    * ``conv_spatial_pack`` vectorized over output channels ``k``: rows are output columns ``x``, padded
+      to a multiple of ``rows`` when ``x >= 2 * rows`` (56 -> 60, 28 -> 30, 14 -> 18). Its register block is
+      then 6 columns x 2 channel vectors (``benchmarks/conv_block_probe.py``).
 
     Example:
-        >>> from codegen.ops import matmul
+        >>> from codegen.ops import conv2d, matmul
         >>> from codegen.space import Sketch
         >>> row_padded_sketch(matmul(512, 512, 512), Sketch("gemm_packed", "n", "n"), 6).name
         'gemm_packed.pad_m516'
         >>> row_padded_sketch(matmul(384, 512, 512), Sketch("gemm_packed", "n", "n"), 6) is None
         True
+        >>> row_padded_sketch(conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1),
+        ...                   Sketch("conv_spatial_pack", "k", "k"), 6).name
+        'conv_spatial_pack.pad_x60'
     """
-    if rows < 2 or sketch.name != "gemm_packed":
+    if rows < 2:
         return None
     con = task.contraction()
-    m = con.axis("m").extent
-    if m % rows == 0 or m < 4 * rows or not paddable(con, "m"):
+    if sketch.name == "gemm_packed":
+        axis, quantum, shortest = "m", 2 * rows, 4 * rows
+    elif sketch.name == "conv_spatial_pack" and sketch.vector_axis == "k":
+        axis, quantum, shortest = "x", rows, 2 * rows
+    else:
         return None
-    padded = round_up(m, 2 * rows)  # an even count of row blocks, so the parallel loop can split them
-    if padded > MAX_WASTE_ROWS * m:
+    n = con.axis(axis).extent
+    if n % rows == 0 or n < shortest or not paddable(con, axis):
         return None
-    return with_pad(task, sketch, {"m": padded})
+    padded = round_up(n, quantum)
+    if padded > MAX_WASTE_ROWS * n:
+        return None
+    return with_pad(task, sketch, {axis: padded})
 
 
 def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:

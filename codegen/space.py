@@ -106,9 +106,9 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     rows = block_rows(int(target.vector_registers), REGISTER_RESERVE)
     for s in base:
         out.append(s)
-        padded = padded_sketch(task, s, int(target.simd_lanes)) or row_padded_sketch(task, s, rows)
-        if padded is not None:
-            out.append(padded)
+        for padded in (padded_sketch(task, s, int(target.simd_lanes)), row_padded_sketch(task, s, rows)):
+            if padded is not None and padded.name not in {o.name for o in out}:
+                out.append(padded)
     return tuple(out)
 
 
@@ -429,7 +429,9 @@ def check_tiles(axes, levels, tiles) -> None:
 
 
 def default_sketch(task: Task, target: Target) -> Sketch:
-    """The sketch an untuned build uses: ``dw_rows`` for float32 depthwise convs (:mod:`codegen.depthwise`), else
+    """The sketch an untuned build uses: ``dw_rows`` for float32 depthwise convs (:mod:`codegen.depthwise`);
+    for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
+    (:func:`codegen.padding.row_padded_sketch`), the row-padded ``gemm_packed`` / ``conv_spatial_pack``; else
     the first one, except for non-depthwise convolutions whose
     output rows are shorter than half a SIMD vector (e.g. 4x4 outputs with 16 lanes), where
     ``conv_direct`` could only vectorize 4 lanes along the width and ``conv_spatial_pack`` (vectorized
@@ -453,6 +455,12 @@ def default_sketch(task: Task, target: Target) -> Sketch:
     if task.op == "conv2d":
         con = task.contraction()
         pack = next((s for s in sketches if s.name == "conv_spatial_pack"), None)
+        if pack is not None and task.dtype == "float32" and not task.sparsity:
+            # output columns padded to the full-height register block (6 columns x 2 channel vectors on
+            # AVX2): benchmarks/conv_block_probe.py
+            padded = row_padded_sketch(task, pack, block_rows(int(target.vector_registers), REGISTER_RESERVE))
+            if padded is not None:
+                return padded
         if pack is not None and pack.vector_axis == "k" and 2 * con.axis("x").extent < int(target.simd_lanes):
             return pack
         if pack is not None and task.dtype != "float32":
@@ -460,6 +468,15 @@ def default_sketch(task: Task, target: Target) -> Sketch:
             # sketch widens weight vectors and can take int8 pairs (1x1 conv 64x256x28x28 on the AVX2
             # EPYC, defaults: 3x faster at fp16 and int8, 1.5x on the 3x3 conv)
             return pack
+        lanes = int(target.simd_lanes)
+        if con.axis("x").extent % lanes:
+            # conv_direct would vectorize a partial width (7 columns: scalar; a 512x7x7 conv ran its
+            # default at 0.05x onnxruntime): its column-padded variant, else the channel-vectorized one
+            padded = padded_sketch(task, sketches[0], lanes)
+            if padded is not None:
+                return padded
+            if pack is not None and pack.vector_axis == "k":
+                return pack
     return sketches[0]
 
 
@@ -469,6 +486,44 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
         if d <= cap and d % multiple_of == 0:
             best = max(best, d)
     return best
+
+
+def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int]:
+    """``S3`` tiles of a default register block and its vector width: the vector axis 1-2 vectors wide
+    (2 preferred), rows from the largest other spatial axes (greedy, divisors), whichever uses more of
+    the 12-accumulator budget. Rows on the output columns ``x`` come first among equally long axes when
+    the block is vectorized over channels (``conv_spatial_pack``: contiguous broadcasts).
+
+    A 7-column output (512x7x7 conv) gets 7 rows x 1 vector (7 accumulators) instead of 1 x 2."""
+    axes = space.axes
+    vi = space.vector_index
+    vname, vec_extent = axes[vi].name, axes[vi].extent
+    others = [a for a in axes if not a.reduce and a.name != vname]
+    if vname == "k":  # x before y on ties (a stable sort keeps this order)
+        others = sorted(others, key=lambda a: a.name != "x")
+    others = sorted(others, key=lambda a: -a.extent)
+    best = None
+    widths = ((2, 1) if vec > 1 else (None,))
+    for j in widths:
+        s3 = {a.name: 1 for a in axes}
+        if j is None:
+            s3[vname], v = _largest_divisor_leq(vec_extent, 4), vec
+        else:
+            s3[vname] = _largest_divisor_leq(vec_extent, j * vec, vec)
+            v = vec
+        if s3[vname] < v:
+            v = max(c for c in space.vec_choices if s3[vname] % c == 0)
+        budget = max(1, min(12, space.max_accumulators) // max(1, s3[vname] // v))
+        for a in others:
+            if budget <= 1:
+                break
+            d = _largest_divisor_leq(a.extent, budget)
+            s3[a.name] = d
+            budget //= d
+        acc = math.prod(s3[a.name] for a in others) * max(1, s3[vname] // v)
+        if best is None or acc > best[0]:
+            best = (acc, s3, v)
+    return best[1], best[2]
 
 
 def default_config(space: Space) -> Config:
@@ -484,20 +539,7 @@ def default_config(space: Space) -> Config:
     vi = space.vector_index
     vec_extent = axes[vi].extent
     vec = max([v for v in space.vec_choices if vec_extent % v == 0] or [1])
-    s3 = {a.name: 1 for a in axes}
-    # vector axis: up to 2 vectors wide
-    s3[axes[vi].name] = _largest_divisor_leq(vec_extent, 2 * vec, vec) if vec > 1 else _largest_divisor_leq(
-        vec_extent, 4)
-    if s3[axes[vi].name] < vec:
-        vec = max(v for v in space.vec_choices if s3[axes[vi].name] % v == 0)
-    budget = max(1, min(12, space.max_accumulators) // max(1, s3[axes[vi].name] // vec))
-    # rows of the register block: the largest spatial axes other than the vector axis
-    for a in sorted((a for a in axes if not a.reduce and a.name != axes[vi].name), key=lambda a: -a.extent):
-        if budget <= 1:
-            break
-        d = _largest_divisor_leq(a.extent, budget)
-        s3[a.name] = d
-        budget //= d
+    s3, vec = _register_block_default(space, vec)
     tiles = []
     for a in axes:
         if a.reduce:

@@ -1,0 +1,79 @@
+"""Probe (issue 14): float32 convolutions with the 6-column x 2-vector register block.
+
+On a 16-register AVX2 core the GEMM micro-kernel is 6 rows x 2 vectors (12 accumulators; see
+``register_block_probe.py``). ``conv_spatial_pack`` vectorizes over output channels, so its rows are
+output columns; their extents (56, 28, 14, 17) have no divisor 6 and the default block had 4 rows.
+``codegen.padding.row_padded_sketch`` pads the columns to a multiple of 6 (56 -> 60, 14 -> 18), and the
+renderer leaves the kernel-width loop rolled when its unrolled copies would share the block's
+broadcasts (``codegen.renderers.cstyle._sliding_loops``: gcc kept them live and spilled accumulators).
+
+This script times, interleaved in one process against onnxruntime at its default session options, the
+untuned default of each sketch of a few float32 convs (the kernels suites' and shapes outside them),
+each checked against numpy before and after timing, and prints GFLOP/s and the ratio to onnxruntime.
+
+Run: ``python benchmarks/conv_block_probe.py [--threads 1] [--rounds 5] [--shapes all|fresh]``
+(about 1 minute per thread count).
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from codegen.ops import conv2d
+from codegen.space import Space, default_config, default_sketch, sketches_for
+from codegen.target import Target
+from felixjax.baselines import kernel_contender, ort_contender, time_interleaved
+
+SUITE = {  # the op / fresh suites' convs (the design was looked at on the first two)
+    "64x56x56 3x3": conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1),
+    "128x28x28 3x3": conv2d(1, 128, 28, 28, out_channels=128, kernel=3, padding=1),
+    "256x14x14 1x1 k256": conv2d(1, 256, 14, 14, out_channels=256, kernel=1),
+    "128x17x17 3x3": conv2d(1, 128, 17, 17, out_channels=128, kernel=3, padding=1),
+}
+FRESH = {  # not looked at while designing: ResNet / MobileNet / VGG-like layers
+    "256x14x14 3x3": conv2d(1, 256, 14, 14, out_channels=256, kernel=3, padding=1),
+    "512x7x7 3x3": conv2d(1, 512, 7, 7, out_channels=512, kernel=3, padding=1),
+    "96x24x24 3x3": conv2d(1, 96, 24, 24, out_channels=96, kernel=3, padding=1),
+    "32x112x112 1x1 k64": conv2d(1, 32, 112, 112, out_channels=64, kernel=1),
+    "144x56x56 1x1 k24": conv2d(1, 144, 56, 56, out_channels=24, kernel=1),
+    "64x56x56 3x3 s2 k128": conv2d(1, 64, 56, 56, out_channels=128, kernel=3, stride=2, padding=1),
+    "192x35x35 1x1 k64": conv2d(1, 192, 35, 35, out_channels=64, kernel=1),
+}
+
+
+def probe(name: str, task, threads: int, rounds: int, target: Target) -> None:
+    arrays = task.random_inputs(0)
+    expected = task.reference(*arrays)
+    contenders = {"onnxruntime": ort_contender(task, arrays, threads=threads, expected=expected)}
+    chosen = default_sketch(task, target).name
+    for sk in sketches_for(task, target):
+        cfg = default_config(Space(task, sk, target))
+        label = sk.name + (" (default)" if sk.name == chosen else "")
+        contenders[label] = kernel_contender(task, cfg, arrays, threads=threads, target=target, expected=expected)
+    for c in contenders.values():
+        c.check()
+    times = time_interleaved(contenders, rounds=rounds)
+    ort = np.median(times["onnxruntime"])
+    print(f"{name}  ({task.name}, {threads} thread(s))")
+    for label, c in contenders.items():
+        c.check()  # after timing too
+        t = np.median(times[label])
+        print(f"  {label:36s} {task.flops / t / 1e9:6.1f} GFLOP/s  {ort / t:5.2f}x onnxruntime")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shapes", choices=("all", "suite", "fresh"), default="all")
+    args = ap.parse_args()
+    shapes = {**(SUITE if args.shapes in ("all", "suite") else {}), **(FRESH if args.shapes in ("all", "fresh") else {})}
+    target = Target.cpu()
+    for threads in (int(t) for t in args.threads.split(",")):
+        for name, task in shapes.items():
+            probe(name, task, threads, args.rounds, target)
+
+
+if __name__ == "__main__":
+    main()
