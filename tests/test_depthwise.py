@@ -9,25 +9,31 @@ from hypothesis import strategies as st
 from codegen.build import build
 from codegen.depthwise import DW_SKETCH, applies
 from codegen.lower import lower
-from codegen.ops import conv2d, depthwise_conv2d
+from codegen.measure_records import check_output
+from codegen.ops import FP16_ACCUMULATE, Task, conv2d, depthwise_conv2d
 from codegen.render_c import render
 from codegen.runtime import Kernel
-from codegen.space import Space, sketches_for
+from codegen.space import Space, default_sketch, sketches_for
 from codegen.target import Target
 
 TARGET = Target.cpu()
 
 
-def test_it_applies_to_float32_depthwise_convs_only():
+def test_it_applies_to_float32_and_float16_depthwise_convs_only():
     dw = depthwise_conv2d(1, 8, 10, 10, kernel=3, padding=1)
     assert applies(dw) and DW_SKETCH in [s.name for s in sketches_for(dw)]
     assert not applies(conv2d(1, 8, 10, 10, out_channels=8, kernel=3))
     assert not applies(conv2d(1, 8, 10, 10, out_channels=8, kernel=3, groups=2))
-    assert not applies(depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="float16"))
+    f16 = depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="float16")
+    assert applies(f16) and default_sketch(f16, TARGET).name == DW_SKETCH
+    # float16 accumulation and int8 stay on the generic sketches
+    acc16 = Task(f16.op, f16.params, dtype="float16", dtypes=FP16_ACCUMULATE)
+    assert not applies(acc16) and default_sketch(acc16, TARGET).name != DW_SKETCH
+    assert not applies(depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="int8"))
 
 
 @st.composite
-def _cases(draw):
+def _cases(draw, dtype="float32"):
     k = draw(st.sampled_from([1, 3, 5]))
     stride = draw(st.sampled_from([1, 2, 3]))
     dil = draw(st.sampled_from([1, 1, 2]))
@@ -37,7 +43,7 @@ def _cases(draw):
     task = depthwise_conv2d(draw(st.sampled_from([1, 2])), draw(st.sampled_from([2, 3, 8])), h, w, kernel=k,
                             stride=stride, padding=pad, dilation=dil, multiplier=draw(st.sampled_from([1, 1, 2])),
                             bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])),
-                            residual=draw(st.booleans()))
+                            residual=draw(st.booleans()), dtype=dtype)
     names = [s.name for s in sketches_for(task, TARGET) if s.base == DW_SKETCH]
     space = Space(task, draw(st.sampled_from(names)), TARGET)
     cfg = space.default() if draw(st.booleans()) else space.sample(np.random.default_rng(draw(st.integers(0, 99))))
@@ -78,6 +84,58 @@ def test_vectorized_defaults_match_numpy_without_a_padded_copy(stride, stage):
     plan = lower(space, cfg)
     np.testing.assert_allclose(Kernel(plan, b.lib_path, threads=2)(*arrays), task.reference(*arrays),
                                rtol=1e-4, atol=1e-4)
+
+
+def _check_float16(space, cfg, threads=2):
+    """The kernel's float16 output against the reference: within ``Task.tolerance`` (what the runner
+    checks) and, tighter, rounded once: float32 products and sums, one rounding to float16 at the store
+    (half an ulp, 2**-11 relative; the float32 sums' own error is far below the absolute term)."""
+    plan = lower(space, cfg)
+    src = render(plan)
+    b = build(src)
+    assert b.status == "ok", b.error
+    task = space.task
+    arrays = task.random_inputs(seed=4)
+    assert [a.dtype.name for a in arrays] == ["float16", "float16"] + ["float32"] * task.bias + ["float16"] * task.residual
+    ref = task.reference(*arrays)
+    kern = Kernel(plan, b.lib_path, threads=threads)
+    for _ in range(2):  # nothing accumulates into the output across calls
+        y = kern(*arrays)
+        assert y.dtype == np.float16
+        rtol, atol = task.tolerance(ref)
+        ok, msg = check_output(y, ref, plan.con.reduction_size, rtol, atol=atol)
+        assert ok, f"{task.name} {cfg.dumps()}: {msg}"
+        np.testing.assert_allclose(y.astype(np.float64), ref, rtol=2.0 ** -11 * 1.01, atol=1e-5,
+                                   err_msg=f"{task.name} {cfg.dumps()}")
+    return src
+
+
+@pytest.mark.cc
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases("float16"))
+def test_every_float16_kernel_matches_the_reference(case):
+    """float16 storage, float32 arithmetic: random shapes (odd widths, strides 1-3, dilations,
+    multipliers, paddings, epilogues), both edge modes, default and sampled schedules."""
+    _check_float16(*case)
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("stage", [0, 1, "padded"])
+def test_float16_vectorized_defaults_widen_with_f16c(stride, stage):
+    """MobileNet-like float16 shapes, full vectors: taps widened on load (peeled, ``dw_stage=0``) or rows
+    widened while staged (``dw_stage=1``; at stride 2 widened, then deinterleaved), the output narrowed
+    by vcvtps2ph; an odd width (27) through the padded variant (staged, a partial last vector)."""
+    w = 27 if stage == "padded" else 32
+    task = depthwise_conv2d(1, 8, 12, w, kernel=3, stride=stride, padding=1, bias=True, act="relu6",
+                            residual=True, dtype="float16")
+    name = next(s.name for s in sketches_for(task, TARGET) if s.base == DW_SKETCH and (s.pad != ()) == (w == 27))
+    space = Space(task, name, TARGET)
+    cfg = space.default() if stage == "padded" else space.with_knobs(space.default(), {"dw_stage": stage})
+    assert cfg.vec == 8
+    src = _check_float16(space, cfg)
+    assert "_mm256_cvtps_ph" in src and "_mm256_cvtph_ps" in src
+    assert ("_cvt(stg" in src or "_cvt(t," in src) == (stage != 0)
 
 
 def test_relaxation_and_genetic_codec_see_its_knob():

@@ -58,6 +58,12 @@ class _Gen:
             self.stage = DW_STAGE.values(Space(sp.task, DW_SKETCH, sp.target)) == (0, 1)
         task = sp.task
         self.bias, self.res, self.act = bool(task.bias), bool(task.residual), task.act
+        # float16 (codegen.depthwise.applies): data, weights, residual and output stored as _Float16,
+        # everything computed in float32; staged rows are float32 (widened while staged), peeled rows are
+        # read in place (widened on load)
+        self.half = task.buffer_dtypes.inputs == "float16"
+        self.S = "_Float16" if self.half else "float"
+        self.PT = "float" if self.stage else self.S  # the element type the tap row pointers read
         g = self.g
         self.OHW = g["OH"] * g["OW"]
         if self.stage:  # staged rows: input column ix sits at ix + PL; every output column is in range
@@ -81,34 +87,65 @@ class _Gen:
             self.xhi = max(0, min(g["OW"], last // g["SX"] + 1)) if last >= 0 else 0
             self.col0 = -g["PL"]
         self.vt, self.it = f"{name}_vf", f"{name}_vi"
+        self.ht = f"{name}_vh"  # float16: V storage lanes (the conversions without an intrinsic)
 
     # ---- file-scope helpers: the vector types and the loads -----------------------------------------
     def helpers(self, w: Writer) -> None:
-        V, vt, it, sx = self.V, self.vt, self.it, self.g["SX"]
+        V, vt, it, sx, n, PT = self.V, self.vt, self.it, self.g["SX"], self.name, self.PT
+        if self.half:
+            w("#include <immintrin.h>")
+            if self.stage:  # one input row widened into float32 (F16C; gcc 12 converts a plain loop lane by lane)
+                W = self.g["W"]
+                w(f"static inline void {n}_cvt(float* restrict d, const _Float16* restrict s) {{")
+                w("  int j = 0;")
+                w("#ifdef __F16C__")
+                w(f"  for (; j + 8 <= {W}; j += 8) _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128("
+                  f"(const __m128i*)(s + j))));")
+                w(f"  if (j + 4 <= {W}) {{ _mm_storeu_ps(d + j, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(s + j)))); "
+                  f"j += 4; }}")
+                w("#endif")
+                w(f"  for (; j < {W}; ++j) d[j] = s[j];")
+                w("}")
         if V == 1:
             w(f"typedef float {vt};")
-            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return p[0]; }}")
+            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return p[0]; }}")
             return
         w(f"typedef float {vt} __attribute__((vector_size({4 * V})));")
         w(f"typedef int {it} __attribute__((vector_size({4 * V})));")
-        w(f"static inline {vt} {self.name}_ldu(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
-        w(f"static inline void {self.name}_stu(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}")
+        w(f"static inline {vt} {n}_ldu(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
+        w(f"static inline void {n}_stu(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}")
+        if self.half:  # V float16 lanes widened on load / narrowed on store (F16C; round to nearest even)
+            w(f"typedef _Float16 {self.ht} __attribute__((vector_size({2 * V})));")
+            ld = {4: "_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)p))",
+                  8: "_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p))",
+                  16: "_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))"}.get(V)
+            st = {4: "_mm_storel_epi64((__m128i*)p, _mm_cvtps_ph((__m128)v, 0))",
+                  8: "_mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, 0))",
+                  16: "_mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, 0))"}.get(V)
+            w(f"static inline {vt} {n}_ldh(const _Float16* p) {{ "
+              + (f"return ({vt}){ld}; }}" if ld else
+                 f"{self.ht} h; __builtin_memcpy(&h, p, sizeof h); return __builtin_convertvector(h, {vt}); }}"))
+            w(f"static inline void {n}_sth(_Float16* p, {vt} v) {{ "
+              + (f"{st}; }}" if st else
+                 f"{self.ht} h = __builtin_convertvector(v, {self.ht}); __builtin_memcpy(p, &h, sizeof h); }}"))
+        ldc = f"{n}_ldh" if PT == "_Float16" else f"{n}_ldu"  # a contiguous vector of the row pointers' type
         if sx == 1:
-            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return {self.name}_ldu(p); }}")
+            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return {ldc}(p); }}")
         elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
             idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
-            w(f"static inline {vt} {self.name}_ld(const float* p) {{ {vt} a = {self.name}_ldu(p), "
-              f"b = {self.name}_ldu(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}); }}")
+            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ {vt} a = {ldc}(p), "
+              f"b = {ldc}(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}); }}")
         else:
             lanes = ", ".join(f"p[{sx * i}]" for i in range(V))
-            w(f"static inline {vt} {self.name}_ld(const float* p) {{ return ({vt}){{{lanes}}}; }}")
+            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return ({vt}){{{lanes}}}; }}")
 
     # ---- the epilogue of one value (vector or scalar) -------------------------------------------------
     def _finish(self, w: Writer, v: str, vector: bool, out_idx: str) -> None:
         if self.bias:
             w(f"{v} += bb;")
         if self.res:
-            w(f"{v} += {self.name}_ldu(rp + {out_idx});" if vector else f"{v} += rp[{out_idx}];")
+            ld = f"{self.name}_ldh" if self.half else f"{self.name}_ldu"
+            w(f"{v} += {ld}(rp + {out_idx});" if vector else f"{v} += rp[{out_idx}];")
         if self.act in ("relu", "relu6"):
             if vector:
                 w(f"{v} = ({self.vt})((({self.it}){v}) & ({v} > zv));")
@@ -120,9 +157,15 @@ class _Gen:
                 if self.act == "relu6":
                     w(f"{v} = {v} > 6.0f ? 6.0f : {v};")
         if vector:
-            w(f"{self.name}_stu(op + {out_idx}, {v});")
+            w(f"{self.name}_{'sth' if self.half else 'stu'}(op + {out_idx}, {v});")
         else:
-            w(f"op[{out_idx}] = {v};")
+            w(f"op[{out_idx}] = {v};")  # float16: narrowed (round to nearest even)
+
+    def _split_ranges(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Stride 2, staged: the ``[lo, hi)`` of the even half's columns j (input column 2j - PL) and of
+        the odd half's (2j + 1 - PL) that fall inside the row."""
+        pl, W = self.g["PL"], self.g["W"]
+        return (-(-pl // 2), (W - 1 + pl) // 2 + 1), (max(0, -(-(pl - 1) // 2)), (W - 2 + pl) // 2 + 1)
 
     def _tap(self, r: int, ky: int, kx: int, xexpr: str) -> str:
         """The load of tap (ky, kx) for the vector of outputs starting at column ``xexpr`` of row r."""
@@ -184,12 +227,20 @@ class _Gen:
                 w(f"{{ const int iy = y * {g['SY']} - {g['PT']} + {i};")
                 if self.split:  # even padded columns 2j (input 2j - PL) to the first half, odd ones to the second
                     pl, W = g["PL"], g["W"]
-                    e0, e1 = -(-pl // 2), (W - 1 + pl) // 2 + 1
-                    o0, o1 = max(0, -(-(pl - 1) // 2)), (W - 2 + pl) // 2 + 1
-                    w(f"  if ((unsigned)iy < {g['H']}u) {{ const float* restrict s = ip + (long)iy * {W}; "
+                    (e0, e1), (o0, o1) = self._split_ranges()
+                    # float16: the row widened first (gcc 12 converts a strided _Float16 loop lane by lane;
+                    # widening and deinterleaving in one vector pass measured 2-3x slower here, unexplained)
+                    src = (f"float t[{W}] __attribute__((aligned(32))); {self.name}_cvt(t, ip + (long)iy * {W}); "
+                           f"const float* restrict s = t;") if self.half else \
+                        f"const float* restrict s = ip + (long)iy * {W};"
+                    w(f"  if ((unsigned)iy < {g['H']}u) {{ {src} "
                       f"float* restrict e = stg + {i * self.SW}; float* restrict o = e + {self.HW};")
                     w(f"    for (int j = {e0}; j < {e1}; ++j) e[j] = s[2 * j - {pl}];")
                     w(f"    for (int j = {o0}; j < {o1}; ++j) o[j] = s[2 * j + {1 - pl}]; }} }}")
+                    continue
+                if self.half:  # widened while staged
+                    w(f"  if ((unsigned)iy < {g['H']}u) {self.name}_cvt(stg + {i * self.SW + g['PL']}, "
+                      f"ip + (long)iy * {g['W']}); }}")
                     continue
                 w(f"  if ((unsigned)iy < {g['H']}u) __builtin_memcpy(stg + {i * self.SW + g['PL']}, "
                   f"ip + (long)iy * {g['W']}, {4 * g['W']}); }}")
@@ -197,7 +248,7 @@ class _Gen:
             for ky in range(g["KH"]):
                 iy = f"(y + {r}) * {g['SY']} - {g['PT']} + {ky * g['DY']}"
                 src = f"stg + {(r * g['SY'] + ky * g['DY']) * self.SW}" if self.stage else f"ip + (long)({iy}) * {g['W']}"
-                w(f"const float* restrict p{r}_{ky} = (unsigned)({iy}) < {g['H']}u ? {src} : zrow;")
+                w(f"const {self.PT}* restrict p{r}_{ky} = (unsigned)({iy}) < {g['H']}u ? {src} : zrow;")
         w("int x = 0;")
         if self.xlo > 0:
             self._scalar_cols(w, R, str(self.xlo))
@@ -240,14 +291,15 @@ class _Gen:
         nch = -(-g["OH"] // self.chunk)
         GM = g["G"] * g["M"]
         w.open(f"{'static ' if static else ''}void {self.name}(void* const* args)")
-        w(f"const float* restrict in = (const float*)args[{args.index(data)}];")
-        w("const float* restrict wt = (const float*)args[1];")
+        S = self.S
+        w(f"const {S}* restrict in = (const {S}*)args[{args.index(data)}];")
+        w(f"const {S}* restrict wt = (const {S}*)args[1];")
         if self.bias:
             w(f"const float* restrict bias = (const float*)args[{args.index('bias')}];")
         if self.res:
-            w(f"const float* restrict res = (const float*)args[{args.index('residual')}];")
-        w(f"float* restrict out = (float*)args[{args.index('out')}];")
-        w(f"static const float zrow[{self.SW}] = {{0}};")
+            w(f"const {S}* restrict res = (const {S}*)args[{args.index('residual')}];")
+        w(f"{S}* restrict out = ({S}*)args[{args.index('out')}];")
+        w(f"static const {self.PT} zrow[{self.SW}] = {{0}};")
         if self.V > 1:
             w(f"const {self.vt} zv = {{0}};")
             if self.act == "relu6":
@@ -259,10 +311,10 @@ class _Gen:
         w.open(f"for (long u = 0; u < {g['N'] * GM * nch}L; ++u)")
         w(f"const long ch = u / {nch}; const int yc = (int)(u % {nch});")
         w(f"const long n = ch / {GM}; const int oc = (int)(ch % {GM}); const int gi = oc / {g['M']};")
-        w(f"const float* restrict ip = in + (n * {g['G']} + gi) * {g['H'] * g['W']}L;")
-        w(f"float* restrict op = out + ch * {self.OHW}L;")
+        w(f"const {S}* restrict ip = in + (n * {g['G']} + gi) * {g['H'] * g['W']}L;")
+        w(f"{S}* restrict op = out + ch * {self.OHW}L;")
         if self.res:
-            w(f"const float* restrict rp = res + ch * {self.OHW}L;")
+            w(f"const {S}* restrict rp = res + ch * {self.OHW}L;")
         else:
             w("(void)zv;")
         if self.bias:
@@ -271,7 +323,7 @@ class _Gen:
         for ky in range(g["KH"]):
             for kx in range(g["KW"]):
                 off = f"{_dim_offset(wl[0], 'oc')} + {_dim_offset(wl[2], ky) + _dim_offset(wl[3], kx)}"
-                w(f"const float w{ky}_{kx} = wt[{off}];")
+                w(f"const float w{ky}_{kx} = wt[{off}];")  # float16: widened once per channel plane
         if self.stage:
             w(f"float stg[{self.NR * self.SW}] __attribute__((aligned(64)));")
             w("__builtin_memset(stg, 0, sizeof stg);")
