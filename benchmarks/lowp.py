@@ -21,14 +21,17 @@ Usage:
     python benchmarks/lowp.py --quick                  # smoke run: tiny layers, 4 random trials, 1 thread
     python benchmarks/lowp.py --trials 64 --threads 1,2 --out results/lowp.json
     python benchmarks/lowp.py --merge results/sparse.json   # add the sparse / pruned rows to the table
+    python benchmarks/lowp.py --trials 0 --threads 1 --layers conv1x1,conv3x3,matmul --dtypes int8,int8_w7 --cpu-time
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +53,9 @@ from codegen.space import Space, default_sketch  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax import baselines  # noqa: E402
 
-DTYPES = ("float32", "float16", "int8")
+DTYPES = ("float32", "float16", "int8", "int8_w7")
+# "int8_w7": int8 with 7-bit weights (Task.weight_bits=7, onnxruntime's reduce_range, which its int8 model
+# here uses too): the AVX2 vpmaddubsw groups-of-four path (codegen.lower.int8_pairs)
 ROW_KEYS = ("layer", "variant", "dtype", "threads", "ms", "speedup", "expected", "achieved_over_expected", "note")
 
 
@@ -159,11 +164,31 @@ def tuned_config(task: ops.Task, target: Target, args, threads: int):
     return best.config
 
 
+def make_task(make, dtype: str) -> ops.Task:
+    """The layer at ``dtype`` (``"int8_w7"``: int8 with 7-bit weights)."""
+    if dtype == "int8_w7":
+        return dataclasses.replace(make("int8"), weight_bits=7)
+    return make(dtype)
+
+
+def _cpu_timer(c):
+    """A block timer of ``c`` in process CPU time (``number`` calls -> seconds)."""
+    def run(number: int) -> float:
+        t0 = time.process_time()
+        if isinstance(c, OurKernel):
+            c.timeit(number)
+        else:
+            for _ in range(number):
+                c()
+        return time.process_time() - t0
+    return run
+
+
 def bench_layer(name: str, make, threads: int, args, target: Target) -> list[dict]:
     rows, contenders, meta = [], {}, {}
     flops = make("float32").flops
-    for dtype in DTYPES:
-        task = make(dtype)
+    for dtype in args.dtypes:
+        task = make_task(make, dtype)
         arrays = task.random_inputs(seed=0)
         ref = task.reference(*arrays)
         rtol, atol = task.tolerance(ref)
@@ -192,8 +217,12 @@ def bench_layer(name: str, make, threads: int, args, target: Target) -> list[dic
             raise AssertionError(f"onnxruntime {dtype} on {name}: relative error {err:.3g}")
         contenders[f"onnxruntime {dtype}"] = c
         meta[f"onnxruntime {dtype}"] = ("onnxruntime", dtype, f"{note} (err {err:.1e})".strip())
-    times = baselines.time_interleaved(contenders, rounds=args.rounds, min_time_s=0.02 if args.quick else 0.1,
-                                       pause_s=0.02 if args.quick else 0.1)
+    if args.cpu_time:  # process CPU time per block (1 thread: what a busy machine's other jobs do not inflate)
+        times = baselines.time_blocks({k: _cpu_timer(c) for k, c in contenders.items()}, rounds=args.rounds,
+                                      min_time_s=0.02 if args.quick else 0.1, pause_s=0.02 if args.quick else 0.1)
+    else:
+        times = baselines.time_interleaved(contenders, rounds=args.rounds, min_time_s=0.02 if args.quick else 0.1,
+                                           pause_s=0.02 if args.quick else 0.1)
     med = {k: float(np.median(v)) for k, v in times.items()}
     ref_key = "ours tuned float32" if "ours tuned float32" in med else "ours default float32"
     for key, s in med.items():
@@ -223,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="tuning trials per dtype (0: default schedules only)")
     ap.add_argument("--strategy", default=None, help="tuning strategy (default gradient; --quick: random)")
     ap.add_argument("--layers", default=None, help="comma-separated subset of the layers")
+    ap.add_argument("--dtypes", default=",".join(DTYPES),
+                    help=f"comma-separated subset of our dtypes (default all: {','.join(DTYPES)}; float32 is "
+                         f"always run, the speedup reference)")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time in process CPU time, not wall time (1 thread only; for a busy shared machine)")
     ap.add_argument("--db", default=str(ROOT / "results" / "lowp.db"))
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--merge", action="append", default=[], help="JSON rows of another benchmark (sparse.py)")
@@ -238,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",")]
     except ValueError:
         print(f"lowp.py: --threads {args.threads!r} is not a comma-separated list of integers", file=sys.stderr)
+        return 2
+    args.dtypes = ["float32"] + [d for d in args.dtypes.split(",") if d and d != "float32"]
+    if bad := [d for d in args.dtypes if d not in DTYPES]:
+        print(f"lowp.py: unknown dtype(s) {bad}; valid: {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
+    if args.cpu_time and threads != [1]:
+        print("lowp.py: --cpu-time needs --threads 1 (CPU time sums the threads)", file=sys.stderr)
         return 2
     all_layers = layers(args.quick)
     chosen = args.layers.split(",") if args.layers else list(all_layers)

@@ -182,9 +182,14 @@ class Plan:
     tail_row: int = -1
     #: int8 only: reduction steps per dot-product instruction (:func:`int8_pairs`): 4 on a VNNI target
     #: (``vpdpbusd``, weights in groups of four along the innermost R1 loop, their per-channel sums
-    #: appended at load for the zero-point correction), 2 on AVX2 (``vpmaddwd`` on exact int16
-    #: pairs), 1 otherwise (widening int8 -> int32 multiplies)
+    #: appended at load for the zero-point correction) and on AVX2 for 7-bit weights (``vpmaddubsw`` +
+    #: ``vpmaddwd`` with ones, same layout), 2 on AVX2 (``vpmaddwd`` on exact int16 pairs), 1 otherwise
+    #: (widening int8 -> int32 multiplies)
     pairs: int = 1
+    #: groups of four (``pairs == 4``) whose data steps along the reduction with a stride (a conv's
+    #: channels, NCHW): the timed data copy interleaves the channels in fours (NCHW -> N(C/4)HW4), so a
+    #: group is one 4-byte broadcast instead of four byte loads (see :func:`_quad_data`)
+    data_quads: bool = False
 
     @property
     def con(self) -> Contraction:
@@ -226,6 +231,8 @@ class Plan:
 
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
+        from .ops import check_weight_range
+        check_weight_range(self.space.task, weight)  # 7-bit weights: out of range would saturate vpmaddubsw
         layout = self.buffers["weight"].layout
         full = embed(weight, layout.shape)
         flat = layout.pack(full, dtype=self.arg_dtypes()[1])
@@ -262,12 +269,16 @@ def int8_pairs(plan: Plan) -> int:
     """Reduction steps per int8 dot-product instruction the register block can take: 4 on a target
     with ``avx512_vnni`` (``vpdpbusd``: u8 x s8 groups of four into int32, exact; signed data is
     offset by 128 and the zero point corrected with the weights' per-channel sums in the epilogue),
-    2 elsewhere (AVX2 ``vpmaddwd``: exact int16 pairs, 16 products per instruction, summed in pairs
-    into 8 int32 lanes), else 1. Needs: 4, 8 or 16 lanes; the weights are the vector operand (unit
+    and, on AVX2, for a task with 7-bit weights (``weight_bits=7``: ``vpmaddubsw`` u8 x s7 -> int16
+    pair sums, which cannot saturate (2 * 255 * 64 = 32640 <= 32767), then ``vpmaddwd`` with ones ->
+    int32; 32 products per pair of instructions; same data / weight layout and zero-point correction
+    as VNNI; :meth:`Plan.pack_weight` rejects out-of-range weights), 2 elsewhere (AVX2 ``vpmaddwd``:
+    exact int16 pairs, 16 products per instruction, summed in pairs into 8 int32 lanes), else 1.
+    Needs: 4, 8 or 16 lanes; the weights are the vector operand (unit
     stride along the vector loop, the same for every row of the block) and the data the broadcast
     one; the innermost live R1 loop's extent is a multiple of the group, and its weight stride is the
-    packed panel's row (so rows k .. k+g-1 interleave in place at load, untimed); VNNI also needs an
-    unbatched task (one weight sum per output channel). A function of the config, not a knob.
+    packed panel's row (so rows k .. k+g-1 interleave in place at load, untimed); groups of four also
+    need an unbatched task (one weight sum per output channel). A function of the config, not a knob.
 
     Example:
         >>> from codegen.ops import matmul
@@ -276,27 +287,99 @@ def int8_pairs(plan: Plan) -> int:
         >>> sp = Space(matmul(16, 16, 32, dtype="int8"), "gemm_packed", Target(simd_lanes=8))
         >>> int8_pairs(lower(sp, sp.default()))
         2
+        >>> sp = Space(matmul(16, 16, 32, dtype="int8", weight_bits=7), "gemm_packed", Target(simd_lanes=8))
+        >>> int8_pairs(lower(sp, sp.default()))
+        4
     """
     if not plan.space.task.quantized or plan.vec not in (4, 8, 16):
         return 1
     live_r1 = [lp for lp in plan.levels["R1"] if lp.extent > 1]
     if not live_r1 or live_r1[-1].extent % 2:
         return 1
-    vnni = bool(plan.space.target.avx512_vnni) and not plan.space.task.p.get("batch")
-    g = 4 if vnni and live_r1[-1].extent % 4 == 0 else 2
+    task, target = plan.space.task, plan.space.target
+    # groups of four: VNNI, or AVX2 vpmaddubsw on 7-bit weights (u8 x s7 pair sums cannot saturate
+    # int16: 2 * 255 * 64 = 32640), in vectors the target has
+    quads = bool(target.avx512_vnni) or (task.weight_bits == 7 and plan.vec <= max(int(target.simd_lanes), 4))
     kr = live_r1[-1]
     w, d = plan.buffers["weight"], plan.buffers["data"]
     vloop = next((lp for lp in plan.levels["S3"] if lp.axis == plan.vector_axis), None)
     if vloop is None or w.stride(vloop.var) != 1 or d.stride(vloop.var) != 0:
         return 1
     rows = [lp for lp in plan.levels["S3"] if lp.extent > 1 and lp is not vloop]
-    if any(w.stride(lp.var) for lp in rows) or w.stride(kr.var) != vloop.extent:
+    sk, lanes = w.stride(kr.var), vloop.extent
+    if any(w.stride(lp.var) for lp in rows) or sk < lanes or sk % lanes:
         return 1
-    sk = vloop.extent
     live = {lp.var for lp in plan.loops() if lp.extent > 1} - {kr.var, vloop.var}
-    if w.layout.size % (g * sk) or any(st % (g * sk) for var, st in w.strides if var in live):
-        return 1  # every other loop must move whole groups of panel rows
-    return g
+    for g in ((4, 2) if quads and not task.p.get("batch") and kr.extent % 4 == 0 else (2,)):
+        # every other loop moves whole groups of rows of the pair loop, or within one such row (a
+        # conv's taps between the channels: strides x g once interleaved, see _group_weight_strides)
+        if w.layout.size % (g * sk) or any(st % (g * sk) and (st >= sk or st % lanes)
+                                           for var, st in w.strides if var in live):
+            continue
+        return g
+    return 1
+
+
+def _group_weight_strides(plan: Plan) -> Plan:
+    """The weights interleaved in groups of ``plan.pairs`` rows of the pair loop (:meth:`Plan.pack_weight`:
+    element ``i`` of row ``k`` goes to ``i * g + k % g`` within its group): the loops moving within one
+    row (a conv's taps, when the channel loop is the pair loop) step ``g`` times as far. The vector
+    loop's offset is scaled by the renderer, which reads ``g * vec`` bytes per vector."""
+    g = plan.pairs
+    w = plan.buffers["weight"]
+    kr = _pair_loop(plan)
+    sk = w.stride(kr.var)
+    vloop = next(lp for lp in plan.levels["S3"] if lp.axis == plan.vector_axis)
+    strides = tuple((var, st * g if 0 < st < sk and var != vloop.var else st) for var, st in w.strides)
+    if strides == w.strides:
+        return plan
+    return replace(plan, buffers={**plan.buffers, "weight": replace(w, strides=strides)})
+
+
+def _quad_data(plan: Plan) -> Plan:
+    """A groups-of-four plan whose data steps along the pair loop with a stride ``sd > 1`` (NCHW
+    channels): the data is copied (timed, O(data)) into channels interleaved in fours
+    (``blocked_layout(..., channel dim, 4, front=False)``), so the four data of a group are contiguous.
+    Unchanged where that does not hold exactly: a dimension other than the plain channel one, another
+    loop moving the channel index by other than whole groups, or a channel count not a multiple of 4."""
+    if plan.pairs != 4:
+        return plan
+    kr = _pair_loop(plan)
+    space, con, d = plan.space, plan.con, plan.buffers["data"]
+    sd = d.stride(kr.var)
+    if sd <= 1 or any(dl.kind != "plain" for dl in d.layout.dims):
+        return plan
+    dims = [i for i, terms in enumerate(con.data.dims) if any(a == kr.axis for a, _ in terms)]
+    if len(dims) != 1 or con.pad[dims[0]] != (0, 0):
+        return plan
+    dim = dims[0]
+    shape = con.data.shape
+    if shape[dim] % 4 or d.layout.dims[dim].stride != sd or dict(con.data.dims[dim]).get(kr.axis) != 1:
+        return plan
+    tiles = {a.name: t for a, t in zip(space.axes, plan.config.tiles)}
+    unit = Layout(shape, tuple(DimLayout("plain", 1 if i == dim else 0) for i in range(len(shape))), 0)
+    moves = _var_strides(con.data, unit, space, tiles)  # channel index moved per step of each loop
+    live = {lp.var for lp in plan.loops() if lp.extent > 1}
+    if any(m % 4 for var, m in moves.items() if var in live and var != kr.var):
+        return plan
+    blocked = blocked_layout(shape, dim, 4, front=False)
+    # per-loop strides: the channel index moves by whole groups (the group base's stride sd per
+    # channel, as before), the other dimensions by their interleaved strides; the renderer reads a group
+    # as 4 contiguous bytes at the group base
+    virt = Layout(shape, tuple(DimLayout("plain", sd if i == dim else dl.stride)
+                               for i, dl in enumerate(blocked.dims)), blocked.size)
+    strides = tuple(sorted(_var_strides(con.data, virt, space, tiles).items()))
+    buffers = dict(plan.buffers)
+    args, ws = plan.args, plan.workspace
+    if d.storage == "workspace":  # already copied (padding): same buffer, interleaved
+        buffers["data"] = replace(d, layout=blocked, strides=strides)
+    else:
+        buffers["data_in"] = Buffer("data_in", Access("data_in", con.data_api_shape, ()),
+                                    plain_layout(con.data_api_shape), "arg", dtype=d.dtype)
+        buffers["data"] = replace(d, layout=blocked, strides=strides, storage="workspace", ws_offset=ws)
+        ws += -(-blocked.size // ALIGN_FLOATS) * ALIGN_FLOATS  # 4-byte slots: an int8 element fits one
+        args = ("data_in",) + args[1:]
+    return replace(plan, buffers=buffers, args=args, workspace=ws, data_copy=True, data_quads=True)
 
 
 def _var_strides(access: Access, layout: Layout, space: Space, tiles: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -461,5 +544,6 @@ def lower(space: Space, config: Config) -> Plan:
             plan = knob.lower(plan, space.knob_value(config, knob))
     if space.task.quantized and int8_pairs(plan) > 1:
         plan = replace(plan, pairs=int8_pairs(plan))
+        plan = _quad_data(_group_weight_strides(plan))
     finish = SKETCH_LOWERINGS.get(space.sketch.base)
     return finish(plan) if finish is not None else plan

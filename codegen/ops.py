@@ -147,6 +147,11 @@ class Task:
     #: fraction only: the pattern comes from :meth:`random_inputs` (tuning) or the layer's real weights
     #: (``codegen.sparse_lower.with_weights``). Written to JSON only when non-zero (dense keys unchanged)
     sparsity: float = 0.0
+    #: int8 only: 8 (weights in [-128, 127], the default) or 7 (weights in [-64, 63], onnxruntime's
+    #: ``reduce_range``): 7-bit weights let AVX2 take four reduction steps per ``vpmaddubsw`` +
+    #: ``vpmaddwd`` pair exactly (u8 x s7 pair sums fit int16: 2 * 255 * 64 <= 32767; see
+    #: :func:`codegen.lower.int8_pairs`). Written to JSON only when 7 (other keys unchanged)
+    weight_bits: int = 8
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -164,6 +169,10 @@ class Task:
             raise ValueError(f"act_signed must be a bool, got {self.act_signed!r}")
         if self.act_signed and self.dtype != "int8":
             raise ValueError("act_signed=True applies to int8 tasks only (signed int8 activations)")
+        if isinstance(self.weight_bits, bool) or self.weight_bits not in (7, 8):
+            raise ValueError(f"weight_bits must be 8 or 7 (int8 weights in [-64, 63]), got {self.weight_bits!r}")
+        if self.weight_bits == 7 and self.dtype != "int8":
+            raise ValueError("weight_bits=7 applies to int8 tasks only (7-bit int8 weights)")
         if self.dtypes is not None:
             dts = DTypes(**self.dtypes) if isinstance(self.dtypes, dict) else self.dtypes
             if not isinstance(dts, DTypes):
@@ -218,6 +227,8 @@ class Task:
             d["out_dtype"] = self.out_dtype
         if self.sparsity:  # only when non-zero: keys of dense tasks stay byte-identical
             d["sparsity"] = self.sparsity
+        if self.weight_bits != 8:  # int8 with 7-bit weights only
+            d["weight_bits"] = self.weight_bits
         return d
 
     @staticmethod
@@ -229,7 +240,8 @@ class Task:
         with _limits.override(**lenient):
             dts = DTypes.from_json(d["dtypes"]) if d.get("dtypes") else None
             return Task(d["op"], params, bool(d.get("bias", False)), d.get("act"), bool(d.get("residual", False)),
-                        d.get("dtype", "float32"), dts, bool(d.get("act_signed", False)), d.get("out_dtype"), sparsity=float(d.get("sparsity", 0.0)))
+                        d.get("dtype", "float32"), dts, bool(d.get("act_signed", False)), d.get("out_dtype"), sparsity=float(d.get("sparsity", 0.0)),
+                        weight_bits=int(d.get("weight_bits", 8)))
 
     def check_size(self, limits: "_limits.Limits | dict | None" = None, *, itemsize: int = 4) -> None:
         """Validate the shapes, then raise :class:`codegen.limits.SizeLimitError` if an extent, a buffer
@@ -256,6 +268,11 @@ class Task:
         """Element types per role: ``dtypes``, else those of ``dtype`` (int8: uint8 or int8 data by
         ``act_signed``, output float32 or ``out_dtype``)."""
         return self.dtypes if self.dtypes is not None else self._default_dtypes()
+
+    @property
+    def weight_range(self) -> tuple[int, int]:
+        """int8 tasks: the inclusive range of the weights (``weight_bits`` 8: [-128, 127], 7: [-64, 63])."""
+        return (-(1 << (self.weight_bits - 1)), (1 << (self.weight_bits - 1)) - 1)
 
     @property
     def quantized(self) -> bool:
@@ -324,6 +341,7 @@ class Task:
             s += "_acc16" if self.buffer_dtypes.accumulator == "float16" else ""
             s += "_s8" if self.act_signed else ""
             s += "_q8out" if self.out_dtype == "int8" else ""
+            s += "_w7" if self.weight_bits == 7 else ""
         if self.sparsity:
             s += f"_sp{self.sparsity:g}"
         return s
@@ -447,13 +465,15 @@ class Task:
         if self.quantized:
             lo, hi = (-128, 128) if self.act_signed else (0, 256)
             out["data"] = rng.integers(lo, hi, size=shapes["data"]).astype(dts["data"])
-            out["weight"] = rng.integers(-127, 128, size=shapes["weight"]).astype(np.int8)
+            wlo, whi = self.weight_range
+            out["weight"] = rng.integers(max(wlo, -127), whi + 1, size=shapes["weight"]).astype(np.int8)
             out["x_scale"] = rng.uniform(0.01, 0.03, size=1).astype(np.float32)
             out["x_zp"] = rng.integers(-8, 9, size=1).astype(np.int32) + (0 if self.act_signed else 128)
             out["w_scales"] = rng.uniform(0.002, 0.01, size=shapes["w_scales"]).astype(np.float32)
             if self.out_dtype == "int8":
                 out["y_scale"], out["y_zp"] = np.ones(1, np.float32), np.zeros(1, np.int32)
-                probe = Task(self.op, self.params, self.bias, self.act, self.residual, "int8", None, self.act_signed)
+                probe = Task(self.op, self.params, self.bias, self.act, self.residual, "int8", None, self.act_signed,
+                             weight_bits=self.weight_bits)
                 y = probe.reference(*[out[n] for n in probe.input_names()])
                 out["y_scale"][0] = max(float(np.abs(y).max()), 1e-6) / 120.0
                 out["y_zp"][0] = rng.integers(-8, 9)
@@ -474,6 +494,7 @@ class Task:
             raise ValueError(f"{self.name}: x_zp={zp} is outside the data range [{lo}, {hi}]")
         if "y_zp" in named and not -128 <= int(np.asarray(named["y_zp"]).ravel()[0]) <= 127:
             raise ValueError(f"{self.name}: y_zp must be in [-128, 127]")
+        check_weight_range(self, named["weight"])
 
     def reference(self, *arrays: np.ndarray, limits: "_limits.Limits | dict | None" = None) -> np.ndarray:
         """Numpy reference output (computed in float64, returned as float32).
@@ -519,6 +540,19 @@ class Task:
             ys, yzp = float(np.asarray(named["y_scale"]).ravel()[0]), int(np.asarray(named["y_zp"]).ravel()[0])
             y = np.clip(np.round(y / ys) + yzp, -128, 127)
         return y.astype(np.float32)
+
+
+def check_weight_range(task: Task, weight: np.ndarray) -> None:
+    """A clear error when an int8 task's weights fall outside its :attr:`Task.weight_range` (7-bit
+    weights: a kernel's u8 x s8 pair sums would saturate int16 and be wrong)."""
+    if not task.quantized or task.weight_bits == 8:
+        return
+    w = np.asarray(weight)
+    lo, hi = task.weight_range
+    if w.size and (int(w.min()) < lo or int(w.max()) > hi):
+        raise ValueError(f"{task.name}: weight_bits={task.weight_bits} needs weights in [{lo}, {hi}], got "
+                         f"[{int(w.min())}, {int(w.max())}] (quantize them with 7 bits, e.g. onnxruntime's "
+                         f"reduce_range, or use weight_bits=8)")
 
 
 def _conv2d_ref(x: np.ndarray, w: np.ndarray, p: dict) -> np.ndarray:
@@ -574,7 +608,7 @@ def _params(**kw: Any) -> tuple[tuple[str, Any], ...]:
 
 def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = False, act: str | None = None,
            residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-           sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
+           sparsity: float = 0.0, weight_bits: int = 8, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``C[M, N] = A[M, K] @ B[K, N]`` (``[batch, ...]`` on every operand when ``batch`` is given).
 
     ``B`` is treated as the weights (packed once at load, as at inference). ``dtype`` is "float32",
@@ -588,12 +622,13 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
     params = _params(m=int(m), n=int(n), k=int(k)) if not batch else _params(m=int(m), n=int(n), k=int(k),
                                                                              batch=int(batch))
     with _limits.override(limits):
-        return _sparse(Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype), sparsity)
+        return _sparse(Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype,
+                            weight_bits=weight_bits), sparsity)
 
 
 def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, act: str | None = None,
           residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-          sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
+          sparsity: float = 0.0, weight_bits: int = 8, limits: "_limits.Limits | dict | None" = None) -> Task:
     """``y[N, OUT] = x[N, IN] @ W.T + b`` with ``W`` of shape ``[OUT, IN]``.
 
     Example:
@@ -602,14 +637,14 @@ def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, ac
     """
     with _limits.override(limits):
         return _sparse(Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
-                    residual, dtype, None, act_signed, out_dtype), sparsity)
+                    residual, dtype, None, act_signed, out_dtype, weight_bits=weight_bits), sparsity)
 
 
 def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
            residual: bool = False, dtype: str = "float32", act_signed: bool = False, out_dtype: str | None = None,
-           sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
+           sparsity: float = 0.0, weight_bits: int = 8, limits: "_limits.Limits | dict | None" = None) -> Task:
     """2-D convolution, NCHW input, OIHW weights ``[out_channels, c // groups, kh, kw]``.
 
     ``padding`` is an int, ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``.
@@ -624,14 +659,14 @@ def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | t
         return _sparse(Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
                                       stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
                                       dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
-                    bias, act, residual, dtype, None, act_signed, out_dtype), sparsity)
+                    bias, act, residual, dtype, None, act_signed, out_dtype, weight_bits=weight_bits), sparsity)
 
 
 def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int, int] = 3,
                      stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
                      dilation: int | tuple[int, int] = 1, multiplier: int = 1, bias: bool = False,
                      act: str | None = None, residual: bool = False, dtype: str = "float32",
-                     act_signed: bool = False, out_dtype: str | None = None,
+                     act_signed: bool = False, out_dtype: str | None = None, weight_bits: int = 8,
                      limits: "_limits.Limits | dict | None" = None) -> Task:
     """Depthwise convolution: ``conv2d`` with ``groups = c`` and ``c * multiplier`` output channels.
 
@@ -641,14 +676,14 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
     """
     return conv2d(n, c, h, w, out_channels=c * multiplier, kernel=kernel, stride=stride, padding=padding,
                   dilation=dilation, groups=c, bias=bias, act=act, residual=residual, dtype=dtype,
-                  act_signed=act_signed, out_dtype=out_dtype, limits=limits)
+                  act_signed=act_signed, out_dtype=out_dtype, weight_bits=weight_bits, limits=limits)
 
 
 # ----------------------------------------------------------------------------------------------
 # Command-line operator specs: "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,stride=1,pad=1"
 # ----------------------------------------------------------------------------------------------
 
-_PRECISION_KEYS = {"dtype", "act_signed", "out_dtype"}  # every op takes them (dtype=int8,act_signed=1,out_dtype=int8)
+_PRECISION_KEYS = {"dtype", "act_signed", "out_dtype", "weight_bits"}  # every op takes them (dtype=int8,act_signed=1,...)
 _SPEC_KEYS = {
     "matmul": {"m", "n", "k", "batch", "bias", "act", "residual"},
     "dense": {"n", "in", "out", "bias", "act", "residual"},
@@ -699,6 +734,8 @@ def parse_spec(spec: str) -> Task:
             "dtype": kv.get("dtype", "float32"),
             "act_signed": kv.get("act_signed", "0") not in ("0", "false", "False", ""),
             "out_dtype": kv.get("out_dtype") or None}
+    if "weight_bits" in kv:
+        flag["weight_bits"] = num("weight_bits")
     if "sparsity" in kv:
         flag["sparsity"] = _fraction(kv["sparsity"], spec)
     if kind == "matmul":

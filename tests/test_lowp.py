@@ -202,7 +202,8 @@ def test_float16_accumulation_runs_anywhere_and_is_native_with_avx512_fp16():
 @pytest.mark.cc
 @pytest.mark.parametrize("task", [ops.matmul(6, 16, 34, dtype="int8", bias=True),
                                   ops.dense(1, 64, 24, dtype="int8", act_signed=True, out_dtype="int8"),
-                                  ops.conv2d(1, 10, 5, 5, out_channels=16, kernel=1, dtype="int8", act="relu")],
+                                  ops.conv2d(1, 10, 5, 5, out_channels=16, kernel=1, dtype="int8", act="relu"),
+                                  ops.conv2d(1, 6, 5, 5, out_channels=16, kernel=3, padding=1, dtype="int8")],
                          ids=lambda t: t.name)
 def test_int8_pairs_path_is_exact(task):
     # the AVX2 pair path (vpmaddwd on weights packed in pairs at load) where the schedule allows it
@@ -295,3 +296,80 @@ def test_vnni_groups_of_four_emulated_and_compiled(task):
     asm = assemble(render(lower(*grouped[0])), (*[f for f in DEFAULT_FLAGS if f != "-march=native"], "-mavx2",
                                                 "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"))
     assert "vpdpbusd" in asm
+
+
+# ---- AVX2 groups of four on 7-bit weights (vpmaddubsw + vpmaddwd ones) ---------------------------
+
+def _u8s8_pair_sums_fit_int16(lo: int, hi: int) -> bool:
+    """Every vpmaddubsw pair sum x0*w0 + x1*w1 (x uint8, w in [lo, hi]) fits int16 (no saturation)."""
+    most, least = 2 * 255 * max(hi, 0), 2 * 255 * min(lo, 0)
+    return most <= 32767 and least >= -32768
+
+
+def test_weight_bits_records_and_the_exactness_bound():
+    t = ops.matmul(4, 8, 8, dtype="int8", weight_bits=7)
+    assert t.name.endswith("_w7") and Task.from_json(t.to_json()) == t and t.key != ops.matmul(4, 8, 8, dtype="int8").key
+    assert "weight_bits" not in ops.matmul(4, 8, 8, dtype="int8").to_json()  # 8-bit keys unchanged
+    assert parse_spec("matmul:m=4,n=8,k=8,dtype=int8,weight_bits=7") == t
+    w = t.random_inputs(seed=0)[1]
+    assert t.weight_range == (-64, 63) and w.min() >= -64 and w.max() <= 63
+    # the range is exactly where u8 x s8 pair sums cannot saturate; one more bit can
+    assert _u8s8_pair_sums_fit_int16(*t.weight_range)
+    assert not _u8s8_pair_sums_fit_int16(*ops.matmul(4, 8, 8, dtype="int8").weight_range)
+    with pytest.raises(ValueError, match="int8 tasks only"):
+        ops.matmul(4, 8, 8, weight_bits=7)
+    with pytest.raises(ValueError, match="8 or 7"):
+        ops.matmul(4, 8, 8, dtype="int8", weight_bits=6)
+
+
+def test_groups_of_four_only_for_7_bit_weights_on_avx2():
+    # 8-bit weights never take vpmaddubsw on a non-VNNI target (it would saturate): pairs of int16 instead
+    for wb, want in ((8, 2), (7, 4)):
+        sp = Space(ops.matmul(8, 16, 32, dtype="int8", weight_bits=wb), "gemm_packed", TARGET)
+        plan = lower(sp, sp.default())
+        assert plan.pairs == want
+        assert ("_maddubs_epi16" in render(plan)) == (want == 4)
+    rng = np.random.default_rng(0)
+    sp = Space(ops.conv2d(1, 8, 5, 5, out_channels=16, padding=1, dtype="int8"), "conv_spatial_pack", TARGET)
+    assert all(lower(sp, c).pairs != 4 for c in [sp.default()] + sp.sample_many(rng, 40))
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", [ops.matmul(6, 16, 36, dtype="int8", bias=True, act="relu", weight_bits=7),
+                                  ops.dense(1, 64, 24, dtype="int8", act_signed=True, out_dtype="int8", weight_bits=7),
+                                  ops.conv2d(1, 12, 5, 5, out_channels=16, kernel=1, padding=1, dtype="int8",
+                                             residual=True, weight_bits=7),
+                                  ops.conv2d(1, 16, 4, 6, out_channels=8, kernel=1, dtype="int8", act_signed=True,
+                                             weight_bits=7),
+                                  ops.conv2d(1, 8, 5, 5, out_channels=16, kernel=3, padding=1, dtype="int8", bias=True,
+                                             weight_bits=7)],
+                         ids=lambda t: t.name)
+def test_int8_groups_of_four_avx2_is_exact_at_the_extremes(task):
+    # the vpmaddubsw path runs here (AVX2): exact against the reference on random inputs and on the
+    # saturation edge (data at 255 / the signed extremes, weights at -64 and 63 in runs of four)
+    rng = np.random.default_rng(3)
+    grouped = [(sp, c) for sk in sketches_for(task, TARGET) for sp in [Space(task, sk, TARGET)]
+               for c in [sp.default()] + sp.sample_many(rng, 60) if lower(sp, c).pairs == 4]
+    assert grouped, "no schedule took the groups-of-four path"
+    for sp, cfg in grouped[:1]:  # the default where it groups (convs: taps in R0, channels interleaved)
+        plan = lower(sp, cfg)
+        assert "_maddubs_epi16" in render(plan)
+        kern = Kernel(plan, build(render(plan)).lib_path, threads=2)
+        arrays = task.random_inputs(seed=4)
+        edge = [a.copy() for a in arrays]
+        hi = 127 if task.act_signed else 255
+        lo = -128 if task.act_signed else 0
+        edge[0][...] = np.where(rng.random(edge[0].shape) < 0.5, hi, lo)
+        edge[1][...] = np.where(rng.random(edge[1].shape) < 0.5, 63, -64)
+        edge[1].reshape(-1)[::3] = -64
+        for arr in (arrays, edge):
+            ref = task.reference(*arr)
+            rtol, atol = task.tolerance(ref)
+            ok, msg = check_output(kern(*arr), ref, plan.con.reduction_size, rtol, atol=atol)
+            assert ok, f"{task.name} {cfg.dumps()}: {msg}"
+        if plan.data_quads:  # channels interleaved in fours by the timed data copy
+            assert "% 4" in render(plan)
+        bad = [a.copy() for a in arrays]
+        bad[1].reshape(-1)[0] = 64  # out of the 7-bit range: would saturate; refused at packing
+        with pytest.raises(ValueError, match="weight_bits=7"):
+            plan.pack_weight(bad[1])

@@ -88,6 +88,12 @@ class Dialect:
         4: "{acc} = (vf)_mm_dpbusd_epi32((__m128i){acc}, {a}, {b});",
         8: "{acc} = (vf)_mm256_dpbusd_epi32((__m256i){acc}, {a}, {b});",
         16: "{acc} = (vf)_mm512_dpbusd_epi32((__m512i){acc}, {a}, {b});"})
+    # int8 groups of four without VNNI (AVX2, 7-bit weights: Task.weight_bits == 7): vpmaddubsw (u8 x s8 ->
+    # int16 pair sums; exact, |sum| <= 2 * 255 * 64) then vpmaddwd with ones16 (-> int32), added to an accumulator
+    dot4_avx2: dict[int, str] = field(default_factory=lambda: {
+        4: "{acc} += (vf)_mm_madd_epi16(_mm_maddubs_epi16({a}, {b}), ones16);",
+        8: "{acc} += (vf)_mm256_madd_epi16(_mm256_maddubs_epi16({a}, {b}), ones16);",
+        16: "{acc} += (vf)_mm512_madd_epi16(_mm512_maddubs_epi16({a}, {b}), ones16);"})
     load_quad: str = "_mm_cvtsi128_si32(_mm_loadu_si32({ptr}))"  # 4 bytes as an int (no aliasing violation)
     loop_step: str = "for (long {var} = 0; {var} < {n}; {var} += {step})"  # {var}, {n}, {step}
     zero: str = "0.0f"
@@ -335,6 +341,8 @@ class CStyleRenderer:
         if plan.pairs == 4:  # VNNI: raw uint8 data (signed data + 128); the zero point is corrected per channel
             w(f"const int* {d.restrict} wsum = (const int*)(weight + {plan.wsum_offset});")
             w(f"const int xzpe = xzp{' + 128' if plan.space.task.act_signed else ''};")
+            if not plan.space.target.avx512_vnni:  # AVX2 quads: vpmaddwd's int16 ones
+                w(f"const {d.madd_types[plan.vec]} ones16 = {d.madd_bcast[plan.vec].format(v='0x00010001')};")
         if "y_zp" in B:
             w("const int yzp = y_zp[0];")
             w("const float ys = y_scale[0];")
@@ -510,7 +518,7 @@ class CStyleRenderer:
             if op.name == "weight":
                 return d.dot4_load[vec].format(ptr=f"{base} + {4 * off}")
             sd = op.stride(kr.var)
-            quad = (d.load_quad.format(ptr=f"({base}) + {off}") if sd == 1 else
+            quad = (d.load_quad.format(ptr=f"({base}) + {off}") if sd == 1 or plan.data_quads else
                     "(int)(" + " | ".join(f"((unsigned)(unsigned char)({base})[{off + j * sd}] << {8 * j})"
                                           for j in range(4)) + ")")
             if plan.space.task.act_signed:
@@ -658,7 +666,8 @@ class CStyleRenderer:
             for c in range(ncols):
                 a = names[("data", elem_off(ops[0], row, c))]
                 b = names[("weight", elem_off(B["weight"], row, c))]
-                tmpl = {4: d.dot4.get(vec), 2: d.madd.get(vec)}.get(plan.pairs, d.fma)
+                dot4 = d.dot4 if plan.space.target.avx512_vnni else d.dot4_avx2
+                tmpl = {4: dot4.get(vec), 2: d.madd.get(vec)}.get(plan.pairs, d.fma)
                 w(tmpl.format(acc=f"acc_{ri}_{c}", a=a, b=b))
         for _ in r1:
             w.close()
