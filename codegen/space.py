@@ -34,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from .depthwise import DW_SKETCH
+from . import winograd as _wg
 from .depthwise import applies as _depthwise_applies
 from .depthwise import default_schedule as _depthwise_default
 from .knobs import Knob, knobs_for
@@ -117,6 +118,8 @@ def get_sketch(task: Task, name: str | Sketch) -> Sketch:
     if isinstance(name, Sketch):
         return name
     base, _, pads = name.partition(PAD_SEP)
+    if name == _wg.WG_SKETCH and _wg.applies(task):  # experimental: by name only (codegen.winograd)
+        return Sketch(_wg.WG_SKETCH, "k", "k")
     for s in sketches_for(task):
         if s.name == base:
             if not pads:
@@ -282,6 +285,8 @@ class Space:
         self.con: Contraction = self.api_con
         if self.sketch.pad:
             self.con = padded_contraction(self.api_con, dict(self.sketch.pad))
+        if self.sketch.base == _wg.WG_SKETCH:  # the 4x4 "conv" over the tile grid (codegen.winograd)
+            self.con = _wg.virtual_task(task).contraction()
         self.axes = self.con.axes
         self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
         self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
@@ -340,6 +345,8 @@ class Space:
                              f"{self.sketch.vector_axis!r} ({inner})")
         if cfg.unroll not in UNROLL_CHOICES:
             raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
+        if self.sketch.base == _wg.WG_SKETCH:
+            _wg.validate(self, cfg)
         acc = self.accumulators(cfg)
         if acc > self.max_accumulators:
             raise ValueError(f"register block: {acc} accumulators (prod of S3 tiles / vec) exceed the "
@@ -556,6 +563,10 @@ def default_config(space: Space) -> Config:
         return cfg
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
+    if space.sketch.base == _wg.WG_SKETCH:
+        cfg = Config(space.sketch.name, *_wg.default_schedule(space))
+        space.validate(cfg)
+        return cfg
     axes = space.axes
     vi = space.vector_index
     vec_extent = axes[vi].extent

@@ -19,6 +19,7 @@ from .cstyle import CStyleRenderer, Dialect, Writer
 from .harness import TIMING_HARNESS_C
 from .depthwise import is_depthwise, render_depthwise, render_depthwise_kernel
 from .sparse import render_sparse, render_sparse_kernel
+from .winograd import is_winograd, render_winograd, render_winograd_kernel
 
 C_DIALECT = Dialect(
     name="c",
@@ -34,6 +35,8 @@ def render(plan) -> str:
     depthwise sketch's: :mod:`codegen.renderers.depthwise`)."""
     if is_depthwise(plan):
         return render_depthwise(plan)
+    if is_winograd(plan):
+        return render_winograd(plan)
     return render_sparse(plan) if getattr(plan, "sparse", False) else C_RENDERER.render(plan)
 
 
@@ -42,4 +45,6 @@ def render_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = Fa
     fn = render_sparse_kernel if getattr(plan, "sparse", False) else C_RENDERER.render_kernel
     if is_depthwise(plan):
         fn = render_depthwise_kernel
+    if is_winograd(plan):
+        fn = render_winograd_kernel
     fn(plan, w, name=name, static=static, local_types=local_types)

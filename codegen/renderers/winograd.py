@@ -1,0 +1,218 @@
+"""C source of the Winograd sketch (``conv_winograd``, :mod:`codegen.winograd`): F(2x2, 3x3) over blocks
+of output tiles, input transform -> 16 GEMMs (register blocks of tiles x channel vectors) -> output
+transform with the fused bias, residual and activation.
+
+The plan is the standard lowering of the sketch's virtual contraction (:func:`codegen.winograd.virtual_task`);
+this renderer reads the schedule from its config (:func:`codegen.winograd.schedule`), the argument order
+from ``plan.args`` and the workspace (per thread ``V`` and ``M``) from ``plan.workspace``.
+
+Example:
+    >>> from codegen.ops import conv2d
+    >>> from codegen.space import Space
+    >>> from codegen.target import Target
+    >>> from codegen.lower import lower
+    >>> sp = Space(conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1), "conv_winograd", Target.cpu())
+    >>> "16 GEMMs" in render_winograd(lower(sp, sp.default()))
+    True
+"""
+from __future__ import annotations
+
+from ..winograd import WG_SKETCH, geometry, schedule, workspace_floats
+from .cstyle import Writer
+from .harness import TIMING_HARNESS_C
+
+
+def is_winograd(plan) -> bool:
+    """Whether ``plan`` is a plan of the Winograd sketch (rendered here)."""
+    return plan.space.sketch.base == WG_SKETCH
+
+
+class _Gen:
+    def __init__(self, plan, name: str):
+        self.plan, self.name = plan, name
+        sp, cfg = plan.space, plan.config
+        self.g = geometry(sp.task)
+        self.s = schedule(sp, cfg)
+        self.threads = plan.workspace // max(1, workspace_floats(sp, cfg, 1))
+        self.task = sp.task
+
+    def helpers(self, w: Writer) -> None:
+        V = self.s["vec"]
+        w(f"typedef float {self.name}_vf __attribute__((vector_size({4 * V})));")
+        w(f"typedef float {self.name}_vfu __attribute__((vector_size({4 * V}), aligned(4)));")
+        w("int omp_get_thread_num(void);")
+
+    def _input_transform(self, w: Writer) -> None:
+        g, s = self.g, self.s
+        H, W, PT, PL = g["H"], g["W"], g["PT"], g["PL"]
+        TB, XB = s["YB"] * s["XB"], s["XB"]
+        w("/* input transform: V[e][c][t] = (B^T d B)[e] of the 4x4 patch of tile t, input channel c */")
+        w.open(f"for (int c = 0; c < {g['C']}; ++c)")
+        w(f"const float* restrict p = ip + (long)c * {H * W};")
+        w(f"float* restrict vc = V + (long)c * {TB};")
+        w.open(f"for (int t = 0; t < {TB}; ++t)")
+        w(f"const int iy = 2 * (ty0 + t / {XB}) - {PT}, ix = 2 * (tx0 + t % {XB}) - {PL};")
+        w("float d[4][4];")
+        w.open(f"if (iy >= 0 && iy + 4 <= {H} && ix >= 0 && ix + 4 <= {W})")
+        w("for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) d[i][j] = p[(iy + i) * " f"{W} + ix + j];")
+        w.close(" else {")
+        w.depth += 1
+        w("for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) {")
+        w(f"    const int y = iy + i, x = ix + j;")
+        w(f"    d[i][j] = (y >= 0 && y < {H} && x >= 0 && x < {W}) ? p[y * {W} + x] : 0.0f;")
+        w("}")
+        w.close()
+        w("float m[4][4];")
+        w.open("for (int j = 0; j < 4; ++j)")
+        w("m[0][j] = d[0][j] - d[2][j]; m[1][j] = d[1][j] + d[2][j];")
+        w("m[2][j] = d[2][j] - d[1][j]; m[3][j] = d[1][j] - d[3][j];")
+        w.close()
+        stride = g["C"] * TB
+        w.open("for (int i = 0; i < 4; ++i)")
+        w(f"float* restrict vi = vc + t + (long)i * {4 * stride};")
+        w(f"vi[0] = m[i][0] - m[i][2]; vi[{stride}] = m[i][1] + m[i][2];")
+        w(f"vi[{2 * stride}] = m[i][2] - m[i][1]; vi[{3 * stride}] = m[i][1] - m[i][3];")
+        w.close()
+        w.close()
+        w.close()
+
+    def _gemms(self, w: Writer) -> None:
+        g, s, n = self.g, self.s, self.name
+        V, KV, YR, XR, YB, XB, CB = s["vec"], s["KV"], s["YR"], s["XR"], s["YB"], s["XB"], s["CB"]
+        TB, C, NKB = YB * XB, g["C"], g["K"] // KV
+        Q = KV // V
+        rows = [(ry, rx) for ry in range(YR) for rx in range(XR)]
+        w(f"/* 16 GEMMs: M[e][t][k] = sum_c V[e][c][t] U[e][c][k], register block {YR * XR} tiles x {Q} vectors */")
+        w.open("for (int e = 0; e < 16; ++e)")
+        w(f"const float* restrict ue = U + ((long)e * {NKB} + kb) * {C * KV};")
+        w(f"const float* restrict ve = V + (long)e * {C * TB};")
+        w(f"float* restrict me = M + (long)e * {TB * KV};")
+        w.open(f"for (int c0 = 0; c0 < {C}; c0 += {CB})")
+        w.open(f"for (int by = 0; by < {YB}; by += {YR})")
+        w.open(f"for (int bx = 0; bx < {XB}; bx += {XR})")
+        w(f"const int t0 = by * {XB} + bx;")
+        for r, (ry, rx) in enumerate(rows):
+            for q in range(Q):
+                w(f"{n}_vf a{r}_{q};")
+        w.open("if (c0 == 0)")
+        for r in range(len(rows)):
+            for q in range(Q):
+                w(f"a{r}_{q} = ({n}_vf){{0}};")
+        w.close(" else {")
+        w.depth += 1
+        for r, (ry, rx) in enumerate(rows):
+            for q in range(Q):
+                w(f"a{r}_{q} = *(const {n}_vfu*)(me + (long)(t0 + {ry * XB + rx}) * {KV} + {q * V});")
+        w.close()
+        w("#pragma GCC unroll 4")
+        w.open(f"for (int c = c0; c < c0 + {CB}; ++c)")
+        for q in range(Q):
+            w(f"const {n}_vf w{q} = *(const {n}_vfu*)(ue + (long)c * {KV} + {q * V});")
+        w(f"const float* restrict vt = ve + (long)c * {TB} + t0;")
+        for r, (ry, rx) in enumerate(rows):
+            w(f"const float b{r} = vt[{ry * XB + rx}];")
+            for q in range(Q):
+                w(f"a{r}_{q} += b{r} * w{q};")
+        w.close()
+        for r, (ry, rx) in enumerate(rows):
+            for q in range(Q):
+                w(f"*({n}_vfu*)(me + (long)(t0 + {ry * XB + rx}) * {KV} + {q * V}) = a{r}_{q};")
+        w.close()
+        w.close()
+        w.close()
+        w.close()
+
+    def _output_transform(self, w: Writer) -> None:
+        g, s, n, task = self.g, self.s, self.name, self.task
+        V, KV, XB = s["vec"], s["KV"], s["XB"]
+        TB = s["YB"] * XB
+        OH, OW = g["OH"], g["OW"]
+        w("/* output transform: Y = A^T M A per tile and channel vector, then bias, residual, activation */")
+        w.open(f"for (int t = 0; t < {TB}; ++t)")
+        w(f"const int oy = 2 * (ty0 + t / {XB}), ox = 2 * (tx0 + t % {XB});")
+        w.open(f"for (int q = 0; q < {KV // V}; ++q)")
+        w(f"{n}_vf m[16];")
+        w(f"for (int e = 0; e < 16; ++e) m[e] = *(const {n}_vfu*)(M + ((long)e * {TB} + t) * {KV} + q * {V});")
+        w(f"{n}_vf r0[4], r1[4];")
+        w.open("for (int j = 0; j < 4; ++j)")
+        w("r0[j] = m[j] + m[4 + j] + m[8 + j]; r1[j] = m[4 + j] - m[8 + j] - m[12 + j];")
+        w.close()
+        w(f"float y[4][{V}] __attribute__((aligned(64)));")
+        w(f"*({n}_vfu*)y[0] = r0[0] + r0[1] + r0[2]; *({n}_vfu*)y[1] = r0[1] - r0[2] - r0[3];")
+        w(f"*({n}_vfu*)y[2] = r1[0] + r1[1] + r1[2]; *({n}_vfu*)y[3] = r1[1] - r1[2] - r1[3];")
+        w(f"const int k0 = kb * {KV} + q * {V};")
+        w.open(f"for (int l = 0; l < {V}; ++l)")
+        w(f"const long plane = ((long)nimg * {g['K']} + k0 + l) * {OH * OW};")
+        w.open("for (int a = 0; a < 4; ++a)")
+        w("const int yy = oy + a / 2, xx = ox + a % 2;")
+        if OH % 2 or OW % 2 or True:
+            w(f"if (yy >= {OH} || xx >= {OW}) continue;")
+        w("float v = y[a][l];")
+        if task.bias:
+            w("v += bias[k0 + l];")
+        if task.residual:
+            w(f"v += res[plane + yy * {OW} + xx];")
+        if task.act in ("relu", "relu6"):
+            w("v = v < 0.0f ? 0.0f : v;")
+            if task.act == "relu6":
+                w("v = v > 6.0f ? 6.0f : v;")
+        w(f"out[plane + yy * {OW} + xx] = v;")
+        w.close()
+        w.close()
+        w.close()
+        w.close()
+
+    def kernel(self, w: Writer, *, static: bool) -> None:
+        g, s, plan, task = self.g, self.s, self.plan, self.task
+        args = plan.args
+        data = "data_in" if "data_in" in args else "data"
+        YB, XB = s["YB"], s["XB"]
+        TB = YB * XB
+        nby, nbx = g["TH"] // YB, g["TW"] // XB
+        per = plan.workspace // max(1, self.threads)
+        w.open(f"{'static ' if static else ''}void {self.name}(void* const* args)")
+        w(f"const float* restrict in = (const float*)args[{args.index(data)}];")
+        w("const float* restrict U = (const float*)args[1];")
+        if task.bias:
+            w(f"const float* restrict bias = (const float*)args[{args.index('bias')}];")
+        if task.residual:
+            w(f"const float* restrict res = (const float*)args[{args.index('residual')}];")
+        w(f"float* restrict out = (float*)args[{args.index('out')}];")
+        w(f"float* restrict ws = (float*)args[{len(args)}];")
+        if s["parallel"]:
+            w(f"#pragma omp parallel for schedule(static) num_threads({self.threads})")
+        w.open(f"for (long u = 0; u < {g['N'] * nby * nbx}L; ++u)")
+        w("const int tid = " + ("omp_get_thread_num();" if s["parallel"] else "0;"))
+        w(f"float* restrict V = ws + (long)tid * {per};")
+        w(f"float* restrict M = V + {16 * g['C'] * TB};")
+        w(f"const int nimg = (int)(u / {nby * nbx}), ty0 = (int)(u / {nbx} % {nby}) * {YB}, "
+          f"tx0 = (int)(u % {nbx}) * {XB};")
+        w(f"const float* restrict ip = in + (long)nimg * {g['C'] * g['H'] * g['W']};")
+        self._input_transform(w)
+        w.open(f"for (int kb = 0; kb < {g['K'] // s['KV']}; ++kb)")
+        self._gemms(w)
+        self._output_transform(w)
+        w.close()
+        w.close()
+        w.close()
+
+
+def render_winograd_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = False,
+                           local_types: bool = False) -> None:
+    """The types and the kernel function of a Winograd plan into ``w`` (file-scope names carry ``name``)."""
+    del local_types
+    gen = _Gen(plan, name)
+    gen.helpers(w)
+    gen.kernel(w, static=static)
+
+
+def render_winograd(plan) -> str:
+    """Full source of one Winograd kernel: header, the kernel and the timing harness."""
+    task, cfg = plan.space.task, plan.config
+    w = Writer()
+    w("/* felixjax generated Winograd kernel (conv_winograd: F(2x2, 3x3), tiles x channel vectors)")
+    w(f" * task:   {task.name}  ({task.key})")
+    w(f" * config: {cfg.dumps()} */")
+    w("#include <stddef.h>")
+    render_winograd_kernel(plan, w)
+    return w.text() + TIMING_HARNESS_C

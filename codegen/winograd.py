@@ -1,0 +1,201 @@
+"""The Winograd sketch (issue 14, algorithm choice): ``conv_winograd``, F(2x2, 3x3) for float32 3x3
+stride-1 convolutions.
+
+A 3x3 stride-1 conv computes each 2x2 output tile from a 4x4 input patch. Winograd's minimal filtering
+algorithm F(2x2, 3x3) does it with 16 multiplies instead of 36 (2.25x fewer): with the fixed matrices
+``B`` (4x4), ``G`` (4x3) and ``A`` (4x2) below,
+
+    Y = A^T [ (G g G^T) * (B^T d B) ] A       (``*``: elementwise, summed over input channels)
+
+so a conv becomes 16 independent GEMMs (one per position ``e`` of the 4x4 transformed domain):
+``M[e][t][k] = sum_c V[e][t][c] U[e][c][k]`` with ``U = G g G^T`` (weights, transformed at load,
+untimed) and ``V = B^T d B`` (the input patch of tile ``t``, transformed in the kernel, timed), followed
+by the output transform ``A^T M A`` (timed, with the bias, residual and activation fused).
+
+The kernel (rendered by :mod:`codegen.renderers.winograd`) works on blocks of tiles: for each block
+(``YB x XB`` tiles, one work unit of the OpenMP loop) it transforms the block's input patches of every
+input channel into a thread-local ``V`` (``16 x C x TB`` floats, tiles contiguous), then, per block of
+``KV`` output channels, runs the 16 GEMMs with a register block of ``YR x XR`` tiles x ``KV / vec``
+channel vectors (tiles broadcast, transformed weights loaded as vectors, the same micro-kernel shape as
+``conv_spatial_pack``'s), writes ``M`` (``16 x TB x KV``, in L1) and transforms it to output.
+
+The schedule space is the generic one over a *virtual* contraction: a 4x4 "conv" over the tile grid
+(``y`` = tile rows, ``x`` = tile columns, ``ry`` / ``rx`` = the 4x4 domain), so the features, the
+extractor and the relaxation see the GEMM stage's loop nest (:func:`virtual_task`). Its tiles mean:
+``S3`` of ``k`` channels per register block (the vector axis), ``S3`` of ``y`` / ``x`` the register
+block's tile rows / columns, ``S2 x S3`` of ``y`` / ``x`` the work unit's tiles, ``R1`` of ``c`` the
+input channels per register-block pass (``R0 > 1``: partial sums accumulate in ``M``); ``parallel > 0``
+runs the work units in parallel. The ``ry`` / ``rx`` tiles and ``unroll`` do not change the kernel.
+
+Accuracy: the transforms add and halve in float32; F(2x2, 3x3)'s error stays well within the float32
+check (rtol 1e-4): max |error| / max |output| against a float64 direct conv, random data: 4.0e-7 (conv
+64x56x56), 6.1e-7 (256x14x14), 2.4e-7 (32x17x17), vs 8.5e-7, 1.5e-6, 5.3e-7 for ``conv_spatial_pack``
+(fewer products summed per output). F(4x4, 3x3) (4x fewer multiplies, a larger error) is not built.
+
+**Experimental: not in** :func:`codegen.space.sketches_for` (the tuner never picks it); reachable by
+name, ``Space(task, "conv_winograd", target)``. Measured on the busy AVX2 EPYC (standalone, CPU time,
+1 thread, conv 64x56x56 3x3): 28-30 GFLOP/s direct-equivalent against 60-69 for the default
+``conv_spatial_pack`` block, i.e. 2.2x slower, although the GEMM stage does 2.25x fewer multiplies:
+its 16 small GEMMs (28 tiles x 16 channels x 64 input channels per block) run far below the
+micro-kernel's rate, and the transforms are scalar (stride-2 patch loads, per-lane output stores).
+What would make it pay: transforms vectorized over tiles (staged, deinterleaved input rows), the
+GEMM vectorized over tiles with the weights broadcast, larger tile blocks per GEMM.
+
+Example:
+    >>> from codegen.ops import conv2d
+    >>> applies(conv2d(1, 32, 16, 16, out_channels=32, kernel=3, padding=1)), WG_SKETCH
+    (True, 'conv_winograd')
+    >>> applies(conv2d(1, 32, 16, 16, out_channels=32, kernel=3, stride=2, padding=1))
+    False
+    >>> virtual_task(conv2d(1, 32, 16, 16, out_channels=32, kernel=3, padding=1)).contraction().axis("x").extent
+    8
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import Task, conv2d
+
+WG_SKETCH = "conv_winograd"
+
+#: F(2x2, 3x3) transforms: V = BT d BT^T, U = G g G^T, Y = AT M AT^T
+BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
+AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
+
+MIN_CHANNELS = 8  # below this the transforms cost more than the multiplies saved
+
+
+def applies(task: Task) -> bool:
+    """Whether ``task`` is a float32 3x3 stride-1, dilation-1, ungrouped conv (any padding, bias,
+    residual, activation) with at least :data:`MIN_CHANNELS` input and output channels, a multiple of 4
+    output channels, and an output of at least 2x2."""
+    if task.op != "conv2d" or task.dtype != "float32" or getattr(task, "sparsity", 0) or task.quantized:
+        return False
+    p = task.p
+    if (p["r"], p["s"]) != (3, 3) or tuple(p["stride"]) != (1, 1) or tuple(p["dilation"]) != (1, 1):
+        return False
+    if p["groups"] != 1 or p["c"] < MIN_CHANNELS or p["k"] < MIN_CHANNELS or p["k"] % 4:
+        return False
+    oh, ow = task.output_shape[2:]
+    return oh >= 2 and ow >= 2
+
+
+def geometry(task: Task) -> dict:
+    """Sizes: N, C, K, H, W, OH, OW, PT, PL (top / left padding), TH, TW (tile rows / columns)."""
+    p = task.p
+    con = task.contraction()
+    oh, ow = task.output_shape[2:]
+    return {"N": p["n"], "C": p["c"], "K": p["k"], "H": p["h"], "W": p["w"], "OH": int(oh), "OW": int(ow),
+            "PT": con.pad[2][0], "PL": con.pad[3][0], "TH": -(-int(oh) // 2), "TW": -(-int(ow) // 2)}
+
+
+def virtual_task(task: Task) -> Task:
+    """The 4x4 "conv" over the tile grid whose contraction is the Winograd sketch's schedule space
+    (axes ``n g k y x c ry rx`` with ``y`` / ``x`` the tile rows / columns and ``ry`` / ``rx`` = 4)."""
+    g = geometry(task)
+    return conv2d(g["N"], g["C"], g["TH"] + 3, g["TW"] + 3, out_channels=g["K"], kernel=4, bias=task.bias,
+                  act=task.act, residual=task.residual)
+
+
+def transform_weight(weight: np.ndarray, kv: int) -> np.ndarray:
+    """``U = G g G^T`` of OIHW 3x3 weights, float32, laid out ``[e][K / kv][C][kv]`` (``e`` the 16
+    positions of the 4x4 domain, row-major; channel blocks of ``kv``: one register block's vectors)."""
+    w = np.asarray(weight, dtype=np.float64)
+    k, c = w.shape[:2]
+    if w.shape[2:] != (3, 3) or k % kv:
+        raise ValueError(f"winograd weights: expected [K, C, 3, 3] with K a multiple of {kv}, got {w.shape}")
+    u = np.einsum("ai,kcij,bj->abkc", G, w, G)  # [4][4][K][C]
+    u = u.reshape(16, k // kv, kv, c).transpose(0, 1, 3, 2)  # [e][kb][C][kv]
+    return np.ascontiguousarray(u, dtype=np.float32).reshape(-1)
+
+
+def schedule(space, cfg) -> dict:
+    """The kernel's schedule read from a config of the sketch's space (see the module docstring)."""
+    t = {a.name: tl for a, tl in zip(space.axes, cfg.tiles)}
+    return {"KV": t["k"][-1], "YR": t["y"][-1], "XR": t["x"][-1], "YB": t["y"][-1] * t["y"][-2],
+            "XB": t["x"][-1] * t["x"][-2], "CB": t["c"][-1], "vec": cfg.vec, "parallel": cfg.parallel > 0}
+
+
+def workspace_floats(space, cfg, threads: int) -> int:
+    """Floats of workspace: per thread ``V`` (16 x C x TB) and ``M`` (16 x TB x KV), 16-float aligned."""
+    s = schedule(space, cfg)
+    tb = s["YB"] * s["XB"]
+    per = 16 * space.task.p["c"] * tb + 16 * tb * s["KV"]
+    per += -per % 16
+    return max(1, threads) * per
+
+
+def finish_plan(plan):
+    """The lowering's last step for this sketch: the workspace of :func:`workspace_floats` for the
+    target's cores (the kernel's OpenMP loop runs at most that many threads)."""
+    from dataclasses import replace
+
+    threads = max(1, int(getattr(plan.space.target, "cores", 1) or 1))
+    return replace(plan, workspace=workspace_floats(plan.space, plan.config, threads), data_copy=False)
+
+
+def validate(space, cfg) -> None:
+    """Sketch-specific constraints: channel vectors of at least 4 lanes."""
+    if cfg.vec < 4:
+        raise ValueError(f"vec={cfg.vec}: {WG_SKETCH} vectorizes output channels at least 4 lanes wide")
+
+
+def default_schedule(space) -> tuple:
+    """``(tiles, parallel, vec, unroll)``: 2 channel vectors where ``K`` allows, the register block's
+    tiles from the tile columns then rows (at most 12 accumulators), work units of about 24-48 tiles
+    whose ``V`` stays within a quarter of L2, every input channel in one pass."""
+    ext = {a.name: a.extent for a in space.axes}
+
+    def largest(n: int, cap: int, multiple: int = 1) -> int:
+        return max([d for d in range(1, min(n, cap) + 1) if n % d == 0 and d % multiple == 0] or [1])
+
+    vec = max([v for v in space.vec_choices if v >= 4 and ext["k"] % v == 0] or [4])
+    kv = largest(ext["k"], 2 * vec, vec)
+    budget = max(1, min(12, space.max_accumulators) // (kv // vec))
+    xr = largest(ext["x"], budget)
+    yr = largest(ext["y"], max(1, budget // xr))
+    l2 = int(getattr(space.target, "l2_bytes", 0) or 1 << 19)
+    cap_tiles = max(yr * xr, (l2 // 4) // (4 * 16 * ext["c"]))
+    xb = xr * largest(ext["x"] // xr, max(1, min(48, cap_tiles) // (xr * yr)))
+    yb = yr * largest(ext["y"] // yr, max(1, min(48, cap_tiles) // (xb * yr)))
+    tiles = []
+    for a in space.axes:
+        if a.reduce:
+            tiles.append((1, a.extent))
+        elif a.name == "k":
+            tiles.append((ext["k"] // kv, 1, 1, kv))
+        elif a.name == "y":
+            tiles.append((ext["y"] // yb, 1, yb // yr, yr))
+        elif a.name == "x":
+            tiles.append((ext["x"] // xb, 1, xb // xr, xr))
+        else:
+            tiles.append((a.extent, 1, 1, 1))
+    return tuple(tiles), 1, vec, 1
+
+
+def reference(task: Task, arrays: list[np.ndarray]) -> np.ndarray:
+    """F(2x2, 3x3) in numpy, float64 (the algorithm the kernel runs, for tests): the conv of ``arrays``
+    (data, weights, then bias / residual as the task has them)."""
+    g = geometry(task)
+    x, w = np.asarray(arrays[0], np.float64), np.asarray(arrays[1], np.float64)
+    th, tw = g["TH"], g["TW"]
+    xp = np.zeros((g["N"], g["C"], 2 * th + 2, 2 * tw + 2))
+    hi, wi = min(g["H"], 2 * th + 2 - g["PT"]), min(g["W"], 2 * tw + 2 - g["PL"])
+    xp[:, :, g["PT"]: g["PT"] + hi, g["PL"]: g["PL"] + wi] = x[:, :, :hi, :wi]
+    d = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))[:, :, ::2, ::2]  # n c th tw 4 4
+    v = np.einsum("ai,nctuij,bj->nabtuc", BT, d, BT)
+    u = np.einsum("ai,kcij,bj->abkc", G, w, G)
+    m = np.einsum("nabtuc,abkc->nabtuk", v, u)
+    y = np.einsum("ia,nabtuk,jb->nktiuj", AT, m, AT).reshape(g["N"], g["K"], 2 * th, 2 * tw)
+    y = y[:, :, : g["OH"], : g["OW"]]
+    rest = list(arrays[2:])
+    if task.bias:
+        y = y + np.asarray(rest.pop(0), np.float64)[None, :, None, None]
+    if task.residual:
+        y = y + np.asarray(rest.pop(0), np.float64)
+    if task.act in ("relu", "relu6"):
+        y = np.maximum(y, 0.0)
+        if task.act == "relu6":
+            y = np.minimum(y, 6.0)
+    return y.astype(np.float32)
