@@ -398,10 +398,19 @@ class CStyleRenderer:
         names = [f"i{k}" for k in range(len(shape))]
         if d.parallel_for:
             w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 2 else ""))  # the innermost is the simd loop
+        # int8 groups of four (Plan.data_quads): the channel loop steps over groups and the four channels
+        # of a group run innermost, so the copy writes 4 contiguous bytes per pixel (channel innermost
+        # wrote single bytes 4 apart: 12% of a 3x3 conv's time)
+        quad = next((k for k, dl in enumerate(dst.dims) if dl.kind == "block"), None) if plan.data_quads else None
         for k, n in enumerate(shape):
             if k == len(shape) - 1 and d.simd:
                 w(d.simd)
-            w.open(d.loop.format(var=names[k], n=n))
+            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=n // 4 if k == quad else n))
+        if quad is not None:
+            if d.unroll:
+                w(d.unroll.format(n=4))
+            w.open(d.loop.format(var="j", n=4))
+            w(f"const long {names[quad]} = 4*{names[quad]}q + j;")
         dst_terms = []
         for k, dl in enumerate(dst.dims):
             if dl.kind == "plain":
@@ -419,7 +428,7 @@ class CStyleRenderer:
         cond = " && ".join(conds) if conds else "1"
         fill = "xzp" if "x_zp" in plan.buffers else d.zero  # int8: the padding is the real zero, x_zp
         w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? data_in[{' + '.join(src_terms)}] : {fill};")
-        for _ in shape:
+        for _ in range(len(shape) + (quad is not None)):
             w.close()
 
     def _main(self, plan: Plan, w: Writer) -> None:
