@@ -25,7 +25,13 @@ kernel (rendered by :mod:`codegen.renderers.depthwise`) works one output channel
   (``dw_stage = 0``) are widened on every tap load (vcvtph2ps), the taps once per channel plane, the
   epilogue (bias: float32) runs in float32 and the store rounds once to float16 (vcvtps2ph, nearest
   even). Both ``dw_stage`` values stay in its domain (the staged one is the default: at stride 1 it
-  ran ~1.3x the float32 staged kernel, the peeled one ~0.8x, busy machine).
+  ran ~1.3x the float32 staged kernel, the peeled one ~0.8x, busy machine);
+* int8 (uint8 / int8 data, int8 weights): the data widened to float32 minus the zero point (exact)
+  while staged, or on every load when peeled (rows outside the image then read a row of zero points),
+  the taps widened once per plane, float32 FMAs: each product is an integer of at most 255 * 128 and
+  each partial sum stays below 2**24 up to :data:`INT8_MAX_TAPS` taps, so the float32 sum *is* the
+  exact int32 sum; the epilogue is the generic one (``acc * (x_scale * w_scale[oc])``, float32 bias and
+  residual, activation, float32 output or requantization: round half to even, zero point, saturate).
 
 Its knobs are the core ones (tiles, vec, parallel chunking through the ``y`` tiles) plus ``dw_stage``,
 so the random, genetic and gradient strategies and the relaxation need nothing new; its loop nest for
@@ -47,18 +53,29 @@ DW_SKETCH = "dw_rows"
 STAGE_STACK_BYTES = 96 * 1024  # largest staged row buffer kept on a thread's stack (else dw_stage=0 only)
 
 
+#: int8: the largest number of taps whose float32 sum of (x - zp) * w is exact (every |product| <=
+#: 255 * 128, every partial sum an integer <= 2**24)
+INT8_MAX_TAPS = 2 ** 24 // (255 * 128)
+
+
 def applies(task: Task) -> bool:
-    """Whether ``task`` is a float32 or float16 depthwise conv (one input channel per group) without
-    sparsity. float16 (float32 accumulation, the precision's default roles) is stored in half the
-    bytes and computed in float32: input rows widened while staged (or on load), taps widened once per
-    channel plane, the epilogue in float32, the output narrowed on store (F16C); its float16-accumulation
-    variant (``dtypes=FP16_ACCUMULATE``) is not (the generic sketches)."""
-    if task.op != "conv2d" or task.dtype not in ("float32", "float16") or getattr(task, "sparsity", 0) \
-            or task.quantized or task.buffer_dtypes != DTypes.of(task.dtype):
+    """Whether ``task`` is a float32, float16 or int8 depthwise conv (one input channel per group)
+    without sparsity. float16 (float32 accumulation, the precision's default roles) is stored in half
+    the bytes and computed in float32: input rows widened while staged (or on load), taps widened once
+    per channel plane, the epilogue in float32, the output narrowed on store (F16C); its
+    float16-accumulation variant (``dtypes=FP16_ACCUMULATE``) is not (the generic sketches). int8 data
+    is widened minus its zero point and accumulated with float32 FMAs, exact up to
+    :data:`INT8_MAX_TAPS` taps (kernels up to 22x22), then dequantized or requantized as the generic
+    epilogue does."""
+    if task.op != "conv2d" or getattr(task, "sparsity", 0):
+        return False
+    if not task.quantized and (task.dtype not in ("float32", "float16") or task.buffer_dtypes != DTypes.of(task.dtype)):
         return False
     con = task.contraction()
     names = [a.name for a in con.axes]
-    return "g" in names and "c" in names and con.axis("c").extent == 1 and con.axis("g").extent > 1
+    if not ("g" in names and "c" in names and con.axis("c").extent == 1 and con.axis("g").extent > 1):
+        return False
+    return not task.quantized or con.axis("ry").extent * con.axis("rx").extent <= INT8_MAX_TAPS
 
 
 def geometry(con) -> dict:

@@ -29,11 +29,15 @@ def test_it_applies_to_float32_and_float16_depthwise_convs_only():
     # float16 accumulation and int8 stay on the generic sketches
     acc16 = Task(f16.op, f16.params, dtype="float16", dtypes=FP16_ACCUMULATE)
     assert not applies(acc16) and default_sketch(acc16, TARGET).name != DW_SKETCH
-    assert not applies(depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="int8"))
+    # int8: exact float32 sums up to INT8_MAX_TAPS taps (a 22x22 kernel), the generic sketches beyond
+    q8 = depthwise_conv2d(1, 8, 10, 10, kernel=3, dtype="int8")
+    assert applies(q8) and default_sketch(q8, TARGET).name == DW_SKETCH
+    assert applies(depthwise_conv2d(1, 2, 24, 24, kernel=22, dtype="int8"))
+    assert not applies(depthwise_conv2d(1, 2, 24, 24, kernel=23, dtype="int8"))
 
 
 @st.composite
-def _cases(draw, dtype="float32"):
+def _cases(draw, dtype="float32", **precision):
     k = draw(st.sampled_from([1, 3, 5]))
     stride = draw(st.sampled_from([1, 2, 3]))
     dil = draw(st.sampled_from([1, 1, 2]))
@@ -43,7 +47,7 @@ def _cases(draw, dtype="float32"):
     task = depthwise_conv2d(draw(st.sampled_from([1, 2])), draw(st.sampled_from([2, 3, 8])), h, w, kernel=k,
                             stride=stride, padding=pad, dilation=dil, multiplier=draw(st.sampled_from([1, 1, 2])),
                             bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])),
-                            residual=draw(st.booleans()), dtype=dtype)
+                            residual=draw(st.booleans()), dtype=dtype, **precision)
     names = [s.name for s in sketches_for(task, TARGET) if s.base == DW_SKETCH]
     space = Space(task, draw(st.sampled_from(names)), TARGET)
     cfg = space.default() if draw(st.booleans()) else space.sample(np.random.default_rng(draw(st.integers(0, 99))))
@@ -111,7 +115,7 @@ def _check_float16(space, cfg, threads=2):
 
 
 @pytest.mark.cc
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases("float16"))
 def test_every_float16_kernel_matches_the_reference(case):
     """float16 storage, float32 arithmetic: random shapes (odd widths, strides 1-3, dilations,
@@ -136,6 +140,59 @@ def test_float16_vectorized_defaults_widen_with_f16c(stride, stage):
     src = _check_float16(space, cfg)
     assert "_mm256_cvtps_ph" in src and "_mm256_cvtph_ps" in src
     assert ("_cvt(stg" in src or "_cvt(t," in src) == (stage != 0)
+
+
+def _check_int8(space, cfg, threads=2):
+    """int8: within ``Task.tolerance`` (float32 output: rtol 1e-5; int8 output: one quantum) and,
+    tighter, the accumulation exact: without an epilogue the float32 output is the exact integer sum
+    times ``x_scale * w_scale`` with two float32 roundings (an integer sum off by one would be off by
+    more than 1e-6 relative); an int8 output matches the reference but at rounding ties."""
+    plan = lower(space, cfg)
+    src = render(plan)
+    b = build(src)
+    assert b.status == "ok", b.error
+    task = space.task
+    arrays = task.random_inputs(seed=6)
+    ref = task.reference(*arrays)
+    kern = Kernel(plan, b.lib_path, threads=threads)
+    for _ in range(2):
+        y = kern(*arrays)
+        assert y.dtype == (np.int8 if task.out_dtype == "int8" else np.float32)
+        rtol, atol = task.tolerance(ref)
+        ok, msg = check_output(y, ref, plan.con.reduction_size, rtol, atol=atol)
+        assert ok, f"{task.name} {cfg.dumps()}: {msg}"
+        if task.out_dtype == "int8":
+            assert np.abs(y.astype(np.float64) - ref).max() <= 1 and np.mean(y == ref) > 0.97
+        elif not (task.bias or task.residual or task.act):
+            np.testing.assert_allclose(y, ref, rtol=4e-7, atol=0, err_msg=f"{task.name} {cfg.dumps()}")
+    return src
+
+
+@pytest.mark.cc
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_int8_kernel_matches_the_reference(data):
+    """int8 data (uint8 with a float32 output, or int8 with an int8 output), random shapes and
+    schedules, both edge modes (peeled rows outside the image read the zero point)."""
+    precision = data.draw(st.sampled_from([{}, {"act_signed": True, "out_dtype": "int8"}]))
+    _check_int8(*data.draw(_cases("int8", **precision)))
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_int8_vectorized_defaults_are_exact(stride, stage):
+    """Full vectors: uint8 / int8 widened (vpmovzxbd / vpmovsxbd) minus the zero point; the bare conv
+    (exact sums) or the requantized int8 output with every epilogue (each in both edge modes)."""
+    bare = (stride + stage) % 2 == 1
+    prec = {} if bare else {"act_signed": True, "out_dtype": "int8", "bias": True, "residual": True, "act": "relu6"}
+    task = depthwise_conv2d(1, 8, 12, 32, kernel=3, stride=stride, padding=1, dtype="int8", **prec)
+    space = Space(task, DW_SKETCH, TARGET)
+    cfg = space.with_knobs(space.default(), {"dw_stage": stage})
+    assert cfg.vec == 8
+    src = _check_int8(space, cfg)
+    assert "_mm256_cvtep" in src and ("_cvt(stg" in src or "_cvt(t," in src) == bool(stage)
+    assert ("_stq(" in src) == (not bare)
 
 
 def test_relaxation_and_genetic_codec_see_its_knob():

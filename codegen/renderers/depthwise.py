@@ -63,7 +63,21 @@ class _Gen:
         # read in place (widened on load)
         self.half = task.buffer_dtypes.inputs == "float16"
         self.S = "_Float16" if self.half else "float"
-        self.PT = "float" if self.stage else self.S  # the element type the tap row pointers read
+        # int8 (quantized): uint8 / int8 data widened to float32 minus the zero point (exact), int8 taps
+        # as float32, float32 FMAs: every product and partial sum is an integer below 2**24
+        # (codegen.depthwise.applies bounds the taps), so the float32 sum is the exact int32 sum; then
+        # the generic epilogue's dequantize (acc * (x_scale * w_scale[oc])), bias, residual, activation
+        # and float32 output or requantization (round half to even, zero point, saturate)
+        self.q = bool(task.quantized)
+        if self.q and getattr(plan, "pairs", 1) > 1:  # weights packed in pairs / groups of four
+            raise ValueError(f"dw_rows reads plainly packed int8 weights, got a plan with pairs={plan.pairs}")
+        self.qout = self.q and task.buffer_dtypes.output == "int8"
+        self.S_in = ("signed char" if task.buffer_dtypes.inputs == "int8" else "unsigned char") if self.q else self.S
+        self.S_w = "signed char" if self.q else self.S
+        self.S_res = "float" if self.q else self.S
+        self.S_out = ("signed char" if self.qout else "float") if self.q else self.S
+        self.PT = "float" if self.stage else self.S_in  # the element type the tap row pointers read
+        self.zarg = ", xzv" if self.q and not self.stage else ""  # peeled int8 loads subtract the zero point
         g = self.g
         self.OHW = g["OH"] * g["OW"]
         if self.stage:  # staged rows: input column ix sits at ix + PL; every output column is in range
@@ -92,6 +106,9 @@ class _Gen:
     # ---- file-scope helpers: the vector types and the loads -----------------------------------------
     def helpers(self, w: Writer) -> None:
         V, vt, it, sx, n, PT = self.V, self.vt, self.it, self.g["SX"], self.name, self.PT
+        if self.q:
+            self._quant_helpers(w)
+            return
         if self.half:
             w("#include <immintrin.h>")
             if self.stage:  # one input row widened into float32 (F16C; gcc 12 converts a plain loop lane by lane)
@@ -139,12 +156,77 @@ class _Gen:
             lanes = ", ".join(f"p[{sx * i}]" for i in range(V))
             w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return ({vt}){{{lanes}}}; }}")
 
+    def _quant_helpers(self, w: Writer) -> None:
+        """int8: the widening loads (minus the zero point ``z``), the staged row's widening and the
+        vector requantizing store."""
+        V, vt, it, sx, n, PT, S = self.V, self.vt, self.it, self.g["SX"], self.name, self.PT, self.S_in
+        u = "u" if S == "unsigned char" else "i"  # _mm256_cvtepu8_epi32 / _mm256_cvtepi8_epi32
+        w("#include <immintrin.h>")
+        w("#include <math.h>")
+        if self.stage:  # one row widened to float32 minus the zero point (exact)
+            W = self.g["W"]
+            w(f"static inline void {n}_cvt(float* restrict d, const {S}* restrict s, float z) {{")
+            w("  int j = 0;")
+            w("#ifdef __AVX2__")
+            w("  const __m256 zz = _mm256_set1_ps(z);")
+            w(f"  for (; j + 8 <= {W}; j += 8) _mm256_storeu_ps(d + j, _mm256_sub_ps(_mm256_cvtepi32_ps("
+              f"_mm256_cvtep{u}8_epi32(_mm_loadl_epi64((const __m128i*)(s + j)))), zz));")
+            w("#endif")
+            w(f"  for (; j < {W}; ++j) d[j] = (float)s[j] - z;")
+            w("}")
+        if V == 1:
+            w(f"typedef float {vt};")
+            zp = ", float z" if self.zarg else ""
+            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return p[0]{' - z' if zp else ''}; }}")
+            return
+        w(f"typedef float {vt} __attribute__((vector_size({4 * V})));")
+        w(f"typedef int {it} __attribute__((vector_size({4 * V})));")
+        w(f"static inline {vt} {n}_ldu(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
+        w(f"static inline void {n}_stu(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}")
+        if self.qout:  # round half to even (the default rounding mode), zero point, saturate, narrow
+            if V == 8:
+                w(f"static inline void {n}_stq(signed char* p, {vt} v, {vt} ys, {vt} yz) {{")
+                w("  __m256 q = _mm256_add_ps(_mm256_round_ps((__m256)(v / ys), _MM_FROUND_CUR_DIRECTION), "
+                  "(__m256)yz);")
+                w("  q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));")
+                w("  __m256i i = _mm256_cvtps_epi32(q);")
+                w("  __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extractf128_si256(i, 1));")
+                w("  _mm_storel_epi64((__m128i*)p, _mm_packs_epi16(h, h)); }")
+            else:
+                w(f"static inline void {n}_stq(signed char* p, {vt} v, {vt} ys, {vt} yz) {{")
+                w(f"  for (int l = 0; l < {V}; ++l) {{ float q = nearbyintf(v[l] / ys[l]) + yz[l]; "
+                  "p[l] = (signed char)(q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q)); } }")
+        if self.stage:
+            ldc = f"{n}_ldu"
+            zp, sub = "", ""
+        else:  # V data elements widened (vpmovzxbd / vpmovsxbd, vcvtdq2ps) minus the zero point
+            ld = {4: f"_mm_cvtepi32_ps(_mm_cvtep{u}8_epi32(_mm_cvtsi32_si128(*(const int*)p)))",
+                  8: f"_mm256_cvtepi32_ps(_mm256_cvtep{u}8_epi32(_mm_loadl_epi64((const __m128i*)p)))",
+                  16: f"_mm512_cvtepi32_ps(_mm512_cvtep{u}8_epi32(_mm_loadu_si128((const __m128i*)p)))"}.get(V)
+            if V == 4:  # an unaligned 4-byte read without the aliasing cast
+                ld = f"_mm_cvtepi32_ps(_mm_cvtep{u}8_epi32(_mm_cvtsi32_si128(({{ int t; __builtin_memcpy(&t, p, 4); t; }}))))"
+            lanes = ", ".join(f"(float)p[{i}]" for i in range(V))
+            w(f"static inline {vt} {n}_ldq(const {S}* p) {{ return "
+              + (f"({vt}){ld}; }}" if ld else f"({vt}){{{lanes}}}; }}"))
+            ldc, zp, sub = f"{n}_ldq", f", {vt} z", " - z"
+        if sx == 1:
+            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return {ldc}(p){sub}; }}")
+        elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
+            idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
+            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ {vt} a = {ldc}(p), "
+              f"b = {ldc}(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}){sub}; }}")
+        else:
+            lanes = ", ".join(f"(float)p[{sx * i}]" for i in range(V))
+            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return ({vt}){{{lanes}}}{sub}; }}")
+
     # ---- the epilogue of one value (vector or scalar) -------------------------------------------------
     def _finish(self, w: Writer, v: str, vector: bool, out_idx: str) -> None:
+        if self.q:  # dequantize the exact sum (the generic epilogue's order: acc * (x_scale * w_scale))
+            w(f"{v} = {v} * {'scv' if vector else 'sc'};")
         if self.bias:
             w(f"{v} += bb;")
         if self.res:
-            ld = f"{self.name}_ldh" if self.half else f"{self.name}_ldu"
+            ld = f"{self.name}_ldh" if self.half and not self.q else f"{self.name}_ldu"
             w(f"{v} += {ld}(rp + {out_idx});" if vector else f"{v} += rp[{out_idx}];")
         if self.act in ("relu", "relu6"):
             if vector:
@@ -156,7 +238,13 @@ class _Gen:
                 w(f"{v} = {v} < 0.0f ? 0.0f : {v};")
                 if self.act == "relu6":
                     w(f"{v} = {v} > 6.0f ? 6.0f : {v};")
-        if vector:
+        if self.qout:
+            if vector:
+                w(f"{self.name}_stq(op + {out_idx}, {v}, ysv, yzv);")
+            else:
+                w(f"{{ float q = nearbyintf({v} / ys) + (float)yzp; "
+                  f"op[{out_idx}] = (signed char)(q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q)); }}")
+        elif vector:
             w(f"{self.name}_{'sth' if self.half else 'stu'}(op + {out_idx}, {v});")
         else:
             w(f"op[{out_idx}] = {v};")  # float16: narrowed (round to nearest even)
@@ -174,7 +262,7 @@ class _Gen:
         if self.split:
             off = c // 2 if c % 2 == 0 else self.HW + (c - 1) // 2
             return f"{self.name}_ldu(p{r}_{ky} + {xexpr} + {off})"
-        return f"{self.name}_ld(p{r}_{ky} + ({xexpr}) * {g['SX']} + {self.col0 + c})"
+        return f"{self.name}_ld(p{r}_{ky} + ({xexpr}) * {g['SX']} + {self.col0 + c}{self.zarg})"
 
     def _accumulate(self, w: Writer, accs: list[tuple[str, int, str]]) -> None:
         """Declare the vector accumulators ``(name, row, column expression)`` and add every tap into them,
@@ -211,7 +299,8 @@ class _Gen:
             guard = "" if self.stage else f"if ((unsigned)({col}) < {g['W']}u) "
             w(f"{guard}{{ const long c = {col};")
             for r in range(R):
-                terms = " + ".join(f"w{ky}_{kx} * p{r}_{ky}[c]" for ky in range(g["KH"]))
+                x = "((float)p{r}_{ky}[c] - xzf)" if self.zarg else "p{r}_{ky}[c]"
+                terms = " + ".join(f"w{ky}_{kx} * " + x.format(r=r, ky=ky) for ky in range(g["KH"]))
                 w(f"  s{r} += {terms};")
             w("}")
         for r in range(R):
@@ -230,17 +319,18 @@ class _Gen:
                     (e0, e1), (o0, o1) = self._split_ranges()
                     # float16: the row widened first (gcc 12 converts a strided _Float16 loop lane by lane;
                     # widening and deinterleaving in one vector pass measured 2-3x slower here, unexplained)
-                    src = (f"float t[{W}] __attribute__((aligned(32))); {self.name}_cvt(t, ip + (long)iy * {W}); "
-                           f"const float* restrict s = t;") if self.half else \
+                    z = ", xzf" if self.q else ""
+                    src = (f"float t[{W}] __attribute__((aligned(32))); {self.name}_cvt(t, ip + (long)iy * {W}{z}); "
+                           f"const float* restrict s = t;") if self.half or self.q else \
                         f"const float* restrict s = ip + (long)iy * {W};"
                     w(f"  if ((unsigned)iy < {g['H']}u) {{ {src} "
                       f"float* restrict e = stg + {i * self.SW}; float* restrict o = e + {self.HW};")
                     w(f"    for (int j = {e0}; j < {e1}; ++j) e[j] = s[2 * j - {pl}];")
                     w(f"    for (int j = {o0}; j < {o1}; ++j) o[j] = s[2 * j + {1 - pl}]; }} }}")
                     continue
-                if self.half:  # widened while staged
+                if self.half or self.q:  # widened while staged (int8: minus the zero point)
                     w(f"  if ((unsigned)iy < {g['H']}u) {self.name}_cvt(stg + {i * self.SW + g['PL']}, "
-                      f"ip + (long)iy * {g['W']}); }}")
+                      f"ip + (long)iy * {g['W']}{', xzf' if self.q else ''}); }}")
                     continue
                 w(f"  if ((unsigned)iy < {g['H']}u) __builtin_memcpy(stg + {i * self.SW + g['PL']}, "
                   f"ip + (long)iy * {g['W']}, {4 * g['W']}); }}")
@@ -291,34 +381,54 @@ class _Gen:
         nch = -(-g["OH"] // self.chunk)
         GM = g["G"] * g["M"]
         w.open(f"{'static ' if static else ''}void {self.name}(void* const* args)")
-        S = self.S
-        w(f"const {S}* restrict in = (const {S}*)args[{args.index(data)}];")
-        w(f"const {S}* restrict wt = (const {S}*)args[1];")
+        w(f"const {self.S_in}* restrict in = (const {self.S_in}*)args[{args.index(data)}];")
+        w(f"const {self.S_w}* restrict wt = (const {self.S_w}*)args[1];")
         if self.bias:
             w(f"const float* restrict bias = (const float*)args[{args.index('bias')}];")
         if self.res:
-            w(f"const {S}* restrict res = (const {S}*)args[{args.index('residual')}];")
-        w(f"{S}* restrict out = ({S}*)args[{args.index('out')}];")
-        w(f"static const {self.PT} zrow[{self.SW}] = {{0}};")
+            w(f"const {self.S_res}* restrict res = (const {self.S_res}*)args[{args.index('residual')}];")
+        w(f"{self.S_out}* restrict out = ({self.S_out}*)args[{args.index('out')}];")
+        if self.q:
+            w(f"const float xs = *(const float*)args[{args.index('x_scale')}];")
+            w(f"const int xzp = *(const int*)args[{args.index('x_zp')}]; const float xzf = (float)xzp; (void)xzf;")
+            w(f"const float* restrict w_scales = (const float*)args[{args.index('w_scales')}];")
+            if self.qout:
+                w(f"const float ys = *(const float*)args[{args.index('y_scale')}];")
+                w(f"const int yzp = *(const int*)args[{args.index('y_zp')}];")
+        if self.zarg:  # peeled int8: rows outside the image read the zero point (the real zero)
+            w(f"{self.PT} zrow[{self.SW}];")
+            w("__builtin_memset(zrow, xzp, sizeof zrow);")
+        else:
+            w(f"static const {self.PT} zrow[{self.SW}] = {{0}};")
         if self.V > 1:
             w(f"const {self.vt} zv = {{0}};")
             if self.act == "relu6":
                 w(f"const {self.vt} six = zv + 6.0f;")
+            if self.zarg:
+                w(f"const {self.vt} xzv = zv + xzf;")
+            if self.qout:
+                w(f"const {self.vt} ysv = zv + ys, yzv = zv + (float)yzp;")
         else:
             w("const float zv = 0.0f;")
+            if self.zarg:
+                w("const float xzv = xzf;")
         if self.parallel:
             w("#pragma omp parallel for schedule(static)")
         w.open(f"for (long u = 0; u < {g['N'] * GM * nch}L; ++u)")
         w(f"const long ch = u / {nch}; const int yc = (int)(u % {nch});")
         w(f"const long n = ch / {GM}; const int oc = (int)(ch % {GM}); const int gi = oc / {g['M']};")
-        w(f"const {S}* restrict ip = in + (n * {g['G']} + gi) * {g['H'] * g['W']}L;")
-        w(f"{S}* restrict op = out + ch * {self.OHW}L;")
+        w(f"const {self.S_in}* restrict ip = in + (n * {g['G']} + gi) * {g['H'] * g['W']}L;")
+        w(f"{self.S_out}* restrict op = out + ch * {self.OHW}L;")
         if self.res:
-            w(f"const {S}* restrict rp = res + ch * {self.OHW}L;")
+            w(f"const {self.S_res}* restrict rp = res + ch * {self.OHW}L;")
         else:
             w("(void)zv;")
         if self.bias:
             w("const float bb = bias[oc];")
+        if self.q:
+            w("const float sc = xs * w_scales[oc];")
+            if self.V > 1:
+                w(f"const {self.vt} scv = zv + sc;")
         wl = plan.buffers["weight"].layout.dims
         for ky in range(g["KH"]):
             for kx in range(g["KW"]):
