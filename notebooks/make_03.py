@@ -36,12 +36,22 @@ in seconds. On hardware, drop `replay=True` (or run the CLI command at the end).
 
 The strategies are every registered one of `gradient`, `genetic` and `random`, so this notebook
 picks up the gradient search as soon as it is registered."""),
-    ("code", """import sys
+    ("code", """import os
+import sys
 import tempfile
 from pathlib import Path
 
 """ + IMPORT_FELIXJAX + """
 from IPython.display import Image, Markdown, display
+
+# tests/test_notebooks.py executes this notebook with FELIXJAX_NOTEBOOK_QUICK=1: the same cells on
+# smaller budgets (CI time); without it, every budget is the one the text describes
+QUICK = os.environ.get("FELIXJAX_NOTEBOOK_QUICK") == "1"
+
+
+def budget(full, quick):
+    return quick if QUICK else full
+
 
 strategies = [s for s in ("gradient", "genetic", "random") if s in fj.strategies()]
 tasks = [fj.ops.conv2d(1, 32, 28, 28, out_channels=32, kernel=3, padding=1)]
@@ -52,8 +62,9 @@ print("operators: ", [t.name for t in tasks])"""),
 96 trials per run, 2 seeds (a small gradient round: 64 starts x 32 steps, to keep this notebook short). `db=None` keeps the records in memory; give a path to keep them (an
 interrupted comparison then resumes from the database)."""),
     ("code", """out = Path(tempfile.mkdtemp(prefix="fj03_"))
-cmp = fj.compare(tasks, strategies, trials=96, seeds=2, db=None, replay=True, out=out, progress=False,
-                 strategy_options={"gradient": {"starts": 64, "steps": 32}})
+cmp = fj.compare(tasks, strategies, trials=budget(96, 32), seeds=budget(2, 1), db=None, replay=True, out=out,
+                 progress=False, strategy_options={"gradient": budget({"starts": 64, "steps": 32},
+                                                                      {"starts": 16, "steps": 8})})
 display(Markdown(cmp.table()))"""),
     ("code", """display(Image(filename=str(out / "curves.png")))
 print("every measurement:", out / "cmp.csv")"""),
@@ -74,8 +85,8 @@ class GeneticWithOracle(GeneticSearch):
         super().__init__(scorer=lambda ctx: OracleScorer(SyntheticOracle(ctx.task, ctx.target), noise=0.3))
 
 
-cmp2 = fj.compare(tasks, [GeneticWithOracle, "random"], trials=128, seeds=2, db=None, replay=True,
-                  progress=False)
+cmp2 = fj.compare(tasks, [GeneticWithOracle, "random"], trials=budget(128, 32), seeds=budget(2, 1), db=None,
+                  replay=True, progress=False)
 display(Markdown(cmp2.table()))"""),
     ("md", """## Starting both strategies from a pretrained cost model
 
@@ -89,14 +100,17 @@ report transfer to an unseen task. Both strategies then start from the same chec
 others = [fj.ops.conv2d(1, 16, 28, 28, out_channels=32, kernel=3, padding=1),
           fj.ops.conv2d(1, 32, 14, 14, out_channels=64, kernel=3, padding=1),
           fj.ops.conv2d(1, 64, 14, 14, out_channels=32, kernel=1)]
-fj.compare(others, ["random"], trials=96, seeds=1, db=str(out / "others.db"), replay=True, progress=False, remeasure=0)
-report = pretrain([out / "others.db"], out / "cost_model.npz", holdout=0.34, sample_budget=30_000, max_epochs=60)
+fj.compare(others, ["random"], trials=budget(96, 32), seeds=1, db=str(out / "others.db"), replay=True, progress=False,
+           remeasure=0)
+report = pretrain([out / "others.db"], out / "cost_model.npz", holdout=0.34, sample_budget=budget(30_000, 2_000),
+                  max_epochs=budget(60, 5))
 print("trained on", report["train_tasks"], "held out", report["heldout_tasks"])
 print(f"held-out pairwise accuracy: MLP {report['heldout_mlp_pairwise']:.3f}, "
       f"roofline prior {report['heldout_prior_pairwise']:.3f}")"""),
     ("code", """pre = {"cost_model": str(out / "cost_model.npz")}
-cmp3 = fj.compare(tasks, ["gradient", "genetic"], trials=64, seeds=1, db=None, replay=True, progress=False,
-                  strategy_options={"gradient": {"starts": 64, "steps": 32, **pre}, "genetic": pre})
+cmp3 = fj.compare(tasks, ["gradient", "genetic"], trials=budget(64, 16), seeds=1, db=None, replay=True, progress=False,
+                  strategy_options={"gradient": {**budget({"starts": 64, "steps": 32}, {"starts": 16, "steps": 8}),
+                                                 **pre}, "genetic": pre})
 display(Markdown(cmp3.table()))"""),
     ("md", """## On hardware
 

@@ -1,4 +1,5 @@
-"""Every notebooks/*.ipynb executes headless from top to bottom (kernel python3, repository root as cwd)."""
+"""Every notebooks/*.ipynb executes headless from top to bottom (kernel python3, repository root as cwd,
+FELIXJAX_NOTEBOOK_QUICK=1: a notebook that reads it runs its cells on CI-size budgets)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,10 +13,12 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path):
+def test_notebook_executes(path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
+    # every cell runs; a notebook that reads it (03) runs them on smaller budgets (the kernel inherits it)
+    monkeypatch.setenv("FELIXJAX_NOTEBOOK_QUICK", "1")
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(ROOT)}})
