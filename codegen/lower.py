@@ -190,7 +190,8 @@ class Plan:
     pairs: int = 1
     #: groups of four (``pairs == 4``) whose data steps along the reduction with a stride (a conv's
     #: channels, NCHW): the timed data copy interleaves the channels in fours (NCHW -> N(C/4)HW4), so a
-    #: group is one 4-byte broadcast instead of four byte loads (see :func:`_quad_data`)
+    #: group is one 4-byte broadcast instead of four byte loads; pairs (``pairs == 2``): the copy holds
+    #: ``x - x_zp`` as int16 pairs (the data buffer's dtype "int16"; see :func:`_quad_data`)
     data_quads: bool = False
 
     @property
@@ -341,32 +342,44 @@ def _group_weight_strides(plan: Plan) -> Plan:
 
 
 def _quad_data(plan: Plan) -> Plan:
-    """A groups-of-four plan whose data steps along the pair loop with a stride ``sd > 1`` (NCHW
-    channels): the data is copied (timed, O(data)) into channels interleaved in fours
-    (``blocked_layout(..., channel dim, 4, front=False)``), so the four data of a group are contiguous.
+    """An int8 group plan's data, copied (timed, O(data)) so that a group is one 4-byte broadcast:
+
+    * groups of four whose data steps along the pair loop with a stride ``sd > 1`` (NCHW channels):
+      channels interleaved in fours (``blocked_layout(..., channel dim, 4, front=False)``), raw bytes;
+    * pairs (``vpmaddwd``): ``x - x_zp`` as int16, interleaved in twos along the reduction (a
+      matmul's rows unchanged but widened), so the kernel broadcasts one int32 per pair instead of
+      building it from two bytes (2 loads, 2 subtracts, mask, shift, or, move per row and pair step);
+      not where a built pair feeds 4 or more vector columns (AVX2 EPYC, CPU time, busy machine:
+      matmul 128x768x768 67 -> 101 GOP/s, conv 3x3 64x56x56 46 -> 90, 1x1 256x28x28 72 -> 90).
+
     Unchanged where that does not hold exactly: a dimension other than the plain channel one, another
-    loop moving the channel index by other than whole groups, or a channel count not a multiple of 4."""
-    if plan.pairs != 4:
+    loop moving the channel index by other than whole groups, or a channel count not a multiple of
+    the group."""
+    g = plan.pairs
+    if g not in (2, 4) or plan.tail_row >= 0:
         return plan
+    vloop = next(lp for lp in plan.levels["S3"] if lp.axis == plan.vector_axis)
+    if g == 2 and vloop.extent // plan.vec >= 4:  # a pair built in registers feeds >= 4 vpmaddwd: no copy
+        return plan  # (a batch-1 dense layer: 8 columns per row; the copy and its thread fork cost more)
     kr = _pair_loop(plan)
     space, con, d = plan.space, plan.con, plan.buffers["data"]
     sd = d.stride(kr.var)
-    if sd <= 1 or any(dl.kind != "plain" for dl in d.layout.dims):
+    if (g == 4 and sd <= 1) or sd < 1 or any(dl.kind != "plain" for dl in d.layout.dims):
         return plan
     dims = [i for i, terms in enumerate(con.data.dims) if any(a == kr.axis for a, _ in terms)]
     if len(dims) != 1 or con.pad[dims[0]] != (0, 0):
         return plan
     dim = dims[0]
     shape = con.data.shape
-    if shape[dim] % 4 or d.layout.dims[dim].stride != sd or dict(con.data.dims[dim]).get(kr.axis) != 1:
+    if shape[dim] % g or d.layout.dims[dim].stride != sd or dict(con.data.dims[dim]).get(kr.axis) != 1:
         return plan
     tiles = {a.name: t for a, t in zip(space.axes, plan.config.tiles)}
     unit = Layout(shape, tuple(DimLayout("plain", 1 if i == dim else 0) for i in range(len(shape))), 0)
     moves = _var_strides(con.data, unit, space, tiles)  # channel index moved per step of each loop
     live = {lp.var for lp in plan.loops() if lp.extent > 1}
-    if any(m % 4 for var, m in moves.items() if var in live and var != kr.var):
+    if any(m % g for var, m in moves.items() if var in live and var != kr.var):
         return plan
-    blocked = blocked_layout(shape, dim, 4, front=False)
+    blocked = blocked_layout(shape, dim, g, front=False)
     # per-loop strides: the channel index moves by whole groups (the group base's stride sd per
     # channel, as before), the other dimensions by their interleaved strides; the renderer reads a group
     # as 4 contiguous bytes at the group base
@@ -375,13 +388,14 @@ def _quad_data(plan: Plan) -> Plan:
     strides = tuple(sorted(_var_strides(con.data, virt, space, tiles).items()))
     buffers = dict(plan.buffers)
     args, ws = plan.args, plan.workspace
+    dt = "int16" if g == 2 else d.dtype  # pairs: x - x_zp, exact in int16
     if d.storage == "workspace":  # already copied (padding): same buffer, interleaved
-        buffers["data"] = replace(d, layout=blocked, strides=strides)
+        buffers["data"] = replace(d, layout=blocked, strides=strides, dtype=dt)
     else:
         buffers["data_in"] = Buffer("data_in", Access("data_in", con.data_api_shape, ()),
                                     plain_layout(con.data_api_shape), "arg", dtype=d.dtype)
-        buffers["data"] = replace(d, layout=blocked, strides=strides, storage="workspace", ws_offset=ws)
-        ws += -(-blocked.size // ALIGN_FLOATS) * ALIGN_FLOATS  # 4-byte slots: an int8 element fits one
+        buffers["data"] = replace(d, layout=blocked, strides=strides, storage="workspace", ws_offset=ws, dtype=dt)
+        ws += -(-blocked.size // ALIGN_FLOATS) * ALIGN_FLOATS  # 4-byte slots: an int8 / int16 element fits one
         args = ("data_in",) + args[1:]
     return replace(plan, buffers=buffers, args=args, workspace=ws, data_copy=True, data_quads=True)
 

@@ -214,6 +214,8 @@ def test_int8_pairs_path_is_exact(task):
     sp, cfg = paired[0]
     plan = check_kernel(sp, cfg)
     assert "_madd_epi16" in render(plan)
+    if plan.data_quads:  # the timed copy holds x - zp as int16 pairs: one broadcast per pair
+        assert plan.buffers["data"].dtype == "int16" and "(short)((int)data_in[" in render(plan)
     w = sp.task.random_inputs()[1]
     assert sorted(plan.pack_weight(w).tolist()) == sorted(plan.buffers["weight"].layout.pack(w, np.int8).tolist())
 
@@ -225,7 +227,9 @@ def test_int8_widening_loads_and_zero_point_padding():
         sp = Space(t, sk, TARGET)
         plan = check_kernel(sp, sp.default())
         src = render(plan)
-        if plan.data_copy:
+        if plan.data_copy and plan.buffers["data"].dtype == "int16":  # int8 pairs: the copy holds x - zp
+            assert "- xzp) : 0;" in src  # so padded positions hold 0 (the real zero)
+        elif plan.data_copy:
             assert ": xzp;" in src  # padded positions hold the zero point (the real zero)
         assert "w_scales[" in src and "xs *" in src
 

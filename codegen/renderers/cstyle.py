@@ -48,7 +48,8 @@ class Dialect:
     harness: str  # appended to a standalone kernel source: the timing entry points (see codegen.renderers.harness)
     # element types by Task dtype, and the spelling of a zero of the scalar type
     scalar_types: dict[str, str] = field(default_factory=lambda: {
-        "float32": "float", "float16": "_Float16", "int8": "signed char", "uint8": "unsigned char", "int32": "int"})
+        "float32": "float", "float16": "_Float16", "int8": "signed char", "uint8": "unsigned char", "int32": "int",
+        "int16": "short"})
     # low precision: what a source with float16 / int8 buffers includes (for the conversion intrinsics)
     lowp_prelude: str = "#include <immintrin.h>\n"
     # a storage vector (float16 / int8 lanes) read unaligned: {S}, {name}, {bytes}, {align}
@@ -398,19 +399,20 @@ class CStyleRenderer:
         names = [f"i{k}" for k in range(len(shape))]
         if d.parallel_for:
             w(d.parallel_for + (d.collapse.format(n=2) if len(shape) > 2 else ""))  # the innermost is the simd loop
-        # int8 groups of four (Plan.data_quads): the channel loop steps over groups and the four channels
-        # of a group run innermost, so the copy writes 4 contiguous bytes per pixel (channel innermost
+        # int8 groups (Plan.data_quads): the channel loop steps over groups and the channels of a group
+        # run innermost, so the copy writes a group's bytes contiguously per pixel (channel innermost
         # wrote single bytes 4 apart: 12% of a 3x3 conv's time)
         quad = next((k for k, dl in enumerate(dst.dims) if dl.kind == "block"), None) if plan.data_quads else None
+        g = dst.dims[quad].block if quad is not None else 1
         for k, n in enumerate(shape):
             if k == len(shape) - 1 and d.simd:
                 w(d.simd)
-            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=n // 4 if k == quad else n))
+            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=n // g if k == quad else n))
         if quad is not None:
             if d.unroll:
-                w(d.unroll.format(n=4))
-            w.open(d.loop.format(var="j", n=4))
-            w(f"const long {names[quad]} = 4*{names[quad]}q + j;")
+                w(d.unroll.format(n=g))
+            w.open(d.loop.format(var="j", n=g))
+            w(f"const long {names[quad]} = {g}*{names[quad]}q + j;")
         dst_terms = []
         for k, dl in enumerate(dst.dims):
             if dl.kind == "plain":
@@ -427,7 +429,10 @@ class CStyleRenderer:
             src_terms.append(f"{src_strides[k]}*{idx}")
         cond = " && ".join(conds) if conds else "1"
         fill = "xzp" if "x_zp" in plan.buffers else d.zero  # int8: the padding is the real zero, x_zp
-        w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? data_in[{' + '.join(src_terms)}] : {fill};")
+        src = f"data_in[{' + '.join(src_terms)}]"
+        if plan.buffers["data"].dtype == "int16":  # int8 pairs: x - zp, exact in int16 (the padding: 0)
+            src, fill = f"(short)((int){src} - xzp)", "0"
+        w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? {src} : {fill};")
         for _ in range(len(shape) + (quad is not None)):
             w.close()
 
@@ -535,6 +540,8 @@ class CStyleRenderer:
             return d.madd_bcast[vec].format(v=quad)
         if op.name == "weight":
             return d.madd_load[vec].format(ptr=f"{base} + {2 * off}")
+        if plan.data_quads:  # the copy holds (x - zp) as int16 pairs: one 4-byte broadcast
+            return d.madd_bcast[vec].format(v=d.load_quad.format(ptr=f"({base}) + {off}"))
         lo = f"(unsigned)((int)({base})[{off}] - xzp)"
         hi = f"(unsigned)((int)({base})[{off + op.stride(kr.var)}] - xzp)"
         return d.madd_bcast[vec].format(v=f"(int)(({lo} & 0xFFFFu) | ({hi} << 16))")
