@@ -50,7 +50,8 @@ def twin_model(session, src, dst) -> None:
 def cost_aware_options(args):
     from felixjax.cost_aware import CostAware
 
-    kw = {k: getattr(args, k) for k in ("warmup", "window", "patience", "stop_rule") if getattr(args, k) is not None}
+    kw = {k: getattr(args, k) for k in ("warmup", "window", "patience", "stop_rule", "min_share", "plateau",
+                                        "jump_weight", "explore", "min_keep") if getattr(args, k) is not None}
     return CostAware(filter_p=args.filter_p, early_stop=args.early_stop, **kw)
 
 
@@ -134,16 +135,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="ops", help="a named suite (felixjax.suites), or 'none' (--network only)")
     p.add_argument("--op", action="append", default=[], metavar="SPEC", help="operators instead of --suite")
+    p.add_argument("--only", default=None, help="indices of the suite's tasks to run (e.g. 0,1; parallel parts)")
     p.add_argument("--strategy", default="gradient")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--trials", type=int, default=256, help="the full budget of both arms")
     p.add_argument("--filter-p", type=lambda v: None if v.lower() == "none" else float(v), default=0.05,
                    help="a probability, or 'none' (no filtering)")
-    p.add_argument("--stop-rule", default=None, help="CostAware's stop_rule (both, model, observed)")
+    p.add_argument("--stop-rule", default=None, help="CostAware's stop_rule (both, model, observed, plateau)")
     p.add_argument("--early-stop", type=float, default=0.001, help="expected -log latency gain per trial")
     p.add_argument("--warmup", type=int, default=None, help="CostAware's warmup (default: its default)")
     p.add_argument("--window", type=int, default=None, help="CostAware's window (default: its default)")
     p.add_argument("--patience", type=int, default=None, help="CostAware's patience (default: its default)")
+    p.add_argument("--min-share", type=float, default=None, help="CostAware's min_share (stop_rule plateau)")
+    p.add_argument("--plateau", type=float, default=None, help="CostAware's plateau (stop_rule plateau)")
+    p.add_argument("--jump-weight", type=float, default=None, help="CostAware's jump_weight (stop_rule plateau)")
+    p.add_argument("--explore", type=int, default=None, help="CostAware's explore (stop_rule plateau)")
+    p.add_argument("--min-keep", type=float, default=None, help="CostAware's min_keep (filtering)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--retime-repeats", type=int, default=3)
     p.add_argument("--replay", action="store_true", help="replay the synthetic oracle (no compiling; a dry run)")
@@ -155,6 +162,8 @@ def main() -> None:
     args.workdir = tempfile.mkdtemp(prefix="fj-cost-aware-")
     target = fj.Target.cpu()
     tasks = [fj.ops.parse_spec(s) for s in args.op] if args.op else [] if args.suite == "none" else suite(args.suite)
+    if args.only:
+        tasks = [tasks[int(i)] for i in args.only.split(",")]
     rows = []
     for task in tasks:
         for seed in range(args.seeds):

@@ -43,7 +43,8 @@ def twin_model(session, src, dst) -> None:
     session.models[dst] = OnlineCostModel(session.target, seed=seed, pretrained=session.cost_model)
 
 
-def run_task(task, strategy: str, seed: int, trials: int, filters: list, warmup: int) -> dict:
+def run_task(task, strategy: str, seed: int, trials: int, filters: list, warmup: int, min_keep: float | None = None,
+             skip_off: bool = False) -> dict:
     from felixjax import Target
     from felixjax.cost_aware import CostAware
     from felixjax.session import TuningSession
@@ -52,17 +53,20 @@ def run_task(task, strategy: str, seed: int, trials: int, filters: list, warmup:
     out = {"task": task.name, "seed": seed}
     with TuningSession(Target.cpu(), db=None, measurer=lambda t, tg: ReplayRunner.from_oracle(t), threads=1,
                        progress=False, seed=seed) as s:
-        arms = {"off": s.add(task, strategy, seed=seed, trials=trials, run="off", group="off")}
+        arms = {} if skip_off else {"off": s.add(task, strategy, seed=seed, trials=trials, run="off", group="off")}
         for fp in filters:
-            twin_model(s, "off", f"on:{fp}")
-            arms[f"on:{fp}"] = s.add(task, strategy, seed=seed, trials=trials, run=f"on:{fp}", group=f"on:{fp}",
-                                     cost_aware=CostAware(filter_p=fp, early_stop=1e-12, warmup=warmup,
-                                                                  patience=10 ** 9))  # traces, never stops
+            name = f"on:{fp}" if min_keep is None or fp is None else f"on:{fp}:keep{min_keep:g}"
+            twin_model(s, "off", name)
+            arms[name] = s.add(task, strategy, seed=seed, trials=trials, run=name, group=name,
+                               cost_aware=CostAware(filter_p=fp, early_stop=1e-12, warmup=warmup, patience=10 ** 9,
+                                                    min_keep=min_keep))  # traces, never stops
         for name, tr in arms.items():
-            t0 = time.perf_counter()
+            t0, rounds = time.perf_counter(), []
             while not tr.done:
+                rounds.append((len(tr.history), tr.clock))  # where a stopping rule decides, and the clock then
                 s.step(tr)
             out[name] = {"lat": [r.latency_s if r.ok else math.inf for r in tr.history], "clock": tr.clock,
+                         "rounds": rounds,
                          "wall_s": time.perf_counter() - t0, "screen_s": tr.stats.get("screen_s", 0.0),
                          "filtered": tr.stats.get("filtered", 0),
                          "trace": tr.screen.trace if tr.screen is not None else []}
@@ -123,6 +127,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=512)
     p.add_argument("--warmup", type=int, default=64)
     p.add_argument("--filter-p", action="append", default=[], help="'none' or a probability; repeatable")
+    p.add_argument("--min-keep", type=float, default=None, help="CostAware's min_keep for the filtering arms "
+                   "(their arm is then named on:P:keepK)")
+    p.add_argument("--off-only", action="store_true", help="only the off arm (with its round boundaries: the "
+                   "model-free rules need nothing more)")
+    p.add_argument("--skip-off", action="store_true", help="do not run the off arm (another file has it; "
+                   "benchmarks/cost_aware_stoprule.py merges runs by task and seed)")
     p.add_argument("--max-loss", type=float, default=0.01, help="geomean latency loss allowed when picking")
     p.add_argument("--only", default=None, help="indices of the suite's tasks to run (e.g. 0,1)")
     p.add_argument("--load", action="append", default=[], help="re-evaluate the rules on the runs saved in "
@@ -132,6 +142,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     filters = [None if f.lower() == "none" else float(f) for f in (args.filter_p or ["none", "0.05"])]
+    if args.off_only:
+        filters = []
     if args.load:
         rows = []
         for path in args.load:
@@ -144,10 +156,20 @@ def main() -> None:
             tasks = [tasks[int(i)] for i in args.only.split(",")]
         for task in tasks:
             for seed in range(args.seeds):
-                rows.append(run_task(task, args.strategy, seed, args.trials, filters, args.warmup))
+                rows.append(run_task(task, args.strategy, seed, args.trials, filters, args.warmup, args.min_keep,
+                                     args.skip_off))
                 r = rows[-1]
                 if args.out:  # after every run: a long calibration stopped half-way keeps what it made
                     save(args, rows, [])
+                if args.off_only:
+                    print(f"{r['task']:42s} seed {seed}: off best {min(r['off']['lat']) * 1e3:.4f} ms, clock "
+                          f"{r['off']['clock']:.0f} s", flush=True)
+                    continue
+                if args.skip_off:
+                    print(f"{r['task']:42s} seed {seed}: " + "; ".join(
+                        f"{k} best {min(v['lat']) * 1e3:.4f} ms, clock {v['clock']:.0f} s (screen {v['screen_s']:.0f} s), "
+                        f"filtered {v['filtered']}" for k, v in r.items() if k.startswith("on:")), flush=True)
+                    continue
                 print(f"{r['task']:42s} seed {seed}: off best {min(r['off']['lat']) * 1e3:.4f} ms, clock "
                       f"{r['off']['clock']:.0f} s; " + "; ".join(
                           f"{k} best {min(v['lat']) * 1e3:.4f} ms, clock {v['clock']:.0f} s (screen "
@@ -167,6 +189,8 @@ def main() -> None:
         r = evaluate(rows, arm, rule, thr, window, patience)
         print(f"total: {100 * r['trials_saved']:.1f}% of trials, {100 * r['seconds_saved']:.1f}% of seconds saved, "
               f"final latency {100 * r['latency_loss']:+.2f}% (geomean), worst run {100 * r['worst']:+.2f}%")
+        return
+    if args.skip_off or args.off_only:  # nothing to compare with here: cost_aware_stoprule.py merges the arms by task and seed
         return
     results = []
     for arm in sorted({k for r in rows for k in r if k.startswith("on:")}):

@@ -19,6 +19,16 @@ by an uncertainty estimate of the cost model (an ensemble's mean and spread,
   rounds **and** the run's best improved by less than that per trial over the last ``window`` trials,
   the run ends with ``stop_reason = "early_stop"``; under ``fj.tune_model``'s task scheduler its
   budget goes to the other tasks.
+* **the plateau rule** (``stop_rule="plateau"``, robust to late jumps; :func:`plateau_decision`): the
+  observed gain over ``window`` is under ``early_stop`` *and* the best has not improved (by more than
+  ``improve_eps``) for ``max(window, plateau * n_last) * (1 + jump_weight * J)`` trials, with ``n_last``
+  the trial of the last improvement and ``J`` its size (−log ratio): a run that found its best late, or
+  by a big jump, must stay flat for longer; never before ``min_share`` of the run's trial budget; and
+  once it fires the run measures ``explore`` more trials (a final exploration block) and stops only if
+  they did not improve the best (else the rule starts over). It needs no model: a replayed log gives the
+  same decision (``benchmarks/cost_aware_stoprule.py`` evaluates it offline on recorded logs).
+* ``min_keep``: filtering keeps at least this share of each round (the most promising candidates), so
+  that rounds do not shrink to one trial each paying a whole proposal and an ensemble fit.
 
 Neither acts before ``warmup`` correct measurements of the run (the ensemble needs data). The ensemble
 is fitted on the run's correct measurements (features from the session's cost model) and fine-tuned
@@ -34,10 +44,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
+STOP_RULES = ("both", "model", "observed", "plateau")
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,15 @@ class CostAware:
             ``"observed"`` the second (without ``filter_p`` no ensemble is fitted at all). Calibrated on
             the replay oracle's ``calibration`` suite: ``early_stop=0.001, stop_rule="observed",
             window=128, warmup=64`` without filtering (docs/BENCHMARKS.md; it lost 14% on the op suite).
+            ``"plateau"``: :func:`plateau_decision` (the options below; no model needed). The default
+            stays ``"both"``; ``"plateau"``'s defaults (``min_share=0.5, explore=64``, with
+            ``early_stop=1e-4, window=32``) are what held-out calibration on replayed logs picked, and
+            it still missed the issue's target there (docs/BENCHMARKS.md, "Cost-aware tuning").
+        min_share: ``"plateau"`` never stops before this share of the run's trial budget.
+        plateau, jump_weight, improve_eps: ``"plateau"``'s patience in trials,
+            ``max(window, plateau * n_last) * (1 + jump_weight * J)`` (see :func:`plateau_decision`).
+        explore: trials of the final exploration block measured after ``"plateau"`` fires.
+        min_keep: filtering keeps at least this share of a round's proposals (``None``: one candidate).
     """
 
     filter_p: float | None = None
@@ -70,10 +92,22 @@ class CostAware:
     hidden: int = 64
     uncertainty: Callable[[], Any] | None = None
     stop_rule: str = "both"
+    min_share: float = 0.5
+    plateau: float = 0.0
+    jump_weight: float = 0.0
+    improve_eps: float = 1e-3
+    explore: int = 64
+    min_keep: float | None = None
 
     def __post_init__(self) -> None:
-        if self.stop_rule not in ("both", "model", "observed"):
-            raise ValueError(f"stop_rule must be 'both', 'model' or 'observed' (got {self.stop_rule!r})")
+        if self.stop_rule not in STOP_RULES:
+            raise ValueError(f"stop_rule must be one of {', '.join(map(repr, STOP_RULES))} (got {self.stop_rule!r})")
+        if not 0 <= self.min_share <= 1:
+            raise ValueError(f"min_share must be in [0, 1] (got {self.min_share})")
+        if self.plateau < 0 or self.jump_weight < 0 or self.improve_eps < 0 or self.explore < 0:
+            raise ValueError("plateau, jump_weight, improve_eps and explore must be >= 0")
+        if self.min_keep is not None and not 0 < self.min_keep <= 1:
+            raise ValueError(f"min_keep must be in (0, 1] (got {self.min_keep})")
         if self.filter_p is not None and not 0 < self.filter_p < 1:
             raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
         if self.early_stop is not None and not self.early_stop > 0:
@@ -90,6 +124,67 @@ class CostAware:
         """The options of ``fj.tune(filter_p=..., early_stop=...)``, or None when both are off."""
         ca = cls(filter_p=filter_p, early_stop=early_stop)
         return ca if ca.enabled else None
+
+
+def observed_gain(lat: list[float], window: int) -> float:
+    """Improvement of −log(best latency) per trial over the last ``window`` entries of ``lat``
+    (latencies in trial order, ``inf`` for failures); ``inf`` while there are too few."""
+    if len(lat) <= window:
+        return math.inf
+    then, now = min(lat[:-window], default=math.inf), min(lat, default=math.inf)
+    return math.log(then / now) / window if math.isfinite(then) else math.inf
+
+
+def last_improvement(lat: list[float], eps: float) -> tuple[int, float]:
+    """``(n_last, J)``: the trial count at which the best last improved by more than ``eps`` (relative)
+    and the size of that improvement in −log latency (the first correct trial counts with ``J = 0``)."""
+    best, n_last, jump = math.inf, 0, 0.0
+    for i, x in enumerate(lat):
+        if x < best * (1 - eps):
+            jump = math.log(best / x) if math.isfinite(best) else 0.0
+            best, n_last = x, i + 1
+    return n_last, jump
+
+
+def plateau_decision(lat: list[float], budget: int | None, opt: CostAware,
+                     fired: tuple[int, float] | None) -> tuple[bool, tuple[int, float] | None]:
+    """One decision of ``stop_rule="plateau"`` before a round: ``(stop, fired)``.
+
+    ``lat`` is the run so far (latencies in trial order, ``inf`` for failures), ``budget`` its trial
+    budget (``None``: unknown, then ``min_share`` does not apply), ``fired`` the state carried between
+    rounds (``(trials, best)`` when the rule fired and the final exploration block is under way).
+    Pure and deterministic: the same log gives the same decisions, live or replayed.
+
+    It fires when, with ``n = len(lat)`` trials measured:
+
+    * ``n >= warmup`` and ``n >= min_share * budget``;
+    * the best improved by less than ``early_stop`` per trial over the last ``window`` trials;
+    * the best has not improved by more than ``improve_eps`` for at least
+      ``max(window, plateau * n_last) * (1 + jump_weight * J)`` trials.
+
+    Having fired it stops at once when ``explore == 0``; otherwise it stops at the first round after at
+    least ``explore`` more trials if they did not improve the best by more than ``improve_eps``; if they
+    did (a late jump), it forgets that it fired.
+    """
+    n = len(lat)
+    best = min(lat, default=math.inf)
+    if fired is not None:
+        if best < fired[1] * (1 - opt.improve_eps):
+            fired = None  # the exploration block found a better region: go on
+        elif n - fired[0] >= opt.explore:
+            return True, fired
+        else:
+            return False, fired
+    ok = sum(1 for x in lat if math.isfinite(x))
+    if ok < opt.warmup or budget is not None and n < opt.min_share * budget or not math.isfinite(best):
+        return False, None
+    if opt.early_stop is None or not observed_gain(lat, opt.window) < opt.early_stop:
+        return False, None
+    n_last, jump = last_improvement(lat, opt.improve_eps)
+    if n - n_last < max(opt.window, opt.plateau * n_last) * (1 + opt.jump_weight * jump):
+        return False, None
+    fired = (n, best)
+    return opt.explore == 0, fired
 
 
 class EnsembleUncertainty:
@@ -143,6 +238,7 @@ class Screen:
             options.members, options.hidden, seed)
         self.fed = 0  # records of the run fed to the estimator
         self.cold_rounds = 0
+        self.fired: tuple[int, float] | None = None  # the plateau rule's state (its exploration block)
         self.last: dict = {}
         self.trace: list[dict] = []  # one entry per screened round (offline calibration of the thresholds)
 
@@ -174,6 +270,11 @@ class Screen:
 
     def _screen(self, tr: Any, cands: list, n_head: int) -> tuple[list, str]:
         ctx, opt = tr.ctx, self.options
+        if opt.filter_p is None and opt.stop_rule == "plateau":  # no model needed: no ensemble to fit
+            lat = [r.latency_s if r.ok else math.inf for r in ctx.history]
+            stop, self.fired = plateau_decision(lat, tr.trials, opt, self.fired)
+            self.trace.append({"trials": len(ctx.history), "clock": tr.clock, "fired": self.fired is not None})
+            return ([], "early_stop") if stop else (cands, "")
         if opt.filter_p is None and opt.stop_rule == "observed":  # no model needed: no ensemble to fit
             if sum(1 for r in ctx.history if r.ok) < opt.warmup or len(cands) <= n_head:
                 return cands, ""
@@ -197,6 +298,10 @@ class Screen:
             keep = p >= opt.filter_p
             if not keep.any() and not n_head:
                 keep[int(np.argmax(p))] = True  # a round measures at least its most promising candidate
+            if opt.min_keep is not None:  # and at least min_keep of the round, the most promising first
+                k = min(len(rest), math.ceil(opt.min_keep * len(cands)) - n_head)
+                if k > int(keep.sum()):
+                    keep[np.argsort(-p, kind="stable")[:k]] = True
         kept = cands[:n_head] + [c for c, k in zip(rest, keep) if k]
         gain = float(ei[keep].max()) / int(keep.sum()) if keep.any() else 0.0
         tr.stats["filtered"] = tr.stats.get("filtered", 0) + int((~keep).sum())
@@ -206,7 +311,12 @@ class Screen:
                            "ei_max": float(ei.max()), "ei_top": float(np.sort(ei)[::-1][:len(cands)].sum()),
                            "observed": self.observed_gain(ctx.history), "kept": int(keep.sum()),
                            "proposed": len(rest)})
-        if opt.early_stop is not None:
+        if opt.early_stop is not None and opt.stop_rule == "plateau":
+            lat = [r.latency_s if r.ok else math.inf for r in ctx.history]
+            stop, self.fired = plateau_decision(lat, tr.trials, opt, self.fired)
+            if stop:
+                return [], "early_stop"
+        elif opt.early_stop is not None:
             self.cold_rounds = self.cold_rounds + 1 if gain < opt.early_stop else 0
             model_cold = self.cold_rounds >= opt.patience
             observed_cold = self.observed_gain(ctx.history) < opt.early_stop

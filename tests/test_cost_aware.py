@@ -119,3 +119,93 @@ def test_compare_takes_the_options_for_every_run():
     cmp = fj.compare([TASK], ["random"], trials=128, seeds=1, db=None, replay=True, progress=False, cost_aware=ca)
     [hist] = cmp.histories.values()
     assert 16 <= len(hist) < 128
+
+
+# ---- the plateau rule (robust to late jumps): properties, a synthetic late jump, live == replayed ----------
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from felixjax.cost_aware import observed_gain, plateau_decision
+
+
+def _decisions(lat, opt, budget, every):
+    """Replay the rule on a log at round boundaries: the trials at which it stops (None: never)."""
+    fired = None
+    for n in range(every, len(lat) + 1, every):
+        stop, fired = plateau_decision(lat[:n], budget, opt, fired)
+        if stop:
+            return n
+    return None
+
+
+def _late_jump_curve(budget=512):
+    """Best-so-far improves fast for 64 trials, stays flat, then finds a region 2x faster at trial 300."""
+    lat = []
+    for i in range(budget):
+        if i < 64:
+            lat.append(2.0 + 8.0 / (1 + i))
+        elif i == 300:
+            lat.append(1.0)
+        else:
+            lat.append(2.5 + (i % 7) * 0.1)  # nothing better than the best so far
+    return lat
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.5, 10.0), min_size=1, max_size=400), st.floats(0.0, 1.0), st.integers(0, 64),
+       st.sampled_from([8, 16, 32]))
+def test_plateau_rule_never_stops_before_its_minimum_and_is_deterministic(lat, min_share, explore, every):
+    budget = 400
+    opt = CostAware(early_stop=1e-2, stop_rule="plateau", warmup=8, window=16, min_share=min_share,
+                    plateau=0.5, explore=explore)
+    n = _decisions(lat, opt, budget, every)
+    if n is not None:
+        assert n >= max(opt.warmup, min_share * budget)
+        assert observed_gain(lat[:n], opt.window) < opt.early_stop or explore  # fired, then explored
+    assert _decisions(list(lat), opt, budget, every) == n  # the same log, the same decision
+
+
+def test_old_rule_stops_on_a_late_jump_curve_and_the_plateau_rule_does_not():
+    lat, every = _late_jump_curve(), 64
+    old = CostAware(early_stop=0.001, stop_rule="observed", window=128, warmup=64)  # the previous calibration
+    stopped_old = None
+    for n in range(every, len(lat) + 1, every):  # the observed rule: best-so-far gain over the window
+        if n >= old.warmup and observed_gain(lat[:n], old.window) < old.early_stop:
+            stopped_old = n
+            break
+    assert stopped_old is not None and stopped_old < 300 and min(lat[:stopped_old]) == pytest.approx(2.0 + 8.0 / 64)
+    new = CostAware(early_stop=0.001, stop_rule="plateau", window=64, warmup=64, min_share=0.5, explore=64)
+    n = _decisions(lat, new, len(lat), every)
+    # it fires at 256 (half the budget), explores to 320, sees the jump at trial 300, goes on
+    assert n is None or (n > 300 and min(lat[:n]) == 1.0)
+
+
+def test_plateau_rule_live_is_the_replayed_rule_and_keeps_the_run_a_prefix():
+    ca = CostAware(early_stop=1e-3, stop_rule="plateau", warmup=16, window=32, min_share=0.5, explore=16)
+    on, off = _run(320, ca), _run(320)
+    assert on.screen.estimator.model is None  # no filtering: no ensemble fitted
+    n = len(on.history)
+    assert [r.config for r in on.history] == [r.config for r in off.history[:n]]
+    assert on.stop_reason in ("early_stop", "trials") and n >= 160
+    # replaying the rule on the off run's log at the on run's round boundaries gives the same stop
+    lat = [r.latency_s if r.ok else math.inf for r in off.history]
+    fired, stop_at = None, None
+    for e in on.screen.trace:
+        stop, fired = plateau_decision(lat[:e["trials"]], 320, ca, fired)
+        if stop:
+            stop_at = e["trials"]
+            break
+    assert stop_at == (n if on.stop_reason == "early_stop" else None)
+
+
+def test_min_keep_bounds_how_far_filtering_shrinks_a_round():
+    on = _run(96, CostAware(filter_p=0.9, warmup=16, min_keep=0.5, uncertainty=_oracle_uncertainty))
+    rounds = [e for e in on.screen.trace]
+    # filter_p=0.9 would skip nearly everything; min_keep keeps half of every round (the hottest first)
+    assert rounds and all(e["kept"] >= math.ceil(e["proposed"] / 2) for e in rounds)
+    assert on.stats["filtered"] > 0 and len(on.history) == 96
+    with pytest.raises(ValueError, match="min_keep"):
+        CostAware(filter_p=0.1, min_keep=0)
+    with pytest.raises(ValueError, match="min_share"):
+        CostAware(early_stop=1e-3, stop_rule="plateau", min_share=1.5)
