@@ -260,8 +260,79 @@ def test_approximate_measures_what_it_reports(tmp_path):
     assert (res.export(tmp_path / "out") / "model.c").exists()
 
 
+# ---- the front search ----------------------------------------------------------------------------
+
+def test_masked_quality_equals_the_pruned_network(tiny):
+    from felixjax.approx.search import Approximator, MaskedQuality
+
+    proto, x, y = tiny
+    ax = Approximator(proto, data=(x, y))
+    q = MaskedQuality(ax)
+    keep = {g: max(1, ax.groups.size(g) // 2) for g in ax.groups.prunable()}
+    pruned = ax.pruned_model(keep)
+    out = np.stack([pruned.run_numpy(x[i: i + 1]) for i in range(len(x))])
+    assert q(keep) == pytest.approx(quality.metric_value(out, "accuracy", labels=y))
+    assert q.evals == 1 and q(dict(keep)) == q(keep) and q.evals == 1  # cached
+
+
+def test_local_search_keeps_the_floor_and_lowers_latency():
+    from felixjax.approx.search import ladder, local_search
+
+    assert ladder(20, 8) == [8, 16, 20] and ladder(4, 8) == [4]
+    ladders = {0: ladder(48, 8), 1: ladder(24, 8)}
+    lat = lambda k: 2.0 * k[0] + k[1]                 # group 0 costs more per channel
+    qual = lambda k: min(k[0], 32) / 32 + k[1] / 24   # group 0 matters up to 32 channels
+    start = {0: 48, 1: 16}
+    out = local_search(start, qual(start), latency=lat, quality=qual, ladders=ladders)
+    assert qual(out) >= qual(start) and lat(out) < lat(start)
+    assert out == {0: 24, 1: 24}  # down 48 -> 32, then a trade: group 0 down, group 1 up
+    assert local_search(start, 10.0, latency=lat, quality=qual, ladders=ladders) == start  # nothing holds the floor
+
+
+def test_pareto_front_and_uniform_keep(tiny):
+    from felixjax.approx.search import ParetoPoint, pareto_front, uniform_keep
+
+    pts = [ParetoPoint("a", 1.0, q, 0.0, (), baseline_s=s) for q, s in ((0.9, 2.0), (0.9, 2.0), (0.8, 1.0), (0.95, 1.5))]
+    front = pareto_front(pts)
+    assert [(p.quality, p.speedup) for p in front] == [(0.95, 1.5), (0.9, 2.0)]
+    proto, _, _ = tiny
+    g = knobs.analyze(fj.load_onnx(proto).graph)
+    assert uniform_keep(g, 0.5, 4) == {r: max(1, round(g.size(r) * 0.5 / 4)) * 4 for r in g.prunable()}
+    with pytest.raises(ValueError, match="ratio"):
+        uniform_keep(g, 0.0, 4)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"search": "grid"}, "search"), ({"measure": -1}, "measure"),
+                                          ({"seeds": [{99: 4}]}, "groups")])
+def test_bad_front_search_arguments_are_errors(tiny, kwargs, match):
+    proto, x, y = tiny
+    with pytest.raises(ValueError, match=match):
+        fj.approximate(proto, data=(x, y), trials=0, rounds=0, progress=False, **kwargs)
+
+
+@pytest.mark.cc
+def test_the_front_dominates_or_equals_every_seed_on_the_search_data():
+    rng = np.random.default_rng(1)
+    params = {k: np.asarray(v) for k, v in _init(8, 0).items()}
+    proto = to_onnx(params, 8)
+    x = rng.uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
+    g = knobs.analyze(fj.load_onnx(proto).graph)
+    explicit = {r: 4 for r in g.prunable()}
+    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=0.2,
+                         trials=0, rounds=0, multiple=4, seeds=(0.5, explicit), measure=2, progress=False)
+    seeds = [p for p in res.pareto if p.note.startswith("seed")]
+    assert len(seeds) == 2 and res.quality_evals == len(res.pareto)
+    assert res.search_evals >= 2
+    for s in seeds:  # every seed is measured, and the front beats or equals it (speedup, quality)
+        assert any(f.speedup >= s.speedup and f.quality >= s.quality for f in res.front)
+    assert all(p in res.pareto for p in res.front)
+    assert res.chosen is None or res.chosen.quality_loss <= 0.2 + 1e-9
+
+
 def test_docstring_examples_of_the_fast_modules():
     import doctest
 
-    for module in (quality, objective):
+    from felixjax.approx import search
+
+    for module in (quality, objective, search):
         assert doctest.testmod(module).failed == 0, module.__name__

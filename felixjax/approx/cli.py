@@ -30,6 +30,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     a.add_argument("--rounds", type=int, default=4, help="measured rounds (quality evaluations) (default 4)")
     a.add_argument("--finetune", type=int, default=0, metavar="STEPS",
                    help="fine-tune the pruned weights in JAX for this many steps (default 0: off)")
+    a.add_argument("--search", default="front", choices=("front", "descent"),
+                   help="front (default): descent rounds, then the Pareto-front search from uniform seeds; descent: rounds only")
+    a.add_argument("--measure", type=int, default=6, help="front search: local-search points built and measured (default 6)")
     a.add_argument("--strategy", default=None, help="tuning strategy: gradient | genetic | random")
     a.add_argument("--db", default=None, help="tuning database (default: in memory)")
     a.add_argument("--seed", type=int, default=0)
@@ -61,11 +64,13 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     target = Target.cpu(cores=args.threads) if args.threads else Target.cpu()
     res = approximate(args.model, target, data=data, quality_budget=args.budget, metric=args.metric,
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
-                      strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet)
+                      strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
+                      search=args.search, measure=args.measure)
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,
-               "quality_evals": res.quality_evals, "excluded": list(res.excluded),
+               "quality_evals": res.quality_evals, "search_evals": res.search_evals,
+               "front": [list(p.keep) for p in res.front], "excluded": list(res.excluded),
                "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],
                "layers": [d.__dict__ for d in res.layers]}
     with open(os.path.join(out, "approx.json"), "w") as f:

@@ -204,9 +204,20 @@ class _CostModelPredictor:
     def __call__(self, task: Task) -> float:
         if task not in self.cache:
             spaces = spaces_for(task, self.target)
-            scorer = self.model.scorer(spaces)
-            configs = [s.default() for s in spaces.values()]
-            self.cache[task] = float(np.min(np.exp(-scorer.score(configs))))
+            try:
+                scorer = self.model.scorer(spaces)
+                configs = [s.default() for s in spaces.values()]
+                self.cache[task] = float(np.min(np.exp(-scorer.score(configs))))
+            except ValueError:  # a sketch whose default does not lower at this extent: score the others
+                best = []
+                for name, space in spaces.items():
+                    try:
+                        best.append(float(np.exp(-self.model.scorer({name: space}).score([space.default()]))[0]))
+                    except ValueError:
+                        continue
+                if not best:
+                    raise
+                self.cache[task] = min(best)
         return self.cache[task]
 
 

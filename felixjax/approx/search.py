@@ -18,8 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..network_build import CompiledModel, _as_model
 from ..onnx_import import Model
 from . import executor
 from .knobs import Groups, analyze, prune
-from .objective import LatencyTable, descend, finetune, round_channels
+from .objective import FRACTIONS, LatencyTable, descend, finetune, round_channels
 from .quality import check_data, metric_value
 
 
@@ -89,6 +88,8 @@ class ApproxResult:
     trace: tuple[dict, ...] = field(default=(), repr=False)
 
     chosen: ParetoPoint | None = None
+    #: configurations scored on the given data in JAX (hard masks, no build) by the front search
+    search_evals: int = 0
 
     @property
     def speedup(self) -> float:
@@ -98,6 +99,12 @@ class ApproxResult:
     @property
     def quality_loss(self) -> float:
         return self.baseline_quality - self.quality
+
+    @property
+    def front(self) -> tuple[ParetoPoint, ...]:
+        """The measured points no other measured point beats: none has a speedup (interleaved with the
+        float32 build) >= and a quality >= with one of them strictly better. Sorted by speedup."""
+        return pareto_front(self.pareto)
 
     def export(self, directory: str | os.PathLike) -> Path:
         """The approximated network as a standalone C folder (``CompiledModel.export``)."""
@@ -110,12 +117,126 @@ class ApproxResult:
                  f"{'method':<12} {'ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
         for p in self.pareto:
             lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {p.speedup:>7.2f}x "
-                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}")
+                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}")
         lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
-                     f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations")
+                     f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
+                     f"{self.search_evals} of configurations in JAX")
         lines += [f"  {d.name}: {d.before} -> {d.after}" for d in self.layers if d.before != d.after]
         lines += [f"  excluded: {e}" for e in self.excluded]
         return "\n".join(lines)
+
+
+def pareto_front(points: tuple[ParetoPoint, ...] | list[ParetoPoint]) -> tuple[ParetoPoint, ...]:
+    """The non-dominated points of ``points`` by (speedup up, quality up); ties keep the first.
+
+    Example:
+        >>> a, b, c = (ParetoPoint("x", 1.0, q, 0.0, (), baseline_s=s) for q, s in ((0.9, 2.0), (0.8, 1.5), (0.95, 1.2)))
+        >>> [p.quality for p in pareto_front([a, b, c])]
+        [0.95, 0.9]
+    """
+    pts = list(points)
+    out = []
+    for i, p in enumerate(pts):
+        beaten = any((q.speedup >= p.speedup and q.quality >= p.quality
+                      and (q.speedup > p.speedup or q.quality > p.quality or j < i))
+                     for j, q in enumerate(pts) if j != i)
+        if not beaten:
+            out.append(p)
+    return tuple(sorted(out, key=lambda p: p.speedup))
+
+
+#: keep ratios of the default seeds of the front search (the uniform baseline's points)
+UNIFORM = (0.75, 0.5, 0.375, 0.25)
+
+
+def uniform_keep(groups: Groups, fraction: float, multiple: int) -> dict[int, int]:
+    """One keep ratio for every prunable group, rounded to a multiple of ``multiple`` (the uniform,
+    application-agnostic baseline's configuration)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"a uniform keep ratio must be in (0, 1], got {fraction!r}")
+    return {g: min(groups.size(g), max(1, round(groups.size(g) * fraction / multiple)) * multiple)
+            for g in groups.prunable()}
+
+
+class MaskedQuality:
+    """The metric of a channel configuration on the given data, computed in JAX on the *original*
+    graph with hard 0/1 channel masks (pruning equals masking: ``tests/test_approx.py``): one compiled
+    function for every configuration, no C build. Used by the front search to rank candidates; every
+    point it returns is then built and scored on the C build (``Approximator.point``)."""
+
+    def __init__(self, ax: Approximator, *, chunk: int = 512):
+        import jax
+        import jax.numpy as jnp
+
+        from .knobs import mask_vector
+
+        g, groups = ax.model.graph, ax.groups
+        self.ax, self.chunk = ax, chunk
+        self.roots = tuple(groups.prunable())
+        name, out = g.inputs[0], ax.output
+
+        def one(xi: Any, masks: Any) -> Any:
+            def hook(v: str, val: Any) -> Any:
+                lay = groups.layouts.get(v)
+                if lay is None:
+                    return val
+                return val * mask_vector(groups, lay, masks, jnp).reshape((1, -1) + (1,) * (val.ndim - 2))
+            return executor.run(g, {name: xi}, value_hook=hook)[out]
+
+        self.f = jax.jit(jax.vmap(one, in_axes=(0, None)))
+        self.cache: dict[tuple, float] = {}
+
+    @property
+    def evals(self) -> int:
+        return len(self.cache)
+
+    def __call__(self, keep: Mapping[int, int]) -> float:
+        key = tuple(sorted((g, int(keep[g])) for g in self.roots))
+        if key not in self.cache:
+            groups, x = self.ax.groups, self.ax.x
+            masks = {g: (np.arange(groups.size(g)) < n).astype(np.float32) for g, n in key}
+            outs = np.concatenate([np.asarray(self.f(x[i: i + self.chunk], masks))
+                                   for i in range(0, len(x), self.chunk)])
+            self.cache[key] = metric_value(outs, self.ax.metric, labels=self.ax.y, reference=self.ax.reference)
+        return self.cache[key]
+
+
+def ladder(size: int, multiple: int) -> list[int]:
+    """The channel counts a group of ``size`` may take: the multiples of ``multiple`` below it, and ``size``."""
+    return sorted({round_channels(k * multiple, size, multiple) for k in range(1, size // multiple + 2)} | {size})
+
+
+def local_search(start: Mapping[int, int], floor: float, *, latency: Callable[[Mapping[int, int]], float],
+                 quality: Callable[[Mapping[int, int]], float], ladders: Mapping[int, list[int]],
+                 max_steps: int = 24, max_evals: int = 64) -> dict[int, int]:
+    """Greedy per-layer descent from ``start``: each step takes the move with the lowest ``latency``
+    (the tables) among those whose ``quality`` (given data) stays ``>= floor``; moves are one group one
+    rung down its ladder, or one group down and another up (a trade between layers). Stops when no
+    move lowers the latency and holds the floor."""
+    cur = {g: int(n) for g, n in start.items()}
+    cur_lat, evals = latency(cur), 0
+    for _ in range(max_steps):
+        moves = []
+        for g, lad in ladders.items():
+            i = lad.index(cur[g])
+            if i > 0:
+                moves.append({**cur, g: lad[i - 1]})
+                for h, lh in ladders.items():
+                    j = lh.index(cur[h])
+                    if h != g and j + 1 < len(lh):
+                        moves.append({**cur, g: lad[i - 1], h: lh[j + 1]})
+        scored = sorted(((latency(k), k) for k in moves), key=lambda t: t[0])
+        moved = False
+        for lat, k in scored:
+            if lat >= cur_lat * (1 - 1e-6) or evals >= max_evals:
+                break
+            evals += 1
+            if quality(k) >= floor:
+                cur, cur_lat, moved = k, lat, True
+                break
+        if not moved:
+            break
+    return cur
 
 
 def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -174,6 +295,7 @@ class Approximator:
                                                          if progress else (lambda s: None))
         self.groups: Groups = analyze(g)
         self.quality_evals = 0
+        self.search_evals = 0
         self.tuned: set[Task] = set()
         self.reference: np.ndarray | None = None
 
@@ -217,16 +339,22 @@ class Approximator:
         number = max(1, int(0.1 / max(once, 1e-6)))
         return min(exe.timeit(x0, number=number) for _ in range(repeats))
 
-    def latency_pair(self, exe: CompiledModel, base: CompiledModel, *, repeats: int = 7) -> tuple[float, float]:
+    def latency_pair(self, exe: CompiledModel, base: CompiledModel, *, repeats: int = 21) -> tuple[float, float]:
         """``(seconds of exe, seconds of base)``: best of ``repeats`` timings each, interleaved, so both
-        see the same machine load."""
+        see the same machine load; each timing is short (about 5 ms of the baseline), so on a loaded
+        machine some of them fit between preemptions."""
         x0 = self.x[0]
-        number = max(1, int(0.05 / max(base.timeit(x0, number=1), 1e-6)))
+        number = max(1, int(0.005 / max(base.timeit(x0, number=1), 1e-6)))
         a, b = [], []
         for _ in range(repeats):
             a.append(exe.timeit(x0, number=number))
             b.append(base.timeit(x0, number=number))
         return min(a), min(b)
+
+    def layer_latencies(self, exe: CompiledModel, *, number: int = 10) -> dict[Task, float]:
+        """Seconds of every conv / dense kernel inside the built network (``CompiledModel.profile``)."""
+        rows = exe.profile(self.x[0], number=number)
+        return {n.task: r["ms"] / 1e3 for n, r in zip(exe.model.graph.nodes, rows) if n.is_anchor}
 
     def measured(self) -> dict[Task, float]:
         """The best measured latency of every task tuned so far."""
@@ -272,7 +400,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                 trials: int = 200, db: str | os.PathLike | Database | None = None, seed: int = 0,
                 rounds: int = 4, latency: str = "cost_model", strategy: Any = None, steps: int = 40,
                 lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None, batch: int = 64,
-                progress: bool | Callable[[str], None] = True) -> ApproxResult:
+                progress: bool | Callable[[str], None] = True, search: str = "front",
+                seeds: Sequence[float | Mapping[int, int]] | None = None, measure: int = 6) -> ApproxResult:
     """Choose per-layer channel counts (and, where kernels exist, precisions) in one objective with the
     schedules, under an absolute quality budget, and return the measured result.
 
@@ -295,6 +424,17 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         finetune_steps: fine-tune the pruned weights in JAX for this many steps before building (0: off).
         multiple: channel counts are rounded to multiples of this (default: the SIMD width).
         progress: one line per round on stderr (or a callable receiving the lines).
+        search: ``"front"`` (default): after the descent rounds, a Pareto-front search: every seed (a
+            uniform keep ratio, an explicit ``{group: channels}``, and each descent point) is built and
+            measured, then a greedy per-layer local search from each seed (latency from the tables,
+            quality on the given data in JAX with hard masks) looks for a faster configuration of
+            greater-or-equal quality, and from the fastest configuration within budget for a faster one
+            still within it; those are built and measured too (at most ``measure`` of them), the
+            measured kernels of every build going back into the tables. ``"descent"``: the descent
+            rounds only (the loop of earlier versions).
+        seeds: the front search's starting points (default: the uniform ratios ``UNIFORM``).
+        measure: how many local-search points the front search builds and measures, beyond the seeds
+            (the last one: a local search within budget from the fastest measured point within budget).
 
     Raises:
         ValueError: a negative budget, data of the wrong shape, labels that do not match the outputs, an
@@ -312,8 +452,11 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     """
     if not isinstance(quality_budget, (int, float)) or not math.isfinite(quality_budget) or quality_budget < 0:
         raise ValueError(f"quality_budget must be a number >= 0 (an absolute drop of the metric), got {quality_budget!r}")
-    if trials < 0 or rounds < 0:
-        raise ValueError(f"trials and rounds must be >= 0 (got trials={trials}, rounds={rounds})")
+    if trials < 0 or rounds < 0 or measure < 0:
+        raise ValueError(f"trials, rounds and measure must be >= 0 (got trials={trials}, rounds={rounds}, "
+                         f"measure={measure})")
+    if search not in ("front", "descent"):
+        raise ValueError(f"search must be 'front' or 'descent', got {search!r}")
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
@@ -328,8 +471,10 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     base = ParetoPoint("float32", ax.latency(base_exe), ax.quality_of(base_exe), 0.0,
                        tuple((g, ax.groups.size(g)) for g in ax.groups.prunable()))
     say(f"approx: baseline {base.latency_s * 1e3:.3f} ms, {metric} {base.quality:.4f}")
-    table = LatencyTable(base_model.graph, ax.groups, ax.target, measured=ax.measured(), kind=latency,
-                         multiple=ax.multiple)                                # per-layer latency over channels
+    profiled = ax.layer_latencies(base_exe) if latency == "cost_model" else {}
+    fractions = FRACTIONS if search == "descent" else tuple(sorted(set(FRACTIONS) | {k / 8 for k in range(1, 8)}))
+    table = LatencyTable(base_model.graph, ax.groups, ax.target, measured={**profiled, **ax.measured()},
+                         kind=latency, multiple=ax.multiple, fractions=fractions)  # per-layer latency over channels
     ax.trials_per_task = max(0, (trials - trials // 2) // max(1, rounds * tasks))
     points, best = [], (base, base_exe, base_model)
     lo = hi = None
@@ -369,11 +514,102 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         else:
             lo = lam if lo is None else max(lo, lam)
             lam = lam * 4 if hi is None else math.sqrt(hi * lam)
+    if search == "front":
+        best = _front_search(ax, table, base, base_exe, points, best, seen, seeds=seeds, measure=measure,
+                             quality_budget=quality_budget, method=latency if latency != "cost_model" else "ours",
+                             observe=latency == "cost_model", trace=trace)
     chosen, exe, chosen_model = best
     layers = _decisions(base_model, chosen_model)
     return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
                         float(quality_budget), layers, tuple([base] + points), ax.quality_evals, excluded,
-                        tuple(trace), chosen if chosen is not base else None)
+                        tuple(trace), chosen if chosen is not base else None, ax.search_evals)
+
+
+def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
+                  points: list, best: tuple, seen: dict, *, seeds: Sequence | None, measure: int,
+                  quality_budget: float, method: str, observe: bool, trace: list) -> tuple:
+    """The front search of :func:`approximate` (see its ``search``); appends to ``points``, returns the
+    fastest measured point within budget (``best`` if none is faster)."""
+    say, groups, m = ax._say, ax.groups, ax.multiple
+    roots = list(groups.prunable())
+    full = {g: groups.size(g) for g in roots}
+    ladders = {g: ladder(groups.size(g), m) for g in roots}
+    qual = MaskedQuality(ax)
+    lat_cache: dict[tuple, float] = {}
+
+    def key(k: Mapping[int, int]) -> tuple:
+        return tuple(sorted((g, int(k[g])) for g in roots))
+
+    def lat(k: Mapping[int, int]) -> float:
+        kk = key(k)
+        if kk not in lat_cache:
+            lat_cache[kk] = float(table.total({g: float(n) for g, n in kk}))
+        return lat_cache[kk]
+
+    measured = {p.keep: p for p in points}
+
+    def build(k: Mapping[int, int], note: str) -> ParetoPoint | None:
+        nonlocal best
+        kk = key(k)
+        if kk in measured or kk == key(full):
+            return measured.get(kk)
+        pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note)
+        points.append(pt)
+        measured[kk] = pt
+        ok = seen[kk] = pt.quality_loss <= quality_budget + 1e-9
+        if observe:
+            table.observe({**ax.layer_latencies(exe), **ax.measured()})  # measured kernels feed back
+            lat_cache.clear()
+        say(f"approx: {note}: {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), {ax.metric} {pt.quality:.4f} "
+            f"(loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget) channels {[n for _, n in kk]}")
+        if ok and pt.speedup > best[0].speedup:
+            best = (pt, exe, pm)
+        return pt
+
+    starts: list[tuple[str, dict[int, int]]] = []
+    for s in (UNIFORM if seeds is None else seeds):
+        if isinstance(s, Mapping):
+            bad = set(s) - set(roots)
+            if bad:
+                raise ValueError(f"seed {dict(s)} names groups {sorted(bad)}; the prunable groups are {roots}")
+            starts.append((f"seed {[int(s.get(g, full[g])) for g in roots]}", {g: int(s.get(g, full[g])) for g in roots}))
+        else:
+            starts.append((f"seed uniform {float(s):g}", uniform_keep(groups, float(s), m)))
+    starts += [(f"seed {p.note or 'descent'}", dict(p.keep)) for p in list(points)]
+    for note, k in starts:                                                    # every seed measured
+        build(k, note)
+    floor_budget = qual(full) - quality_budget
+    cands: list[tuple[str, dict[int, int]]] = []
+    for note, k in starts:                                                    # beat each seed per layer
+        better = local_search(k, qual(k), latency=lat, quality=qual, ladders=ladders)
+        if key(better) != key(k):
+            cands.append((f"local from {note[5:]}", better))
+    within = [k for _, k in starts + cands if qual(k) >= floor_budget] or [full]
+    fastest = min(within, key=lat)                                            # the fastest within budget, faster
+    cands.insert(0, ("local within budget", local_search(fastest, floor_budget, latency=lat, quality=qual,
+                                                         ladders=ladders)))
+    # measure the candidates; the last slot goes to a local search from the fastest *measured* point
+    # within budget (measured latency, not the tables, picks where the last descent starts)
+    queue, done, refined = list(cands), 0, False
+    while done < measure and (queue or not refined):
+        if not refined and (done == measure - 1 or not queue):
+            refined = True
+            if best[0] is not base:
+                k = local_search(dict(best[0].keep), floor_budget, latency=lat, quality=qual, ladders=ladders)
+                if key(k) not in measured:
+                    build(k, "local from the best measured")
+                    done += 1
+            continue
+        note, k = queue.pop(0)
+        if key(k) not in measured and key(k) != key(full):
+            build(k, note)
+            done += 1
+    ax.search_evals += qual.evals
+    trace.append({"front": {"seeds": len(starts), "candidates": len(cands), "measured": done,
+                            "jax_quality_evals": qual.evals}})
+    say(f"approx: front search: {len(starts)} seeds, {done} local-search points measured, "
+        f"{qual.evals} configurations scored in JAX on the given data")
+    return best
 
 
 def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
