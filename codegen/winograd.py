@@ -150,7 +150,11 @@ def default_schedule(space) -> tuple:
     def largest(n: int, cap: int, multiple: int = 1) -> int:
         return max([d for d in range(1, min(n, cap) + 1) if n % d == 0 and d % multiple == 0] or [1])
 
-    vec = max([v for v in space.vec_choices if v >= 4 and ext["k"] % v == 0] or [4])
+    choices = [v for v in space.vec_choices if v >= 4 and ext["k"] % v == 0]
+    if not choices:
+        raise ValueError(f"{WG_SKETCH} needs SIMD vectors of at least 4 float32 lanes dividing the output "
+                         f"channels ({ext['k']}); the target has {max(space.vec_choices)} lane(s)")
+    vec = max(choices)
     kv = largest(ext["k"], 2 * vec, vec)
     budget = max(1, min(12, space.max_accumulators) // (kv // vec))
     xr = largest(ext["x"], budget)
