@@ -157,8 +157,9 @@ def test_genetic_mutates_it(knob):
     assert g.stats["attempted"]["prefetch"] > 0
 
 
+# gradient: stats=False skips the rounding statistics (same proposals; tests/test_gradient_levers.py checks them)
 @pytest.mark.parametrize("strategy,options", [("random", {}), ("genetic", {"population": 256}),
-                                              ("gradient", {"starts": 8, "steps": 4})])
+                                              ("gradient", {"starts": 8, "steps": 4, "stats": False})])
 def test_tuning_proposes_configs_with_it(knob, strategy, options):
     res = fj.tune(TASK, TARGET, strategy=strategy, trials=24, progress=False, retime=0, strategy_options=options,
                   measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
