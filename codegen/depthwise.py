@@ -21,7 +21,7 @@ kernel (rendered by :mod:`codegen.renderers.depthwise`) works one output channel
   over (image, output channel, row chunk);
 * float16 (float32 accumulation; issue 16): data, weights, residual and output are stored as
   ``_Float16`` (half the bytes of this load-bound op) and everything is computed in float32 (F16C):
-  staged rows are widened while staged (at stride 2 widened, then deinterleaved), peeled rows
+  staged rows are widened while staged (at stride 2 widened and deinterleaved in one pass), peeled rows
   (``dw_stage = 0``) are widened on every tap load (vcvtph2ps), the taps once per channel plane, the
   epilogue (bias: float32) runs in float32 and the store rounds once to float16 (vcvtps2ph, nearest
   even). Both ``dw_stage`` values stay in its domain (the staged one is the default: at stride 1 it
