@@ -436,7 +436,7 @@ def check_tiles(axes, levels, tiles) -> None:
 
 
 def default_sketch(task: Task, target: Target) -> Sketch:
-    """The sketch an untuned build uses: ``dw_rows`` for float32 depthwise convs (:mod:`codegen.depthwise`);
+    """The sketch an untuned build uses: ``dw_rows`` for depthwise convs (float32, float16 and int8) (:mod:`codegen.depthwise`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
     (:func:`codegen.padding.row_padded_sketch`), the row-padded ``gemm_packed`` / ``conv_spatial_pack``; else
     the first one, except for non-depthwise convolutions whose
