@@ -20,6 +20,7 @@ import argparse
 
 import numpy as np
 
+from codegen import winograd
 from codegen.ops import conv2d
 from codegen.space import Space, default_config, default_sketch, sketches_for
 from codegen.target import Target
@@ -47,9 +48,12 @@ def probe(name: str, task, threads: int, rounds: int, target: Target) -> None:
     expected = task.reference(*arrays)
     contenders = {"onnxruntime": ort_contender(task, arrays, threads=threads, expected=expected)}
     chosen = default_sketch(task, target).name
-    for sk in sketches_for(task, target):
+    names = [sk.name for sk in sketches_for(task, target)]
+    if winograd.applies(task) and winograd.WG_SKETCH not in names:
+        names.append(winograd.WG_SKETCH)  # listed by name (codegen.winograd)
+    for sk in names:
         cfg = default_config(Space(task, sk, target))
-        label = sk.name + (" (default)" if sk.name == chosen else "")
+        label = sk + (" (default)" if sk == chosen else "")
         contenders[label] = kernel_contender(task, cfg, arrays, threads=threads, target=target, expected=expected)
     for c in contenders.values():
         c.check()

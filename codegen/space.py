@@ -85,11 +85,11 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     Example:
         >>> from codegen.ops import conv2d
         >>> [s.name for s in sketches_for(conv2d(1, 8, 8, 8, out_channels=8))]
-        ['conv_direct', 'conv_spatial_pack']
+        ['conv_direct', 'conv_spatial_pack', 'conv_winograd']
         >>> [s.name for s in sketches_for(conv2d(1, 8, 9, 9, out_channels=8), Target(simd_lanes=8))]  # 7x7 out
-        ['conv_direct', 'conv_direct.pad_x8', 'conv_spatial_pack']
+        ['conv_direct', 'conv_direct.pad_x8', 'conv_spatial_pack', 'conv_winograd']
         >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))]  # 13x13
-        ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16']
+        ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16', 'conv_winograd']
     """
     if task.sparsity:  # weights compiled into the kernel, zeros skipped (codegen.sparse): one sketch
         return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
@@ -101,12 +101,16 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         base = (Sketch("conv_direct", "x", channel), Sketch("conv_spatial_pack", channel, channel))
         if _depthwise_applies(task):  # the dedicated depthwise sketch (codegen.depthwise)
             base += (Sketch(DW_SKETCH, "x", channel),)
+        if _wg.applies(task):  # Winograd F(2x2, 3x3) (codegen.winograd)
+            base += (Sketch(_wg.WG_SKETCH, "k", "k"),)
     if target is None:
         return base
     out: list[Sketch] = []
     rows = block_rows(int(target.vector_registers), REGISTER_RESERVE)
     for s in base:
         out.append(s)
+        if s.name == _wg.WG_SKETCH:  # its tiles cover a virtual tile grid: no padded variants
+            continue
         for padded in (padded_sketch(task, s, int(target.simd_lanes)), row_padded_sketch(task, s, rows)):
             if padded is not None and padded.name not in {o.name for o in out}:
                 out.append(padded)
@@ -118,8 +122,6 @@ def get_sketch(task: Task, name: str | Sketch) -> Sketch:
     if isinstance(name, Sketch):
         return name
     base, _, pads = name.partition(PAD_SEP)
-    if name == _wg.WG_SKETCH and _wg.applies(task):  # experimental: by name only (codegen.winograd)
-        return Sketch(_wg.WG_SKETCH, "k", "k")
     for s in sketches_for(task):
         if s.name == base:
             if not pads:
@@ -345,8 +347,6 @@ class Space:
                              f"{self.sketch.vector_axis!r} ({inner})")
         if cfg.unroll not in UNROLL_CHOICES:
             raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
-        if self.sketch.base == _wg.WG_SKETCH:
-            _wg.validate(self, cfg)
         acc = self.accumulators(cfg)
         if acc > self.max_accumulators:
             raise ValueError(f"register block: {acc} accumulators (prod of S3 tiles / vec) exceed the "
@@ -437,6 +437,8 @@ def check_tiles(axes, levels, tiles) -> None:
 
 def default_sketch(task: Task, target: Target) -> Sketch:
     """The sketch an untuned build uses: ``dw_rows`` for depthwise convs (float32, float16 and int8) (:mod:`codegen.depthwise`);
+    Winograd F(2x2, 3x3) for float32 3x3 stride-1 convs with at least 6x6 output tiles
+    (:func:`codegen.winograd.prefer_by_default`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
     (:func:`codegen.padding.row_padded_sketch`), the row-padded ``gemm_packed`` / ``conv_spatial_pack``; else
     the first one, except for non-depthwise convolutions whose
@@ -453,8 +455,10 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         >>> default_sketch(conv2d(1, 512, 9, 9, out_channels=512), Target.cpu(simd_lanes=8)).name  # 7x7 out
         'conv_direct.pad_x8'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, padding=1), Target.cpu(simd_lanes=8)).name
+        'conv_winograd'
+        >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, kernel=1), Target.cpu(simd_lanes=8)).name
         'conv_spatial_pack.pad_x60'
-        >>> default_sketch(conv2d(1, 64, 48, 48, out_channels=64, padding=1), Target.cpu(simd_lanes=8)).name
+        >>> default_sketch(conv2d(1, 64, 48, 48, out_channels=64, kernel=1), Target.cpu(simd_lanes=8)).name
         'conv_direct'
     """
     sketches = sketches_for(task)
@@ -467,6 +471,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         return next(s for s in sketches if s.name == DW_SKETCH)
     if task.op == "conv2d":
         con = task.contraction()
+        if _wg.applies(task) and _wg.prefer_by_default(task, target):
+            return next(s for s in sketches if s.name == _wg.WG_SKETCH)
         pack = next((s for s in sketches if s.name == "conv_spatial_pack"), None)
         if pack is not None and task.dtype == "float32" and not task.sparsity:
             # output columns padded to the full-height register block (6 columns x 2 channel vectors on

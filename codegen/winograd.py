@@ -32,14 +32,15 @@ check (rtol 1e-4): max |error| / max |output| against a float64 direct conv, ran
 64x56x56), 6.1e-7 (256x14x14), 2.4e-7 (32x17x17), vs 8.5e-7, 1.5e-6, 5.3e-7 for ``conv_spatial_pack``
 (fewer products summed per output). F(4x4, 3x3) (4x fewer multiplies, a larger error) is not built.
 
-**Experimental: not in** :func:`codegen.space.sketches_for` (the tuner never picks it); reachable by
-name, ``Space(task, "conv_winograd", target)``. Measured on the busy AVX2 EPYC (standalone, CPU time,
-1 thread, conv 64x56x56 3x3): 28-30 GFLOP/s direct-equivalent against 60-69 for the default
-``conv_spatial_pack`` block, i.e. 2.2x slower, although the GEMM stage does 2.25x fewer multiplies:
-its 16 small GEMMs (28 tiles x 16 channels x 64 input channels per block) run far below the
-micro-kernel's rate, and the transforms are scalar (stride-2 patch loads, per-lane output stores).
-What would make it pay: transforms vectorized over tiles (staged, deinterleaved input rows), the
-GEMM vectorized over tiles with the weights broadcast, larger tile blocks per GEMM.
+It is one of the sketches of every task it applies to (so the tuner can pick it), and the default
+sketch where :func:`prefer_by_default` says so. Measured on the AVX2 EPYC (1 thread, untuned defaults,
+interleaved with onnxruntime at its default settings, ``benchmarks/conv_block_probe.py``, machine
+with one other job running): 1.21x onnxruntime on conv 64x56x56, 1.26x on 128x28x28, 1.30x on
+128x17x17, 1.59x on 256x14x14, 1.74x on 96x24x24, where the best direct default ran 0.64-1.02x;
+0.59x on 512x7x7 (a 4x4 tile grid; not the default there). A first version ran 2.2x *slower* than
+the direct sketch: its OpenMP loop asked for the workspace's thread count (``num_threads(2)``)
+whatever the caller set, so "1 thread" ran 2 threads on a core shared with another job; the loop now
+runs ``min(omp_get_max_threads(), workspace threads)``.
 
 Example:
     >>> from codegen.ops import conv2d
@@ -79,6 +80,21 @@ def applies(task: Task) -> bool:
         return False
     oh, ow = task.output_shape[2:]
     return oh >= 2 and ow >= 2
+
+
+MIN_DEFAULT_TILES = 36  # tile grids below this (outputs under ~11 x 11) keep the direct default
+
+
+def prefer_by_default(task: Task, target=None) -> bool:
+    """Whether an untuned build uses this sketch: a tile grid of at least :data:`MIN_DEFAULT_TILES`
+    tiles on a target with at least 4 float32 lanes. On the AVX2 EPYC (1 thread, untuned defaults,
+    ``benchmarks/conv_block_probe.py``) it ran 1.2-1.7x onnxruntime on 3x3 convs with 12x12 to 28x28
+    tile grids (the best direct default: 0.6-1.0x), but 0.59x on a 512x7x7 conv (4x4 tiles), where
+    the column-padded direct sketch ran 0.66x."""
+    if target is not None and int(getattr(target, "simd_lanes", 8)) < 4:
+        return False
+    g = geometry(task)
+    return g["TH"] * g["TW"] >= MIN_DEFAULT_TILES
 
 
 def geometry(task: Task) -> dict:
@@ -135,30 +151,26 @@ def finish_plan(plan):
     return replace(plan, workspace=workspace_floats(plan.space, plan.config, threads), data_copy=False)
 
 
-def validate(space, cfg) -> None:
-    """Sketch-specific constraints: channel vectors of at least 4 lanes."""
-    if cfg.vec < 4:
-        raise ValueError(f"vec={cfg.vec}: {WG_SKETCH} vectorizes output channels at least 4 lanes wide")
-
-
 def default_schedule(space) -> tuple:
-    """``(tiles, parallel, vec, unroll)``: 2 channel vectors where ``K`` allows, the register block's
-    tiles from the tile columns then rows (at most 12 accumulators), work units of about 24-48 tiles
-    whose ``V`` stays within a quarter of L2, every input channel in one pass."""
+    """``(tiles, parallel, vec, unroll)``: the register block with the most accumulators (at most 12):
+    2 channel vectors where ``K`` and the tile grid allow, else 1 vector over more tiles (a 7 x 7 tile
+    grid: 7 tiles x 1 vector, not 1 x 2), tiles from the columns then the rows; work units of up to 48
+    tiles whose ``V`` stays within a quarter of L2, every input channel in one pass."""
     ext = {a.name: a.extent for a in space.axes}
 
     def largest(n: int, cap: int, multiple: int = 1) -> int:
         return max([d for d in range(1, min(n, cap) + 1) if n % d == 0 and d % multiple == 0] or [1])
 
-    choices = [v for v in space.vec_choices if v >= 4 and ext["k"] % v == 0]
-    if not choices:
-        raise ValueError(f"{WG_SKETCH} needs SIMD vectors of at least 4 float32 lanes dividing the output "
-                         f"channels ({ext['k']}); the target has {max(space.vec_choices)} lane(s)")
-    vec = max(choices)
-    kv = largest(ext["k"], 2 * vec, vec)
-    budget = max(1, min(12, space.max_accumulators) // (kv // vec))
-    xr = largest(ext["x"], budget)
-    yr = largest(ext["y"], max(1, budget // xr))
+    vec = max(v for v in space.vec_choices if ext["k"] % v == 0)
+    best = None  # (accumulators, kv, xr, yr): 2 channel vectors preferred, else 1 with more tiles
+    for kv in dict.fromkeys((largest(ext["k"], 2 * vec, vec), vec)):
+        budget = max(1, min(12, space.max_accumulators) // (kv // vec))
+        for xr in (d for d in range(1, budget + 1) if ext["x"] % d == 0):
+            yr = largest(ext["y"], budget // xr)
+            acc = xr * yr * (kv // vec)
+            if best is None or (acc, kv, xr) > (best[0], best[1], best[2]):
+                best = (acc, kv, xr, yr)
+    _, kv, xr, yr = best
     l2 = int(getattr(space.target, "l2_bytes", 0) or 1 << 19)
     cap_tiles = max(yr * xr, (l2 // 4) // (4 * 16 * ext["c"]))
     xb = xr * largest(ext["x"] // xr, max(1, min(48, cap_tiles) // (xr * yr)))

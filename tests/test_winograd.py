@@ -60,16 +60,39 @@ def test_applies_only_to_3x3_stride1_ungrouped_float32():
         Space(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, padding=1), wg.WG_SKETCH, TARGET)
 
 
-def test_experimental_sketch_is_not_in_the_tuning_space():
-    task = conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1)
-    assert wg.WG_SKETCH not in [s.name for s in sketches_for(task, TARGET)]
+def test_sketch_in_the_space_and_default_on_larger_grids():
+    from codegen.space import default_sketch
+
+    small = conv2d(1, 16, 7, 7, out_channels=16, kernel=3, padding=1)  # 4x4 tiles
+    large = conv2d(1, 16, 28, 28, out_channels=16, kernel=3, padding=1)  # 14x14 tiles
+    for task in (small, large):
+        assert wg.WG_SKETCH in [s.name for s in sketches_for(task, TARGET)]
+        assert wg.WG_SKETCH in [s.name for s in sketches_for(task)]
+    assert default_sketch(large, TARGET).name == wg.WG_SKETCH
+    assert default_sketch(small, TARGET).name != wg.WG_SKETCH
+    assert default_sketch(large, Target(simd_lanes=1)).name != wg.WG_SKETCH
 
 
-def test_space_rejects_narrow_vectors_and_bad_weights():
-    task = conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1)
+def test_one_thread_runs_one_thread():
+    """The kernel's OpenMP loop never runs more threads than the caller allows (it once forced the
+    workspace's thread count, so a 1-thread timing ran 2 threads)."""
+    from codegen.lower import lower
+    from codegen.renderers.c import render
+
+    task = conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1)
+    src = render(lower(Space(task, wg.WG_SKETCH, TARGET), Space(task, wg.WG_SKETCH, TARGET).default()))
+    assert "num_threads(nt)" in src and "omp_get_max_threads() <" in src
+
+
+def test_scalar_vectors_work_and_bad_weights_are_refused():
+    task = conv2d(1, 8, 6, 6, out_channels=8, kernel=3, padding=1)
     sp = Space(task, wg.WG_SKETCH, TARGET)
     cfg = sp.default()
-    with pytest.raises(ValueError, match="at least 4 lanes"):
-        sp.validate(type(cfg)(cfg.sketch, cfg.tiles, cfg.parallel, 1, cfg.unroll))
+    names = [a.name for a in sp.axes]
+    tiles = list(cfg.tiles)
+    tiles[names.index("k")] = (8, 1, 1, 1)
+    tiles[names.index("x")] = (1, 1, 1, 3)  # 3 tiles x 1 channel per register block
+    tiles[names.index("y")] = (3, 1, 1, 1)
+    _run(task, type(cfg)(cfg.sketch, tuple(tiles), cfg.parallel, 1, cfg.unroll))  # 1-lane "vectors"
     with pytest.raises(ValueError, match="winograd weights"):
         wg.transform_weight(np.zeros((16, 16, 5, 5), np.float32), 8)

@@ -41,6 +41,7 @@ class _Gen:
         w(f"typedef float {self.name}_vf __attribute__((vector_size({4 * V})));")
         w(f"typedef float {self.name}_vfu __attribute__((vector_size({4 * V}), aligned(4)));")
         w("int omp_get_thread_num(void);")
+        w("int omp_get_max_threads(void);")
 
     def _input_transform(self, w: Writer) -> None:
         g, s = self.g, self.s
@@ -179,8 +180,9 @@ class _Gen:
             w(f"const float* restrict res = (const float*)args[{args.index('residual')}];")
         w(f"float* restrict out = (float*)args[{args.index('out')}];")
         w(f"float* restrict ws = (float*)args[{len(args)}];")
-        if s["parallel"]:
-            w(f"#pragma omp parallel for schedule(static) num_threads({self.threads})")
+        if s["parallel"]:  # at most the threads the workspace was sized for
+            w(f"const int nt = omp_get_max_threads() < {self.threads} ? omp_get_max_threads() : {self.threads};")
+            w("#pragma omp parallel for schedule(static) num_threads(nt)")
         w.open(f"for (long u = 0; u < {g['N'] * nby * nbx}L; ++u)")
         w("const int tid = " + ("omp_get_thread_num();" if s["parallel"] else "0;"))
         w(f"float* restrict V = ws + (long)tid * {per};")
