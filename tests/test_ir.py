@@ -35,8 +35,10 @@ TARGET_KEYS = [
 CONFIG_JSON = [
     (matmul(64, 64, 64), "gemm_packed",
      '{"parallel":3,"sketch":"gemm_packed","tiles":[[1,1,1,1],[4,1,2,8],[1,1,2,32],[1,64]],"unroll":16,"vec":16}'),
+    # the default's register block takes its rows along the output columns x (contiguous broadcasts)
+    # where x and y are equally long (issue 14, session 6): rows 1x4 over x, was 4x1 over y
     (conv2d(1, 4, 7, 7, out_channels=8, kernel=3, stride=2, padding=1, residual=True), "conv_spatial_pack",
-     '{"parallel":5,"sketch":"conv_spatial_pack","tiles":[[1,1,1,1],[1,1,1,1],[1,1,1,8],[1,1,1,4],[1,1,2,2],'
+     '{"parallel":5,"sketch":"conv_spatial_pack","tiles":[[1,1,1,1],[1,1,1,1],[1,1,1,8],[1,1,2,2],[1,1,1,4],'
      '[1,4],[1,3],[1,3]],"unroll":16,"vec":8}'),
 ]
 
