@@ -456,7 +456,7 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         'conv_direct.pad_x8'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, padding=1), Target.cpu(simd_lanes=8)).name
         'conv_winograd'
-        >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, kernel=1), Target.cpu(simd_lanes=8)).name
+        >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=128, kernel=1), Target.cpu(simd_lanes=8)).name
         'conv_spatial_pack.pad_x60'
         >>> default_sketch(conv2d(1, 64, 48, 48, out_channels=64, kernel=1), Target.cpu(simd_lanes=8)).name
         'conv_direct'
