@@ -479,11 +479,13 @@ def default_sketch(task: Task, target: Target) -> Sketch:
             # AVX2): benchmarks/conv_block_probe.py
             padded = row_padded_sketch(task, pack, block_rows(int(target.vector_registers), REGISTER_RESERVE))
             unpadded = not any(lo or hi for lo, hi in con.pad)
-            if padded is not None and unpadded and con.axis("k").extent < 128:
+            strided = tuple(task.p.get("stride", (1, 1))) != (1, 1)
+            if padded is not None and (strided or (unpadded and con.axis("k").extent < 128)):
                 # no input padding: the padded variant's timed copy of the whole input is extra work, paid
                 # back only over many output channels (quiet EPYC, 1 thread, exact vs padded: 1x1 convs
                 # 144->24 at 56x56 1.05x vs 0.82x onnxruntime, 192->64 at 35x35 1.18x vs 0.78x; 256->256 at
-                # 14x14 0.83x vs 0.94x)
+                # 14x14 0.83x vs 0.94x); nor at stride 2 (64->128 3x3 at 56x56: 0.68x / 0.70x exact vs
+                # 0.66x / 0.61x padded, 1 / 2 threads)
                 return pack
             if padded is not None:
                 return padded
