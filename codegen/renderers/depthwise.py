@@ -38,6 +38,21 @@ def _dim_offset(dl, index: str | int) -> str | int:
     return f"({dl.stride}L * ({index} / {dl.block}) + {index} % {dl.block})"
 
 
+def _strided_load(w: Writer, n: str, vt: str, it: str, PT: str, ldc: str, V: int, sx: int, *,
+                  zp: str = "", sub: str = "", cast: str = "") -> None:
+    """``{n}_ld``: ``V`` lanes ``sx`` elements apart from ``p``, through the contiguous load ``ldc``
+    (``zp`` / ``sub``: an extra zero-point parameter and its subtraction, for int8 rows)."""
+    if sx == 1:
+        w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return {ldc}(p){sub}; }}")
+    elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
+        idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
+        w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ {vt} a = {ldc}(p), "
+          f"b = {ldc}(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}){sub}; }}")
+    else:
+        lanes = ", ".join(f"{cast}p[{sx * i}]" for i in range(V))
+        w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return ({vt}){{{lanes}}}{sub}; }}")
+
+
 class _Gen:
     """One kernel's text: the schedule and geometry read once, then the pieces."""
 
@@ -148,15 +163,7 @@ class _Gen:
               + (f"{st}; }}" if st else
                  f"{self.ht} h = __builtin_convertvector(v, {self.ht}); __builtin_memcpy(p, &h, sizeof h); }}"))
         ldc = f"{n}_ldh" if PT == "_Float16" else f"{n}_ldu"  # a contiguous vector of the row pointers' type
-        if sx == 1:
-            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return {ldc}(p); }}")
-        elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
-            idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
-            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ {vt} a = {ldc}(p), "
-              f"b = {ldc}(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}); }}")
-        else:
-            lanes = ", ".join(f"p[{sx * i}]" for i in range(V))
-            w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return ({vt}){{{lanes}}}; }}")
+        _strided_load(w, n, vt, it, PT, ldc, V, sx)
 
     def _quant_helpers(self, w: Writer) -> None:
         """int8: the widening loads (minus the zero point ``z``), the staged row's widening and the
@@ -213,15 +220,7 @@ class _Gen:
             w(f"static inline {vt} {n}_ldq(const {S}* p) {{ return "
               + (f"({vt}){ld}; }}" if ld else f"({vt}){{{lanes}}}; }}"))
             ldc, zp, sub = f"{n}_ldq", f", {vt} z", " - z"
-        if sx == 1:
-            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return {ldc}(p){sub}; }}")
-        elif sx == 2:  # even lanes of p[0 .. 2V-2]: the second load starts at V-1, so nothing past is read
-            idx = ", ".join([str(2 * i) for i in range(V // 2)] + [str(V + 2 * i + 1) for i in range(V // 2)])
-            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ {vt} a = {ldc}(p), "
-              f"b = {ldc}(p + {V - 1}); return __builtin_shuffle(a, b, ({it}){{{idx}}}){sub}; }}")
-        else:
-            lanes = ", ".join(f"(float)p[{sx * i}]" for i in range(V))
-            w(f"static inline {vt} {n}_ld(const {PT}* p{zp}) {{ return ({vt}){{{lanes}}}{sub}; }}")
+        _strided_load(w, n, vt, it, PT, ldc, V, sx, zp=zp, sub=sub, cast="(float)")
 
     def _split_helper(self, w: Writer) -> None:
         """float16 / int8 at stride 2, staged: one input row widened and deinterleaved in one pass (16
