@@ -630,9 +630,7 @@ class CStyleRenderer:
         unroll = min(plan.unroll, cap)
         cum = 1
         unroll_pragmas = {}
-        sliding = _sliding_loops(r1, [B["data"] if pack is None else pack.buf, B["weight"]],
-                                 [[elem_off(op, row, c) for row in rows for c in range(ncols)]
-                                  for op in (B["data"] if pack is None else pack.buf, B["weight"])])
+        sliding = _sliding_loops(r1, ops, [[elem_off(op, row, c) for row in rows for c in range(ncols)] for op in ops])
         for lp in reversed(r1):
             if lp.var in sliding:
                 unroll_pragmas[lp.var] = 1  # explicit: gcc would peel a 3-trip loop on its own
