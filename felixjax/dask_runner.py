@@ -170,7 +170,11 @@ class DaskRunner:
         worker restarted by its nanny after a crashing kernel) is waited out, not fatal."""
         for attempt in range(attempts):
             try:
-                return self.client.scatter(a, hash=True, broadcast=True)
+                # hash=False: a content-hashed key is shared by every runner on the cluster, and a new
+                # scatter racing with the release of an earlier runner's copy left two workers
+                # gathering the key from each other for 19 minutes (test_dask under pytest-xdist, load 3);
+                # unique keys avoid the race, and ``_scattered`` already sends each array once
+                return self.client.scatter(a, hash=False, broadcast=True)
             except OSError:  # distributed's CommClosedError is an OSError
                 if self.client.status != "running" or attempt == attempts - 1:
                     raise
