@@ -39,12 +39,20 @@ from dataclasses import replace
 
 import numpy as np
 
+from .flat import FLAT_SKETCH, flat_task
 from .ops import Access, Axis, Contraction, Task
 
 PAD_SEP = ".pad_"  # a padded sketch's name: <sketch>.pad_<axis><extent>_...
 
 MAX_WASTE_VECTOR = 1.5  # padded / real extent at most, on the vector axis
 MAX_WASTE_ROWS = 1.34  # ... on the other spatial axes
+MAX_WASTE_PIXELS = 1.15  # ... on conv_flat's pixel axis, padded to two vectors
+
+
+def sketch_contraction(task: Task, sketch_name: str) -> Contraction:
+    """The contraction a sketch of ``task`` schedules before padding: the task's own, or for ``conv_flat``
+    that of its flattened twin (:func:`codegen.flat.flat_task`)."""
+    return flat_task(task).contraction() if sketch_name.split(PAD_SEP)[0] == FLAT_SKETCH else task.contraction()
 
 
 def round_up(n: int, q: int) -> int:
@@ -115,7 +123,7 @@ def block_rows(vector_registers: int, reserve: int) -> int:
     return rows if 2 < rows <= 8 and rows & (rows - 1) else 0
 
 
-def row_padded_sketch(task: Task, sketch, rows: int):
+def row_padded_sketch(task: Task, sketch, rows: int, lanes: int = 0):
     """The sketch with its register-block row axis padded to a multiple of ``rows`` (:func:`block_rows`),
     or None: when ``rows`` is 0, the axis already has the divisor, is too short, cannot be padded, or
     padding would waste more than :data:`MAX_WASTE_ROWS`.
@@ -127,6 +135,10 @@ def row_padded_sketch(task: Task, sketch, rows: int):
     * ``conv_spatial_pack`` vectorized over output channels ``k``: rows are output columns ``x``, padded
       to a multiple of ``rows`` when ``x >= 2 * rows`` (56 -> 60, 28 -> 30, 14 -> 18). Its register block is
       then 6 columns x 2 channel vectors (``benchmarks/conv_block_probe.py``).
+    * ``conv_flat`` (:mod:`codegen.flat`): rows are output channels ``k``, padded to a multiple of ``rows``
+      when ``k >= 2 * rows``, and with ``lanes`` the pixels ``x`` to two vectors (196 -> 208); None when
+      that wastes more than :data:`MAX_WASTE_PIXELS`. The register block is then 6 channels x 2 pixel
+      vectors.
 
     Example:
         >>> from codegen.ops import conv2d, matmul
@@ -138,10 +150,23 @@ def row_padded_sketch(task: Task, sketch, rows: int):
         >>> row_padded_sketch(conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1),
         ...                   Sketch("conv_spatial_pack", "k", "k"), 6).name
         'conv_spatial_pack.pad_x60'
+        >>> row_padded_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), Sketch("conv_flat", "x", "k"),
+        ...                   6, lanes=8).name
+        'conv_flat.pad_k1026_x208'
     """
     if rows < 2:
         return None
-    con = task.contraction()
+    con = sketch_contraction(task, sketch.name)
+    if sketch.name == FLAT_SKETCH:
+        pad = {}
+        k, x = con.axis("k").extent, con.axis("x").extent
+        if k % rows and k >= 2 * rows and round_up(k, rows) <= MAX_WASTE_ROWS * k:
+            pad["k"] = round_up(k, rows)
+        if lanes > 1 and x % (2 * lanes):
+            if round_up(x, 2 * lanes) > MAX_WASTE_PIXELS * x:
+                return None  # the block's two pixel vectors would not fit (7 x 7 = 49 pixels)
+            pad["x"] = round_up(x, 2 * lanes)
+        return with_pad(task, sketch, pad) if pad else None
     if sketch.name == "gemm_packed":
         axis, quantum, shortest = "m", 2 * rows, 4 * rows
     elif sketch.name == "conv_spatial_pack" and sketch.vector_axis == "k":
@@ -164,7 +189,7 @@ def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:
 def padded_sketch(task: Task, sketch, lanes: int):
     """The padded variant of ``sketch`` on ``task`` for a target of ``lanes`` fp32 lanes, or None when no
     axis is awkward (see :func:`pad_extent`)."""
-    con = task.contraction()
+    con = sketch_contraction(task, sketch.name)
     pad = {}
     for a in con.spatial:
         if not paddable(con, a.name):
@@ -179,7 +204,7 @@ def padded_sketch(task: Task, sketch, lanes: int):
 
 def with_pad(task: Task, sketch, pad: dict[str, int]):
     """``sketch`` padded to ``pad`` (``{axis: pad_to}``), checked."""
-    con = task.contraction()
+    con = sketch_contraction(task, sketch.name)
     for name, e in pad.items():
         if name not in {a.name for a in con.axes}:
             raise ValueError(f"padded sketch: {task.name} has no axis {name!r}")

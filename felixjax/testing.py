@@ -88,9 +88,10 @@ class SyntheticOracle:
         self.pref_acc = float(rng.uniform(8, 20))
         self.pref_r1 = float(min(rng.uniform(5, 9), math.log2(max(red, 2))))
         self.pref_unroll = float(rng.uniform(1, 6))
-        # one factor per sketch, drawn in the exact sketches' order, then the padded ones' (so adding the
+        # one factor per sketch, drawn in the exact sketches' order (``sketches_for`` appends new sketches,
+        # such as conv_flat, so the earlier ones keep their factors), then the padded ones' (so adding the
         # padded variants left the exact sketches' factors as they were); a padded sketch pays its waste
-        factor = {n: rng.uniform(0.7, 1.0) for n in sorted(sp.sketch.name for sp in exact)}
+        factor = {n: rng.uniform(0.7, 1.0) for n in [sp.sketch.name for sp in exact]}
         for sp in self.spaces[len(exact):]:
             factor[sp.sketch.name] = factor[sp.sketch.base] / waste(sp.con, sp.api_con)
         self.sketch_factor = np.array([factor[n] for n in self.codec.sketches])

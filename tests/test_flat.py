@@ -1,0 +1,79 @@
+"""``conv_flat`` (codegen.flat): 1x1 convolutions scheduled over their flattened image, against numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from codegen import flat
+from codegen.ops import conv2d, depthwise_conv2d
+from codegen.space import Space, default_sketch, sketches_for
+from codegen.target import Target
+from felixjax.baselines import kernel_contender
+
+TARGET = Target.cpu()
+AVX2 = Target.cpu(simd_lanes=8, vector_registers=16)
+
+
+def _check(task, cfg, target=TARGET):
+    arrays = task.random_inputs(0)
+    c = kernel_contender(task, cfg, arrays, threads=2, target=target, expected=task.reference(*arrays))
+    c.check()  # raises on a wrong result (the task's tolerance)
+    c()
+    c.check()
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", [
+    conv2d(1, 24, 14, 14, out_channels=40, kernel=1, bias=True, act="relu"),  # k and pixels padded
+    conv2d(2, 16, 9, 11, out_channels=18, kernel=1, residual=True, act="relu6"),  # batch 2, 99 pixels
+    conv2d(1, 8, 16, 16, out_channels=12, kernel=1, bias=True),  # exact: 12 = 2 x 6, 256 = 16 x 16
+    conv2d(1, 32, 5, 3, out_channels=7, kernel=1),  # 7 channels, 15 pixels: no block rows to pad to
+], ids=lambda t: t.name)
+def test_every_flat_sketch_default_matches_numpy(task):
+    names = [s.name for s in sketches_for(task, AVX2) if s.base == flat.FLAT_SKETCH]
+    assert names and names[0] == flat.FLAT_SKETCH
+    for name in names:
+        _check(task, Space(task, name, AVX2).default(), AVX2)
+
+
+@pytest.mark.cc
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), padded=st.booleans())
+def test_sampled_configs_match_numpy(seed, padded):
+    task = conv2d(1, 12, 10, 10, out_channels=20, kernel=1, bias=True, act="relu")
+    name = "conv_flat.pad_k24_x112" if padded else "conv_flat"
+    sp = Space(task, name, TARGET)
+    _check(task, sp.sample(np.random.default_rng(seed)))
+
+
+def test_applies_to_dense_float32_ungrouped_1x1_stride1_unpadded_only():
+    assert flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=1))
+    assert not flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=1, stride=2))
+    assert not flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=1, padding=1))
+    assert not flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1))
+    assert not flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=1, groups=2))
+    assert not flat.applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=1, dtype="int8"))
+    assert not flat.applies(conv2d(1, 16, 1, 8, out_channels=16, kernel=1))  # one row: flat already
+    assert not flat.applies(depthwise_conv2d(1, 16, 8, 8, kernel=1))
+    with pytest.raises(ValueError, match="does not apply|conv_flat takes"):
+        Space(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1), flat.FLAT_SKETCH, TARGET)
+
+
+def test_the_space_tiles_the_flattened_pixels_and_padded_channels():
+    task = conv2d(1, 256, 14, 14, out_channels=1024, kernel=1)
+    sp = Space(task, "conv_flat.pad_k1026_x208", AVX2)
+    ext = {a.name: a.extent for a in sp.axes}
+    assert (ext["y"], ext["x"], ext["k"]) == (1, 208, 1026)
+    assert sp.api_con.data_api_shape == (1, 256, 1, 196)  # the task's own buffer, viewed flat
+    cfg = sp.default()
+    tiles = dict(zip((a.name for a in sp.axes), cfg.tiles))
+    assert (tiles["k"][3], tiles["x"][3], cfg.vec) == (6, 16, 8)  # the 6 x 2-vector block
+
+
+def test_default_on_avx2_where_the_block_fits_and_not_elsewhere():
+    assert default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), AVX2).name == "conv_flat.pad_k1026_x208"
+    assert default_sketch(conv2d(1, 16, 112, 112, out_channels=96, kernel=1), AVX2).name == "conv_flat"
+    assert default_sketch(conv2d(1, 512, 7, 7, out_channels=128, kernel=1), AVX2).name != "conv_flat"  # 49 px
+    avx512 = Target.cpu(simd_lanes=16, vector_registers=32)  # not measured there: the previous defaults
+    assert not default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), avx512).name.startswith("conv_flat")
