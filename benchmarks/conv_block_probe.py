@@ -11,8 +11,8 @@ This script times, interleaved in one process against onnxruntime at its default
 untuned default of each sketch of a few float32 convs (the kernels suites' and shapes outside them),
 each checked against numpy before and after timing, and prints GFLOP/s and the ratio to onnxruntime.
 
-Run: ``python benchmarks/conv_block_probe.py [--threads 1] [--rounds 5] [--shapes all|fresh]``
-(about 1 minute per thread count).
+Run: ``python benchmarks/conv_block_probe.py [--threads 1] [--rounds 5] [--shapes all|fresh|1x1]``
+(about 1 minute per thread count; ``--shapes 1x1``: the 1x1 convs ``conv_flat`` was judged on).
 """
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ FRESH = {  # not looked at while designing: ResNet / MobileNet / VGG-like layers
     "144x56x56 1x1 k24": conv2d(1, 144, 56, 56, out_channels=24, kernel=1),
     "64x56x56 3x3 s2 k128": conv2d(1, 64, 56, 56, out_channels=128, kernel=3, stride=2, padding=1),
     "192x35x35 1x1 k64": conv2d(1, 192, 35, 35, out_channels=64, kernel=1),
+}
+
+ONE_BY_ONE = {  # conv_flat (codegen.flat), session 7: designed on 256x14x14 -> 1024; the others judge it
+    "256x14x14 1x1 k1024 (design)": conv2d(1, 256, 14, 14, out_channels=1024, kernel=1),
+    **{f"{c}x{h}x{h} 1x1 k{k}": conv2d(1, c, h, h, out_channels=k, kernel=1) for c, h, k in (
+        (192, 35, 64), (64, 56, 256), (32, 112, 64), (256, 56, 64), (128, 28, 512), (1024, 14, 256),
+        (16, 112, 96), (384, 14, 64), (576, 14, 96), (64, 56, 64))},
 }
 
 
@@ -70,9 +77,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shapes", choices=("all", "suite", "fresh"), default="all")
+    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1"), default="all",
+                    help="1x1: the conv_flat shapes (not in 'all')")
     args = ap.parse_args()
     shapes = {**(SUITE if args.shapes in ("all", "suite") else {}), **(FRESH if args.shapes in ("all", "fresh") else {})}
+    if args.shapes == "1x1":
+        shapes = ONE_BY_ONE
     target = Target.cpu()
     for threads in (int(t) for t in args.threads.split(",")):
         for name, task in shapes.items():
