@@ -1,4 +1,5 @@
-"""``conv_flat``: a 1x1 convolution scheduled over its flattened image, as a GEMM (issue 14).
+"""``conv_flat``: a 1x1 convolution scheduled over its flattened image, as a GEMM; ``conv_im2col``: a
+strided convolution as the same GEMM over its columns (issue 14).
 
 A 1x1, stride-1, unpadded convolution reads every input channel and writes every output channel as
 one row of ``H * W`` contiguous pixels, so it is the same contraction over one pixel axis of extent
@@ -16,6 +17,15 @@ default then, ``conv_spatial_pack.pad_x18`` (vectors along output channels, so i
 transposed in the epilogue), ran at 55 GFLOP/s; ``conv_flat.pad_k1026_x208`` at 74-79 GFLOP/s;
 onnxruntime (an im2col-free GEMM) at 77 (``benchmarks/conv_block_probe.py`` times the defaults).
 
+``conv_im2col`` gathers the columns of a strided convolution (one per input channel and kernel tap,
+``OH * OW`` pixels each, zero outside the image) into the workspace with a timed copy, then runs the
+``conv_flat`` GEMM over them (:func:`im2col_task`: ``C * R * S`` channels, the weights' own order). It
+is in the tuning space of strided convolutions, not a default: its untuned default against the
+previous default (``conv_spatial_pack``), interleaved with onnxruntime on five stride-2 3x3 convs it was
+not designed on, won 3 of 5 at 1 thread (0.81-0.87x onnxruntime against 0.57-0.71x) but lost 2 (0.73x
+and 0.83x against 0.97x and 1.05x), and at 2 threads lost 4 of 5 (0.40-0.48x against 0.54-1.08x: it did
+not scale, not yet understood).
+
 Example:
     >>> from codegen.ops import conv2d
     >>> t = conv2d(1, 256, 14, 14, out_channels=1024, kernel=1)
@@ -29,6 +39,7 @@ from __future__ import annotations
 from .ops import Task, conv2d
 
 FLAT_SKETCH = "conv_flat"
+IM2COL_SKETCH = "conv_im2col"
 
 
 def applies(task: Task) -> bool:
@@ -49,3 +60,35 @@ def flat_task(task: Task) -> Task:
     p = task.p
     return conv2d(p["n"], p["c"], 1, p["h"] * p["w"], out_channels=p["k"], kernel=1, bias=task.bias,
                   act=task.act, residual=task.residual)
+
+
+def im2col_applies(task: Task) -> bool:
+    """Whether ``conv_im2col`` schedules ``task``: a dense float32 ungrouped strided convolution. (Stride 1
+    has Winograd for 3x3 and ``conv_flat`` for 1x1; on the 3x3 stride-1 convs we timed, 96x24x24 and
+    128x17x17, im2col ran at 0.8x onnxruntime against Winograd's 1.3-1.6x, so it stays out of their
+    spaces.)"""
+    if task.op != "conv2d" or task.dtype != "float32" or task.sparsity or task.p["groups"] != 1:
+        return False
+    return tuple(task.p["stride"]) != (1, 1)
+
+
+def im2col_task(task: Task) -> Task:
+    """The 1x1 convolution over the columns of ``task``: ``C * R * S`` channels (one per input channel and
+    kernel tap, the weights' own order) by ``OH * OW`` pixels; ``conv_im2col`` fills its input (the
+    columns) from the real one with a timed gather (:func:`im2col_geometry`)."""
+    if not im2col_applies(task):
+        raise ValueError(f"{task.name}: conv_im2col takes dense float32 ungrouped strided convolutions")
+    p = task.p
+    oh, ow = task.output_shape[2:]
+    return conv2d(p["n"], p["c"] * p["r"] * p["s"], 1, int(oh) * int(ow), out_channels=p["k"], kernel=1,
+                  bias=task.bias, act=task.act, residual=task.residual)
+
+
+def im2col_geometry(task: Task) -> dict[str, int]:
+    """Sizes of the gather: N, C, H, W (input), R, S (taps), SY, SX (strides), DY, DX (dilations), PT,
+    PL (top / left padding), OH, OW (output)."""
+    p = task.p
+    oh, ow = task.output_shape[2:]
+    return {"N": p["n"], "C": p["c"], "H": p["h"], "W": p["w"], "R": p["r"], "S": p["s"],
+            "SY": p["stride"][0], "SX": p["stride"][1], "DY": p["dilation"][0], "DX": p["dilation"][1],
+            "PT": p["pad"][0], "PL": p["pad"][1], "OH": int(oh), "OW": int(ow)}

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .flat import IM2COL_SKETCH
 from .ir import DTypes
 from .ops import Access, Contraction
 from .padding import embed
@@ -239,7 +240,8 @@ class Plan:
         from .ops import check_weight_range
         check_weight_range(self.space.task, weight)  # 7-bit weights: out of range would saturate vpmaddubsw
         layout = self.buffers["weight"].layout
-        full = embed(weight, layout.shape)
+        # conv_flat / conv_im2col schedule a twin task whose weights are the same memory, reshaped
+        full = embed(np.reshape(weight, self.space.api_con.weight.shape), layout.shape)
         flat = layout.pack(full, dtype=self.arg_dtypes()[1])
         g = self.pairs
         if g > 1:  # interleave rows k .. k+g-1 of every panel: ..., w[k][q], w[k+1][q], ..., w[k+g-1][q], ...
@@ -497,7 +499,8 @@ def lower(space: Space, config: Config) -> Plan:
         data_block = _blockable(con.data, v, tiles[v][-1], ext)
     if data_block is not None:
         data_l = blocked_layout(con.data.shape, data_block, tiles[v][-1], front=False)
-    data_copy = padded or data_block is not None
+    im2col = space.sketch.base == IM2COL_SKETCH  # the columns are gathered from the real input (timed)
+    data_copy = padded or data_block is not None or im2col
     tail_row = -1
     pad_dims = [i for i, (b, a) in enumerate(con.pad) if b or a]
     if (space.sketch.base == "gemm_packed" and data_block is None and pad_dims == [len(con.pad) - 2]
@@ -515,8 +518,9 @@ def lower(space: Space, config: Config) -> Plan:
     buffers["data"] = (make("data", con.data, data_l, "workspace", ws_alloc(data_l.size)) if data_copy
                        else probe)
     if data_copy:
-        buffers["data_in"] = Buffer("data_in", Access("data_in", con.data_api_shape, ()),
-                                    plain_layout(con.data_api_shape), "arg", dtype=dts.for_buffer("data_in"))
+        api = space.task.contraction().data_api_shape if im2col else con.data_api_shape
+        buffers["data_in"] = Buffer("data_in", Access("data_in", api, ()), plain_layout(api), "arg",
+                                    dtype=dts.for_buffer("data_in"))
 
     # output: accumulate in place when the vector axis is unit-stride, else in a blocked scratch
     # (low precision: always in a scratch of the accumulator type, float32 / int32, which the epilogue

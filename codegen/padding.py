@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .flat import FLAT_SKETCH, flat_task
+from .flat import FLAT_SKETCH, IM2COL_SKETCH, flat_task, im2col_task
 from .ops import Access, Axis, Contraction, Task
 
 PAD_SEP = ".pad_"  # a padded sketch's name: <sketch>.pad_<axis><extent>_...
@@ -51,8 +51,12 @@ MAX_WASTE_PIXELS = 1.15  # ... on conv_flat's pixel axis, padded to two vectors
 
 def sketch_contraction(task: Task, sketch_name: str) -> Contraction:
     """The contraction a sketch of ``task`` schedules before padding: the task's own, or for ``conv_flat``
-    that of its flattened twin (:func:`codegen.flat.flat_task`)."""
-    return flat_task(task).contraction() if sketch_name.split(PAD_SEP)[0] == FLAT_SKETCH else task.contraction()
+    that of its flattened twin (:func:`codegen.flat.flat_task`), for ``conv_im2col`` that of the 1x1
+    convolution over its columns (:func:`codegen.flat.im2col_task`)."""
+    base = sketch_name.split(PAD_SEP)[0]
+    if base == FLAT_SKETCH:
+        return flat_task(task).contraction()
+    return im2col_task(task).contraction() if base == IM2COL_SKETCH else task.contraction()
 
 
 def round_up(n: int, q: int) -> int:
@@ -157,7 +161,7 @@ def row_padded_sketch(task: Task, sketch, rows: int, lanes: int = 0):
     if rows < 2:
         return None
     con = sketch_contraction(task, sketch.name)
-    if sketch.name == FLAT_SKETCH:
+    if sketch.name in (FLAT_SKETCH, IM2COL_SKETCH):
         pad = {}
         k, x = con.axis("k").extent, con.axis("x").extent
         if k % rows and k >= 2 * rows and round_up(k, rows) <= MAX_WASTE_ROWS * k:

@@ -106,6 +106,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
             base += (Sketch(_wg.WG_SKETCH, "k", "k"),)
         if _flat.applies(task):  # a 1x1 conv over its flattened image, a GEMM (codegen.flat)
             base += (Sketch(_flat.FLAT_SKETCH, "x", "k"),)
+        if _flat.im2col_applies(task):  # im2col + the same GEMM (codegen.flat)
+            base += (Sketch(_flat.IM2COL_SKETCH, "x", "k"),)
     if target is None:
         return base
     out: list[Sketch] = []
@@ -629,7 +631,7 @@ def default_config(space: Space) -> Config:
             inner = _largest_divisor_leq(a.extent, 256) if a.name == "c" else 1
             tiles.append((a.extent // inner, inner))
         elif a.reduce:
-            flat = space.sketch.base == _flat.FLAT_SKETCH  # a GEMM's kc: 256 x 2 pixel vectors fill L1 / 2
+            flat = space.sketch.base in (_flat.FLAT_SKETCH, _flat.IM2COL_SKETCH)  # a GEMM's kc: 256 x 2 pixel vectors fill L1 / 2
             inner = _largest_divisor_leq(a.extent, 256 if flat or len(space.con.reduction) == 1 else 64)
             if a.name == "c" and cap_c:
                 inner = _largest_divisor_leq(a.extent, min(inner, cap_c))
@@ -640,7 +642,7 @@ def default_config(space: Space) -> Config:
             s2 = _largest_divisor_leq(rest, 4)
             rest //= s2
             tiles.append((rest, 1, s2, s3[a.name]))
-    if space.sketch.base == _flat.FLAT_SKETCH:
+    if space.sketch.base in (_flat.FLAT_SKETCH, _flat.IM2COL_SKETCH):
         tiles = _flat_order(space, tiles)
     # fuse outer loops until there are at least 2 chunks per core
     cores = int(getattr(space.target, "cores", 1) or 1)

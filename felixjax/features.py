@@ -333,7 +333,9 @@ def access_table(space: Space) -> AccessTable:
     scratch = "scratch" in bufs
     scratch_l = _layout_spec(bufs["scratch"].layout, vi, False) if scratch else ("plain",)
     out_acc = Access("out", con.out.shape, con.out.dims)
-    api = Access("data_in", con.data_api_shape, tuple(() for _ in con.data_api_shape))
+    # the timed copy reads the kernel's data argument (conv_im2col: the real image, not its columns)
+    api_shape = bufs["data_in"].access.shape if "data_in" in bufs else con.data_api_shape
+    api = Access("data_in", api_shape, tuple(() for _ in api_shape))
     bias = con.bias if con.bias is not None else out_acc
     descs = [  # in SLOTS order
         _descriptor(space, con.data, data_l, BODY, READ, True),

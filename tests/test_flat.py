@@ -1,4 +1,5 @@
-"""``conv_flat`` (codegen.flat): 1x1 convolutions scheduled over their flattened image, against numpy."""
+"""``conv_flat`` and ``conv_im2col`` (codegen.flat): 1x1 convolutions over their flattened image and strided
+convolutions over their columns, as one GEMM, against numpy."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,3 +78,36 @@ def test_default_on_avx2_where_the_block_fits_and_not_elsewhere():
     assert default_sketch(conv2d(1, 512, 7, 7, out_channels=128, kernel=1), AVX2).name != "conv_flat"  # 49 px
     avx512 = Target.cpu(simd_lanes=16, vector_registers=32)  # not measured there: the previous defaults
     assert not default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), avx512).name.startswith("conv_flat")
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", [
+    conv2d(1, 8, 9, 11, out_channels=10, kernel=3, stride=2, padding=1, bias=True, act="relu"),
+    conv2d(2, 3, 17, 16, out_channels=7, kernel=5, stride=2, padding=2, residual=True),  # a stem, batch 2
+    conv2d(1, 6, 10, 10, out_channels=12, kernel=3, stride=(2, 1), padding=(0, 1, 1, 0)),  # asymmetric
+    conv2d(1, 4, 13, 12, out_channels=6, kernel=3, stride=2, dilation=2, padding=2, act="relu6"),
+], ids=lambda t: t.name)
+def test_every_im2col_sketch_default_matches_numpy(task):
+    names = [s.name for s in sketches_for(task, AVX2) if s.base == flat.IM2COL_SKETCH]
+    assert names and names[0] == flat.IM2COL_SKETCH
+    for name in names:
+        _check(task, Space(task, name, AVX2).default(), AVX2)
+
+
+@pytest.mark.cc
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_sampled_im2col_configs_match_numpy(seed):
+    task = conv2d(1, 8, 15, 15, out_channels=14, kernel=3, stride=2, padding=1, bias=True)
+    sp = Space(task, "conv_im2col.pad_k18", TARGET)  # 8 x 8 = 64 pixels: padded on channels only
+    _check(task, sp.sample(np.random.default_rng(seed)))
+
+
+def test_im2col_only_in_strided_float32_dense_spaces():
+    assert flat.im2col_applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, padding=1))
+    assert not flat.im2col_applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1))
+    assert not flat.im2col_applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, groups=2))
+    assert not flat.im2col_applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, dtype="float16"))
+    t = conv2d(1, 16, 8, 8, out_channels=32, kernel=3, stride=2, padding=1)
+    assert flat.im2col_task(t).input_shapes()[0] == (1, 16 * 9, 1, 16)
+    assert not default_sketch(t, AVX2).name.startswith(flat.IM2COL_SKETCH)  # a tuning choice, not a default

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..flat import IM2COL_SKETCH, im2col_geometry
 from ..knobs import Site
 from ..lower import WS_UNIT, Buffer, Loop, Plan
 
@@ -351,7 +352,7 @@ class CStyleRenderer:
             self._data_tail(plan, w)
         self._hooks(plan, "kernel_begin", w, {}, ())
         if plan.data_copy:
-            self._data_copy(plan, w)
+            (self._im2col_copy if plan.space.sketch.base == IM2COL_SKETCH else self._data_copy)(plan, w)
         self._main(plan, w)
         w.close()
 
@@ -386,6 +387,35 @@ class CStyleRenderer:
             w(d.simd)
         w(f"{d.loop.format(var='i', n=tail.size)} data_tail[i] = i < {real} ? data[{plan.tail_row * cols} + i] : "
           f"{d.zero};")
+
+    def _im2col_copy(self, plan: Plan, w: Writer) -> None:
+        """``conv_im2col``: gather the columns ``[n][c][r][s][pixel]`` from the NCHW input (timed), zero
+        outside the image and on the padded pixels past ``OH * OW`` (:mod:`codegen.flat`)."""
+        d, g = self.d, im2col_geometry(plan.space.task)
+        px = plan.con.data.shape[-1]  # pixels per column, padded
+        real = g["OH"] * g["OW"]
+        w("/* im2col: gather the data input into columns (timed) */")
+        if d.parallel_for:
+            w(d.parallel_for + d.collapse.format(n=2))
+        w.open(d.loop.format(var="i0", n=g["N"] * g["C"]))
+        w.open(d.loop.format(var="t", n=g["R"] * g["S"]))
+        w(f"const long r = t / {g['S']}, s = t % {g['S']};")
+        w(f"float* {d.restrict} col = data + (i0 * {g['R'] * g['S']} + t) * {px};")
+        w(f"const float* {d.restrict} img = data_in + i0 * {g['H'] * g['W']};")
+        w.open(d.loop.format(var="oy", n=g["OH"]))
+        w(f"const long iy = oy * {g['SY']} + r * {g['DY']} - {g['PT']};")
+        w(f"const int row_in = iy >= 0 && iy < {g['H']};")
+        if d.simd:
+            w(d.simd)
+        w.open(d.loop.format(var="ox", n=g["OW"]))
+        w(f"const long ix = ox * {g['SX']} + s * {g['DX']} - {g['PL']};")
+        w(f"col[oy * {g['OW']} + ox] = (row_in && ix >= 0 && ix < {g['W']}) ? img[iy * {g['W']} + ix] : {d.zero};")
+        w.close()
+        w.close()
+        if px > real:
+            w(f"{d.loop.format(var='p', n=px)} if (p >= {real}) col[p] = {d.zero};")
+        w.close()
+        w.close()
 
     def _data_copy(self, plan: Plan, w: Writer) -> None:
         """Timed layout change of the data input: zero padding and optional channel blocking."""
