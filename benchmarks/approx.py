@@ -6,7 +6,8 @@ every point is then built, timed (C build, best of repeats) and scored on the he
 method sees. Methods:
 
 * ``ours``     fj.approximate: cost-model latency tables (schedule-aware), measured feedback, then the
-               front search (search="front") seeded with the uniform ratios and the FLOPs points
+               front search (search="front") seeded with the uniform ratios and the FLOPs points; with
+               ``--int8`` layers may also run at int8 (precisions=("float32", "int8"))
 * ``flops``    the descent loop (search="descent") with the FLOPs proxy as latency
 * ``uniform``  one keep ratio for every layer (each ratio: one quality evaluation)
 * ``ort-int8`` onnxruntime's static int8 quantization (QDQ, calibrated on the same data), timed in onnxruntime
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", type=int, default=6, help="ours: local-search points built and measured")
     ap.add_argument("--no-seed-flops", dest="seed_flops", action="store_false",
                     help="do not seed ours with the FLOPs baseline's configurations")
+    ap.add_argument("--int8", action="store_true", help="ours: layers may also run at int8 (int8 kernels in the build)")
     ap.add_argument("--out", default="results/approx")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -135,29 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     uniform = [float(v) for v in args.uniform.split(",")]
     seeds = uniform + ([dict(p.keep) for p in flops.pareto[1:]] if args.seed_flops else [])
     res = fj.approximate(proto, target, latency="cost_model", search=args.search, seeds=seeds, measure=args.measure,
-                         **common)
+                         precisions=("float32", "int8") if args.int8 else ("float32",), **common)
     ax = Approximator(proto, target, data=(xc, yc), db=db, seed=args.seed, strategy=args.strategy,
                       trials_per_task=(args.trials > 0) * max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(
                           fj.load_onnx(proto).tasks))),  # as one round of fj.approximate
                       finetune_steps=args.finetune, multiple=args.multiple)
 
     exes: list = []
-    built: dict = {}  # channels kept -> index in exes: one build per distinct network, timed once
+    built: dict = {}  # (channels kept, int8 layers) -> index in exes: one build per distinct network, timed once
 
-    def add(method: str, keep, lat: float, q: float, evals: int, speedup: float | None = None, note: str = "") -> None:
-        k = tuple(keep) if keep is not None else None
-        if k not in built:
-            exe = ax.build(ax.final_model(dict(keep))) if keep is not None else res.baseline  # fine-tuned if asked
+    def add(method: str, keep, lat: float, q: float, evals: int, speedup: float | None = None, note: str = "",
+            int8: tuple = ()) -> None:
+        k = (tuple(keep), tuple(int8)) if keep is not None else None
+        if k not in built:  # fine-tuned if asked; int8 layers calibrated on the given data, as fj.approximate
+            exe = ax.build(ax.final_model(dict(keep), int8)) if keep is not None else res.baseline
             built[k] = len(exes)
             exes.append((exe, held_out_accuracy(exe, xt, yt)))
         rows.append({"method": method, "latency_s": lat, "given_data": q, "held_out": exes[built[k]][1],
                      "keep": [int(n) for _, n in keep] if keep is not None else None, "quality_evals": evals,
-                     "speedup_interleaved": speedup, "note": note, "net": built[k]})
+                     "speedup_interleaved": speedup, "note": note, "net": built[k], "int8": list(int8)})
 
     add("float32", None, res.baseline_latency_s, res.baseline_quality, 1)
     for name, r in (("ours", res), ("flops", flops)):
         for p in r.pareto[1:]:
-            add(name, p.keep, p.latency_s, p.quality, r.quality_evals, p.speedup, p.note)
+            add(name, p.keep, p.latency_s, p.quality, r.quality_evals, p.speedup, p.note, p.int8)
     base_pt = ax.point({g: ax.groups.size(g) for g in ax.groups.prunable()}, "float32")[0]  # ax's own baseline
     for f in (float(v) for v in args.uniform.split(",")):
         keep = {g: max(1, int(round(ax.groups.size(g) * f / ax.multiple)) * ax.multiple) for g in ax.groups.prunable()}
@@ -194,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     dominated = {m: all(any(o["speedup"] >= r["speedup"] and o["held_out"] >= r["held_out"] for o in ours)
                         for r in rows if r["method"] == m) for m in ("uniform", "flops")}
     within = [r for r in ours if r["held_out_loss"] <= args.budget]
-    chosen_row = next((r for r in ours if res.chosen is not None and tuple(r["keep"]) == tuple(n for _, n in res.chosen.keep)), None)
+    chosen_row = next((r for r in ours if res.chosen is not None and tuple(r["keep"]) == tuple(n for _, n in res.chosen.keep)
+                       and tuple(r["int8"]) == res.chosen.int8), None)
     matched = {m: [("same network" if any(o["net"] == r["net"] for o in ours) else
                     "beaten" if any(o["speedup"] >= r["speedup"] and o["held_out"] >= r["held_out"] for o in ours)
                     else "not dominated") for r in rows if r["method"] == m] for m in ("uniform", "flops")}
@@ -215,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         ci = r["held_out_ci95"]
         lines.append(f"| {r['method']} | {r['latency_s'] * 1e3:.3f} | {r['speedup']:.2f}x | "
                      f"{r.get('given_data', float('nan')):.4f} | {r['held_out']:.4f} | {ci[0]:.3f}-{ci[1]:.3f} | "
-                     f"{r['held_out_loss']:+.4f} | {r['quality_evals']} | {r.get('keep') or ''} | {r.get('note', '')} |")
+                     f"{r['held_out_loss']:+.4f} | {r['quality_evals']} | {r.get('keep') or ''} | {r.get('note', '')}"
+                     + (f" int8: {', '.join(r['int8'])}" if r.get("int8") else "") + " |")
     lines.append(f"ours dominates (every point matched by an 'ours' point with >= speedup and >= held-out "
                  f"accuracy): {dominated}; per point: {matched}; by a different network: {strict}")
     if chosen_row:

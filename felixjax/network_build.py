@@ -22,6 +22,7 @@ from .database import Database
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
+from .quantize import quantize_weights
 from .sparsify import layer_weights
 
 
@@ -52,10 +53,11 @@ def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
     ids: dict[str, int] = {}
     values: list[netbuild.Value] = []
 
-    def add(name: str, kind: str, data: np.ndarray | None = None) -> int:
+    def add(name: str, kind: str, data: np.ndarray | None = None, dtype: str = "float32",
+            shape: tuple | None = None) -> int:
         ids[name] = len(values)
-        values.append(netbuild.Value(tuple(graph.shapes[name]) if name in graph.shapes else tuple(np.shape(data)),
-                                     kind, data))
+        shape = shape or (tuple(graph.shapes[name]) if name in graph.shapes else tuple(np.shape(data)))
+        values.append(netbuild.Value(shape, kind, data, dtype))
         return ids[name]
 
     for name in graph.inputs:
@@ -88,6 +90,8 @@ def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
             plan = plans[node.task]
             if isinstance(plan, SparsePlan):  # weights compiled into the kernel: this layer's own
                 plan = with_weights(plan, layer_weights(graph, node))
+            if node.task.quantized:
+                ins = _int8_inputs(graph, node, ins, add, steps)
             steps.append(netbuild.Step("kernel", ins, tuple(outs), plan=plan, label=node.name))
         elif node.op in netbuild.CHEAP_OPS:
             steps.append(netbuild.Step(node.op, ins, tuple(outs), dict(node.attrs), label=node.name))
@@ -96,6 +100,24 @@ def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
                                         f"supported: {', '.join(netbuild.CHEAP_OPS)} and the anchors")
     outputs = tuple(value(o, "graph output") for o in graph.outputs)
     return netbuild.NetSpec(tuple(values), tuple(ids[i] for i in graph.inputs), outputs, tuple(steps))
+
+
+def _int8_inputs(graph: Graph, node: Any, ins: tuple, add: Any, steps: list) -> tuple:
+    """An int8 anchor's kernel inputs (data, weight, [bias], [residual], x_scale, x_zp, w_scales): its
+    float32 input quantized to uint8 by a new ``quantize`` step, its weights quantized per output channel
+    (:mod:`felixjax.quantize`; packed at load), the scales and zero point as constants."""
+    q = node.attrs.get("quant")
+    if q is None:
+        raise UnsupportedModelError(f"node {node.name!r} is an int8 task without calibrated input parameters "
+                                    "(mark int8 layers with felixjax.quantize.with_precisions)")
+    if node.inputs[1] not in graph.constants:
+        raise UnsupportedModelError(f"node {node.name!r}: an int8 layer needs constant weights")
+    x8 = add(f"{node.name}/uint8", "temp", dtype="uint8", shape=tuple(graph.shapes[node.inputs[0]]))
+    steps.append(netbuild.Step("quantize", (ins[0],), (x8,), dict(q), label=f"{node.name}/quantize"))
+    wq, ws = quantize_weights(node.task, graph.constants[node.inputs[1]])
+    xs = add(f"{node.name}/x_scale", "const", np.array([q["scale"]], np.float32))
+    zp = add(f"{node.name}/x_zp", "const", np.array([q["zero_point"]], np.int32), "int32")
+    return (x8, add(f"{node.name}/w_int8", "const", wq)) + ins[2:] + (xs, zp, add(f"{node.name}/w_scales", "const", ws))
 
 
 def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, bool]:
@@ -212,13 +234,15 @@ class CompiledModel:
 
     def profile(self, x: Any = None, *, number: int = 10) -> list[dict]:
         """Where the time goes: one row per graph node (``name``, ``op``: the task name for anchors,
-        ``ms`` averaged over ``number`` runs with every step timed in C), in execution order."""
+        ``ms`` averaged over ``number`` runs with every step timed in C), in execution order. An int8
+        layer's time includes the step that quantizes its input."""
         if x is None:
             rng = np.random.default_rng(0)
             x = [rng.standard_normal(s).astype(np.float32) for s in self.net.input_shapes]
-        secs = self.library.profile(self._inputs(x), number=number)
-        return [{"name": n.name, "op": n.task.name if n.is_anchor else n.op, "ms": 1e3 * float(t)}
-                for n, t in zip(self.model.graph.nodes, secs)]
+        secs = iter(self.library.profile(self._inputs(x), number=number))
+        return [{"name": n.name, "op": n.task.name if n.is_anchor else n.op,
+                 "ms": 1e3 * float(next(secs) + (next(secs) if n.is_anchor and n.task.quantized else 0.0))}
+                for n in self.model.graph.nodes]
 
     def layer_report(self, x: Any = None, *, number: int = 10) -> str:
         """Per layer (graph node) of the C build: how it runs (``tuned``: a task kernel with a tuned or

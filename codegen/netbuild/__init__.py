@@ -12,6 +12,9 @@ and a list of *steps* in execution order:
   (``felixjax.graph_passes``): e.g. ``MaxPool`` takes ``kernel``, ``strides``, ``dilations``, ``pads``
   (top, left, bottom, right); ``Softmax`` ``axes`` (a contiguous range); ``Pad`` ``pads`` (before, after)
   per dimension, possibly negative.
+* ``Step("quantize", (x,), (q,), {"scale": s, "zero_point": z})``: a float32 value to a ``uint8`` value
+  (``Value(dtype="uint8")``), the data of an int8 kernel step (whose scales and int32 zero point are
+  constants after its bias / residual, in the Task order; its weights are quantized, packed at load).
 
 :func:`emit` turns a spec into a :class:`NetSource`: one self-contained C file, a weights blob (packed
 kernel weights and the other constants, 64-byte aligned entries) and a static memory plan. Intermediates

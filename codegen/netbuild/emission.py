@@ -10,7 +10,7 @@ import numpy as np
 
 from ..renderers.c import render_kernel
 from ..renderers.cstyle import Writer as _Writer
-from .cheap_ops import _Ctx
+from .cheap_ops import PARALLEL_MIN, _Ctx
 from .kernels import _PRELUDE, _RENDERERS, CHEAP_OPS
 from .memory import ALIGN, MemoryPlan, _aligned_zeros, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value
@@ -67,6 +67,14 @@ def _check_step(step: Step, values: Sequence[Value]) -> None:
                 task.output_shape):
             raise NetBuildError(f"{step.where()}: one output of shape {task.output_shape} expected")
         return
+    if step.op == "quantize":
+        if (len(step.inputs) != 1 or step.inputs[0] is None or len(step.outputs) != 1 or step.outputs[0] is None
+                or values[step.outputs[0]].dtype != "uint8" or values[step.inputs[0]].dtype != "float32"
+                or values[step.outputs[0]].size != values[step.inputs[0]].size
+                or not 0 <= int(step.attrs.get("zero_point", -1)) <= 255 or not float(step.attrs.get("scale", 0)) > 0):
+            raise NetBuildError(f"{step.where()}: a quantize step takes one float32 value to a uint8 value of "
+                                "its size, with attrs scale > 0 and zero_point in [0, 255]")
+        return
     if step.op not in _RENDERERS:
         raise NetBuildError(f"{step.where()}: op {step.op!r} has no C implementation; supported: "
                             f"{', '.join(CHEAP_OPS)}")
@@ -96,11 +104,10 @@ def emit(spec: NetSpec) -> NetSource:
         plan = spec.steps[s].plan
         wshape = plan.space.task.input_shapes()[1]
         packed = plan.pack_weight(np.asarray(values[v].data, dtype=np.float32).reshape(wshape))
-        blob[off: off + packed.size] = packed
+        _put(blob, off, packed)
     for v, (kind, off) in mem.where.items():
         if kind == "const":
-            data = np.asarray(values[v].data, dtype=np.float32).reshape(-1)
-            blob[off: off + data.size] = data
+            _put(blob, off, np.asarray(values[v].data, dtype=values[v].dtype))
 
     blob.flags.writeable = False
 
@@ -113,6 +120,8 @@ def emit(spec: NetSpec) -> NetSource:
     w("/* felixjax whole-network build (generated: do not edit).")
     w(f" * {len(spec.steps)} steps, arena {mem.arena_floats} floats, weights {mem.weight_floats} floats. */")
     w(_PRELUDE.rstrip("\n"))
+    if any(st.op == "kernel" and st.plan.space.task.dtype != "float32" for st in spec.steps):
+        w("#include <immintrin.h>  /* the conversion intrinsics of low-precision kernels */")
     w()
     # tuned kernels, one function per distinct (task, config)
     # (task, config, weights of a sparse kernel: compiled in) -> function name
@@ -139,6 +148,10 @@ def emit(spec: NetSpec) -> NetSource:
             args.append(ref(step.outputs[0]))
             args.append(f"(A + {mem.scratch[s]})" if s in mem.scratch else "NULL")
             calls.append(f"{{ void* b[] = {{{', '.join(args)}}}; {name}(b); }}  /* {step.plan.space.task.name} */")
+            continue
+        if step.op == "quantize":
+            _quantize(w, s, values[step.inputs[0]].size, step.attrs)
+            calls.append(f"fj_s{s}({ref(step.inputs[0])}, (unsigned char*){ref(step.outputs[0])});")
             continue
         if step.op == "Reshape" and mem.where[step.outputs[0]][0] == "alias":
             calls.append(f"/* step {s}: Reshape (aliases its input) */")
@@ -230,6 +243,30 @@ def emit(spec: NetSpec) -> NetSource:
     out_shapes = tuple(values[v].shape for v in spec.outputs)
     return NetSource(w.text(), _header(in_shapes, out_shapes, mem), blob, mem, in_shapes, out_shapes, n_kernels,
                      len(spec.steps))
+
+
+def _put(blob: np.ndarray, off: int, data: np.ndarray) -> None:
+    """Write ``data`` (any element type: packed int8 weights, int32 zero points) at float ``off``."""
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    blob.view(np.uint8)[4 * off: 4 * off + raw.size] = raw
+
+
+def _quantize(w: _Writer, s: int, n: int, attrs) -> None:
+    """Step ``s``: ``q[i] = clip(round(x[i] / scale) + zero_point, 0, 255)`` as uint8, rounding half to
+    even (``nearbyintf``, as numpy and JAX round)."""
+    scale, zp = float(attrs["scale"]), int(attrs["zero_point"])
+    w(f"/* step {s}: quantize to uint8, scale {scale!r}, zero point {zp} */")
+    w.open(f"static void fj_s{s}(const float* restrict x, unsigned char* restrict q)")
+    if n >= PARALLEL_MIN:
+        w("#pragma omp parallel for simd schedule(static)")
+    else:
+        w("#pragma omp simd")
+    w.open(f"for (long i = 0; i < {n}L; ++i)")
+    w(f"const float v = nearbyintf(x[i] / {scale!r}f) + {zp}.0f;")
+    w("q[i] = (unsigned char)(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));")
+    w.close()
+    w.close()
+    w()
 
 
 def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:

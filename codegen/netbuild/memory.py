@@ -50,6 +50,16 @@ def _round_up(n: int) -> int:
     return -(-max(int(n), 0) // ALIGN) * ALIGN
 
 
+def packed_floats(plan: Any) -> int:
+    """4-byte slots of a kernel's packed weights: the layout's elements at the weight's element size
+    (int8: a quarter of a float each), and for a VNNI plan the int32 weight sums after them."""
+    task = plan.space.task
+    nbytes = plan.buffers["weight"].layout.size * np.dtype(plan.arg_dtypes()[1]).itemsize
+    if task.quantized and plan.pairs == 4:
+        nbytes = plan.wsum_offset + 4 * task.input_shapes()[task.input_names().index("w_scales")][0]
+    return -(-nbytes // 4)
+
+
 def _scratch_floats(step: Step, values: Sequence[Value]) -> int:
     if step.op == "kernel":
         return -(-step.plan.workspace_bytes // 4)  # the arena counts floats
@@ -105,13 +115,13 @@ def plan_memory(spec: NetSpec) -> MemoryPlan:
                 key = (i, layout)
                 if key not in packed_by_layout:
                     packed_by_layout[key] = weight_floats
-                    weight_floats += _round_up(layout.size)
+                    weight_floats += _round_up(packed_floats(step.plan))
                 packed[(i, s)] = packed_by_layout[key]
             elif values[i].kind == "const":
                 raw_needed.add(i)
     for v in sorted(raw_needed):
         where[v] = ("const", weight_floats)
-        weight_floats += _round_up(values[v].size)
+        weight_floats += _round_up(values[v].floats)
     # storage of produced values: the caller's output buffer, an alias (Reshape) or the arena
     last_use: dict[int, int] = {}
     for s, step in enumerate(spec.steps):
@@ -130,7 +140,7 @@ def plan_memory(spec: NetSpec) -> MemoryPlan:
     for v, s in producer.items():
         if v not in where:
             where[v] = ("arena", -1)
-            items[v] = (s, s, values[v].size)
+            items[v] = (s, s, values[v].floats)
     for v in producer:  # extend each arena root's lifetime over the uses of its aliases
         root = v
         while where[root][0] == "alias":

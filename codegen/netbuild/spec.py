@@ -24,23 +24,33 @@ class NetBuildError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Value:
-    """A tensor of the network: a graph ``input``, a ``const`` (with its float32 ``data``) or a ``temp``
-    (an intermediate or output, produced by exactly one step)."""
+    """A tensor of the network: a graph ``input``, a ``const`` (with its ``data``) or a ``temp`` (an
+    intermediate or output, produced by exactly one step). ``dtype`` is float32 but for the 8-bit
+    activations a ``quantize`` step writes (``"uint8"``) and the int32 zero points of int8 kernels;
+    graph inputs and outputs are float32."""
 
     shape: tuple[int, ...]
     kind: str
     data: np.ndarray | None = None
+    dtype: str = "float32"
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def floats(self) -> int:
+        """Storage in 4-byte slots (the arena and the weights blob count floats)."""
+        return -(-self.size * np.dtype(self.dtype).itemsize // 4)
+
 
 @dataclass(frozen=True, eq=False)
 class Step:
     """``outputs = op(inputs)``; inputs and outputs are value ids (``None`` marks an absent optional
-    input or an output nobody reads). ``plan`` is set for ``op == "kernel"``; ``label`` only appears in
-    Python error messages, never in the C source."""
+    input or an output nobody reads). ``plan`` is set for ``op == "kernel"``; ``op == "quantize"``
+    writes its float32 input as uint8 ``clip(round(x / scale) + zero_point, 0, 255)`` (attrs ``scale``,
+    ``zero_point``; the data of an int8 kernel). ``label`` only appears in Python error messages, never in
+    the C source."""
 
     op: str
     inputs: tuple[int | None, ...]

@@ -33,6 +33,8 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     a.add_argument("--search", default="front", choices=("front", "descent"),
                    help="front (default): descent rounds, then the Pareto-front search from uniform seeds; descent: rounds only")
     a.add_argument("--measure", type=int, default=6, help="front search: local-search points built and measured (default 6)")
+    a.add_argument("--int8", action="store_true",
+                   help="layers may also run at int8 (precisions float32 and int8; tunes each layer's int8 twin too)")
     a.add_argument("--strategy", default=None, help="tuning strategy: gradient | genetic | random")
     a.add_argument("--db", default=None, help="tuning database (default: in memory)")
     a.add_argument("--seed", type=int, default=0)
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     res = approximate(args.model, target, data=data, quality_budget=args.budget, metric=args.metric,
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
-                      search=args.search, measure=args.measure)
+                      search=args.search, measure=args.measure,
+                      precisions=("float32", "int8") if args.int8 else ("float32",))
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,

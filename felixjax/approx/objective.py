@@ -144,9 +144,10 @@ class LatencyTable:
             lay = Layer(node, ins, out)
             self._tabulate(lay, fractions)
             self.layers.append(lay)
-        self.full = {id(l): self._value(l.node.task) for l in self.layers}
+        self.full = {id(l): self.value(l.node.task) for l in self.layers}
 
-    def _value(self, task: Task) -> float:
+    def value(self, task: Task) -> float:
+        """Seconds of ``task`` (measured, else predicted by the cost model; FLOPs for ``kind="flops"``)."""
         if self.kind == "flops":
             return float(task.flops)
         return float(self.measured.get(task) or self._predict(task))
@@ -159,8 +160,8 @@ class LatencyTable:
         lay.gi = grid(cin, m, fractions) if any(g is not None for g, _, _ in lay.ins) else np.array([float(cin)])
         lay.go = (grid(cout, m, fractions) if any(g is not None for g, _, _ in lay.out) and not lay.depthwise
                   else np.array([float(cout)]))
-        lay.table = np.array([[self._value(resized(task, int(i), int(o))) for o in lay.go] for i in lay.gi])
-        full = self._value(task)
+        lay.table = np.array([[self.value(resized(task, int(i), int(o))) for o in lay.go] for i in lay.gi])
+        full = self.value(task)
         scale = (self.measured.get(task) or full) / max(lay.table[-1, -1], 1e-30)
         if self.kind == "cost_model" and task in self.measured:
             lay.table = lay.table * scale  # calibrated: the full layer's entry is its measured latency
@@ -180,6 +181,14 @@ class LatencyTable:
                         lay.table[a, b] = measured[t]
                         changed += 1
         return changed
+
+    def of_layer(self, name: str, kappa: Mapping[int, Any]) -> float:
+        """One anchor's latency at counts ``kappa``; KeyError for a layer whose channels never change (not
+        tabulated: its latency is its full task's, ``value(node.task)``)."""
+        for lay in self.layers:
+            if lay.node.name == name:
+                return float(interp2(lay.table, lay.gi, lay.go, *lay.extents(kappa)))
+        raise KeyError(name)
 
     def total(self, kappa: Mapping[int, Any]) -> Any:
         """Sum of the layers' latencies at relaxed counts ``kappa`` (group root -> channels)."""

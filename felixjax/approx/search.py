@@ -8,17 +8,17 @@ real quality (one *quality evaluation*) -> write the measured kernel latencies b
 tables and move ``lam`` (bisection: larger when the measured loss broke the budget, smaller when it
 held). The result keeps every measured point (``pareto``) and returns the fastest one within budget.
 
-Precision (float16 / int8) and unstructured sparsity are probed on ``codegen.ops`` (constructing the
-Task): a choice whose kernels the code generator does not accept is excluded, with the reason, in
-``result.excluded``. Their quality side (fake quantization with STE, magnitude masks) is in
-:mod:`felixjax.approx.quality`.
+Precision: with ``precisions=("float32", "int8")`` each layer may run at int8 (:mod:`felixjax.approx.precision`:
+latency from the same tables, quality by fake quantization in JAX, every chosen point built with int8
+kernels and measured). float16 and unstructured sparsity are not network knobs here; :func:`probe_knobs`
+says why, in ``result.excluded``.
 """
 from __future__ import annotations
 
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,11 @@ from codegen.target import Target
 from ..database import Database
 from ..network_build import CompiledModel, _as_model
 from ..onnx_import import Model
+from ..quantize import act_qparams, fake_quant_inputs, int8_task, precision_of
 from . import executor
 from .knobs import Groups, analyze, prune
 from .objective import FRACTIONS, LatencyTable, descend, finetune, round_channels
+from .precision import PrecisionLatency, assign, calibrate_ranges, eligible, quantized
 from .quality import check_data, metric_value
 
 
@@ -63,6 +65,8 @@ class ParetoPoint:
     #: the float32 baseline timed interleaved with this point (same load, same minute): the speedup's
     #: denominator; NaN for the baseline itself
     baseline_s: float = float("nan")
+    #: the layers built at int8 (the others float32)
+    int8: tuple[str, ...] = ()
 
     @property
     def speedup(self) -> float:
@@ -117,11 +121,12 @@ class ApproxResult:
                  f"{'method':<12} {'ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
         for p in self.pareto:
             lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {p.speedup:>7.2f}x "
-                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}")
+                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}"
+                         + (f" (int8: {', '.join(p.int8)})" if p.int8 else ""))
         lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
-        lines += [f"  {d.name}: {d.before} -> {d.after}" for d in self.layers if d.before != d.after]
+        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision})" for d in self.layers if d.before != d.after]
         lines += [f"  excluded: {e}" for e in self.excluded]
         return "\n".join(lines)
 
@@ -161,41 +166,49 @@ def uniform_keep(groups: Groups, fraction: float, multiple: int) -> dict[int, in
 class MaskedQuality:
     """The metric of a channel configuration on the given data, computed in JAX on the *original*
     graph with hard 0/1 channel masks (pruning equals masking: ``tests/test_approx.py``): one compiled
-    function for every configuration, no C build. Used by the front search to rank candidates; every
-    point it returns is then built and scored on the C build (``Approximator.point``)."""
+    function for every configuration, no C build; the layers in ``int8`` of a call are fake-quantized
+    (``qparams``: each one's input ``(scale, zero point)``). Used by the front search to rank candidates;
+    every point it returns is then built and scored on the C build (``Approximator.point``)."""
 
-    def __init__(self, ax: Approximator, *, chunk: int = 512):
+    def __init__(self, ax: Approximator, *, chunk: int = 512, qparams: Mapping[str, tuple[float, int]] | None = None):
         import jax
         import jax.numpy as jnp
 
         from .knobs import mask_vector
 
         g, groups = ax.model.graph, ax.groups
-        self.ax, self.chunk = ax, chunk
+        self.ax, self.chunk, self.qparams = ax, chunk, dict(qparams or {})
         self.roots = tuple(groups.prunable())
-        name, out = g.inputs[0], ax.output
+        name, out, qp = g.inputs[0], ax.output, self.qparams
 
-        def one(xi: Any, masks: Any) -> Any:
+        def one(xi: Any, masks: Any, flags: Any) -> Any:
             def hook(v: str, val: Any) -> Any:
                 lay = groups.layouts.get(v)
                 if lay is None:
                     return val
                 return val * mask_vector(groups, lay, masks, jnp).reshape((1, -1) + (1,) * (val.ndim - 2))
-            return executor.run(g, {name: xi}, value_hook=hook)[out]
 
-        self.f = jax.jit(jax.vmap(one, in_axes=(0, None)))
+            def fake(node: Any, args: list) -> list:
+                if node.name not in qp:
+                    return args
+                q = fake_quant_inputs(node.task, args, *qp[node.name], jnp)
+                return [jnp.where(flags[node.name] > 0, a, b) for a, b in zip(q[:2], args[:2])] + list(args[2:])
+            return executor.run(g, {name: xi}, value_hook=hook, anchor_inputs=fake)[out]
+
+        self.f = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
         self.cache: dict[tuple, float] = {}
 
     @property
     def evals(self) -> int:
         return len(self.cache)
 
-    def __call__(self, keep: Mapping[int, int]) -> float:
-        key = tuple(sorted((g, int(keep[g])) for g in self.roots))
+    def __call__(self, keep: Mapping[int, int], int8: frozenset = frozenset()) -> float:
+        key = (tuple(sorted((g, int(keep[g])) for g in self.roots)), tuple(sorted(int8)))
         if key not in self.cache:
             groups, x = self.ax.groups, self.ax.x
-            masks = {g: (np.arange(groups.size(g)) < n).astype(np.float32) for g, n in key}
-            outs = np.concatenate([np.asarray(self.f(x[i: i + self.chunk], masks))
+            masks = {g: (np.arange(groups.size(g)) < n).astype(np.float32) for g, n in key[0]}
+            flags = {n: np.float32(n in int8) for n in self.qparams}
+            outs = np.concatenate([np.asarray(self.f(x[i: i + self.chunk], masks, flags))
                                    for i in range(0, len(x), self.chunk)])
             self.cache[key] = metric_value(outs, self.ax.metric, labels=self.ax.y, reference=self.ax.reference)
         return self.cache[key]
@@ -244,23 +257,23 @@ def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     Example:
         >>> precisions, reasons = probe_knobs()
-        >>> "float32" in precisions
-        True
+        >>> precisions
+        ('float32', 'int8')
     """
     ok, why = ["float32"], []
-    for dt in ("float16", "int8"):
-        try:
-            ops.conv2d(1, 8, 8, 8, out_channels=8, kernel=3, padding=1, dtype=dt)
-            ok.append(dt)
-            why.append(f"precision {dt}: codegen.ops has kernels for it, but the network build and this objective do not use them yet")
-        except (TypeError, ValueError) as e:
-            why.append(f"precision {dt}: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
+    try:
+        int8_task(ops.conv2d(1, 8, 8, 8, out_channels=8, kernel=3, padding=1))
+        ok.append("int8")
+    except (TypeError, ValueError) as e:
+        why.append(f"precision int8: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
+    why.append("precision float16: not a network knob: the network build keeps float32 activations, and "
+               "without float16 arithmetic (AVX2) float16 kernels are slower than float32 ones")
     try:
         ops.dense(1, 64, 64, sparsity=0.5)
         why.append("sparsity: codegen.ops has sparse kernels, but the network build and this objective do not use them yet")
     except (TypeError, ValueError) as e:
         why.append(f"sparsity: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
-    return ("float32",), tuple(why)
+    return tuple(ok), tuple(why)
 
 
 class Approximator:
@@ -370,19 +383,22 @@ class Approximator:
         graph = prune(self.model.graph, self.groups, keep)
         return Model(name=f"{self.model.name}_approx", graph=graph, source=graph, opset=self.model.opset)
 
-    def final_model(self, keep: Mapping[int, int]) -> Model:
-        """The pruned model, fine-tuned when ``finetune_steps`` (deterministic: same seed, same weights)."""
+    def final_model(self, keep: Mapping[int, int], int8: Iterable[str] = ()) -> Model:
+        """The pruned model, fine-tuned when ``finetune_steps`` (deterministic: same seed, same weights),
+        with the layers ``int8`` at int8 (calibrated on the data, on the pruned network)."""
         model = self.pruned_model(keep)
         if self.finetune_steps:
             graph = finetune(model.graph, self.x, metric=self.metric, labels=self.y, reference=self.reference,
                              steps=self.finetune_steps, seed=self.seed)
             model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
-        return model
+        return quantized(model, int8, self.x)
 
     def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
-              base_exe: CompiledModel | None = None, note: str = "") -> tuple[ParetoPoint, CompiledModel, Model]:
-        """Prune to ``keep``, tune the new tasks, build, measure latency and quality."""
-        model = self.final_model(keep)
+              base_exe: CompiledModel | None = None, note: str = "", int8: Iterable[str] = ()
+              ) -> tuple[ParetoPoint, CompiledModel, Model]:
+        """Prune to ``keep`` (``int8``: these layers at int8), tune the new tasks, build, measure latency
+        and quality."""
+        model = self.final_model(keep, int8)
         self.tune(model)
         exe = self.build(model)
         if base_exe is not None:
@@ -392,7 +408,7 @@ class Approximator:
         q = self.quality_of(exe)
         loss = (baseline.quality - q) if baseline else 0.0
         keys = tuple(sorted((g, int(n)) for g, n in keep.items()))
-        return ParetoPoint(method, lat, q, loss, keys, note, base_s), exe, model
+        return ParetoPoint(method, lat, q, loss, keys, note, base_s, tuple(sorted(int8))), exe, model
 
 
 def approximate(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, data: tuple,
@@ -401,7 +417,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                 rounds: int = 4, latency: str = "cost_model", strategy: Any = None, steps: int = 40,
                 lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None, batch: int = 64,
                 progress: bool | Callable[[str], None] = True, search: str = "front",
-                seeds: Sequence[float | Mapping[int, int]] | None = None, measure: int = 6) -> ApproxResult:
+                seeds: Sequence[float | Mapping[int, int]] | None = None, measure: int = 6,
+                precisions: Sequence[str] = ("float32",)) -> ApproxResult:
     """Choose per-layer channel counts (and, where kernels exist, precisions) in one objective with the
     schedules, under an absolute quality budget, and return the measured result.
 
@@ -435,6 +452,12 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         seeds: the front search's starting points (default: the uniform ratios ``UNIFORM``).
         measure: how many local-search points the front search builds and measures, beyond the seeds
             (the last one: a local search within budget from the fastest measured point within budget).
+        precisions: the precisions a layer may take: ``("float32",)`` (default: channels only, the
+            results of earlier versions) or ``("float32", "int8")`` (:mod:`felixjax.approx.precision`):
+            the all-int8 network is tuned, built and measured as one more seed, then the front search
+            puts layers of the measured configurations at int8 where the tables say it pays and the
+            fake-quantized quality holds the budget (at most ``measure`` more points, built with int8
+            kernels and measured). Off by default: it tunes the int8 twin of every layer too.
 
     Raises:
         ValueError: a negative budget, data of the wrong shape, labels that do not match the outputs, an
@@ -457,6 +480,11 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                          f"measure={measure})")
     if search not in ("front", "descent"):
         raise ValueError(f"search must be 'front' or 'descent', got {search!r}")
+    allowed, _ = probe_knobs()
+    if "float32" not in precisions or set(precisions) - set(allowed):
+        raise ValueError(f"precisions must include 'float32' and be among {allowed}, got {tuple(precisions)!r}")
+    if "int8" in precisions and search != "front":
+        raise ValueError("precisions with 'int8' need search='front' (the descent chooses channels only)")
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
@@ -517,7 +545,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     if search == "front":
         best = _front_search(ax, table, base, base_exe, points, best, seen, seeds=seeds, measure=measure,
                              quality_budget=quality_budget, method=latency if latency != "cost_model" else "ours",
-                             observe=latency == "cost_model", trace=trace)
+                             observe=latency == "cost_model", trace=trace, int8="int8" in precisions)
     chosen, exe, chosen_model = best
     layers = _decisions(base_model, chosen_model)
     return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
@@ -527,9 +555,9 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
 
 def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
                   points: list, best: tuple, seen: dict, *, seeds: Sequence | None, measure: int,
-                  quality_budget: float, method: str, observe: bool, trace: list) -> tuple:
-    """The front search of :func:`approximate` (see its ``search``); appends to ``points``, returns the
-    fastest measured point within budget (``best`` if none is faster)."""
+                  quality_budget: float, method: str, observe: bool, trace: list, int8: bool = False) -> tuple:
+    """The front search of :func:`approximate` (see its ``search`` and ``precisions``); appends to
+    ``points``, returns the fastest measured point within budget (``best`` if none is faster)."""
     say, groups, m = ax._say, ax.groups, ax.multiple
     roots = list(groups.prunable())
     full = {g: groups.size(g) for g in roots}
@@ -546,22 +574,25 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             lat_cache[kk] = float(table.total({g: float(n) for g, n in kk}))
         return lat_cache[kk]
 
-    measured = {p.keep: p for p in points}
+    measured = {(p.keep, p.int8): p for p in points}
 
-    def build(k: Mapping[int, int], note: str) -> ParetoPoint | None:
+    def build(k: Mapping[int, int], note: str, i8: frozenset = frozenset()) -> ParetoPoint | None:
         nonlocal best
-        kk = key(k)
-        if kk in measured or kk == key(full):
-            return measured.get(kk)
-        pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note)
+        kk, mk = key(k), (key(k), tuple(sorted(i8)))
+        if mk in measured or mk == (key(full), ()):
+            return measured.get(mk)
+        pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note, int8=i8)
         points.append(pt)
-        measured[kk] = pt
-        ok = seen[kk] = pt.quality_loss <= quality_budget + 1e-9
+        measured[mk] = pt
+        ok = pt.quality_loss <= quality_budget + 1e-9
+        if not i8:
+            seen[kk] = ok
         if observe:
             table.observe({**ax.layer_latencies(exe), **ax.measured()})  # measured kernels feed back
             lat_cache.clear()
         say(f"approx: {note}: {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), {ax.metric} {pt.quality:.4f} "
-            f"(loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget) channels {[n for _, n in kk]}")
+            f"(loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget) channels {[n for _, n in kk]}"
+            + (f", int8 {sorted(i8)}" if i8 else ""))
         if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
         return pt
@@ -596,20 +627,49 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             refined = True
             if best[0] is not base:
                 k = local_search(dict(best[0].keep), floor_budget, latency=lat, quality=qual, ladders=ladders)
-                if key(k) not in measured:
+                if (key(k), ()) not in measured:
                     build(k, "local from the best measured")
                     done += 1
             continue
         note, k = queue.pop(0)
-        if key(k) not in measured and key(k) != key(full):
+        if (key(k), ()) not in measured and key(k) != key(full):
             build(k, note)
             done += 1
     ax.search_evals += qual.evals
+    if int8:
+        done += _int8_stage(ax, table, points, build, key, full, floor_budget, quality_budget, measure)
     trace.append({"front": {"seeds": len(starts), "candidates": len(cands), "measured": done,
                             "jax_quality_evals": qual.evals}})
     say(f"approx: front search: {len(starts)} seeds, {done} local-search points measured, "
         f"{qual.evals} configurations scored in JAX on the given data")
     return best
+
+
+def _int8_stage(ax: Approximator, table: LatencyTable, points: list, build: Callable, key: Callable,
+                full: dict, floor: float, quality_budget: float, measure: int) -> int:
+    """The precision part of the front search: the all-int8 network (its int8 kernels measured into the
+    tables), then for the full network and each float32 point measured within budget (fastest first) the
+    int8 layers :func:`~felixjax.approx.precision.assign` picks, built and measured (at most ``measure``)."""
+    names = eligible(ax.model)
+    ranges = calibrate_ranges(ax.model, ax.x, names)
+    qual = MaskedQuality(ax, qparams={n: act_qparams(*ranges[n]) for n in names})
+    build(full, "seed int8", frozenset(names))
+    plat = PrecisionLatency(ax.model, table, names)
+    starts = [full] + [dict(p.keep) for p in sorted(points, key=lambda p: -p.speedup)
+                       if not p.int8 and p.quality_loss <= quality_budget + 1e-9]
+    done, tried = 0, set()
+    for k in starts:
+        if done >= measure:
+            break
+        if key(k) in tried:
+            continue
+        tried.add(key(k))
+        i8 = assign(k, floor, latency=plat, quality=qual)
+        if i8 and build(k, f"int8 x{len(i8)}", i8) is not None:
+            done += 1
+    ax.search_evals += qual.evals
+    ax._say(f"approx: precision: {len(names)} layers may run at int8; {done} mixed-precision points measured")
+    return done + 1
 
 
 def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
@@ -618,5 +678,6 @@ def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
     for n in before.graph.nodes:
         if n.is_anchor and n.name in new:
             a = new[n.name].task
-            out.append(LayerDecision(n.name, n.task.name, a.name, (n.task.output_shape[1], a.output_shape[1])))
+            out.append(LayerDecision(n.name, n.task.name, a.name, (n.task.output_shape[1], a.output_shape[1]),
+                                     precision_of(a)))
     return tuple(out)

@@ -1,0 +1,129 @@
+"""Precision as a per-layer knob (issue 17): int8 layers in the C network build (a uint8 quantize step,
+int8 kernels with 7-bit weights quantized at load) against the fake-quant reference in JAX, mixed
+int8 / float32 networks, 8-bit buffers in the memory plan, and fj.approximate with precisions on.
+
+Tolerance: the built int8 layer and its fake-quant reference do the same integer arithmetic (the
+int32 accumulation is exact); they differ by float32 roundings of the dequantization and the float
+sums after it, and where an activation sits within a rounding of a quantization step's midpoint
+(x / scale in float32 against the same division in C) one input may land one step apart. So: atol
+1e-4 of the output range (observed ~1e-7 on these networks).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen import netbuild, ops
+from codegen.lower import lower
+from codegen.space import Space, default_sketch
+from felixjax.approx import executor, precision
+from felixjax.approx.digits import _init, to_onnx
+from felixjax.approx.quality import metric_value
+from felixjax.approx.search import probe_knobs
+from felixjax.network_build import graph_to_spec
+from felixjax.pipeline import build_model
+from felixjax.quantize import fake_quant_layer, precision_of, with_precisions
+
+pytestmark = pytest.mark.cc
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """The digits CNN of tests/test_approx.py (four convs, one with a residual add, and a dense layer)."""
+    proto = to_onnx({k: np.asarray(v) for k, v in _init(8, 0).items()}, 8)
+    x = np.random.default_rng(0).uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
+    return fj.load_onnx(proto), proto, x
+
+
+def _anchors(model):
+    return [n.name for n in model.graph.nodes if n.is_anchor]
+
+
+def _check(model, x, int8):
+    """Build ``model`` with ``int8`` at int8 (calibrated on ``x``); compare with the JAX fake-quant run."""
+    q = precision.quantized(model, int8, x)
+    assert sorted(n.name for n in q.graph.nodes if n.is_anchor and precision_of(n.task) == "int8") == sorted(int8)
+    exe = build_model(q, fj.Target.cpu(cores=1))
+    g = q.graph
+    for xi in x[:6]:
+        xi = xi.reshape(g.shapes[g.inputs[0]])
+        ref = np.asarray(executor.run(g, {g.inputs[0]: xi}, anchor_inputs=fake_quant_layer)[g.outputs[0]])
+        out = exe.run(xi)[0]
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+    return q, exe
+
+
+def test_one_int8_layer_matches_the_fake_quant_reference(digits):
+    model, _, x = digits
+    q, exe = _check(model, x, ["conv2"])
+    assert "conv2" in [n.name for n in q.graph.nodes if n.attrs.get("quant")]
+    assert any("int8" in s.task.name for s in exe.schedules)
+    rows = exe.profile(number=2)  # one row per graph node; the int8 layer's includes its quantize step
+    assert [r["name"] for r in rows] == [n.name for n in q.graph.nodes] and all(r["ms"] >= 0 for r in rows)
+    # fake quantization changes the output: the reference is not just the float32 network
+    xi = x[:1].reshape(model.graph.shapes[model.graph.inputs[0]])
+    assert not np.allclose(exe.run(xi)[0], model.run_numpy(xi), atol=1e-6)
+
+
+def test_mixed_int8_and_float32_layers_with_a_residual_match(digits):
+    model, _, x = digits
+    names = _anchors(model)
+    # conv4 takes a residual; fc is a dense layer; conv3 stays float32 between int8 layers
+    _check(model, x, [n for n in names if n != "conv3"])
+
+
+def test_8bit_buffers_are_sized_and_never_overlap_live_values(digits):
+    model, _, x = digits
+    q = precision.quantized(model, _anchors(model), x)
+    target = fj.Target.cpu(cores=1)
+    spaces = {t: Space(t, default_sketch(t, target), target) for t, _ in q.tasks}
+    plans = {t: lower(sp, sp.default()) for t, sp in spaces.items()}
+    spec = graph_to_spec(q.graph, plans)
+    mem = netbuild.plan_memory(spec)
+    u8 = [v for v, val in enumerate(spec.values) if val.dtype == "uint8"]
+    assert len(u8) == len(_anchors(model)) and all(mem.placement[v][1] == -(-spec.values[v].size // 4) for v in u8)
+    items = [(k, mem.lifetimes[k], mem.placement[k]) for k in mem.placement]
+    for i, (a, (fa, la), (oa, na)) in enumerate(items):
+        for b, (fb, lb), (ob, nb) in items[i + 1:]:
+            if fa <= lb and fb <= la:  # live at the same time: disjoint memory
+                assert oa + na <= ob or ob + nb <= oa, (a, b)
+    zp = [v for v, val in enumerate(spec.values) if val.dtype == "int32"]
+    assert zp and all(spec.values[v].data.dtype == np.int32 for v in zp)
+
+
+def test_a_layer_that_cannot_be_int8_is_a_clear_error(digits):
+    model = digits[0]
+    with pytest.raises(ValueError, match="not a conv / dense / matmul layer"):
+        with_precisions(model, {"nope": "int8"}, {})
+    with pytest.raises(ValueError, match="precision 'float16'"):
+        with_precisions(model, {"conv1": "float16"}, {})
+    with pytest.raises(ValueError, match="calibrated range"):
+        with_precisions(model, {"conv1": "int8"}, {})
+    fc = ops.dense(1, 256, 10, bias=True, sparsity=0.5)
+    sparse = replace(model, graph=model.graph.replace(nodes=tuple(
+        replace(n, attrs={**n.attrs, "task": fc}) if n.name == "fc" else n for n in model.graph.nodes)))
+    with pytest.raises(ValueError, match="'fc' cannot be built at int8"):
+        with_precisions(sparse, {"fc": "int8"}, {"fc": (0.0, 1.0)})
+
+
+def test_approximate_with_int8_reports_measured_layers_and_points(digits):
+    _, proto, x = digits
+    assert "int8" in probe_knobs()[0]
+    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=0.2,
+                         trials=0, rounds=0, multiple=4, seeds=(0.5,), measure=1, progress=False,
+                         precisions=("float32", "int8"))
+    assert {d.precision for d in res.layers} <= {"float32", "int8"}
+    int8_points = [p for p in res.pareto if p.int8]
+    assert int8_points and int8_points[0].note == "seed int8" and res.quality_evals == len(res.pareto)
+    # what the result reports is the returned executable, measured: its layers' precisions and quality
+    built = {n.name: precision_of(n.task) for n in res.executable.model.graph.nodes if n.is_anchor}
+    assert {d.name: d.precision for d in res.layers} == built
+    ref = np.stack([res.baseline(x[i: i + 1]) for i in range(len(x))])
+    out = np.stack([res.executable(x[i: i + 1]) for i in range(len(x))])
+    assert metric_value(out, "fidelity", reference=ref) == pytest.approx(res.quality)
+    assert res.quality_loss <= 0.2 + 1e-9 and np.isfinite(res.latency_s)
+    with pytest.raises(ValueError, match="precisions"):
+        fj.approximate(proto, data=(x,), metric="fidelity", precisions=("float16",), progress=False)
