@@ -3,7 +3,8 @@
 * which layers: every conv / dense / matmul anchor the int8 build takes (:func:`felixjax.quantize.int8_task`);
 * latency: a layer at int8 costs its float32 entry of the channel tables times the ratio of its int8 and
   float32 tasks at full size (measured once the all-int8 network is built and profiled, the cost model
-  before), so channel counts and precision are priced by the same tables;
+  before), so channel counts and precision are priced by the same tables (with ``latency="flops"`` both
+  tasks count the same FLOPs: the proxy does not see dtype, so it never puts a layer at int8);
 * quality: fake quantization in the JAX executor (:func:`felixjax.quantize.fake_quant_inputs`, the
   arithmetic of the int8 kernels in float), with each layer's input range calibrated on the given data;
 * choice: for a channel configuration, layers go to int8 greedily by their latency saving while the
