@@ -127,3 +127,17 @@ def test_approximate_with_int8_reports_measured_layers_and_points(digits):
     assert res.quality_loss <= 0.2 + 1e-9 and np.isfinite(res.latency_s)
     with pytest.raises(ValueError, match="precisions"):
         fj.approximate(proto, data=(x,), metric="fidelity", precisions=("float16",), progress=False)
+
+
+def test_docstring_examples_and_the_cli_flag():
+    import argparse
+    import doctest
+
+    from felixjax import quantize
+    from felixjax.approx import cli
+
+    assert doctest.testmod(quantize).failed == 0
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli.add_parser(lambda name, text: sub.add_parser(name, help=text))
+    args = sub.choices["approx"].parse_args(["m.onnx", "--data", "d.npz", "-o", "out", "--int8"])
+    assert args.int8
