@@ -30,6 +30,7 @@ class NetLibrary:
 
     Example:
         >>> import numpy as np
+        >>> from codegen.netbuild import NetSpec, Step, Value, emit, load
         >>> spec = NetSpec((Value((4,), "input"), Value((4,), "temp")), (0,), (1,), (Step("Sigmoid", (0,), (1,)),))
         >>> float(load(emit(spec))([np.zeros(4, np.float32)])[0][0])
         0.5
