@@ -110,14 +110,25 @@ def test_a_layer_that_cannot_be_int8_is_a_clear_error(digits):
 
 
 def test_approximate_with_int8_reports_measured_layers_and_points(digits):
+    from felixjax.approx.objective import round_precisions
+
     _, proto, x = digits
     assert "int8" in probe_knobs()[0]
+    # one descent round at lam ~ 0 (the latency term alone: it prunes, so a point is built whatever
+    # int8 / float32 ratios this machine measured), then the front search with its greedy int8 pass
     res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=0.2,
-                         trials=0, rounds=0, multiple=4, seeds=(0.5,), measure=1, progress=False,
-                         precisions=("float32", "int8"))
+                         trials=0, rounds=1, steps=20, lam=1e-6, batch=16, multiple=4, seeds=(0.5,), measure=1,
+                         progress=False, precisions=("float32", "int8"))
     assert {d.precision for d in res.layers} <= {"float32", "int8"}
     int8_points = [p for p in res.pareto if p.int8]
     assert int8_points and int8_points[0].note == "seed int8" and res.quality_evals == len(res.pareto)
+    # the descent proposed precisions: one relaxed share per int8-capable layer, rounded at 0.5, built
+    rnd = res.trace[0]
+    shares = rnd["int8_share"]
+    assert set(shares) == set(precision.eligible(fj.load_onnx(proto))) and all(0 < s < 1 for s in shares.values())
+    assert set(rnd["int8"]) == round_precisions(shares) == {n for n, s in shares.items() if s >= 0.5}
+    descended = [p for p in res.pareto if p.note.startswith("lam=")]
+    assert len(descended) == 1 and list(descended[0].int8) == rnd["int8"]
     # what the result reports is the returned executable, measured: its layers' precisions and quality
     built = {n.name: precision_of(n.task) for n in res.executable.model.graph.nodes if n.is_anchor}
     assert {d.name: d.precision for d in res.layers} == built
@@ -141,3 +152,49 @@ def test_docstring_examples_and_the_cli_flag():
     cli.add_parser(lambda name, text: sub.add_parser(name, help=text))
     args = sub.choices["approx"].parse_args(["m.onnx", "--data", "d.npz", "-o", "out", "--int8"])
     assert args.int8
+
+
+def _relaxed_objective(model, x, lam=1.0):
+    """The joint objective of the digits CNN with int8 shares, on tables from a synthetic predictor that
+    sees dtype (an int8 task costs half its float32 twin: ``r = 0.5``), so the test needs no tuning."""
+    from felixjax.approx.knobs import analyze
+    from felixjax.approx.objective import LatencyTable, RelaxedPrecision, objective
+    from felixjax.quantize import act_qparams
+
+    groups = analyze(model.graph)
+    table = LatencyTable(model.graph, groups, fj.Target.cpu(cores=1), measured={}, multiple=4,
+                         predictor=lambda t: 1e-9 * t.flops * (0.5 if precision_of(t) == "int8" else 1.0))
+    names = precision.eligible(model)
+    ranges = precision.calibrate_ranges(model, x, names)
+    plat = precision.PrecisionLatency(model, table, names)
+    relax = RelaxedPrecision({n: act_qparams(*ranges[n]) for n in names}, plat.relaxed)
+    loss, relaxed, _ = objective(model.graph, groups, table, metric="accuracy", lam=lam, multiple=4, precision=relax)
+    return loss, relaxed, relax, plat, groups, table
+
+
+def test_the_objective_is_differentiable_in_the_int8_shares(digits):
+    import jax
+    import jax.numpy as jnp
+
+    model, _, x = digits
+    loss, relaxed, relax, plat, _, _ = _relaxed_objective(model, x)
+    y = np.random.default_rng(1).integers(0, 10, len(x))
+    rb = np.zeros((len(x), 1), np.float32)
+    params = {"c": jnp.asarray(relaxed.theta_of({})), "q": jnp.zeros(len(relax.names), jnp.float32)}
+    vg = jax.jit(jax.value_and_grad(lambda p: loss(p, x, y, rb), has_aux=True))  # one compile
+    (_, (lat, _)), g = vg(params)
+    g = np.asarray(g["q"])
+    assert np.isfinite(g).all() and np.all(g != 0)
+    # the last layer's share: its rounding feeds no later rounding, so the objective is smooth in it
+    k, eps = relax.names.index("fc"), 0.05
+    e = jnp.zeros(len(relax.names)).at[k].set(eps)
+    fd = (vg({**params, "q": params["q"] + e})[0][0] - vg({**params, "q": params["q"] - e})[0][0]) / (2 * eps)
+    assert float(g[k]) == pytest.approx(float(fd), rel=2e-2, abs=1e-6)
+    # d latency / d share: the table's int8 saving of that layer (r = 0.5 here), not a FLOPs count
+    kappa = relaxed.kappa(params["c"])
+    dl = jax.grad(lambda q: plat.relaxed(kappa, {"fc": q}))(0.3)
+    assert plat.ratio("fc") == pytest.approx(0.5)
+    assert float(dl) == pytest.approx(-(1 - plat.ratio("fc")) * float(plat.layer("fc", kappa)), rel=1e-5)
+    # d quality / d q (lam = 1): the objective's slope less the latency's (share 0.5: dq/dphi = 1/4)
+    per_second = float(lat) / float(plat.relaxed(kappa, dict.fromkeys(relax.names, 0.5)))
+    assert abs(float(g[k]) - 0.25 * float(dl) * per_second) > 1e-6

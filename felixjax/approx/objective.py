@@ -14,6 +14,22 @@ way, steep where it crosses a register-block or padding boundary. With ``latency
 are FLOP counts instead (the proxy baseline this objective must beat). Measured latencies of rounded
 points are written back into the tables (:meth:`LatencyTable.observe`).
 
+**Relaxed precision meets the same tables.** With ``precisions=("float32", "int8")`` every layer the int8
+build takes gets one more coordinate ``phi``, its int8 share ``q = sigmoid(phi)`` (:class:`RelaxedPrecision`).
+Its latency is ``(1 - q) lat_fp32(c_in, c_out) + q lat_int8(c_in, c_out)``: ``lat_fp32`` is the channel
+table above and ``lat_int8 = r lat_fp32``, ``r`` the ratio of the layer's int8 and float32 tasks at full
+size (:meth:`felixjax.approx.precision.PrecisionLatency.ratio`): measured, since the all-int8 network is
+built and profiled before the descent and its kernels (the quantize step folded in) go into the tables;
+the cost model's prediction where a kernel was not measured. The ratio is assumed to hold at pruned
+extents (measured pruned int8 kernels do not update it). So ``d latency / d q = (r - 1) lat_fp32(c)`` is a
+kernel's measured saving and ``d latency / d c`` the table's slope times ``1 - q + q r``; neither is a
+FLOPs count: an int8 task counts the FLOPs of its float32 twin, so under ``latency="flops"`` ``r = 1`` and
+``d latency / d q = 0`` (the proxy never sees a reason to quantize). The quality term sees the layer's data
+and weights as ``(1 - q) x + q fake_quant(x)`` (:func:`felixjax.quantize.fake_quant_inputs`, the int8
+kernel's arithmetic, through a straight-through estimator), so ``d quality / d q`` is the loss that
+layer's rounding causes. Channels and shares are descended together; ``q`` rounds to int8 at 0.5
+(:func:`round_precisions`), and the rounded point is built and measured like any other.
+
 Example:
     >>> import numpy as np
     >>> float(interp2(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([8.0, 16.0]), np.array([8.0, 16.0]),
@@ -37,10 +53,11 @@ from codegen.ops import Task
 from codegen.spaces import spaces_for
 from codegen.target import Target
 from felixjax.graph_passes import Graph, Node
+from felixjax.quantize import fake_quant_inputs
 
 from . import executor
 from .knobs import Groups, mask_vector
-from .quality import soft_mask, surrogate
+from .quality import soft_mask, ste, surrogate
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -182,12 +199,12 @@ class LatencyTable:
                         changed += 1
         return changed
 
-    def of_layer(self, name: str, kappa: Mapping[int, Any]) -> float:
-        """One anchor's latency at counts ``kappa``; KeyError for a layer whose channels never change (not
-        tabulated: its latency is its full task's, ``value(node.task)``)."""
+    def of_layer(self, name: str, kappa: Mapping[int, Any]) -> Any:
+        """One anchor's latency at (relaxed) counts ``kappa``, differentiable in them; KeyError for a layer
+        whose channels never change (not tabulated: its latency is its full task's, ``value(node.task)``)."""
         for lay in self.layers:
             if lay.node.name == name:
-                return float(interp2(lay.table, lay.gi, lay.go, *lay.extents(kappa)))
+                return interp2(lay.table, lay.gi, lay.go, *lay.extents(kappa))
         raise KeyError(name)
 
     def total(self, kappa: Mapping[int, Any]) -> Any:
@@ -251,21 +268,67 @@ class Relaxed:
         return np.asarray(out, np.float32)
 
 
-def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *, metric: str,
-            labels: np.ndarray | None, reference: np.ndarray | None, lam: float, start: Mapping[int, float],
-            steps: int = 60, lr: float = 0.25, batch: int = 64, seed: int = 0, multiple: int = 8,
-            ) -> tuple[dict[int, float], dict]:
-    """Minimize ``latency / latency_full + lam * (quality surrogate - its value at full size)`` over the
-    groups' relaxed channel counts with optax Adam; returns the relaxed counts and a trace."""
+@dataclass(frozen=True)
+class RelaxedPrecision:
+    """The relaxed precision knob (module docstring): one unconstrained coordinate ``phi`` per layer that
+    may run at int8, its int8 share ``q = sigmoid(phi)``."""
+
+    #: layer -> its input's uint8 ``(scale, zero point)`` (calibrated on the given data)
+    qparams: Mapping[str, tuple[float, int]]
+    #: seconds at relaxed counts and int8 shares (:meth:`felixjax.approx.precision.PrecisionLatency.relaxed`)
+    latency: Callable[[Mapping[int, Any], Mapping[str, Any]], Any]
+    #: the layers at int8 in the start point (share 0.9; the others 0.1)
+    start: frozenset = frozenset()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.qparams))
+
+    def shares(self, phi: Any) -> dict[str, Any]:
+        s = jax.nn.sigmoid(phi)
+        return {n: s[k] for k, n in enumerate(self.names)}
+
+    def phi_of(self) -> np.ndarray:
+        return np.asarray([math.log(9.0) if n in self.start else -math.log(9.0) for n in self.names], np.float32)
+
+    def inputs(self, shares: Mapping[str, Any]) -> Callable[[Node, list], list]:
+        """An ``anchor_inputs`` hook: a layer's data and weights as ``(1 - q) x + q fake_quant(x)``
+        (:func:`felixjax.quantize.fake_quant_inputs`, the int8 kernel's arithmetic, through a
+        straight-through estimator), so ``d quality / d q`` is the effect of its rounding."""
+        def hook(node: Node, args: list) -> list:
+            if node.name not in self.qparams:
+                return args
+            q = shares[node.name]
+            fq = fake_quant_inputs(node.task, args, *self.qparams[node.name], jnp)
+            return [(1 - q) * a + q * ste(a, b) for a, b in zip(args[:2], fq[:2])] + list(args[2:])
+        return hook
+
+
+def round_precisions(shares: Mapping[str, float]) -> frozenset:
+    """The layers a relaxed point puts at int8: int8 share >= 0.5 (the others float32).
+
+    Example:
+        >>> sorted(round_precisions({"a": 0.7, "b": 0.2, "c": 0.5}))
+        ['a', 'c']
+    """
+    return frozenset(n for n, q in shares.items() if float(q) >= 0.5)
+
+
+def objective(graph: Graph, groups: Groups, table: LatencyTable, *, metric: str, lam: float, multiple: int = 8,
+              precision: RelaxedPrecision | None = None) -> tuple[Callable, Relaxed, float]:
+    """``(loss, channel relaxation, full latency)`` of :func:`descend`: ``loss(params, xb, yb, rb) ->
+    (value, (latency, quality))`` over ``params = {"c": channel coordinates, "q": int8 coordinates}``
+    (``"q"`` empty without ``precision``); the latency is relative to the float32 full-size network's."""
     roots = tuple(groups.prunable())
     sizes = tuple(groups.size(g) for g in roots)
     relaxed = Relaxed(roots, sizes, tuple(min(n, multiple) for n in sizes))
     name, outname = graph.inputs[0], graph.outputs[0]
     lat_full = float(table.total({g: float(n) for g, n in zip(roots, sizes)}))
 
-    def outputs(theta: Any, xb: Any) -> Any:
-        kappa = relaxed.kappa(theta)
+    def outputs(params: Any, xb: Any) -> Any:
+        kappa = relaxed.kappa(params["c"])
         masks = {g: soft_mask(kappa[g], n, tau=max(0.5, n / 64)) for g, n in zip(roots, sizes)}
+        anchor_inputs = precision.inputs(precision.shares(params["q"])) if precision is not None else None
 
         def hook(v: str, val: Any) -> Any:
             lay = groups.layouts.get(v)
@@ -274,32 +337,50 @@ def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *,
             m = mask_vector(groups, lay, masks, jnp)
             return val * m.reshape((1, -1) + (1,) * (val.ndim - 2))
 
-        one = lambda xi: executor.run(graph, {name: xi}, value_hook=hook)[outname]
+        one = lambda xi: executor.run(graph, {name: xi}, value_hook=hook, anchor_inputs=anchor_inputs)[outname]
         return jax.vmap(one)(xb)
 
-    def loss(theta: Any, xb: Any, yb: Any, rb: Any) -> tuple[Any, tuple]:
-        kappa = relaxed.kappa(theta)
-        lat = table.total(kappa) / lat_full
-        q = surrogate(outputs(theta, xb), metric, labels=yb, reference=rb)
+    def loss(params: Any, xb: Any, yb: Any, rb: Any) -> tuple[Any, tuple]:
+        kappa = relaxed.kappa(params["c"])
+        sec = (table.total(kappa) if precision is None
+               else precision.latency(kappa, precision.shares(params["q"])))
+        lat = sec / lat_full
+        q = surrogate(outputs(params, xb), metric, labels=yb, reference=rb)
         return lat + lam * q, (lat, q)
 
+    return loss, relaxed, lat_full
+
+
+def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *, metric: str,
+            labels: np.ndarray | None, reference: np.ndarray | None, lam: float, start: Mapping[int, float],
+            steps: int = 60, lr: float = 0.25, batch: int = 64, seed: int = 0, multiple: int = 8,
+            precision: RelaxedPrecision | None = None) -> tuple[dict[int, float], dict]:
+    """Minimize ``latency / latency_full + lam * (quality surrogate - its value at full size)`` over the
+    groups' relaxed channel counts (and, with ``precision``, the layers' int8 shares) with optax Adam;
+    returns the relaxed counts and a trace (``"int8_share"``: the relaxed shares, round them with
+    :func:`round_precisions`)."""
+    loss, relaxed, lat_full = objective(graph, groups, table, metric=metric, lam=lam, multiple=multiple,
+                                        precision=precision)
     grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
     opt = optax.adam(lr)
-    theta = jnp.asarray(relaxed.theta_of(start))
-    state = opt.init(theta)
+    params = {"c": jnp.asarray(relaxed.theta_of(start)),
+              "q": jnp.asarray(precision.phi_of() if precision is not None else np.zeros(0, np.float32))}
+    state = opt.init(params)
     rng = np.random.default_rng(seed)
-    trace, last = [], np.zeros(len(roots))
+    trace, last = [], np.zeros(len(relaxed.roots))
     dummy_y = np.zeros(len(x), np.int64) if labels is None else labels
     dummy_r = np.zeros((len(x), 1), np.float32) if reference is None else reference
     for step in range(steps):
         idx = rng.choice(len(x), size=min(batch, len(x)), replace=False)
-        (val, (lat, q)), gr = grad(theta, x[idx], dummy_y[idx], dummy_r[idx])
+        (val, (lat, q)), gr = grad(params, x[idx], dummy_y[idx], dummy_r[idx])
         upd, state = opt.update(gr, state)
-        last = np.asarray(gr)
-        theta = optax.apply_updates(theta, upd)
+        last = np.asarray(gr["c"])
+        params = optax.apply_updates(params, upd)
         trace.append((float(val), float(lat), float(q)))
-    kappa = {g: float(v) for g, v in relaxed.kappa(theta).items()}
-    return kappa, {"trace": trace, "grad": dict(zip(roots, last.tolist())), "lat_full": lat_full}
+    kappa = {g: float(v) for g, v in relaxed.kappa(params["c"]).items()}
+    shares = {n: float(v) for n, v in precision.shares(params["q"]).items()} if precision is not None else {}
+    return kappa, {"trace": trace, "grad": dict(zip(relaxed.roots, last.tolist())), "lat_full": lat_full,
+                   "int8_share": shares}
 
 
 def finetune(graph: Graph, x: np.ndarray, *, metric: str, labels: np.ndarray | None,

@@ -7,8 +7,11 @@
   tasks count the same FLOPs: the proxy does not see dtype, so it never puts a layer at int8);
 * quality: fake quantization in the JAX executor (:func:`felixjax.quantize.fake_quant_inputs`, the
   arithmetic of the int8 kernels in float), with each layer's input range calibrated on the given data;
-* choice: for a channel configuration, layers go to int8 greedily by their latency saving while the
-  quality on the given data (channel masks and fake quantization together) stays at or above a floor.
+* choice: the descent of :mod:`felixjax.approx.objective` relaxes each layer's precision to an int8 share
+  (latency :meth:`PrecisionLatency.relaxed`, quality through relaxed fake quantization) and rounds it;
+  beside it, :func:`assign` is a greedy pass for a given channel configuration: layers go to int8 by their
+  latency saving while the quality on the given data (channel masks and fake quantization together)
+  stays at or above a floor.
 
 Every configuration chosen this way is then built (the calibration redone on the pruned network, the
 int8 layers quantized at load) and measured: real latency, real quality.
@@ -84,7 +87,8 @@ class PrecisionLatency:
         t = self.tasks[name]
         return self.table.value(int8_task(t)) / max(self.table.value(t), 1e-30)
 
-    def layer(self, name: str, keep: Mapping[int, float]) -> float:
+    def layer(self, name: str, keep: Mapping[int, Any]) -> Any:
+        """float32 seconds of a layer at (relaxed) counts ``keep``, differentiable in them."""
         try:
             return self.table.of_layer(name, keep)
         except KeyError:
@@ -92,10 +96,20 @@ class PrecisionLatency:
 
     def saving(self, name: str, keep: Mapping[int, float]) -> float:
         """Seconds a layer saves at int8 under ``keep`` (negative: int8 is slower there)."""
-        return (1.0 - self.ratio(name)) * self.layer(name, keep)
+        return float((1.0 - self.ratio(name)) * self.layer(name, keep))
+
+    def relaxed(self, kappa: Mapping[int, Any], share: Mapping[str, Any]) -> Any:
+        """Seconds at relaxed counts ``kappa`` with layer ``n`` at int8 share ``share[n]`` in [0, 1]: each
+        layer ``(1 - q) lat_fp32(channels) + q lat_int8(channels)`` with ``lat_int8 = ratio * lat_fp32``
+        (differentiable in both; the descent's latency, :class:`~felixjax.approx.objective.RelaxedPrecision`)."""
+        out = self.table.total(kappa)
+        for n, q in share.items():
+            out = out - q * (1.0 - self.ratio(n)) * self.layer(n, kappa)
+        return out
 
     def total(self, keep: Mapping[int, float], int8: Iterable[str] = ()) -> float:
-        return float(self.table.total(keep)) - sum(self.saving(n, keep) for n in int8)
+        """Seconds of a rounded configuration: :meth:`relaxed` at shares 0 / 1."""
+        return float(self.relaxed(keep, {n: 1.0 for n in int8}))
 
 
 def assign(keep: Mapping[int, int], floor: float, *, latency: PrecisionLatency,

@@ -10,8 +10,10 @@ held). The result keeps every measured point (``pareto``) and returns the fastes
 
 Precision: with ``precisions=("float32", "int8")`` each layer may run at int8 (:mod:`felixjax.approx.precision`:
 latency from the same tables, quality by fake quantization in JAX, every chosen point built with int8
-kernels and measured). float16 and unstructured sparsity are not network knobs here; :func:`probe_knobs`
-says why, in ``result.excluded``.
+kernels and measured): the descent relaxes each layer's precision beside its channels (an int8 share,
+:class:`~felixjax.approx.objective.RelaxedPrecision`) and rounds both; the front search adds a greedy
+precision pass over the float32 points it measured. float16 and unstructured sparsity are not network
+knobs here; :func:`probe_knobs` says why, in ``result.excluded``.
 """
 from __future__ import annotations
 
@@ -35,7 +37,15 @@ from ..onnx_import import Model
 from ..quantize import act_qparams, fake_quant_inputs, int8_task, precision_of
 from . import executor
 from .knobs import Groups, analyze, prune
-from .objective import FRACTIONS, LatencyTable, descend, finetune, round_channels
+from .objective import (
+    FRACTIONS,
+    LatencyTable,
+    RelaxedPrecision,
+    descend,
+    finetune,
+    round_channels,
+    round_precisions,
+)
 from .precision import PrecisionLatency, assign, calibrate_ranges, eligible, quantized
 from .quality import check_data, metric_value
 
@@ -454,8 +464,10 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             (the last one: a local search within budget from the fastest measured point within budget).
         precisions: the precisions a layer may take: ``("float32",)`` (default: channels only, the
             results of earlier versions) or ``("float32", "int8")`` (:mod:`felixjax.approx.precision`):
-            the all-int8 network is tuned, built and measured as one more seed, then the front search
-            puts layers of the measured configurations at int8 where the tables say it pays and the
+            the all-int8 network is tuned, built and measured first (its kernels measured into the
+            tables), then each descent round descends the layers' int8 shares with their channels and
+            builds the rounded precisions; the front search (``search="front"``) also puts layers of its
+            measured float32 configurations at int8 greedily where the tables say it pays and the
             fake-quantized quality holds the budget (at most ``measure`` more points, built with int8
             kernels and measured). Off by default: it tunes the int8 twin of every layer too.
 
@@ -483,8 +495,6 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     allowed, _ = probe_knobs()
     if "float32" not in precisions or set(precisions) - set(allowed):
         raise ValueError(f"precisions must include 'float32' and be among {allowed}, got {tuple(precisions)!r}")
-    if "int8" in precisions and search != "front":
-        raise ValueError("precisions with 'int8' need search='front' (the descent chooses channels only)")
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
@@ -506,19 +516,29 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     ax.trials_per_task = max(0, (trials - trials // 2) // max(1, rounds * tasks))
     points, best = [], (base, base_exe, base_model)
     lo = hi = None
-    seen: dict = {}  # rounded point -> within budget
+    seen: dict = {}  # rounded point (channels, int8 layers) -> within budget
     trace = []
     full = {g: float(ax.groups.size(g)) for g in ax.groups.prunable()}
     start = full  # descent starts at the smallest network measured within budget so far (else the full one)
+    start_i8: frozenset = frozenset()
+    method = latency if latency != "cost_model" else "ours"
+    # with int8: (latency of configurations, each layer's input (scale, zero point), the all-int8 point)
+    prec = (_int8_setup(ax, table, base, base_exe, points, seen, method=method, quality_budget=quality_budget)
+            if "int8" in precisions else None)
+    if prec is not None and seen[(prec[2][0].keep, prec[2][0].int8)] and prec[2][0].speedup > base.speedup:
+        best, start_i8 = prec[2], frozenset(prec[1])                          # the all-int8 network within budget
     for r in range(rounds):
+        relax = RelaxedPrecision(prec[1], prec[0].relaxed, start_i8) if prec is not None else None
         kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
                               reference=ax.reference, lam=lam, start=start, steps=steps, seed=seed + r,
-                              multiple=ax.multiple, batch=batch)                           # the joint objective, relaxed
+                              multiple=ax.multiple, batch=batch, precision=relax)        # the joint objective, relaxed
         keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
-        key = tuple(sorted(keep.items()))
+        i8 = round_precisions(info["int8_share"])
+        key = (tuple(sorted(keep.items())), tuple(sorted(i8)))
         trace.append({"round": r, "lam": lam, "kappa": kappa, "keep": dict(keep), "grad": info["grad"],
+                      "int8_share": info["int8_share"], "int8": sorted(i8),
                       "objective": info["trace"][-1] if info["trace"] else None})
-        if all(keep[g] == ax.groups.size(g) for g in keep):
+        if all(keep[g] == ax.groups.size(g) for g in keep) and not i8:
             say(f"approx: round {r}: lam {lam:.3g} keeps the full network; lowering it")
             lam = lam / 4
             continue
@@ -526,16 +546,17 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             say(f"approx: round {r}: lam {lam:.3g} gives a point already measured")
             lam = lam / 2 if seen[key] else lam * 2
             continue
-        pt, exe, pm = ax.point(keep, latency if latency != "cost_model" else "ours", baseline=base,
-                               base_exe=base_exe, note=f"lam={lam:.3g}")                         # prune, re-tune, build, measure
+        pt, exe, pm = ax.point(keep, method, baseline=base, base_exe=base_exe, note=f"lam={lam:.3g}",
+                               int8=i8)                                      # prune, re-tune, build, measure
         points.append(pt)
         table.observe(ax.measured())                                          # measured kernels feed back
         ok = seen[key] = pt.quality_loss <= quality_budget
         say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
-            f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)")
+            f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)"
+            + (f", int8 {sorted(i8)}" if i8 else ""))
         if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
-            start = {g: float(n) for g, n in keep.items()}
+            start, start_i8 = {g: float(n) for g, n in keep.items()}, i8
         if ok:
             hi = lam if hi is None else min(hi, lam)
             lam = lam / 4 if lo is None else math.sqrt(lo * lam)
@@ -544,8 +565,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             lam = lam * 4 if hi is None else math.sqrt(hi * lam)
     if search == "front":
         best = _front_search(ax, table, base, base_exe, points, best, seen, seeds=seeds, measure=measure,
-                             quality_budget=quality_budget, method=latency if latency != "cost_model" else "ours",
-                             observe=latency == "cost_model", trace=trace, int8="int8" in precisions)
+                             quality_budget=quality_budget, method=method,
+                             observe=latency == "cost_model", trace=trace, int8=prec)
     chosen, exe, chosen_model = best
     layers = _decisions(base_model, chosen_model)
     return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
@@ -555,7 +576,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
 
 def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
                   points: list, best: tuple, seen: dict, *, seeds: Sequence | None, measure: int,
-                  quality_budget: float, method: str, observe: bool, trace: list, int8: bool = False) -> tuple:
+                  quality_budget: float, method: str, observe: bool, trace: list, int8: tuple | None = None) -> tuple:
     """The front search of :func:`approximate` (see its ``search`` and ``precisions``); appends to
     ``points``, returns the fastest measured point within budget (``best`` if none is faster)."""
     say, groups, m = ax._say, ax.groups, ax.multiple
@@ -585,8 +606,7 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
         points.append(pt)
         measured[mk] = pt
         ok = pt.quality_loss <= quality_budget + 1e-9
-        if not i8:
-            seen[kk] = ok
+        seen[mk] = ok
         if observe:
             table.observe({**ax.layer_latencies(exe), **ax.measured()})  # measured kernels feed back
             lat_cache.clear()
@@ -606,7 +626,7 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             starts.append((f"seed {[int(s.get(g, full[g])) for g in roots]}", {g: int(s.get(g, full[g])) for g in roots}))
         else:
             starts.append((f"seed uniform {float(s):g}", uniform_keep(groups, float(s), m)))
-    starts += [(f"seed {p.note or 'descent'}", dict(p.keep)) for p in list(points)]
+    starts += [(f"seed {p.note or 'descent'}", dict(p.keep)) for p in list(points) if key(dict(p.keep)) != key(full)]
     for note, k in starts:                                                    # every seed measured
         build(k, note)
     floor_budget = qual(full) - quality_budget
@@ -636,8 +656,8 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             build(k, note)
             done += 1
     ax.search_evals += qual.evals
-    if int8:
-        done += _int8_stage(ax, table, points, build, key, full, floor_budget, quality_budget, measure)
+    if int8 is not None:
+        done += _int8_stage(ax, int8[0], int8[1], points, build, key, full, floor_budget, quality_budget, measure)
     trace.append({"front": {"seeds": len(starts), "candidates": len(cands), "measured": done,
                             "jax_quality_evals": qual.evals}})
     say(f"approx: front search: {len(starts)} seeds, {done} local-search points measured, "
@@ -645,16 +665,31 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
     return best
 
 
-def _int8_stage(ax: Approximator, table: LatencyTable, points: list, build: Callable, key: Callable,
-                full: dict, floor: float, quality_budget: float, measure: int) -> int:
-    """The precision part of the front search: the all-int8 network (its int8 kernels measured into the
-    tables), then for the full network and each float32 point measured within budget (fastest first) the
-    int8 layers :func:`~felixjax.approx.precision.assign` picks, built and measured (at most ``measure``)."""
+def _int8_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel, points: list,
+                seen: dict, *, method: str, quality_budget: float) -> tuple[PrecisionLatency, dict, tuple]:
+    """Before the descent rounds with int8: the all-int8 network tuned, built and measured (its kernels'
+    measured latencies written into the tables, so the int8 / float32 ratios the descent prices are
+    measured at full size); returns ``(latency of configurations, {layer: input (scale, zero point)},
+    (point, executable, model))``."""
     names = eligible(ax.model)
     ranges = calibrate_ranges(ax.model, ax.x, names)
-    qual = MaskedQuality(ax, qparams={n: act_qparams(*ranges[n]) for n in names})
-    build(full, "seed int8", frozenset(names))
-    plat = PrecisionLatency(ax.model, table, names)
+    full = {g: ax.groups.size(g) for g in ax.groups.prunable()}
+    pt, exe, pm = ax.point(full, method, baseline=base, base_exe=base_exe, note="seed int8", int8=frozenset(names))
+    points.append(pt)
+    seen[(pt.keep, pt.int8)] = pt.quality_loss <= quality_budget + 1e-9
+    if table.kind == "cost_model":
+        table.observe({**ax.layer_latencies(exe), **ax.measured()})
+    ax._say(f"approx: all-int8 ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
+            f"{ax.metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f})")
+    return PrecisionLatency(ax.model, table, names), {n: act_qparams(*ranges[n]) for n in names}, (pt, exe, pm)
+
+
+def _int8_stage(ax: Approximator, plat: PrecisionLatency, qparams: Mapping[str, tuple[float, int]], points: list,
+                build: Callable, key: Callable, full: dict, floor: float, quality_budget: float, measure: int) -> int:
+    """The greedy precision pass of the front search (beside the descent's proposals): for the full
+    network and each float32 point measured within budget (fastest first) the int8 layers
+    :func:`~felixjax.approx.precision.assign` picks, built and measured (at most ``measure``)."""
+    qual = MaskedQuality(ax, qparams=qparams)
     starts = [full] + [dict(p.keep) for p in sorted(points, key=lambda p: -p.speedup)
                        if not p.int8 and p.quality_loss <= quality_budget + 1e-9]
     done, tried = 0, set()
@@ -668,8 +703,9 @@ def _int8_stage(ax: Approximator, table: LatencyTable, points: list, build: Call
         if i8 and build(k, f"int8 x{len(i8)}", i8) is not None:
             done += 1
     ax.search_evals += qual.evals
-    ax._say(f"approx: precision: {len(names)} layers may run at int8; {done} mixed-precision points measured")
-    return done + 1
+    ax._say(f"approx: precision: {len(qparams)} layers may run at int8; {done} mixed-precision points measured "
+            f"by the greedy pass")
+    return done
 
 
 def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
