@@ -1,6 +1,7 @@
 """Numpy semantics of the canonical ops added by ``felixjax.onnx_ops`` (the reference for the C build).
 
-``felixjax.graph_passes.evaluate`` handles the core ops and asks :func:`evaluate_extra` for these.
+``felixjax.graph_passes.evaluate`` handles the core ops and asks :func:`evaluate_extra` for these; the
+elementwise ops written once for numpy and JAX live in ``felixjax.op_table``.
 
 Example:
     >>> import numpy as np
@@ -69,18 +70,6 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
                    out_shapes: Sequence[Sequence[int]] | None) -> list[np.ndarray] | None:
     """One output list for the ops of ``felixjax.onnx_ops``; None for an op it does not know."""
     x = args[0] if args else None
-    if op == "Exp":
-        return [np.exp(x)]
-    if op == "Log":
-        return [np.log(x)]
-    if op == "Neg":
-        return [np.negative(x)]
-    if op == "Floor":
-        return [np.floor(x)]
-    if op == "Ceil":
-        return [np.ceil(x)]
-    if op == "Abs":
-        return [np.abs(x)]
     if op == "Reciprocal":
         return [_f32(1 / x, x)]
     if op == "Softplus":
@@ -95,10 +84,6 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_f32(np.where(x < 0, np.float32(a["alpha"]) * np.expm1(x), x), x)]
     if op == "Gelu":
         return [_gelu(x, a["approximate"])]
-    simple = {"Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh,
-              "Sign": np.sign, "Round": np.round}
-    if op in simple:
-        return [simple[op](x)]
     if op == "Softsign":
         return [_f32(x / (1 + np.abs(x)), x)]
     if op == "Mish":

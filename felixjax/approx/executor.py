@@ -1,9 +1,10 @@
 """A JAX executor of the fused graph (stage ② output): the quality side of approximation, differentiable.
 
 Every op here is a JAX twin of ``felixjax.graph_passes.evaluate`` (the numpy executor the C build is
-checked against). :data:`JAX_OPS` is the op table; :func:`drift_report` runs every op of the table
-through both executors on random inputs, so a change to one that the other does not follow fails
-``tests/test_approx.py`` (the two cannot drift silently). An op outside the table is a clear error.
+checked against). :data:`JAX_OPS` is the op table: the ops of ``felixjax.op_table`` (written once for
+both executors) bound to ``jax.numpy``, plus JAX twins of the others; :func:`drift_report` runs every op
+of the table through both executors on random inputs, so a change to one that the other does not follow
+fails ``tests/test_approx.py`` (the two cannot drift silently). An op outside the table is a clear error.
 
 Hooks make the same graph run approximated: ``weights`` replaces constants (pruned or fine-tuned
 weights), ``anchor_inputs(node, args)`` rewrites an anchor's inputs (fake quantization, magnitude
@@ -18,6 +19,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from felixjax import op_table
 from felixjax.graph_passes import Graph, Node
 
 Args = Sequence[Any]
@@ -137,12 +140,11 @@ def _binary(f: Callable[[Any, Any], Any]) -> Callable:
 
 #: op -> ``(attrs, args, out_shapes) -> outputs``; anchors are handled by :func:`anchor`.
 JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], list]] = {
-    "Identity": _unary(lambda x: x), "Dropout": _unary(lambda x: x),
+    **{op: functools.partial(f, jnp) for op, f in op_table.OPS.items()},
     "Add": _binary(jnp.add), "Sub": _binary(jnp.subtract), "Mul": _binary(jnp.multiply),
     "Div": _binary(jnp.divide), "Pow": _binary(jnp.power), "Max": _binary(jnp.maximum), "Min": _binary(jnp.minimum),
-    "Sqrt": _unary(jnp.sqrt), "Relu": _unary(lambda x: jnp.maximum(x, 0.0)), "Sigmoid": _unary(jax.nn.sigmoid),
-    "Tanh": _unary(jnp.tanh), "Erf": _unary(jax.scipy.special.erf), "Exp": _unary(jnp.exp), "Log": _unary(jnp.log),
-    "Neg": _unary(jnp.negative), "Abs": _unary(jnp.abs), "Reciprocal": _unary(lambda x: 1.0 / x),
+    "Relu": _unary(lambda x: jnp.maximum(x, 0.0)), "Sigmoid": _unary(jax.nn.sigmoid),
+    "Erf": _unary(jax.scipy.special.erf), "Reciprocal": _unary(lambda x: 1.0 / x),
     "Softplus": _unary(lambda x: jnp.logaddexp(0.0, x)),
     "HardSwish": _unary(lambda x: x * jnp.clip(x / 6.0 + 0.5, 0.0, 1.0)),
     "HardSigmoid": lambda a, args, s: [jnp.clip(a["alpha"] * args[0] + a["beta"], 0.0, 1.0)],

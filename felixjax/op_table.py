@@ -1,0 +1,35 @@
+"""The op table shared by the numpy executor and the JAX executor: each op here is written once.
+
+Every entry is ``OPS[op](xp, attrs, args, out_shapes) -> outputs`` with ``xp`` the array namespace
+(``numpy`` for ``felixjax.graph_passes.evaluate``, ``jax.numpy`` for ``felixjax.approx.executor``), so
+the two executors cannot drift on these ops. It holds the elementwise ops whose numpy and JAX forms are
+the same call; the other ops still have one definition per executor, checked against each other by
+``felixjax.approx.executor.drift_report``.
+
+Example:
+    >>> import numpy as np
+    >>> OPS["Abs"](np, {}, [np.array([-1.5, 2.0], np.float32)], None)
+    [array([1.5, 2. ], dtype=float32)]
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+#: ONNX unary op -> the name of the elementwise function in both numpy and jax.numpy.
+_UNARY = {"Sqrt": "sqrt", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Neg": "negative", "Abs": "abs",
+          "Floor": "floor", "Ceil": "ceil", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Atan": "arctan",
+          "Sinh": "sinh", "Cosh": "cosh", "Sign": "sign", "Round": "round"}
+
+
+def _unary(name: str) -> Callable[..., list]:
+    return lambda xp, attrs, args, out_shapes: [getattr(xp, name)(args[0])]
+
+
+def _identity(xp: Any, attrs: Mapping[str, Any], args: Sequence[Any], out_shapes: Any) -> list:
+    return [args[0]]
+
+
+#: op -> ``(xp, attrs, args, out_shapes) -> outputs``.
+OPS: dict[str, Callable[[Any, Mapping[str, Any], Sequence[Any], Any], list]] = {
+    "Identity": _identity, "Dropout": _identity, **{op: _unary(f) for op, f in _UNARY.items()}}
