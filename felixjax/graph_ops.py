@@ -108,9 +108,6 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         x64 = x.astype(np.float64)
         m = x64.max(axis=axes, keepdims=True)
         return [_f32(x64 - m - np.log(np.exp(x64 - m).sum(axis=axes, keepdims=True)), x)]
-    if op in ("Max", "Min"):
-        f = np.maximum if op == "Max" else np.minimum
-        return [f(x, args[1]).astype(np.result_type(x, args[1]))]
     if op == "PRelu":
         return [_f32(np.where(x < 0, x * args[1], x), x)]
     if op == "Where":

@@ -2,9 +2,9 @@
 
 Every entry is ``OPS[op](xp, attrs, args, out_shapes) -> outputs`` with ``xp`` the array namespace
 (``numpy`` for ``felixjax.graph_passes.evaluate``, ``jax.numpy`` for ``felixjax.approx.executor``), so
-the two executors cannot drift on these ops. It holds the elementwise ops whose numpy and JAX forms are
-the same call; the other ops still have one definition per executor, checked against each other by
-``felixjax.approx.executor.drift_report``.
+the two executors cannot drift on these ops. It holds the elementwise ops, MatMul, Reshape and Concat,
+whose numpy and JAX forms are the same calls; the other ops still have one definition per executor,
+checked against each other by ``felixjax.approx.executor.drift_report``.
 
 Example:
     >>> import numpy as np
@@ -26,10 +26,28 @@ def _unary(name: str) -> Callable[..., list]:
     return lambda xp, attrs, args, out_shapes: [getattr(xp, name)(args[0])]
 
 
+#: ONNX binary op -> the name of the broadcasting function in both numpy and jax.numpy.
+_BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide", "Pow": "power", "Max": "maximum",
+           "Min": "minimum"}
+
+
+def _binary(name: str) -> Callable[..., list]:
+    def f(xp: Any, attrs: Mapping[str, Any], args: Sequence[Any], out_shapes: Any) -> list:
+        x, b = args[0], args[1]
+        if name == "divide" and xp.issubdtype(x.dtype, xp.integer):
+            return [xp.trunc(x / b).astype(x.dtype)]  # ONNX integer division truncates (constant folding)
+        return [getattr(xp, name)(x, b).astype(xp.result_type(x, b))]
+    return f
+
+
 def _identity(xp: Any, attrs: Mapping[str, Any], args: Sequence[Any], out_shapes: Any) -> list:
     return [args[0]]
 
 
 #: op -> ``(xp, attrs, args, out_shapes) -> outputs``.
 OPS: dict[str, Callable[[Any, Mapping[str, Any], Sequence[Any], Any], list]] = {
-    "Identity": _identity, "Dropout": _identity, **{op: _unary(f) for op, f in _UNARY.items()}}
+    "Identity": _identity, "Dropout": _identity, **{op: _unary(f) for op, f in _UNARY.items()},
+    **{op: _binary(f) for op, f in _BINARY.items()},
+    "MatMul": lambda xp, a, args, s: [xp.matmul(args[0], args[1])],
+    "Reshape": lambda xp, a, args, s: [xp.reshape(args[0], a["shape"])],
+    "Concat": lambda xp, a, args, s: [xp.concatenate(list(args), axis=a["axis"])]}

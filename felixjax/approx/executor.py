@@ -134,15 +134,9 @@ def _unary(f: Callable[[Any], Any]) -> Callable:
     return lambda a, args, shapes: [f(args[0])]
 
 
-def _binary(f: Callable[[Any, Any], Any]) -> Callable:
-    return lambda a, args, shapes: [f(args[0], args[1])]
-
-
 #: op -> ``(attrs, args, out_shapes) -> outputs``; anchors are handled by :func:`anchor`.
 JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], list]] = {
     **{op: functools.partial(f, jnp) for op, f in op_table.OPS.items()},
-    "Add": _binary(jnp.add), "Sub": _binary(jnp.subtract), "Mul": _binary(jnp.multiply),
-    "Div": _binary(jnp.divide), "Pow": _binary(jnp.power), "Max": _binary(jnp.maximum), "Min": _binary(jnp.minimum),
     "Relu": _unary(lambda x: jnp.maximum(x, 0.0)), "Sigmoid": _unary(jax.nn.sigmoid),
     "Erf": _unary(jax.scipy.special.erf), "Reciprocal": _unary(lambda x: 1.0 / x),
     "Softplus": _unary(lambda x: jnp.logaddexp(0.0, x)),
@@ -159,7 +153,6 @@ JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], 
     "Gemm": lambda a, args, s: [a["alpha"] * jnp.matmul(args[0].T if a["trans_a"] else args[0],
                                                         args[1].T if a["trans_b"] else args[1])
                                 + (0 if len(args) < 3 or args[2] is None else a["beta"] * args[2])],
-    "MatMul": _binary(jnp.matmul),
     "BatchNormalization": lambda a, args, s: [
         (args[0] - _channel(args[3], args[0].ndim)) / jnp.sqrt(_channel(args[4], args[0].ndim) + a["epsilon"])
         * _channel(args[1], args[0].ndim) + _channel(args[2], args[0].ndim)],
@@ -170,9 +163,7 @@ JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], 
     "ReduceMax": lambda a, args, s: [jnp.max(args[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))],
     "MaxPool": lambda a, args, s: [_pool(args[0], a, s[0], "max")],
     "AveragePool": lambda a, args, s: [_pool(args[0], a, s[0], "avg")],
-    "Reshape": lambda a, args, s: [jnp.reshape(args[0], a["shape"])],
     "Transpose": lambda a, args, s: [jnp.transpose(args[0], a["perm"])],
-    "Concat": lambda a, args, s: [jnp.concatenate(list(args), axis=a["axis"])],
     "Softmax": lambda a, args, s: [_softmax(args[0], a["axes"])],
     "LogSoftmax": lambda a, args, s: [jax.nn.log_softmax(args[0], axis=tuple(a["axes"]))],
     "Pad": lambda a, args, s: [_pad(args[0], a, args[1])],
