@@ -112,8 +112,6 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_f32(np.where(x < 0, x * args[1], x), x)]
     if op == "Where":
         return [np.where(args[0] != 0, args[1], args[2]).astype(np.result_type(args[1], args[2]))]
-    if op == "Slice":
-        return [np.ascontiguousarray(x[tuple(slice(*s) for s in a["slices"])])]
     if op == "Gather":
         return [np.take(x, a["indices"], axis=a["axis"])]
     if op == "Expand":

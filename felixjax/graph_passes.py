@@ -271,17 +271,10 @@ def evaluate(node: Node, args: Sequence[np.ndarray | None],
             return [y.reshape(out_shapes[0]) if out_shapes else y]
         if op in op_table.OPS:
             return op_table.OPS[op](np, a, args, out_shapes)
-        if op == "Relu":
-            return [np.maximum(x, 0).astype(x.dtype)]
         if op == "Sigmoid":
             return [_sigmoid(x)]
         if op == "Erf":
             return [_erf(x)]
-        if op == "Clip":
-            lo, hi = args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None
-            y = x if lo is None else np.maximum(x, lo)
-            y = y if hi is None else np.minimum(y, hi)
-            return [y.astype(x.dtype)]
         if op == "Conv":
             task = conv_task(a, x.shape, args[1].shape, bias=len(args) > 2 and args[2] is not None)
             return [task.reference(*(v for v in args if v is not None))]
@@ -307,8 +300,6 @@ def evaluate(node: Node, args: Sequence[np.ndarray | None],
             return [_pool(x, a, out_shapes[0], "max")]
         if op == "AveragePool":
             return [_pool(x, a, out_shapes[0], "avg")]
-        if op == "Transpose":
-            return [np.ascontiguousarray(np.transpose(x, a["perm"]))]
         if op == "Softmax":
             axes = tuple(a["axes"])
             e = np.exp(x - x.max(axis=axes, keepdims=True))

@@ -123,13 +123,6 @@ def _pad(x: Any, a: Mapping[str, Any], value: Any) -> Any:
     return jnp.pad(x[crop], widths, mode=mode)
 
 
-def _clip(x: Any, args: Args) -> Any:
-    lo = args[1] if len(args) > 1 else None
-    hi = args[2] if len(args) > 2 else None
-    y = x if lo is None else jnp.maximum(x, lo)
-    return y if hi is None else jnp.minimum(y, hi)
-
-
 def _unary(f: Callable[[Any], Any]) -> Callable:
     return lambda a, args, shapes: [f(args[0])]
 
@@ -137,7 +130,7 @@ def _unary(f: Callable[[Any], Any]) -> Callable:
 #: op -> ``(attrs, args, out_shapes) -> outputs``; anchors are handled by :func:`anchor`.
 JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], list]] = {
     **{op: functools.partial(f, jnp) for op, f in op_table.OPS.items()},
-    "Relu": _unary(lambda x: jnp.maximum(x, 0.0)), "Sigmoid": _unary(jax.nn.sigmoid),
+    "Sigmoid": _unary(jax.nn.sigmoid),
     "Erf": _unary(jax.scipy.special.erf), "Reciprocal": _unary(lambda x: 1.0 / x),
     "Softplus": _unary(lambda x: jnp.logaddexp(0.0, x)),
     "HardSwish": _unary(lambda x: x * jnp.clip(x / 6.0 + 0.5, 0.0, 1.0)),
@@ -146,7 +139,6 @@ JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], 
     "Elu": lambda a, args, s: [jnp.where(args[0] < 0, a["alpha"] * jnp.expm1(args[0]), args[0])],
     "Gelu": lambda a, args, s: [jax.nn.gelu(args[0], approximate=a["approximate"] == "tanh")],
     "PRelu": lambda a, args, s: [jnp.where(args[0] < 0, args[0] * args[1], args[0])],
-    "Clip": lambda a, args, s: [_clip(args[0], args)],
     "Conv": lambda a, args, s: [conv(args[0], args[1], stride=a["strides"], pad=a["pads"], dilation=a["dilations"],
                                      groups=a["groups"])
                                 + (0 if len(args) < 3 or args[2] is None else _channel(args[2], 4))],
@@ -163,11 +155,9 @@ JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], 
     "ReduceMax": lambda a, args, s: [jnp.max(args[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))],
     "MaxPool": lambda a, args, s: [_pool(args[0], a, s[0], "max")],
     "AveragePool": lambda a, args, s: [_pool(args[0], a, s[0], "avg")],
-    "Transpose": lambda a, args, s: [jnp.transpose(args[0], a["perm"])],
     "Softmax": lambda a, args, s: [_softmax(args[0], a["axes"])],
     "LogSoftmax": lambda a, args, s: [jax.nn.log_softmax(args[0], axis=tuple(a["axes"]))],
     "Pad": lambda a, args, s: [_pad(args[0], a, args[1])],
-    "Slice": lambda a, args, s: [args[0][tuple(slice(*v) for v in a["slices"])]],
     "Flatten": lambda a, args, s: [jnp.reshape(args[0], s[0])],
 }
 
