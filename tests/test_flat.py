@@ -25,15 +25,20 @@ def _check(task, cfg, target=TARGET):
 
 
 @pytest.mark.cc
-@pytest.mark.parametrize("task", [
-    conv2d(1, 24, 14, 14, out_channels=40, kernel=1, bias=True, act="relu"),  # k and pixels padded
-    conv2d(2, 16, 9, 11, out_channels=18, kernel=1, residual=True, act="relu6"),  # batch 2, 99 pixels
-    conv2d(1, 8, 16, 16, out_channels=12, kernel=1, bias=True),  # exact: 12 = 2 x 6, 256 = 16 x 16
-    conv2d(1, 32, 5, 3, out_channels=7, kernel=1),  # 7 channels, 15 pixels: no block rows to pad to
-], ids=lambda t: t.name)
-def test_every_flat_sketch_default_matches_numpy(task):
-    names = [s.name for s in sketches_for(task, AVX2) if s.base == flat.FLAT_SKETCH]
-    assert names and names[0] == flat.FLAT_SKETCH
+@pytest.mark.parametrize("sketch,task", [
+    (flat.FLAT_SKETCH, conv2d(1, 24, 14, 14, out_channels=40, kernel=1, bias=True, act="relu")),  # k, pixels padded
+    (flat.FLAT_SKETCH, conv2d(2, 16, 9, 11, out_channels=18, kernel=1, residual=True, act="relu6")),  # 99 pixels
+    (flat.FLAT_SKETCH, conv2d(1, 8, 16, 16, out_channels=12, kernel=1, bias=True)),  # exact: 12 = 2 x 6, 256 px
+    (flat.FLAT_SKETCH, conv2d(1, 32, 5, 3, out_channels=7, kernel=1)),  # 7 channels, 15 pixels: no rows to pad to
+    (flat.IM2COL_SKETCH, conv2d(1, 8, 9, 11, out_channels=10, kernel=3, stride=2, padding=1, bias=True, act="relu")),
+    (flat.IM2COL_SKETCH, conv2d(2, 3, 17, 16, out_channels=7, kernel=5, stride=2, padding=2, residual=True)),  # stem
+    (flat.IM2COL_SKETCH, conv2d(1, 6, 10, 10, out_channels=12, kernel=3, stride=(2, 1), padding=(0, 1, 1, 0))),
+    (flat.IM2COL_SKETCH, conv2d(1, 4, 13, 12, out_channels=6, kernel=3, stride=2, dilation=2, padding=2,
+                                act="relu6")),
+], ids=lambda v: v if isinstance(v, str) else v.name)
+def test_every_variant_default_matches_numpy(sketch, task):
+    names = [s.name for s in sketches_for(task, AVX2) if s.base == sketch]
+    assert names and names[0] == sketch
     for name in names:
         _check(task, Space(task, name, AVX2).default(), AVX2)
 
@@ -78,20 +83,6 @@ def test_default_on_avx2_where_the_block_fits_and_not_elsewhere():
     assert default_sketch(conv2d(1, 512, 7, 7, out_channels=128, kernel=1), AVX2).name != "conv_flat"  # 49 px
     avx512 = Target.cpu(simd_lanes=16, vector_registers=32)  # not measured there: the previous defaults
     assert not default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), avx512).name.startswith("conv_flat")
-
-
-@pytest.mark.cc
-@pytest.mark.parametrize("task", [
-    conv2d(1, 8, 9, 11, out_channels=10, kernel=3, stride=2, padding=1, bias=True, act="relu"),
-    conv2d(2, 3, 17, 16, out_channels=7, kernel=5, stride=2, padding=2, residual=True),  # a stem, batch 2
-    conv2d(1, 6, 10, 10, out_channels=12, kernel=3, stride=(2, 1), padding=(0, 1, 1, 0)),  # asymmetric
-    conv2d(1, 4, 13, 12, out_channels=6, kernel=3, stride=2, dilation=2, padding=2, act="relu6"),
-], ids=lambda t: t.name)
-def test_every_im2col_sketch_default_matches_numpy(task):
-    names = [s.name for s in sketches_for(task, AVX2) if s.base == flat.IM2COL_SKETCH]
-    assert names and names[0] == flat.IM2COL_SKETCH
-    for name in names:
-        _check(task, Space(task, name, AVX2).default(), AVX2)
 
 
 @pytest.mark.cc
