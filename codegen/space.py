@@ -631,8 +631,8 @@ def default_config(space: Space) -> Config:
             inner = _largest_divisor_leq(a.extent, 256) if a.name == "c" else 1
             tiles.append((a.extent // inner, inner))
         elif a.reduce:
-            flat = space.sketch.base in (_flat.FLAT_SKETCH, _flat.IM2COL_SKETCH)  # a GEMM's kc: 256 x 2 pixel vectors fill L1 / 2
-            inner = _largest_divisor_leq(a.extent, 256 if flat or len(space.con.reduction) == 1 else 64)
+            gemm = space.sketch.base in (_flat.FLAT_SKETCH, _flat.IM2COL_SKETCH)  # kc 256: 2 pixel vectors, L1 / 2
+            inner = _largest_divisor_leq(a.extent, 256 if gemm or len(space.con.reduction) == 1 else 64)
             if a.name == "c" and cap_c:
                 inner = _largest_divisor_leq(a.extent, min(inner, cap_c))
             tiles.append((a.extent // inner, inner))
@@ -657,7 +657,7 @@ def default_config(space: Space) -> Config:
 
 
 def _flat_order(space: Space, tiles: list) -> list:
-    """``conv_flat``'s loop order: pixel blocks outermost, every channel block inside (``k`` wholly in
+    """The loop order of ``conv_flat`` and ``conv_im2col``: pixel blocks outermost, every channel block inside (``k`` wholly in
     ``S2``), when the weights fit half of L2 and the image does not, so each block of pixels is read
     once and the weights stay in L2; else channel blocks outermost (the image is re-read from L2 per
     block). 1 thread, AVX2 EPYC: 192x35x35 -> 64 (a 0.9 MiB image) ran its channels-outer default at

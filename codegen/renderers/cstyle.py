@@ -413,7 +413,7 @@ class CStyleRenderer:
         w.close()
         w.close()
         if px > real:
-            w(f"{d.loop.format(var='p', n=px)} if (p >= {real}) col[p] = {d.zero};")
+            w(f"{d.loop.format(var='p', n=px - real)} col[{real} + p] = {d.zero};")
         w.close()
         w.close()
 
