@@ -476,6 +476,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         'conv_spatial_pack'
     """
     sketches = sketches_for(task)
+    if task.sparsity:  # one sketch, no padded variants: its weights are compiled in (codegen.sparse)
+        return sketches[0]
     if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:
         # the full-height register block (6 rows x 2 vectors on AVX2) over rows padded to its multiple
         padded = row_padded_sketch(task, sketches[0], block_rows(int(target.vector_registers), REGISTER_RESERVE))

@@ -14,7 +14,7 @@ from codegen.measure import TimingProtocol
 from codegen.ops import Task, conv2d, dense, matmul, parse_spec
 from codegen.render_c import render
 from codegen.runtime import Kernel
-from codegen.space import Space, sketches_for
+from codegen.space import Space, default_sketch, sketches_for
 from codegen.sparse import (
     SPARSE_SKETCH,
     SparseWeightsError,
@@ -58,6 +58,19 @@ def test_identity_keys_and_spec():
     assert parse_spec("conv2d:c=4,h=6,w=6,k=8,r=3,pad=1,sparsity=0.5").sparsity == 0.5
     assert s.name.endswith("_sp0.9")
     assert [sk.name for sk in sketches_for(s, TARGET)] == [SPARSE_SKETCH]
+
+
+@pytest.mark.parametrize("task", [conv2d(1, 16, 28, 28, out_channels=8, kernel=1, sparsity=0.5),
+                                  conv2d(1, 8, 7, 7, out_channels=8, padding=1, sparsity=0.9),
+                                  matmul(13, 24, 40, sparsity=0.5), dense(1, 100, 30, sparsity=0.5)])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_default_sketch_of_a_sparse_task_is_the_sparse_sketch(task, lanes):
+    # awkward widths (28, 7 columns) once gave a padded variant without the sparse knobs
+    sk = default_sketch(task, Target.cpu(simd_lanes=lanes))
+    assert sk.name == SPARSE_SKETCH
+    space = Space(task, sk, Target.cpu(simd_lanes=lanes))
+    assert {k.name for k in space.knobs} >= {"sparse_bc", "sparse_density"}
+    lower(space, space.default())
 
 
 def test_random_inputs_pattern():
