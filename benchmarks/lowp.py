@@ -153,8 +153,10 @@ def ort_variants(task32: ops.Task, arrays32: list[np.ndarray], threads: int) -> 
 
 
 def tuned_config(task: ops.Task, target: Target, args, threads: int):
+    # one run per thread count: the database keys records by machine, not by thread count, so without
+    # its own run a 2-thread tuning would resume (and reuse) the 1-thread one
     res = fj.tune(task, target, strategy=args.strategy, trials=args.trials, db=args.db, seed=0, threads=threads,
-                  progress=False, protocol=TimingProtocol.quick() if args.quick else None)
+                  run=f"lowp:{threads}t", progress=False, protocol=TimingProtocol.quick() if args.quick else None)
     best = res.best
     if best is None:  # a busy machine marks every timing "noisy": take the fastest checked one anyway
         timed = [r for r in res.history if r.status in ("ok", "noisy") and r.latency_s == r.latency_s]

@@ -126,8 +126,10 @@ class Cell:
 
 
 def tune(task: Task, target: Target, threads: int, args, db: str) -> Config:
+    # one run per thread count: the database keys records by machine, not by thread count, so without
+    # its own run a 2-thread tuning would resume (and reuse) the 1-thread one
     res = fj.tune(task, target, strategy=args.strategy, trials=args.trials, seed=args.seed, db=db, threads=threads,
-                  progress=False, retime=0)
+                  run=f"sparse:{threads}t", progress=False, retime=0)
     if res.best is None:
         raise RuntimeError(f"{task.name}: no correct kernel in {args.trials} trials")
     return res.best.config

@@ -1,0 +1,123 @@
+"""Where a built network's time goes beyond its kernels (issue 14: the 2-thread ResNet-18 miss).
+
+For a zoo model and a tuning database, build the network from the database's best records and compare,
+layer by layer:
+
+* ``isolated``: the layer's kernel timed alone by the measuring protocol (``fj.Measurer``: its inputs and
+  weights warm in cache, the same protocol as while tuning), re-timed here, not read from the database;
+* ``in network``: the same step timed inside one run of the whole library (``CompiledModel.profile``:
+  every step timed in C, so the C build's own steps — pads, adds, pools, copies — show up too);
+* the whole library (``library.timeit``) and onnxruntime at its defaults, interleaved.
+
+A layer whose in-network time is well above its isolated time is paying for cold caches (its weights
+or inputs evicted by the layers before it: ResNet-18's 11 M float32 weights are 44 MB) or for thread
+start-up; the sum of the non-anchor steps is the overhead of the rest of the build.
+
+Usage:
+    python benchmarks/network_gap.py --model resnet18 --db results/net_s7_t2.db --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+try:
+    import felixjax  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import felixjax as fj  # noqa: E402
+from codegen.measure import LocalRunner, TimingProtocol  # noqa: E402
+from codegen.target import Target  # noqa: E402
+from felixjax.measurer import Measurer  # noqa: E402
+from felixjax.network import _ort_session, build_model, time_interleaved  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--dataset", default="cifar10")
+    ap.add_argument("--db", required=True, help="tuning database whose best records the build uses")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--number", type=int, default=50, help="network runs averaged by the per-step profile")
+    args = ap.parse_args(argv)
+
+    target = Target.cpu()
+    proto = fj.zoo.make_model(args.model, dataset=args.dataset, seed=0)
+    model = fj.load_onnx(proto)
+    exe = build_model(model, target, db=args.db, threads=args.threads)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
+    sess = _ort_session(proto, args.threads)
+    name = sess.get_inputs()[0].name
+    ref = sess.run(None, {name: x})[0]
+    err = float(np.abs(exe(x) - ref).max() / np.abs(ref).max())
+    if err > 1e-3:
+        raise SystemExit(f"the build differs from onnxruntime: {err:.3g}")
+
+    # isolated kernels, re-timed by the measuring process (output checked against the reference)
+    by_task = {s.task: s for s in exe.schedules}
+    iso: dict = {}
+    with LocalRunner(protocol=TimingProtocol()) as runner:
+        for task in by_task:
+            cfg = by_task[task].config
+            got: list = []
+            Measurer(task, target, runner, threads=args.threads).measure([cfg], lambda c, r, got=got: got.append(r) or True)
+            iso[task] = got[0].latency_s if got[0].ok else float("nan")
+
+    profiles = [exe.profile(x, number=args.number) for _ in range(3)]
+    rows = []
+    for k, node in enumerate(model.graph.nodes):
+        ms = statistics.median(p[k]["ms"] for p in profiles)
+        rows.append((node, ms))
+
+    ins, outs = exe._inputs([x]), exe.library.new_outputs()
+    binding = sess.io_binding()
+    binding.bind_input(name, "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
+    ort_out = np.empty(ref.shape, np.float32)
+    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(ref.shape), ort_out.ctypes.data)
+
+    def ort_block(number: int) -> float:
+        t = time.perf_counter()
+        for _ in range(number):
+            sess.run_with_iobinding(binding)
+        return time.perf_counter() - t
+
+    times = time_interleaved({"ours": lambda n: exe.library.timeit(ins, outs, n), "onnxruntime": ort_block},
+                             rounds=args.rounds, min_time_s=0.2)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+    anchor_net = sum(ms for n, ms in rows if n.is_anchor)
+    anchor_iso = sum(1e3 * iso[n.task] for n, _ in rows if n.is_anchor)
+    other = sum(ms for n, ms in rows if not n.is_anchor)
+    print(f"{args.model} ({args.dataset}), {args.threads} thread(s), db {args.db}, {platform.processor() or platform.machine()}")
+    print(f"whole network (library.timeit, medians of {args.rounds} interleaved): ours {med['ours']:.3f} ms, "
+          f"onnxruntime {med['onnxruntime']:.3f} ms, onnxruntime / ours {med['onnxruntime'] / med['ours']:.2f}x")
+    print(f"sum of steps in the per-step profile: {anchor_net + other:.3f} ms = anchors {anchor_net:.3f} ms + "
+          f"other steps {other:.3f} ms; the anchors' kernels alone (isolated, warm): {anchor_iso:.3f} ms")
+    print()
+    print("| layer | task | isolated ms | in network ms | network / isolated |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for n, ms in rows:
+        if n.is_anchor:
+            i = 1e3 * iso[n.task]
+            print(f"| {n.name} | {n.task.name} | {i:.4f} | {ms:.4f} | {ms / i:.2f}x |")
+    print()
+    print("| other step | op | in network ms |")
+    print("| --- | --- | ---: |")
+    for n, ms in rows:
+        if not n.is_anchor and ms > 0.002:
+            print(f"| {n.name} | {n.op} | {ms:.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
