@@ -49,6 +49,26 @@ ONE_BY_ONE = {  # conv_flat (codegen.flat), session 7: designed on 256x14x14 -> 
         (16, 112, 96), (384, 14, 64), (576, 14, 96), (64, 56, 64))},
 }
 
+STRIDED = {  # conv_im2col (codegen.flat) after its branch-free gather (session 8): stems and downsampling
+    "3x128x128 5x5 s2 k32 (fresh stem)": conv2d(1, 3, 128, 128, out_channels=32, kernel=5, stride=2, padding=2),
+    "3x224x224 7x7 s2 k64 (ResNet stem)": conv2d(1, 3, 224, 224, out_channels=64, kernel=7, stride=2, padding=3),
+    "3x224x224 3x3 s2 k32 (MobileNet stem)": conv2d(1, 3, 224, 224, out_channels=32, kernel=3, stride=2, padding=1),
+    "64x56x56 3x3 s2 k128": conv2d(1, 64, 56, 56, out_channels=128, kernel=3, stride=2, padding=1),
+    "128x28x28 3x3 s2 k256": conv2d(1, 128, 28, 28, out_channels=256, kernel=3, stride=2, padding=1),
+    "256x14x14 3x3 s2 k512": conv2d(1, 256, 14, 14, out_channels=512, kernel=3, stride=2, padding=1),
+    "64x56x56 1x1 s2 k128": conv2d(1, 64, 56, 56, out_channels=128, kernel=1, stride=2),
+    "64x32x32 3x3 s2 k128 (CIFAR)": conv2d(1, 64, 32, 32, out_channels=128, kernel=3, stride=2, padding=1),
+}
+
+STRIDED_HELDOUT = {  # not looked at while choosing the strided default: it is judged on these
+    "3x299x299 3x3 s2 k32 (Inception stem)": conv2d(1, 3, 299, 299, out_channels=32, kernel=3, stride=2),
+    "288x35x35 3x3 s2 k384 (Inception)": conv2d(1, 288, 35, 35, out_channels=384, kernel=3, stride=2),
+    "96x48x48 5x5 s2 k64": conv2d(1, 96, 48, 48, out_channels=64, kernel=5, stride=2, padding=2),
+    "160x20x20 3x3 s2 k320": conv2d(1, 160, 20, 20, out_channels=320, kernel=3, stride=2, padding=1),
+    "512x28x28 1x1 s2 k1024 (ResNet-50 shortcut)": conv2d(1, 512, 28, 28, out_channels=1024, kernel=1, stride=2),
+    "32x112x112 3x3 s2 k64": conv2d(1, 32, 112, 112, out_channels=64, kernel=3, stride=2, padding=1),
+}
+
 
 def probe(name: str, task, threads: int, rounds: int, target: Target) -> None:
     arrays = task.random_inputs(0)
@@ -77,12 +97,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1"), default="all",
-                    help="1x1: the conv_flat shapes (not in 'all')")
+    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1", "strided", "strided-heldout"), default="all",
+                    help="1x1: the conv_flat shapes, strided(-heldout): stems and downsampling convs (none in 'all')")
     args = ap.parse_args()
     shapes = {**(SUITE if args.shapes in ("all", "suite") else {}), **(FRESH if args.shapes in ("all", "fresh") else {})}
-    if args.shapes == "1x1":
-        shapes = ONE_BY_ONE
+    if args.shapes in ("1x1", "strided", "strided-heldout"):
+        shapes = {"1x1": ONE_BY_ONE, "strided": STRIDED, "strided-heldout": STRIDED_HELDOUT}[args.shapes]
     target = Target.cpu()
     for threads in (int(t) for t in args.threads.split(",")):
         for name, task in shapes.items():

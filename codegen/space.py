@@ -445,7 +445,8 @@ def check_tiles(axes, levels, tiles) -> None:
 def default_sketch(task: Task, target: Target) -> Sketch:
     """The sketch an untuned build uses: ``dw_rows`` for depthwise convs (float32, float16 and int8) (:mod:`codegen.depthwise`);
     ``conv_flat`` for float32 1x1 stride-1 unpadded convs on targets with a 6-row GEMM block (AVX2), where
-    its 6 channels x 2 pixel vectors fit (:func:`_flat_default`, :mod:`codegen.flat`);
+    its 6 channels x 2 pixel vectors fit (:func:`_flat_default`, :mod:`codegen.flat`); on the same targets
+    ``conv_im2col`` with that block for strided float32 convs, else ``conv_spatial_pack`` (:func:`_strided_default`);
     Winograd F(2x2, 3x3) for float32 3x3 stride-1 convs with at least 6x6 output tiles
     (:func:`codegen.winograd.prefer_by_default`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
@@ -473,6 +474,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=128, kernel=1), avx2).name
         'conv_flat.pad_k132'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=128, kernel=3, padding=1, stride=2), avx2).name
+        'conv_im2col.pad_k132'
+        >>> default_sketch(conv2d(1, 256, 14, 14, out_channels=512, kernel=3, padding=1, stride=2), avx2).name
         'conv_spatial_pack'
     """
     sketches = sketches_for(task)
@@ -490,6 +493,9 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         flat = _flat_default(task, target)
         if flat is not None:
             return flat
+        strided = _strided_default(task, target, sketches)
+        if strided is not None:
+            return strided
         if _wg.applies(task) and _wg.prefer_by_default(task, target):
             return next(s for s in sketches if s.name == _wg.WG_SKETCH)
         pack = next((s for s in sketches if s.name == "conv_spatial_pack"), None)
@@ -543,6 +549,21 @@ def _flat_default(task: Task, target: Target) -> Sketch | None:
         return padded
     p = task.p
     return sketch if p["k"] % rows == 0 and (p["h"] * p["w"]) % (2 * lanes) == 0 else None
+
+
+def _strided_default(task: Task, target: Target, sketches: tuple[Sketch, ...]) -> Sketch | None:
+    """For strided float32 convolutions on targets with a 6-row GEMM block (AVX2): ``conv_im2col`` with
+    that block (:func:`codegen.padding.row_padded_sketch`) where its channels and pixels allow it, else
+    ``conv_spatial_pack``; None elsewhere. Quiet EPYC, after the im2col gather lost its per-pixel bounds
+    check (session 8, ``benchmarks/conv_block_probe.py --shapes strided``): on 8 stems and downsampling
+    convs the padded im2col beat the previous default on 7 at 1 thread and 6 at 2 (0.68-1.55x onnxruntime,
+    was 0.42-1.55x); ``conv_spatial_pack`` beat the previous ``conv_direct.pad_x8`` default on a 7x7-output
+    one (0.85x / 0.95x vs 0.42x / 0.45x)."""
+    rows, lanes = block_rows(int(target.vector_registers), REGISTER_RESERVE), int(target.simd_lanes)
+    if not rows or not _flat.im2col_applies(task):
+        return None
+    padded = row_padded_sketch(task, Sketch(_flat.IM2COL_SKETCH, "x", "k"), rows, lanes)
+    return padded if padded is not None else next((s for s in sketches if s.name == "conv_spatial_pack"), None)
 
 
 def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:

@@ -35,6 +35,9 @@ def _check(task, cfg, target=TARGET):
     (flat.IM2COL_SKETCH, conv2d(1, 6, 10, 10, out_channels=12, kernel=3, stride=(2, 1), padding=(0, 1, 1, 0))),
     (flat.IM2COL_SKETCH, conv2d(1, 4, 13, 12, out_channels=6, kernel=3, stride=2, dilation=2, padding=2,
                                 act="relu6")),
+    # padding wider than some taps reach (columns of a tap entirely outside the image), stride 3
+    (flat.IM2COL_SKETCH, conv2d(1, 3, 4, 5, out_channels=5, kernel=3, stride=3, padding=(3, 3, 2, 4))),
+    (flat.IM2COL_SKETCH, conv2d(1, 16, 8, 8, out_channels=8, kernel=1, stride=2, bias=True)),  # ResNet shortcut
 ], ids=lambda v: v if isinstance(v, str) else v.name)
 def test_every_variant_default_matches_numpy(sketch, task):
     names = [s.name for s in sketches_for(task, AVX2) if s.base == sketch]
@@ -101,4 +104,8 @@ def test_im2col_only_in_strided_float32_dense_spaces():
     assert not flat.im2col_applies(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, dtype="float16"))
     t = conv2d(1, 16, 8, 8, out_channels=32, kernel=3, stride=2, padding=1)
     assert flat.im2col_task(t).input_shapes()[0] == (1, 16 * 9, 1, 16)
-    assert not default_sketch(t, AVX2).name.startswith(flat.IM2COL_SKETCH)  # a tuning choice, not a default
+    # the default on AVX2 where the 6 x 2-vector block fits (k 32 -> 36; 16 pixels), else conv_spatial_pack
+    assert default_sketch(t, AVX2).name == "conv_im2col.pad_k36"
+    assert default_sketch(conv2d(1, 256, 14, 14, out_channels=512, kernel=3, stride=2, padding=1),
+                          AVX2).name == "conv_spatial_pack"  # 49 pixels: the block's two vectors do not fit
+    assert not default_sketch(t, Target.cpu(simd_lanes=16, vector_registers=32)).name.startswith(flat.IM2COL_SKETCH)
