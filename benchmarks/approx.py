@@ -7,7 +7,8 @@ method sees. Methods:
 
 * ``ours``     fj.approximate: cost-model latency tables (schedule-aware), measured feedback, then the
                front search (search="front") seeded with the uniform ratios and the FLOPs points; with
-               ``--int8`` layers may also run at int8 (precisions=("float32", "int8"))
+               ``--int8`` layers may also run at int8 (precisions=("float32", "int8")); with
+               ``--sparsity 0.5,0.9`` also sparse at those levels (sparsities=(0.5, 0.9))
 * ``flops``    the descent loop (search="descent") with the FLOPs proxy as latency
 * ``uniform``  one keep ratio for every layer (each ratio: one quality evaluation)
 * ``ort-int8`` onnxruntime's static int8 quantization (QDQ, calibrated on the same data), timed in onnxruntime
@@ -38,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felixjax as fj  # noqa: E402
 from felixjax.approx import digits  # noqa: E402
+from felixjax.approx.cli import sparsity_levels  # noqa: E402
+from felixjax.approx.formats import describe, of_key  # noqa: E402
 from felixjax.approx.quality import binomial_ci  # noqa: E402
 from felixjax.approx.search import Approximator  # noqa: E402
 
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-seed-flops", dest="seed_flops", action="store_false",
                     help="do not seed ours with the FLOPs baseline's configurations")
     ap.add_argument("--int8", action="store_true", help="ours: layers may also run at int8 (int8 kernels in the build)")
+    ap.add_argument("--sparsity", type=sparsity_levels, default=(), metavar="S[,S...]",
+                    help="ours: layers may also run sparse at these levels (e.g. 0.5,0.9; sparse float32 kernels)")
     ap.add_argument("--out", default="results/approx")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -137,30 +142,32 @@ def main(argv: list[str] | None = None) -> int:
     uniform = [float(v) for v in args.uniform.split(",")]
     seeds = uniform + ([dict(p.keep) for p in flops.pareto[1:]] if args.seed_flops else [])
     res = fj.approximate(proto, target, latency="cost_model", search=args.search, seeds=seeds, measure=args.measure,
-                         precisions=("float32", "int8") if args.int8 else ("float32",), **common)
+                         precisions=("float32", "int8") if args.int8 else ("float32",), sparsities=args.sparsity,
+                         **common)
     ax = Approximator(proto, target, data=(xc, yc), db=db, seed=args.seed, strategy=args.strategy,
                       trials_per_task=(args.trials > 0) * max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(
                           fj.load_onnx(proto).tasks))),  # as one round of fj.approximate
                       finetune_steps=args.finetune, multiple=args.multiple)
 
     exes: list = []
-    built: dict = {}  # (channels kept, int8 layers) -> index in exes: one build per distinct network, timed once
+    built: dict = {}  # (channels kept, layer formats) -> index in exes: one build per distinct network, timed once
 
     def add(method: str, keep, lat: float, q: float, evals: int, speedup: float | None = None, note: str = "",
-            int8: tuple = ()) -> None:
-        k = (tuple(keep), tuple(int8)) if keep is not None else None
+            formats: tuple = ()) -> None:
+        k = (tuple(keep), tuple(formats)) if keep is not None else None
         if k not in built:  # fine-tuned if asked; int8 layers calibrated on the given data, as fj.approximate
-            exe = ax.build(ax.final_model(dict(keep), int8)) if keep is not None else res.baseline
+            exe = ax.build(ax.final_model(dict(keep), formats=of_key(formats))) if keep is not None else res.baseline
             built[k] = len(exes)
             exes.append((exe, held_out_accuracy(exe, xt, yt)))
         rows.append({"method": method, "latency_s": lat, "given_data": q, "held_out": exes[built[k]][1],
                      "keep": [int(n) for _, n in keep] if keep is not None else None, "quality_evals": evals,
-                     "speedup_interleaved": speedup, "note": note, "net": built[k], "int8": list(int8)})
+                     "speedup_interleaved": speedup, "note": note, "net": built[k],
+                     "int8": [n for n, p, _ in formats if p == "int8"], "formats": [list(f) for f in formats]})
 
     add("float32", None, res.baseline_latency_s, res.baseline_quality, 1)
     for name, r in (("ours", res), ("flops", flops)):
         for p in r.pareto[1:]:
-            add(name, p.keep, p.latency_s, p.quality, r.quality_evals, p.speedup, p.note, p.int8)
+            add(name, p.keep, p.latency_s, p.quality, r.quality_evals, p.speedup, p.note, p.formats)
     base_pt = ax.point({g: ax.groups.size(g) for g in ax.groups.prunable()}, "float32")[0]  # ax's own baseline
     for f in (float(v) for v in args.uniform.split(",")):
         keep = {g: max(1, int(round(ax.groups.size(g) * f / ax.multiple)) * ax.multiple) for g in ax.groups.prunable()}
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         for r in rows if r["method"] == m) for m in ("uniform", "flops")}
     within = [r for r in ours if r["held_out_loss"] <= args.budget]
     chosen_row = next((r for r in ours if res.chosen is not None and tuple(r["keep"]) == tuple(n for _, n in res.chosen.keep)
-                       and tuple(r["int8"]) == res.chosen.int8), None)
+                       and [tuple(f) for f in r["formats"]] == [tuple(f) for f in res.chosen.formats]), None)
     matched = {m: [("same network" if any(o["net"] == r["net"] for o in ours) else
                     "beaten" if any(o["speedup"] >= r["speedup"] and o["held_out"] >= r["held_out"] for o in ours)
                     else "not dominated") for r in rows if r["method"] == m] for m in ("uniform", "flops")}
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['method']} | {r['latency_s'] * 1e3:.3f} | {r['speedup']:.2f}x | "
                      f"{r.get('given_data', float('nan')):.4f} | {r['held_out']:.4f} | {ci[0]:.3f}-{ci[1]:.3f} | "
                      f"{r['held_out_loss']:+.4f} | {r['quality_evals']} | {r.get('keep') or ''} | {r.get('note', '')}"
-                     + (f" int8: {', '.join(r['int8'])}" if r.get("int8") else "") + " |")
+                     + (f" {describe(of_key(r['formats']))}" if r.get("formats") else "") + " |")
     lines.append(f"ours dominates (every point matched by an 'ours' point with >= speedup and >= held-out "
                  f"accuracy): {dominated}; per point: {matched}; by a different network: {strict}")
     if chosen_row:

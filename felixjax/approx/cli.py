@@ -13,14 +13,32 @@ from typing import Any, Callable
 
 EXAMPLE = """example:
   felixjax approx model.onnx --data data.npz --budget 0.01 --trials 200 -o out/
+  felixjax approx model.onnx --data data.npz --int8 --sparsity 0.5,0.9 -o out/
   (data.npz holds x: samples of the model's input shape, and y: integer labels; without y use
    --metric fidelity)"""
 
 
+def sparsity_levels(text: str) -> tuple[float, ...]:
+    """``"0.5,0.9"`` -> ``(0.5, 0.9)`` (``--sparsity``); anything else is one clear argparse error.
+
+    Example:
+        >>> sparsity_levels("0.9, 0.5")
+        (0.5, 0.9)
+    """
+    from .formats import check_sparsities
+
+    try:
+        return check_sparsities([float(v) for v in text.split(",") if v.strip()])
+    except ValueError as e:
+        why = str(e) if "fraction" in str(e) else "not a comma-separated list of fractions in (0, 1)"
+        raise argparse.ArgumentTypeError(f"{text!r}: {why}") from None
+
+
 def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register the ``approx`` subcommand (``add`` is cli.py's subparser factory)."""
-    a = add("approx", "prune each conv / dense layer's channels under a quality budget, choosing them in one "
-                      "objective with the schedules; every reported figure is measured on the C build")
+    a = add("approx", "prune each conv / dense layer's channels (and pick its precision / sparsity) under "
+                      "a quality budget, in one objective with the schedules; every reported figure is measured "
+                      "on the C build")
     a.add_argument("model", help="the ONNX model (one input)")
     a.add_argument("--data", required=True, metavar="NPZ", help="x (inputs) and, for accuracy, y (labels)")
     a.add_argument("--budget", type=float, default=0.01, help="allowed absolute drop of the metric (default 0.01)")
@@ -35,6 +53,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     a.add_argument("--measure", type=int, default=6, help="front search: local-search points built and measured (default 6)")
     a.add_argument("--int8", action="store_true",
                    help="layers may also run at int8 (precisions float32 and int8; tunes each layer's int8 twin too)")
+    a.add_argument("--sparsity", type=sparsity_levels, default=(), metavar="S[,S...]",
+                   help="layers may also run sparse at these levels, e.g. 0.5,0.9: that fraction of a layer's "
+                        "weights (smallest magnitudes) zeroed, a sparse float32 kernel (default: none)")
     a.add_argument("--strategy", default=None, help="tuning strategy: gradient | genetic | random")
     a.add_argument("--db", default=None, help="tuning database (default: in memory)")
     a.add_argument("--seed", type=int, default=0)
@@ -68,7 +89,7 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
                       search=args.search, measure=args.measure,
-                      precisions=("float32", "int8") if args.int8 else ("float32",))
+                      precisions=("float32", "int8") if args.int8 else ("float32",), sparsities=args.sparsity)
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,

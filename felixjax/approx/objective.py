@@ -14,21 +14,31 @@ way, steep where it crosses a register-block or padding boundary. With ``latency
 are FLOP counts instead (the proxy baseline this objective must beat). Measured latencies of rounded
 points are written back into the tables (:meth:`LatencyTable.observe`).
 
-**Relaxed precision meets the same tables.** With ``precisions=("float32", "int8")`` every layer the int8
-build takes gets one more coordinate ``phi``, its int8 share ``q = sigmoid(phi)`` (:class:`RelaxedPrecision`).
-Its latency is ``(1 - q) lat_fp32(c_in, c_out) + q lat_int8(c_in, c_out)``: ``lat_fp32`` is the channel
-table above and ``lat_int8 = r lat_fp32``, ``r`` the ratio of the layer's int8 and float32 tasks at full
-size (:meth:`felixjax.approx.precision.PrecisionLatency.ratio`): measured, since the all-int8 network is
-built and profiled before the descent and its kernels (the quantize step folded in) go into the tables;
-the cost model's prediction where a kernel was not measured. The ratio is assumed to hold at pruned
-extents (measured pruned int8 kernels do not update it). So ``d latency / d q = (r - 1) lat_fp32(c)`` is a
-kernel's measured saving and ``d latency / d c`` the table's slope times ``1 - q + q r``; neither is a
-FLOPs count: an int8 task counts the FLOPs of its float32 twin, so under ``latency="flops"`` ``r = 1`` and
-``d latency / d q = 0`` (the proxy never sees a reason to quantize). The quality term sees the layer's data
-and weights as ``(1 - q) x + q fake_quant(x)`` (:func:`felixjax.quantize.fake_quant_inputs`, the int8
-kernel's arithmetic, through a straight-through estimator), so ``d quality / d q`` is the loss that
-layer's rounding causes. Channels and shares are descended together; ``q`` rounds to int8 at 0.5
-(:func:`round_precisions`), and the rounded point is built and measured like any other.
+**Relaxed formats meet the same tables.** A layer's *format* is its precision and sparsity
+(:mod:`felixjax.approx.formats`: ``("float32", 0.0)`` the reference, ``("int8", 0.0)``, ``("float16",
+0.0)`` where the build takes it, ``("float32", s)`` sparse at level ``s``). With ``precisions=("float32",
+"int8")`` and / or ``sparsities=(0.5, 0.9)`` every layer with more than one eligible format gets one logit
+per non-reference format (the reference's fixed at 0), its shares ``p = softmax(logits)``
+(:class:`RelaxedFormats`; with two formats ``p = (1 - q, q)``, ``q = sigmoid(phi)``: the int8 share of
+earlier versions, :func:`RelaxedPrecision`). Its latency is ``sum_k p_k r_k lat_fp32(c_in, c_out)``:
+``lat_fp32`` is the channel table above and ``r_k`` the ratio of the layer's task in format ``k`` and its
+float32 task at full size (:meth:`felixjax.approx.precision.FormatLatency.ratio`): measured, since the
+network with every eligible layer in format ``k`` (all-int8, all-sparse at level ``s``, ...) is built
+and profiled before the descent and its kernels (an int8 layer's quantize step folded in) go into the
+tables; the cost model's prediction where a kernel was not measured. The ratio is assumed to hold at
+pruned extents (measured pruned kernels do not update it). So ``d latency / d p_k = r_k lat_fp32(c)`` is
+a kernel's measured cost in that format and ``d latency / d c`` the table's slope times ``sum_k p_k
+r_k``; neither is a FLOPs count: an int8, float16 or sparse task counts the FLOPs of its dense float32
+twin, so under ``latency="flops"`` every ``r_k = 1`` (the proxy never sees a reason to change a
+format). The quality term sees the layer's inputs as ``sum_k p_k T_k(x)``, ``T_k`` the format's
+arithmetic (:func:`felixjax.approx.formats.transform`): int8 fake quantization
+(:func:`felixjax.quantize.fake_quant_inputs`) and float16 rounding through a straight-through
+estimator, a sparse level as the product of the weights with the fixed magnitude mask of the layer's
+own weights (a plain product, no STE: the layer is linear in its weights and the mask is constant, so
+the gradient is exact), so ``d quality / d p_k`` is the loss that format causes at that layer.
+Channels and shares are descended together; each layer takes its largest share
+(:func:`round_formats`; with int8 alone: int8 share >= 0.5, :func:`round_precisions`), and the rounded
+point is built and measured like any other.
 
 Example:
     >>> import numpy as np
@@ -53,11 +63,11 @@ from codegen.ops import Task
 from codegen.spaces import spaces_for
 from codegen.target import Target
 from felixjax.graph_passes import Graph, Node
-from felixjax.quantize import fake_quant_inputs
 
 from . import executor
+from .formats import INT8, REFERENCE, Format, mix, transform
 from .knobs import Groups, mask_vector
-from .quality import soft_mask, ste, surrogate
+from .quality import soft_mask, surrogate
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -269,39 +279,98 @@ class Relaxed:
 
 
 @dataclass(frozen=True)
-class RelaxedPrecision:
-    """The relaxed precision knob (module docstring): one unconstrained coordinate ``phi`` per layer that
-    may run at int8, its int8 share ``q = sigmoid(phi)``."""
+class RelaxedFormats:
+    """The relaxed format knob (module docstring): a layer with ``K`` formats (the reference first) has
+    ``K - 1`` unconstrained logits, the reference's fixed at 0; its shares are their softmax (for
+    ``K = 2``: ``(1 - q, q)``, ``q = sigmoid(phi)``, the int8 share of earlier versions)."""
 
-    #: layer -> its input's uint8 ``(scale, zero point)`` (calibrated on the given data)
-    qparams: Mapping[str, tuple[float, int]]
-    #: seconds at relaxed counts and int8 shares (:meth:`felixjax.approx.precision.PrecisionLatency.relaxed`)
+    #: layer -> its formats, the reference ``("float32", 0.0)`` first
+    #: (:func:`~felixjax.approx.formats.eligible_formats`)
+    formats: Mapping[str, tuple[Format, ...]]
+    #: seconds at relaxed counts and shares (:meth:`felixjax.approx.precision.FormatLatency.relaxed`)
     latency: Callable[[Mapping[int, Any], Mapping[str, Any]], Any]
-    #: the layers at int8 in the start point (share 0.9; the others 0.1)
-    start: frozenset = frozenset()
+    #: int8 layer -> its input's uint8 ``(scale, zero point)`` (calibrated on the given data)
+    qparams: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    #: ``(layer, sparsity)`` -> the fixed 0/1 mask of its weights (:func:`~felixjax.approx.formats.weight_masks`)
+    masks: Mapping[tuple[str, float], Any] = field(default_factory=dict)
+    #: layer -> its format in the start point (share 0.9, the others share 0.1 between them)
+    start: Mapping[str, Format] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self.qparams))
+        return tuple(sorted(self.formats))
+
+    @property
+    def size(self) -> int:
+        """How many logits (``params["q"]``): one per non-reference format of each layer."""
+        return sum(len(self.formats[n]) - 1 for n in self.names)
 
     def shares(self, phi: Any) -> dict[str, Any]:
-        s = jax.nn.sigmoid(phi)
-        return {n: s[k] for k, n in enumerate(self.names)}
+        """``{layer: shares over its formats}`` (vectors summing to 1) of the logits ``phi``."""
+        out, o = {}, 0
+        for n in self.names:
+            k = len(self.formats[n]) - 1
+            if k == 1:  # the sigmoid, as the int8 share always was
+                s = jax.nn.sigmoid(phi[o])
+                out[n] = jnp.stack([1 - s, s])
+            else:
+                out[n] = jax.nn.softmax(jnp.concatenate([jnp.zeros(1, phi.dtype), phi[o: o + k]]))
+            o += k
+        return out
 
-    def phi_of(self) -> np.ndarray:
-        return np.asarray([math.log(9.0) if n in self.start else -math.log(9.0) for n in self.names], np.float32)
+    def theta_of(self) -> np.ndarray:
+        """The start logits: share 0.9 on each layer's start format (default the reference)."""
+        out = []
+        for n in self.names:
+            fmts = self.formats[n]
+            j = fmts.index(self.start[n]) if self.start.get(n) in fmts else 0
+            big = math.log(9.0 * (len(fmts) - 1))
+            out += [(big if k == j else 0.0) if j else -big for k in range(1, len(fmts))]
+        return np.asarray(out, np.float32)
+
+    phi_of = theta_of
 
     def inputs(self, shares: Mapping[str, Any]) -> Callable[[Node, list], list]:
-        """An ``anchor_inputs`` hook: a layer's data and weights as ``(1 - q) x + q fake_quant(x)``
-        (:func:`felixjax.quantize.fake_quant_inputs`, the int8 kernel's arithmetic, through a
-        straight-through estimator), so ``d quality / d q`` is the effect of its rounding."""
+        """An ``anchor_inputs`` hook: a layer's inputs as ``sum_k share_k T_k(inputs)``, ``T_k`` the
+        arithmetic of format ``k`` (:func:`~felixjax.approx.formats.transform`: int8 and float16
+        roundings through a straight-through estimator, a sparse level's fixed weight mask as a plain
+        product), so ``d quality / d share_k`` is the effect of that format on the layer."""
         def hook(node: Node, args: list) -> list:
-            if node.name not in self.qparams:
+            fmts = self.formats.get(node.name)
+            if fmts is None:
                 return args
-            q = shares[node.name]
-            fq = fake_quant_inputs(node.task, args, *self.qparams[node.name], jnp)
-            return [(1 - q) * a + q * ste(a, b) for a, b in zip(args[:2], fq[:2])] + list(args[2:])
+            outs = [transform(node.task, args, f, qparams=self.qparams.get(node.name),
+                              mask=self.masks.get((node.name, f[1]))) for f in fmts]
+            p = shares[node.name]
+            return mix(args, outs, [p[k] for k in range(len(fmts))])
         return hook
+
+
+def RelaxedPrecision(qparams: Mapping[str, tuple[float, int]], latency: Callable, start: frozenset = frozenset()
+                     ) -> RelaxedFormats:
+    """The int8 / float32 case of :class:`RelaxedFormats` (the name of earlier versions): every layer of
+    ``qparams`` may run at int8, those in ``start`` start there."""
+    return RelaxedFormats({n: (REFERENCE, INT8) for n in qparams}, latency, dict(qparams),
+                          start={n: INT8 for n in start})
+
+
+def round_formats(formats: Mapping[str, tuple[Format, ...]], shares: Mapping[str, Any]) -> dict[str, Format]:
+    """The format a relaxed point gives each layer: its largest share (a tie goes to the later format,
+    so an int8 share of exactly 0.5 rounds to int8 as :func:`round_precisions`); returns the layers not
+    at the reference.
+
+    Example:
+        >>> f = (("float32", 0.0), ("int8", 0.0), ("float32", 0.5))
+        >>> round_formats({"a": f, "b": f}, {"a": [0.2, 0.3, 0.5], "b": [0.6, 0.3, 0.1]})
+        {'a': ('float32', 0.5)}
+    """
+    out = {}
+    for n, fmts in formats.items():
+        p = [float(v) for v in shares[n]]
+        k = max(range(len(fmts)), key=lambda i: (p[i], i))
+        if fmts[k] != REFERENCE:
+            out[n] = fmts[k]
+    return out
 
 
 def round_precisions(shares: Mapping[str, float]) -> frozenset:
@@ -315,10 +384,11 @@ def round_precisions(shares: Mapping[str, float]) -> frozenset:
 
 
 def objective(graph: Graph, groups: Groups, table: LatencyTable, *, metric: str, lam: float, multiple: int = 8,
-              precision: RelaxedPrecision | None = None) -> tuple[Callable, Relaxed, float]:
+              precision: RelaxedFormats | None = None) -> tuple[Callable, Relaxed, float]:
     """``(loss, channel relaxation, full latency)`` of :func:`descend`: ``loss(params, xb, yb, rb) ->
-    (value, (latency, quality))`` over ``params = {"c": channel coordinates, "q": int8 coordinates}``
-    (``"q"`` empty without ``precision``); the latency is relative to the float32 full-size network's."""
+    (value, (latency, quality))`` over ``params = {"c": channel coordinates, "q": format logits}``
+    (``"q"`` empty without ``precision``, :attr:`RelaxedFormats.size` long with it); the latency is relative
+    to the float32 full-size network's."""
     roots = tuple(groups.prunable())
     sizes = tuple(groups.size(g) for g in roots)
     relaxed = Relaxed(roots, sizes, tuple(min(n, multiple) for n in sizes))
@@ -354,17 +424,17 @@ def objective(graph: Graph, groups: Groups, table: LatencyTable, *, metric: str,
 def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *, metric: str,
             labels: np.ndarray | None, reference: np.ndarray | None, lam: float, start: Mapping[int, float],
             steps: int = 60, lr: float = 0.25, batch: int = 64, seed: int = 0, multiple: int = 8,
-            precision: RelaxedPrecision | None = None) -> tuple[dict[int, float], dict]:
+            precision: RelaxedFormats | None = None) -> tuple[dict[int, float], dict]:
     """Minimize ``latency / latency_full + lam * (quality surrogate - its value at full size)`` over the
-    groups' relaxed channel counts (and, with ``precision``, the layers' int8 shares) with optax Adam;
-    returns the relaxed counts and a trace (``"int8_share"``: the relaxed shares, round them with
-    :func:`round_precisions`)."""
+    groups' relaxed channel counts (and, with ``precision``, the layers' format shares) with optax Adam;
+    returns the relaxed counts and a trace (``"format_share"``: ``{layer: shares over its formats}``, round
+    them with :func:`round_formats`; ``"int8_share"``: the int8 share of each int8-capable layer)."""
     loss, relaxed, lat_full = objective(graph, groups, table, metric=metric, lam=lam, multiple=multiple,
                                         precision=precision)
     grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
     opt = optax.adam(lr)
     params = {"c": jnp.asarray(relaxed.theta_of(start)),
-              "q": jnp.asarray(precision.phi_of() if precision is not None else np.zeros(0, np.float32))}
+              "q": jnp.asarray(precision.theta_of() if precision is not None else np.zeros(0, np.float32))}
     state = opt.init(params)
     rng = np.random.default_rng(seed)
     trace, last = [], np.zeros(len(relaxed.roots))
@@ -378,9 +448,11 @@ def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *,
         params = optax.apply_updates(params, upd)
         trace.append((float(val), float(lat), float(q)))
     kappa = {g: float(v) for g, v in relaxed.kappa(params["c"]).items()}
-    shares = {n: float(v) for n, v in precision.shares(params["q"]).items()} if precision is not None else {}
+    shares = ({n: tuple(float(v) for v in np.asarray(p)) for n, p in precision.shares(params["q"]).items()}
+              if precision is not None else {})
+    int8 = {n: p[precision.formats[n].index(INT8)] for n, p in shares.items() if INT8 in precision.formats[n]}
     return kappa, {"trace": trace, "grad": dict(zip(relaxed.roots, last.tolist())), "lat_full": lat_full,
-                   "int8_share": shares}
+                   "int8_share": int8, "format_share": shares}
 
 
 def finetune(graph: Graph, x: np.ndarray, *, metric: str, labels: np.ndarray | None,

@@ -7,7 +7,8 @@
   per-tensor activation scale calibrated on the given data (the largest magnitude seen), float16 by a
   round trip through half precision; the forward pass sees the rounded values, the backward pass the
   identity;
-* magnitude pruning masks: the fraction ``s`` of a layer's weights with the smallest magnitudes is zero.
+* magnitude pruning masks: the fraction ``s`` of a layer's weights with the smallest magnitudes is zero
+  (exactly ``ceil(s * size)`` of them; the sparse formats of :mod:`felixjax.approx.formats`).
 
 Metrics (``metric=``): ``"accuracy"`` (top-1 against labels) and ``"fidelity"`` (top-1 agreement with
 the float32 network for classifiers, else ``1 - relative L2 error``).
@@ -22,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,16 +60,21 @@ def fake_quant_weight(w: Any, precision: str) -> Any:
     return fake_quant(w, "int8", (amax / 127.0).reshape((-1,) + (1,) * (w.ndim - 1)))
 
 
-def magnitude_mask(w: Any, sparsity: Any) -> Any:
-    """1 where ``|w|`` is above the ``sparsity`` quantile of the layer's magnitudes, else 0."""
+def magnitude_mask(w: Any, sparsity: Any) -> np.ndarray:
+    """0 at the ``ceil(sparsity * size)`` entries of smallest ``|w|`` (ties by position, so exactly that
+    many), 1 elsewhere: a fixed numpy mask from a layer's weights, in their shape.
+
+    Example:
+        >>> magnitude_mask(np.array([0.3, -0.1, 0.2, 0.4]), 0.5).tolist()
+        [1.0, 0.0, 0.0, 1.0]
+    """
     if not 0.0 <= float(sparsity) < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
-    a = jnp.abs(w).reshape(-1)
-    k = int(round(float(sparsity) * a.size))
-    if k == 0:
-        return jnp.ones_like(w)
-    thr = jnp.sort(a)[k - 1]
-    return (jnp.abs(w) > thr).astype(w.dtype)
+    a = np.abs(np.asarray(w, np.float32)).reshape(-1)
+    k = math.ceil(float(sparsity) * a.size - 1e-9)
+    m = np.ones(a.size, np.float32)
+    m[np.argsort(a, kind="stable")[:k]] = 0.0
+    return m.reshape(np.shape(w))
 
 
 def soft_mask(kappa: Any, size: int, tau: float = 0.5) -> Any:

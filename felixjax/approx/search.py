@@ -8,12 +8,16 @@ real quality (one *quality evaluation*) -> write the measured kernel latencies b
 tables and move ``lam`` (bisection: larger when the measured loss broke the budget, smaller when it
 held). The result keeps every measured point (``pareto``) and returns the fastest one within budget.
 
-Precision: with ``precisions=("float32", "int8")`` each layer may run at int8 (:mod:`felixjax.approx.precision`:
-latency from the same tables, quality by fake quantization in JAX, every chosen point built with int8
-kernels and measured): the descent relaxes each layer's precision beside its channels (an int8 share,
-:class:`~felixjax.approx.objective.RelaxedPrecision`) and rounds both; the front search adds a greedy
-precision pass over the float32 points it measured. float16 and unstructured sparsity are not network
-knobs here; :func:`probe_knobs` says why, in ``result.excluded``.
+Formats: with ``precisions=("float32", "int8")`` (``"float16"`` too where the build takes it) and / or
+``sparsities=(0.5, 0.9)`` each layer may run in another *format* (:mod:`felixjax.approx.formats`: int8,
+float16, or float32 with that fraction of its weights zeroed by magnitude as a sparse kernel;
+:mod:`felixjax.approx.precision`: latency from the same tables times each format's measured ratio,
+quality by the format's arithmetic in JAX, every chosen point built and measured): the all-int8 /
+all-sparse-at-``s`` networks are built and profiled first (the ratios), the descent relaxes each layer's
+format to shares beside its channels (:class:`~felixjax.approx.objective.RelaxedFormats`) and rounds
+both; the front search adds a greedy format pass over the float32 points it measured. The measured
+ratios decide: on an AVX2 CPU sparse kernels at 50% zeros are slower than dense ones, so that level
+is usually rejected. What is not a knob, and why, is in ``result.excluded`` (:func:`probe_knobs`).
 """
 from __future__ import annotations
 
@@ -34,19 +38,21 @@ from codegen.target import Target
 from ..database import Database
 from ..network_build import CompiledModel, _as_model
 from ..onnx_import import Model
-from ..quantize import act_qparams, fake_quant_inputs, int8_task, precision_of
+from ..quantize import act_qparams, int8_task, precision_of
 from . import executor
+from . import formats as fm
+from .formats import INT8, REFERENCE, Format
 from .knobs import Groups, analyze, prune
 from .objective import (
     FRACTIONS,
     LatencyTable,
-    RelaxedPrecision,
+    RelaxedFormats,
     descend,
     finetune,
     round_channels,
-    round_precisions,
+    round_formats,
 )
-from .precision import PrecisionLatency, assign, calibrate_ranges, eligible, quantized
+from .precision import FormatLatency, assign, calibrate_ranges, with_formats
 from .quality import check_data, metric_value
 
 
@@ -77,10 +83,18 @@ class ParetoPoint:
     baseline_s: float = float("nan")
     #: the layers built at int8 (the others float32)
     int8: tuple[str, ...] = ()
+    #: every layer not in the reference format: ``((layer, precision, sparsity), ...)`` (int8, float16,
+    #: sparse float32; :func:`felixjax.approx.formats.key`)
+    formats: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def speedup(self) -> float:
         return (self.baseline_s if math.isfinite(self.baseline_s) else self.latency_s) / self.latency_s
+
+    @property
+    def chosen(self) -> dict[str, Format]:
+        """``{layer: (precision, sparsity)}`` of the layers not in the reference format."""
+        return fm.of_key(self.formats)
 
 
 @dataclass(frozen=True)
@@ -132,11 +146,12 @@ class ApproxResult:
         for p in self.pareto:
             lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {p.speedup:>7.2f}x "
                          f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}"
-                         + (f" (int8: {', '.join(p.int8)})" if p.int8 else ""))
+                         + (f" ({fm.describe(p.chosen)})" if p.formats else ""))
         lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
-        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision})" for d in self.layers if d.before != d.after]
+        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}"
+                  + (f", sparsity {d.sparsity:g})" if d.sparsity else ")") for d in self.layers if d.before != d.after]
         lines += [f"  excluded: {e}" for e in self.excluded]
         return "\n".join(lines)
 
@@ -176,11 +191,15 @@ def uniform_keep(groups: Groups, fraction: float, multiple: int) -> dict[int, in
 class MaskedQuality:
     """The metric of a channel configuration on the given data, computed in JAX on the *original*
     graph with hard 0/1 channel masks (pruning equals masking: ``tests/test_approx.py``): one compiled
-    function for every configuration, no C build; the layers in ``int8`` of a call are fake-quantized
-    (``qparams``: each one's input ``(scale, zero point)``). Used by the front search to rank candidates;
-    every point it returns is then built and scored on the C build (``Approximator.point``)."""
+    function for every configuration, no C build. With ``formats`` (``{layer: its formats, the
+    reference first}``) a call's ``chosen`` layers run in their format's arithmetic
+    (:func:`~felixjax.approx.formats.transform`; ``qparams``: each int8 layer's input ``(scale, zero
+    point)``, ``masks``: the sparse levels' weight masks, on the full layer's weights); ``qparams``
+    alone means int8 / float32 layers. Used by the front search to rank candidates; every point it
+    returns is then built and scored on the C build (``Approximator.point``)."""
 
-    def __init__(self, ax: Approximator, *, chunk: int = 512, qparams: Mapping[str, tuple[float, int]] | None = None):
+    def __init__(self, ax: Approximator, *, chunk: int = 512, qparams: Mapping[str, tuple[float, int]] | None = None,
+                 formats: Mapping[str, Sequence[Format]] | None = None, masks: Mapping | None = None):
         import jax
         import jax.numpy as jnp
 
@@ -188,8 +207,9 @@ class MaskedQuality:
 
         g, groups = ax.model.graph, ax.groups
         self.ax, self.chunk, self.qparams = ax, chunk, dict(qparams or {})
+        self.formats = {n: tuple(f) for n, f in (formats or {n: (REFERENCE, INT8) for n in self.qparams}).items()}
         self.roots = tuple(groups.prunable())
-        name, out, qp = g.inputs[0], ax.output, self.qparams
+        name, out, qp, fmts, wm = g.inputs[0], ax.output, self.qparams, self.formats, dict(masks or {})
 
         def one(xi: Any, masks: Any, flags: Any) -> Any:
             def hook(v: str, val: Any) -> Any:
@@ -199,10 +219,12 @@ class MaskedQuality:
                 return val * mask_vector(groups, lay, masks, jnp).reshape((1, -1) + (1,) * (val.ndim - 2))
 
             def fake(node: Any, args: list) -> list:
-                if node.name not in qp:
-                    return args
-                q = fake_quant_inputs(node.task, args, *qp[node.name], jnp)
-                return [jnp.where(flags[node.name] > 0, a, b) for a, b in zip(q[:2], args[:2])] + list(args[2:])
+                res = list(args)
+                for k, f in enumerate(fmts.get(node.name, ())[1:], start=1):  # a select: exact at 0 / 1
+                    t = fm.transform(node.task, args, f, qparams=qp.get(node.name), mask=wm.get((node.name, f[1])),
+                                     straight=False)
+                    res = [a if b is a else jnp.where(flags[node.name][k] > 0, b, a) for a, b in zip(res, t)]
+                return res
             return executor.run(g, {name: xi}, value_hook=hook, anchor_inputs=fake)[out]
 
         self.f = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
@@ -212,12 +234,15 @@ class MaskedQuality:
     def evals(self) -> int:
         return len(self.cache)
 
-    def __call__(self, keep: Mapping[int, int], int8: frozenset = frozenset()) -> float:
-        key = (tuple(sorted((g, int(keep[g])) for g in self.roots)), tuple(sorted(int8)))
+    def __call__(self, keep: Mapping[int, int], chosen: Mapping[str, Format] | Iterable[str] = frozenset()) -> float:
+        """The metric at channels ``keep`` with ``chosen`` (``{layer: format}``, or the int8 layers)."""
+        chosen = dict(chosen) if isinstance(chosen, Mapping) else {n: INT8 for n in chosen}
+        key = (tuple(sorted((g, int(keep[g])) for g in self.roots)), fm.key(chosen))
         if key not in self.cache:
             groups, x = self.ax.groups, self.ax.x
             masks = {g: (np.arange(groups.size(g)) < n).astype(np.float32) for g, n in key[0]}
-            flags = {n: np.float32(n in int8) for n in self.qparams}
+            flags = {n: np.asarray([f == chosen.get(n, REFERENCE) for f in fs], np.float32)
+                     for n, fs in self.formats.items()}
             outs = np.concatenate([np.asarray(self.f(x[i: i + self.chunk], masks, flags))
                                    for i in range(0, len(x), self.chunk)])
             self.cache[key] = metric_value(outs, self.ax.metric, labels=self.ax.y, reference=self.ax.reference)
@@ -263,12 +288,14 @@ def local_search(start: Mapping[int, int], floor: float, *, latency: Callable[[M
 
 
 def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(precisions the code generator accepts, reasons for the excluded choices)``.
+    """``(precisions the network build takes, reasons for what is not a knob)``. Sparsity is a knob
+    (``sparsities=``) where ``codegen.ops`` has sparse kernels; the reasons say which layers a sparse or
+    low-precision format cannot reach.
 
     Example:
         >>> precisions, reasons = probe_knobs()
-        >>> precisions
-        ('float32', 'int8')
+        >>> precisions[:1], "int8" in precisions
+        (('float32',), True)
     """
     ok, why = ["float32"], []
     try:
@@ -276,13 +303,15 @@ def probe_knobs() -> tuple[tuple[str, ...], tuple[str, ...]]:
         ok.append("int8")
     except (TypeError, ValueError) as e:
         why.append(f"precision int8: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
-    why.append("precision float16: not a network knob: the network build keeps float32 activations, and "
-               "without float16 arithmetic (AVX2) float16 kernels are slower than float32 ones")
-    try:
-        ops.dense(1, 64, 64, sparsity=0.5)
-        why.append("sparsity: codegen.ops has sparse kernels, but the network build and this objective do not use them yet")
-    except (TypeError, ValueError) as e:
-        why.append(f"sparsity: codegen.ops rejects it ({str(e).splitlines()[0][:120]})")
+    if "float16" in fm.available_precisions():
+        ok.append("float16")
+    else:
+        why.append("precision float16: the network build does not take it yet (felixjax.quantize.BUILD_PRECISIONS)")
+    if fm.sparsity_supported():
+        why.append("sparsity with int8 / float16 in one layer: sparse kernels are float32 only (a layer takes one "
+                   "format); grouped / depthwise convs and batched matmuls have no sparse kernel and stay dense")
+    else:
+        why.append("sparsity: codegen.ops builds no sparse task here")
     return tuple(ok), tuple(why)
 
 
@@ -393,22 +422,26 @@ class Approximator:
         graph = prune(self.model.graph, self.groups, keep)
         return Model(name=f"{self.model.name}_approx", graph=graph, source=graph, opset=self.model.opset)
 
-    def final_model(self, keep: Mapping[int, int], int8: Iterable[str] = ()) -> Model:
+    def final_model(self, keep: Mapping[int, int], int8: Iterable[str] = (),
+                    formats: Mapping[str, Format] | None = None) -> Model:
         """The pruned model, fine-tuned when ``finetune_steps`` (deterministic: same seed, same weights),
-        with the layers ``int8`` at int8 (calibrated on the data, on the pruned network)."""
+        with the layers ``int8`` at int8 and those of ``formats`` (``{layer: (precision, sparsity)}``) in
+        theirs (:func:`~felixjax.approx.precision.with_formats`: sparse weights masked on the pruned,
+        fine-tuned network; int8 inputs calibrated on the data on it)."""
         model = self.pruned_model(keep)
         if self.finetune_steps:
             graph = finetune(model.graph, self.x, metric=self.metric, labels=self.y, reference=self.reference,
                              steps=self.finetune_steps, seed=self.seed)
             model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
-        return quantized(model, int8, self.x)
+        return with_formats(model, {**{n: INT8 for n in int8}, **dict(formats or {})}, self.x)
 
     def point(self, keep: Mapping[int, int], method: str, *, baseline: "ParetoPoint | None" = None,
-              base_exe: CompiledModel | None = None, note: str = "", int8: Iterable[str] = ()
-              ) -> tuple[ParetoPoint, CompiledModel, Model]:
-        """Prune to ``keep`` (``int8``: these layers at int8), tune the new tasks, build, measure latency
-        and quality."""
-        model = self.final_model(keep, int8)
+              base_exe: CompiledModel | None = None, note: str = "", int8: Iterable[str] = (),
+              formats: Mapping[str, Format] | None = None) -> tuple[ParetoPoint, CompiledModel, Model]:
+        """Prune to ``keep`` (``int8``: these layers at int8; ``formats``: these in their format), tune
+        the new tasks, build, measure latency and quality."""
+        chosen = {**{n: INT8 for n in int8}, **dict(formats or {})}
+        model = self.final_model(keep, formats=chosen)
         self.tune(model)
         exe = self.build(model)
         if base_exe is not None:
@@ -418,7 +451,8 @@ class Approximator:
         q = self.quality_of(exe)
         loss = (baseline.quality - q) if baseline else 0.0
         keys = tuple(sorted((g, int(n)) for g, n in keep.items()))
-        return ParetoPoint(method, lat, q, loss, keys, note, base_s, tuple(sorted(int8))), exe, model
+        i8 = tuple(sorted(n for n, f in chosen.items() if f == INT8))
+        return ParetoPoint(method, lat, q, loss, keys, note, base_s, i8, fm.key(chosen)), exe, model
 
 
 def approximate(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, data: tuple,
@@ -428,9 +462,9 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                 lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None, batch: int = 64,
                 progress: bool | Callable[[str], None] = True, search: str = "front",
                 seeds: Sequence[float | Mapping[int, int]] | None = None, measure: int = 6,
-                precisions: Sequence[str] = ("float32",)) -> ApproxResult:
-    """Choose per-layer channel counts (and, where kernels exist, precisions) in one objective with the
-    schedules, under an absolute quality budget, and return the measured result.
+                precisions: Sequence[str] = ("float32",), sparsities: Sequence[float] = ()) -> ApproxResult:
+    """Choose per-layer channel counts (and, where kernels exist, precisions and unstructured sparsity)
+    in one objective with the schedules, under an absolute quality budget, and return the measured result.
 
     Args:
         model: an ONNX path / bytes / ``ModelProto`` or a loaded :class:`~felixjax.onnx_import.Model`
@@ -470,10 +504,18 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             measured float32 configurations at int8 greedily where the tables say it pays and the
             fake-quantized quality holds the budget (at most ``measure`` more points, built with int8
             kernels and measured). Off by default: it tunes the int8 twin of every layer too.
+            ``"float16"`` where the network build takes it (:func:`probe_knobs`), the same way.
+        sparsities: levels of unstructured sparsity a layer may take (default none): at level ``s`` the
+            fraction ``s`` of the layer's weights with the smallest magnitudes is zero and the layer runs
+            as a sparse float32 kernel (conv2d groups 1, dense, matmul without batch; a layer is int8,
+            float16 or sparse, not two of them). Like a precision, each level is a format of the
+            relaxed objective (:class:`~felixjax.approx.objective.RelaxedFormats`) priced by a measured
+            ratio (the all-sparse network at that level is tuned, built and profiled first) and proposed
+            by the greedy pass; ``result.layers[i].sparsity`` reports the chosen levels.
 
     Raises:
         ValueError: a negative budget, data of the wrong shape, labels that do not match the outputs, an
-            unknown metric or output.
+            unknown metric or output, an unknown precision, a sparsity outside (0, 1).
 
     Example:
         >>> import numpy as np, felixjax as fj
@@ -493,8 +535,12 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     if search not in ("front", "descent"):
         raise ValueError(f"search must be 'front' or 'descent', got {search!r}")
     allowed, _ = probe_knobs()
-    if "float32" not in precisions or set(precisions) - set(allowed):
-        raise ValueError(f"precisions must include 'float32' and be among {allowed}, got {tuple(precisions)!r}")
+    if isinstance(precisions, str) or "float32" not in precisions or set(precisions) - set(allowed):
+        raise ValueError(f"precisions must include 'float32' and be among {allowed}, got {precisions!r}")
+    levels = fm.check_sparsities(sparsities)
+    if levels and not fm.sparsity_supported():
+        raise ValueError("sparsities: codegen.ops builds no sparse task here")
+    formats = fm.formats_of(precisions, levels)
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
@@ -516,29 +562,33 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     ax.trials_per_task = max(0, (trials - trials // 2) // max(1, rounds * tasks))
     points, best = [], (base, base_exe, base_model)
     lo = hi = None
-    seen: dict = {}  # rounded point (channels, int8 layers) -> within budget
+    seen: dict = {}  # rounded point (channels, formats) -> within budget
     trace = []
     full = {g: float(ax.groups.size(g)) for g in ax.groups.prunable()}
     start = full  # descent starts at the smallest network measured within budget so far (else the full one)
-    start_i8: frozenset = frozenset()
+    start_fmt: dict[str, Format] = {}
     method = latency if latency != "cost_model" else "ours"
-    # with int8: (latency of configurations, each layer's input (scale, zero point), the all-int8 point)
-    prec = (_int8_setup(ax, table, base, base_exe, points, seen, method=method, quality_budget=quality_budget)
-            if "int8" in precisions else None)
-    if prec is not None and seen[(prec[2][0].keep, prec[2][0].int8)] and prec[2][0].speedup > base.speedup:
-        best, start_i8 = prec[2], frozenset(prec[1])                          # the all-int8 network within budget
+    # with formats: (latency of configurations, int8 inputs' (scale, zero point), sparse weight masks,
+    # the network measured with every eligible layer in each format)
+    fmts = (_formats_setup(ax, table, base, base_exe, points, seen, formats, method=method,
+                           quality_budget=quality_budget) if len(formats) > 1 else None)
+    for pt, exe, pm in (fmts[3] if fmts is not None else ()):
+        if seen[(pt.keep, pt.formats)] and pt.speedup > best[0].speedup:
+            best, start_fmt = (pt, exe, pm), pt.chosen                        # an all-format network within budget
     for r in range(rounds):
-        relax = RelaxedPrecision(prec[1], prec[0].relaxed, start_i8) if prec is not None else None
+        relax = (RelaxedFormats(fmts[0].formats, fmts[0].relaxed, fmts[1], fmts[2], start_fmt)
+                 if fmts is not None else None)
         kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
                               reference=ax.reference, lam=lam, start=start, steps=steps, seed=seed + r,
                               multiple=ax.multiple, batch=batch, precision=relax)        # the joint objective, relaxed
         keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
-        i8 = round_precisions(info["int8_share"])
-        key = (tuple(sorted(keep.items())), tuple(sorted(i8)))
+        chosen = round_formats(relax.formats, info["format_share"]) if relax is not None else {}
+        key = (tuple(sorted(keep.items())), fm.key(chosen))
         trace.append({"round": r, "lam": lam, "kappa": kappa, "keep": dict(keep), "grad": info["grad"],
-                      "int8_share": info["int8_share"], "int8": sorted(i8),
+                      "int8_share": info["int8_share"], "int8": sorted(n for n, f in chosen.items() if f == INT8),
+                      "format_share": info["format_share"], "formats": {n: fm.label(f) for n, f in chosen.items()},
                       "objective": info["trace"][-1] if info["trace"] else None})
-        if all(keep[g] == ax.groups.size(g) for g in keep) and not i8:
+        if all(keep[g] == ax.groups.size(g) for g in keep) and not chosen:
             say(f"approx: round {r}: lam {lam:.3g} keeps the full network; lowering it")
             lam = lam / 4
             continue
@@ -547,16 +597,16 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             lam = lam / 2 if seen[key] else lam * 2
             continue
         pt, exe, pm = ax.point(keep, method, baseline=base, base_exe=base_exe, note=f"lam={lam:.3g}",
-                               int8=i8)                                      # prune, re-tune, build, measure
+                               formats=chosen)                                # prune, re-tune, build, measure
         points.append(pt)
         table.observe(ax.measured())                                          # measured kernels feed back
         ok = seen[key] = pt.quality_loss <= quality_budget
         say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
             f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)"
-            + (f", int8 {sorted(i8)}" if i8 else ""))
+            + (f", {fm.describe(chosen)}" if chosen else ""))
         if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
-            start, start_i8 = {g: float(n) for g, n in keep.items()}, i8
+            start, start_fmt = {g: float(n) for g, n in keep.items()}, chosen
         if ok:
             hi = lam if hi is None else min(hi, lam)
             lam = lam / 4 if lo is None else math.sqrt(lo * lam)
@@ -566,7 +616,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     if search == "front":
         best = _front_search(ax, table, base, base_exe, points, best, seen, seeds=seeds, measure=measure,
                              quality_budget=quality_budget, method=method,
-                             observe=latency == "cost_model", trace=trace, int8=prec)
+                             observe=latency == "cost_model", trace=trace, formats=fmts)
     chosen, exe, chosen_model = best
     layers = _decisions(base_model, chosen_model)
     return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
@@ -576,8 +626,9 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
 
 def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
                   points: list, best: tuple, seen: dict, *, seeds: Sequence | None, measure: int,
-                  quality_budget: float, method: str, observe: bool, trace: list, int8: tuple | None = None) -> tuple:
-    """The front search of :func:`approximate` (see its ``search`` and ``precisions``); appends to
+                  quality_budget: float, method: str, observe: bool, trace: list,
+                  formats: tuple | None = None) -> tuple:
+    """The front search of :func:`approximate` (see its ``search``, ``precisions`` and ``sparsities``); appends to
     ``points``, returns the fastest measured point within budget (``best`` if none is faster)."""
     say, groups, m = ax._say, ax.groups, ax.multiple
     roots = list(groups.prunable())
@@ -595,14 +646,14 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             lat_cache[kk] = float(table.total({g: float(n) for g, n in kk}))
         return lat_cache[kk]
 
-    measured = {(p.keep, p.int8): p for p in points}
+    measured = {(p.keep, p.formats): p for p in points}
 
-    def build(k: Mapping[int, int], note: str, i8: frozenset = frozenset()) -> ParetoPoint | None:
+    def build(k: Mapping[int, int], note: str, chosen: Mapping[str, Format] | None = None) -> ParetoPoint | None:
         nonlocal best
-        kk, mk = key(k), (key(k), tuple(sorted(i8)))
+        kk, mk = key(k), (key(k), fm.key(chosen or {}))
         if mk in measured or mk == (key(full), ()):
             return measured.get(mk)
-        pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note, int8=i8)
+        pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note, formats=chosen)
         points.append(pt)
         measured[mk] = pt
         ok = pt.quality_loss <= quality_budget + 1e-9
@@ -612,7 +663,7 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             lat_cache.clear()
         say(f"approx: {note}: {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), {ax.metric} {pt.quality:.4f} "
             f"(loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget) channels {[n for _, n in kk]}"
-            + (f", int8 {sorted(i8)}" if i8 else ""))
+            + (f", {fm.describe(chosen)}" if chosen else ""))
         if ok and pt.speedup > best[0].speedup:
             best = (pt, exe, pm)
         return pt
@@ -656,8 +707,8 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
             build(k, note)
             done += 1
     ax.search_evals += qual.evals
-    if int8 is not None:
-        done += _int8_stage(ax, int8[0], int8[1], points, build, key, full, floor_budget, quality_budget, measure)
+    if formats is not None:
+        done += _formats_stage(ax, formats, points, build, key, full, floor_budget, quality_budget, measure)
     trace.append({"front": {"seeds": len(starts), "candidates": len(cands), "measured": done,
                             "jax_quality_evals": qual.evals}})
     say(f"approx: front search: {len(starts)} seeds, {done} local-search points measured, "
@@ -665,33 +716,48 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
     return best
 
 
-def _int8_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel, points: list,
-                seen: dict, *, method: str, quality_budget: float) -> tuple[PrecisionLatency, dict, tuple]:
-    """Before the descent rounds with int8: the all-int8 network tuned, built and measured (its kernels'
-    measured latencies written into the tables, so the int8 / float32 ratios the descent prices are
-    measured at full size); returns ``(latency of configurations, {layer: input (scale, zero point)},
-    (point, executable, model))``."""
-    names = eligible(ax.model)
-    ranges = calibrate_ranges(ax.model, ax.x, names)
+def _formats_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel, points: list,
+                   seen: dict, formats: Sequence[Format], *, method: str, quality_budget: float) -> tuple:
+    """Before the descent rounds with formats: for each non-reference format, the network with every
+    layer that can take it in it (all-int8, all-sparse at level ``s``, ...) tuned, built and measured,
+    its kernels' measured latencies written into the tables (so the ratios the descent prices are
+    measured at full size); returns ``(latency of configurations, {int8 layer: input (scale, zero
+    point)}, {(layer, sparsity): weight mask}, [(point, executable, model) per format])``."""
+    per = fm.eligible_formats(ax.model, formats)
+    int8 = [n for n, fs in per.items() if INT8 in fs]
+    ranges = calibrate_ranges(ax.model, ax.x, int8)
     full = {g: ax.groups.size(g) for g in ax.groups.prunable()}
-    pt, exe, pm = ax.point(full, method, baseline=base, base_exe=base_exe, note="seed int8", int8=frozenset(names))
-    points.append(pt)
-    seen[(pt.keep, pt.int8)] = pt.quality_loss <= quality_budget + 1e-9
-    if table.kind == "cost_model":
-        table.observe({**ax.layer_latencies(exe), **ax.measured()})
-    ax._say(f"approx: all-int8 ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
-            f"{ax.metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f})")
-    return PrecisionLatency(ax.model, table, names), {n: act_qparams(*ranges[n]) for n in names}, (pt, exe, pm)
+    seeds = []
+    for f in formats[1:]:
+        names = [n for n, fs in per.items() if f in fs]
+        if not names:
+            ax._say(f"approx: no layer can run {fm.label(f)}")
+            continue
+        pt, exe, pm = ax.point(full, method, baseline=base, base_exe=base_exe, note=f"seed {fm.label(f)}",
+                               formats=dict.fromkeys(names, f))
+        points.append(pt)
+        seeds.append((pt, exe, pm))
+        seen[(pt.keep, pt.formats)] = pt.quality_loss <= quality_budget + 1e-9
+        if table.kind == "cost_model":
+            table.observe({**ax.layer_latencies(exe), **ax.measured()})
+        ax._say(f"approx: all-{fm.label(f)} ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
+                f"{ax.metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f})")
+    flat = FormatLatency(ax.model, table, per)
+    for n, fs in per.items():
+        ax._say(f"approx: {n}: measured / float32 latency " + ", ".join(f"{fm.label(f)} {flat.ratio(n, f):.2f}"
+                                                                         for f in fs[1:]))
+    return (flat, {n: act_qparams(*ranges[n]) for n in int8}, fm.weight_masks(ax.model, per), seeds)
 
 
-def _int8_stage(ax: Approximator, plat: PrecisionLatency, qparams: Mapping[str, tuple[float, int]], points: list,
-                build: Callable, key: Callable, full: dict, floor: float, quality_budget: float, measure: int) -> int:
-    """The greedy precision pass of the front search (beside the descent's proposals): for the full
-    network and each float32 point measured within budget (fastest first) the int8 layers
+def _formats_stage(ax: Approximator, formats: tuple, points: list, build: Callable, key: Callable, full: dict,
+                   floor: float, quality_budget: float, measure: int) -> int:
+    """The greedy format pass of the front search (beside the descent's proposals): for the full network
+    and each float32 point measured within budget (fastest first) the layers' formats
     :func:`~felixjax.approx.precision.assign` picks, built and measured (at most ``measure``)."""
-    qual = MaskedQuality(ax, qparams=qparams)
+    flat, qparams, masks, _ = formats
+    qual = MaskedQuality(ax, qparams=qparams, formats=flat.formats, masks=masks)
     starts = [full] + [dict(p.keep) for p in sorted(points, key=lambda p: -p.speedup)
-                       if not p.int8 and p.quality_loss <= quality_budget + 1e-9]
+                       if not p.formats and p.quality_loss <= quality_budget + 1e-9]
     done, tried = 0, set()
     for k in starts:
         if done >= measure:
@@ -699,14 +765,13 @@ def _int8_stage(ax: Approximator, plat: PrecisionLatency, qparams: Mapping[str, 
         if key(k) in tried:
             continue
         tried.add(key(k))
-        i8 = assign(k, floor, latency=plat, quality=qual)
-        if i8 and build(k, f"int8 x{len(i8)}", i8) is not None:
+        chosen = assign(k, floor, latency=flat, quality=qual)
+        if chosen and build(k, fm.summary(chosen), chosen) is not None:
             done += 1
     ax.search_evals += qual.evals
-    ax._say(f"approx: precision: {len(qparams)} layers may run at int8; {done} mixed-precision points measured "
+    ax._say(f"approx: formats: {len(flat.formats)} layers may change format; {done} mixed points measured "
             f"by the greedy pass")
     return done
-
 
 def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
     new = {n.name: n for n in after.graph.nodes if n.is_anchor}
@@ -715,5 +780,5 @@ def _decisions(before: Model, after: Model) -> tuple[LayerDecision, ...]:
         if n.is_anchor and n.name in new:
             a = new[n.name].task
             out.append(LayerDecision(n.name, n.task.name, a.name, (n.task.output_shape[1], a.output_shape[1]),
-                                     precision_of(a)))
+                                     precision_of(a), float(a.sparsity)))
     return tuple(out)
