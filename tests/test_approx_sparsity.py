@@ -92,6 +92,23 @@ def test_mixed_sparse_int8_and_float32_layers_build_and_match_the_reference(digi
         np.testing.assert_allclose(exe.run(xi)[0], ref, rtol=0, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
+@pytest.mark.cc
+@pytest.mark.skipif("float16" not in formats.available_precisions(), reason="the network build has no float16 yet")
+def test_float16_sparse_and_int8_layers_build_together(digits):
+    from felixjax.quantize import fake_quant_run
+
+    model, _, x = digits
+    m = precision.with_formats(model, {"conv2": formats.FLOAT16, "conv3": SP5, "fc": INT8}, x)
+    assert [precision_of(n.task) for n in m.graph.nodes if n.is_anchor] == [
+        "float32", "float16", "float32", "float32", "int8"]
+    exe = build_model(m, fj.Target.cpu(cores=1))
+    g = m.graph
+    for xi in x[:3]:
+        xi = xi.reshape(g.shapes[g.inputs[0]])
+        ref = fake_quant_run(g, {g.inputs[0]: xi})[g.outputs[0]]
+        np.testing.assert_allclose(exe.run(xi)[0], ref, rtol=0, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
 # ---- the relaxed format knob ---------------------------------------------------------------------
 
 def _ratio(t):
@@ -214,15 +231,18 @@ def test_approximate_with_sparsity_builds_sparse_layers_and_reports_them(digits,
     monkeypatch.setattr(search.Approximator, "latency_pair", lambda self, exe, base, **kw: (fake(exe), 1.0))
     res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=1.0,
                          trials=0, rounds=1, steps=5, lam=1e-6, batch=16, multiple=4, seeds=(0.5,), measure=1,
-                         progress=False, sparsities=(0.5,))
+                         progress=False, precisions=("float32", "int8"), sparsities=(0.5,))
     assert not any("sparsity: codegen.ops has sparse kernels, but" in e for e in res.excluded)
     seed = next(p for p in res.pareto if p.note == "seed sparse 0.5")
     assert seed.chosen == dict.fromkeys(anchors, SP5) and res.quality_evals == len(res.pareto)
-    rnd = res.trace[0]  # the descent's shares: one vector per layer over (float32, sparse 0.5), rounded by argmax
+    # the descent's shares: one vector per layer over (float32, int8, sparse 0.5), rounded by argmax
+    rnd = res.trace[0]
     assert set(rnd["format_share"]) == set(anchors)
-    assert all(len(v) == 2 and sum(v) == pytest.approx(1.0) for v in rnd["format_share"].values())
-    assert rnd["formats"] == {n: "sparse 0.5" for n in round_formats(dict.fromkeys(anchors, (REFERENCE, SP5)),
-                                                                    rnd["format_share"])}
+    assert all(len(v) == 3 and sum(v) == pytest.approx(1.0) for v in rnd["format_share"].values())
+    rounded = round_formats(dict.fromkeys(anchors, (REFERENCE, INT8, SP5)), rnd["format_share"])
+    assert rnd["formats"] == {n: formats.label(f) for n, f in rounded.items()}
+    assert rnd["int8"] == sorted(n for n, f in rounded.items() if f == INT8)
+    assert next(p for p in res.pareto if p.note == "seed int8").chosen == dict.fromkeys(anchors, INT8)
     # the chosen network: every layer sparse at 0.5, so reported, built with sparse kernels and masked weights
     assert res.chosen is seed
     assert {d.name: (d.precision, d.sparsity) for d in res.layers} == dict.fromkeys(anchors, SP5)
