@@ -25,7 +25,12 @@ from felixjax.approx.quality import metric_value
 from felixjax.approx.search import probe_knobs
 from felixjax.network_build import graph_to_spec
 from felixjax.pipeline import build_model
-from felixjax.quantize import BUILD_PRECISIONS, fake_quant_layer, precision_of, with_precisions
+from felixjax.quantize import (
+    BUILD_PRECISIONS,
+    fake_quant_layer,
+    precision_of,
+    with_precisions,
+)
 
 pytestmark = pytest.mark.cc
 
