@@ -173,6 +173,22 @@ class Target:
         """Builds a target from `to_json()` output; unknown keys raise TypeError."""
         return cls(**d)
 
+    def at_threads(self, threads: int | None) -> "Target":
+        """This machine as a kernel run at ``threads`` threads sees it (``cores=threads``; ``self`` for
+        ``None`` or its own core count): tuning records are stored and looked up under this target's
+        :attr:`key`, so timings at different thread counts never stand in for each other.
+
+        Example:
+            >>> t = Target.cpu(cores=2)
+            >>> t.at_threads(None) is t, t.at_threads(1).cores, t.at_threads(1).key != t.key
+            (True, 1, True)
+        """
+        if threads is None or int(threads) == self.cores:
+            return self
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1 (got {threads})")
+        return dataclasses.replace(self, cores=int(threads))
+
     @property
     def key(self) -> str:
         """Short stable hash of the canonical JSON of the identity fields (not measured ones).

@@ -498,7 +498,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0 (got {seconds})")
     target = target or Target.cpu()
-    target_key = ("replay:" if replay is not None else "") + target.key
+    target_key = "replay:" + target.key if replay is not None else target.at_threads(threads).key
     measurer = None if replay is None else (lambda t, tg: _replay_measurer(replay, t, tg))
     with TuningSession(target, db=db, runner=runner, measurer=measurer, target_key=target_key, threads=threads,
                        protocol=protocol, progress=False, defaults=defaults, cost_aware=cost_aware) as session:

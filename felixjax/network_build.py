@@ -129,16 +129,27 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
 
 
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
-                     configs: Mapping[Task, Config] | None = None) -> list[Schedule]:
-    """The schedule of every distinct task: ``configs`` first, then the database's best record, then the
-    default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no longer lowers)."""
+                     configs: Mapping[Task, Config] | None = None, threads: int | None = None) -> list[Schedule]:
+    """The schedule of every distinct task: ``configs`` first, then the database's best record timed at
+    ``threads`` threads (default: the target's cores), else at the nearest other thread count (noted),
+    then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
+    longer lowers)."""
     database, own = _open_db(db)
+    want = int(threads or target.cores)
+    # thread counts to look up, the one asked for first, then the nearest others
+    counts = sorted(range(1, max(want, target.cores) + 1), key=lambda n: (abs(n - want), n))
     out = []
     try:
         for task, weight in model.tasks:
             default = Space(task, default_sketch(task, target), target).default()
             cfg, source, lat, note = default, "default", None, ""
-            rec = database.best(task, target) if database is not None else None
+            rec = None
+            if database is not None and not (configs and task in configs):
+                for n in counts:
+                    rec = database.best(task, target.at_threads(n))
+                    if rec is not None:
+                        note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
+                        break
             if configs and task in configs:
                 cfg, source = configs[task], "given"
             elif rec is not None:

@@ -221,7 +221,7 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
                          "(a simulated GPU has nothing to run the network on): tune on it, build with Target.cpu()")
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     target = target or Target.cpu()
-    schedules = choose_schedules(model, target, db=db, configs=configs)       # each task's best record (or default)
+    schedules = choose_schedules(model, target, db=db, configs=configs, threads=threads)  # best record (or default)
     plans = {s.task: lower(Space(s.task, s.config.sketch, target), s.config) for s in schedules}  # ⑨ lower
     spec = graph_to_spec(model.graph, plans)                                  # the network as kernels + buffers
     try:

@@ -144,7 +144,8 @@ class TuningSession:
         runner: a shared :class:`~codegen.measure.LocalRunner` (default: started here on first use).
         measurer: ``(task, target) -> measurer`` (anything with ``measure(configs, on_result)``,
             e.g. a replay runner); default: a :class:`~felixjax.measurer.Measurer` on ``runner``.
-        target_key: the key records are stored under (default ``target.key``; replays use their own).
+        target_key: the key records are stored under (default ``target.at_threads(threads).key``: one
+            per thread count; replays use their own).
         threads, protocol, renderer: how kernels are run, timed and rendered.
         cost_model: a pretrained MLP checkpoint every model group starts from.
         seed: seeds the cost models (runs seed their own streams).
@@ -163,7 +164,8 @@ class TuningSession:
                  progress: bool | Callable[[dict], None] = True, defaults: bool = True,
                  cost_aware: CostAware | None = None):
         self.target = target or Target.cpu()
-        self.target_key = target_key or self.target.key
+        # records at another thread count than the target's cores go under that count's key
+        self.target_key = target_key or self.target.at_threads(threads).key
         self._target_json = self.target.to_json()
         self._own_db = not isinstance(db, Database)
         self.db = db if isinstance(db, Database) else Database(db if db is not None else ":memory:")

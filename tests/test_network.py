@@ -350,15 +350,20 @@ def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
                       trials_per_round=2, progress=False)
     assert res2.trials == 3 * len(model.tasks) + 2 and sum(r["new"] for r in res2.rounds) == 2
     target = fj.Target.cpu()
+    at1 = target.at_threads(1)  # records are stored per thread count
     with Database(db) as d:  # each task's first trial was its first sketch's default schedule
         for t in res.tasks:
-            first = d.records(t.task, target)[0].config
+            first = d.records(t.task, at1)[0].config
             assert first == fj.Space(t.task, fj.sketches_for(t.task)[0], target).default()
-    exe = build_model(model, db=db)
-    with Database(db) as d:
-        for sched in exe.schedules:
-            assert sched.source == "tuned"
-            assert sched.config == d.best(sched.task, fj.Target.cpu()).config
+            if target.cores > 1:
+                assert d.records(t.task, target) == []
+    for threads in (1, None):  # built for 1 thread, or for all cores from the 1-thread records (noted)
+        exe = build_model(model, db=db, threads=threads)
+        with Database(db) as d:
+            for sched in exe.schedules:
+                assert sched.source == "tuned"
+                assert sched.config == d.best(sched.task, at1).config
+                assert ("tuned at 1 thread" in sched.note) == (threads is None and target.cores > 1)
     assert "tuned" in exe.summary()
     x = np.random.default_rng(5).standard_normal((1, 8, 16)).astype(np.float32)
     _close(exe(x), _ort(proto, {"x": x})[0])

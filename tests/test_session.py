@@ -131,6 +131,18 @@ def test_best_is_retimed_and_retimes_stay_out_of_history_and_budget(tmp_path):
     assert len(again.history) == 10  # the re-timing rows did not count against the budget
 
 
+def test_records_are_kept_per_thread_count(tmp_path):
+    # a 2-thread tuning must not resume (and return the best of) a 1-thread one in the same database
+    db = str(tmp_path / "t.db")
+    one = fj.tune(T1, strategy="random", trials=6, db=db, measurer=replay, progress=False, threads=1, retime=0)
+    two = fj.tune(T1, strategy="random", trials=6, db=db, measurer=replay, progress=False, threads=2, retime=0)
+    assert len(one.history) == len(two.history) == 6
+    with fj.Database(db) as d:
+        assert d.count(T1, TARGET.at_threads(1)) == d.count(T1, TARGET.at_threads(2)) == 6
+    again = fj.tune(T1, strategy="random", trials=6, db=db, measurer=replay, progress=False, threads=1, retime=0)
+    assert [r.config for r in again.history] == [r.config for r in one.history]  # resumed: nothing new
+
+
 def test_two_tuners_on_one_run_share_its_budget_and_measure_nothing_twice(tmp_path):
     db = fj.Database(tmp_path / "two.db")
     a, b = session(db=db), session(db=db)

@@ -178,7 +178,7 @@ def test_a_short_tune(tmp_path):
     assert res.best is not None and res.best.result.status == "ok"
     arrays = task.random_inputs(seed=0)
     np.testing.assert_allclose(res.kernel()(*arrays), task.reference(*arrays), rtol=1e-4, atol=1e-5)
-    assert fj.Database(db).best(task, TARGET).config == res.best.config
+    assert fj.Database(db).best(task, TARGET.at_threads(1)).config == res.best.config
 
 
 # ---- a network with sparse layers ------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_short_random_tuning_run_checks_every_kernel(tmp_path, runner):
     np.testing.assert_allclose(res.kernel(threads=1)(*arrays), t.reference(*arrays), rtol=1e-4, atol=1e-4)
     assert "fj_kernel" in res.source
     db = fj.Database(tmp_path / "r.db")
-    assert db.best(t, fj.Target.cpu(), run="random:1").latency_s == res.best_while_tuning.latency_s
+    assert db.best(t, fj.Target.cpu().at_threads(1), run="random:1").latency_s == res.best_while_tuning.latency_s
     assert len(db.records(task=t)) == 6 and len(db.records(task=t, retimes=True)) == 6 + 3
 
 
@@ -118,7 +118,7 @@ def test_sigkill_then_resume_loses_nothing_and_remeasures_nothing(tmp_path):
     while time.time() < deadline:
         time.sleep(0.3)
         if os.path.exists(db_path):
-            n = fj.Database(db_path).count(t, fj.Target.cpu())
+            n = fj.Database(db_path).count(t, fj.Target.cpu().at_threads(1))
             if n >= 5:
                 break
     os.killpg(proc.pid, signal.SIGKILL)  # the tuner and its measuring child, mid-run
