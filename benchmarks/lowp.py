@@ -153,8 +153,8 @@ def ort_variants(task32: ops.Task, arrays32: list[np.ndarray], threads: int) -> 
 
 
 def tuned_config(task: ops.Task, target: Target, args, threads: int):
-    # one run per thread count: the database keys records by machine, not by thread count, so without
-    # its own run a 2-thread tuning would resume (and reuse) the 1-thread one
+    # one run per thread count (the database also keys records by thread count since b33f6e3; before,
+    # a 2-thread tuning resumed, and reused, the 1-thread one)
     res = fj.tune(task, target, strategy=args.strategy, trials=args.trials, db=args.db, seed=0, threads=threads,
                   run=f"lowp:{threads}t", progress=False, protocol=TimingProtocol.quick() if args.quick else None)
     best = res.best

@@ -126,8 +126,8 @@ class Cell:
 
 
 def tune(task: Task, target: Target, threads: int, args, db: str) -> Config:
-    # one run per thread count: the database keys records by machine, not by thread count, so without
-    # its own run a 2-thread tuning would resume (and reuse) the 1-thread one
+    # one run per thread count (the database also keys records by thread count since b33f6e3; before,
+    # a 2-thread tuning resumed, and reused, the 1-thread one)
     res = fj.tune(task, target, strategy=args.strategy, trials=args.trials, seed=args.seed, db=db, threads=threads,
                   run=f"sparse:{threads}t", progress=False, retime=0)
     if res.best is None:
