@@ -22,7 +22,6 @@ import argparse
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +36,8 @@ import felixjax as fj  # noqa: E402
 from codegen.measure import LocalRunner, TimingProtocol  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax.measurer import Measurer  # noqa: E402
-from felixjax.network import _ort_session, build_model, time_interleaved  # noqa: E402
+from felixjax.network import build_model  # noqa: E402
+from felixjax.ort_compare import compare_onnxruntime  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,12 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
-    sess = _ort_session(proto, args.threads)
-    name = sess.get_inputs()[0].name
-    ref = sess.run(None, {name: x})[0]
-    err = float(np.abs(exe(x) - ref).max() / np.abs(ref).max())
-    if err > 1e-3:
-        raise SystemExit(f"the build differs from onnxruntime: {err:.3g}")
 
     # isolated kernels, re-timed by the measuring process (output checked against the reference)
     by_task = {s.task: s for s in exe.schedules}
@@ -79,21 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         ms = statistics.median(p[k]["ms"] for p in profiles)
         rows.append((node, ms))
 
-    ins, outs = exe._inputs([x]), exe.library.new_outputs()
-    binding = sess.io_binding()
-    binding.bind_input(name, "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
-    ort_out = np.empty(ref.shape, np.float32)
-    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(ref.shape), ort_out.ctypes.data)
-
-    def ort_block(number: int) -> float:
-        t = time.perf_counter()
-        for _ in range(number):
-            sess.run_with_iobinding(binding)
-        return time.perf_counter() - t
-
-    times = time_interleaved({"ours": lambda n: exe.library.timeit(ins, outs, n), "onnxruntime": ort_block},
-                             rounds=args.rounds, min_time_s=0.2)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    # the whole library vs onnxruntime at its defaults, interleaved (outputs checked against it first)
+    whole = compare_onnxruntime(exe, proto, threads=args.threads, rounds=args.rounds, min_time_s=0.2)
+    med = {"ours": whole["felixjax_ms"], "onnxruntime": whole["onnxruntime_ms"]}
 
     anchor_net = sum(ms for n, ms in rows if n.is_anchor)
     anchor_iso = sum(1e3 * iso[n.task] for n, _ in rows if n.is_anchor)
