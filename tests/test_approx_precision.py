@@ -20,7 +20,7 @@ from codegen import netbuild, ops
 from codegen.lower import lower
 from codegen.space import Space, default_sketch
 from felixjax.approx import executor, precision
-from felixjax.approx.digits import _init, to_onnx
+from felixjax.approx.digits import untrained_model
 from felixjax.approx.quality import metric_value
 from felixjax.approx.search import probe_knobs
 from felixjax.network_build import graph_to_spec
@@ -38,9 +38,7 @@ pytestmark = pytest.mark.cc
 @pytest.fixture(scope="module")
 def digits():
     """The digits CNN of tests/test_approx.py (four convs, one with a residual add, and a dense layer)."""
-    proto = to_onnx({k: np.asarray(v) for k, v in _init(8, 0).items()}, 8)
-    x = np.random.default_rng(0).uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
-    return fj.load_onnx(proto), proto, x
+    return untrained_model(8, 0)
 
 
 def _anchors(model):

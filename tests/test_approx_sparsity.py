@@ -16,7 +16,7 @@ import pytest
 
 import felixjax as fj
 from felixjax.approx import executor, formats, precision
-from felixjax.approx.digits import _init, to_onnx
+from felixjax.approx.digits import untrained_model
 from felixjax.approx.formats import INT8, REFERENCE
 from felixjax.approx.quality import magnitude_mask, metric_value
 from felixjax.pipeline import build_model
@@ -29,9 +29,7 @@ SP5 = ("float32", 0.5)
 @pytest.fixture(scope="module")
 def digits():
     """The digits CNN of tests/test_approx_precision.py (four convs, one with a residual add, a dense layer)."""
-    proto = to_onnx({k: np.asarray(v) for k, v in _init(8, 0).items()}, 8)
-    x = np.random.default_rng(0).uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
-    return fj.load_onnx(proto), proto, x
+    return untrained_model(8, 0)
 
 
 def _anchors(model):

@@ -132,3 +132,19 @@ def to_onnx(params: dict[str, np.ndarray], size: int) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
+
+
+def untrained_model(width: int = 8, seed: int = 0, n: int = 40) -> tuple[Any, onnx.ModelProto, np.ndarray]:
+    """``(loaded model, ONNX proto, n random 8x8 images)`` of the digits CNN at random (untrained) weights:
+    the small network the approximation tests build at every format.
+
+    Example:
+        >>> model, proto, x = untrained_model()
+        >>> x.shape, sum(n.is_anchor for n in model.graph.nodes)
+        ((40, 1, 8, 8), 5)
+    """
+    from felixjax.onnx_import import load_onnx
+
+    proto = to_onnx({k: np.asarray(v) for k, v in _init(width, seed).items()}, 8)
+    x = np.random.default_rng(seed).uniform(0, 1, (n, 1, 8, 8)).astype(np.float32)
+    return load_onnx(proto), proto, x
