@@ -90,9 +90,14 @@ def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
             plan = plans[node.task]
             if isinstance(plan, SparsePlan):  # weights compiled into the kernel: this layer's own
                 plan = with_weights(plan, layer_weights(graph, node))
+            before, kernel_outs, after = len(steps), tuple(outs), []
             if node.task.quantized:
                 ins = _int8_inputs(graph, node, ins, add, steps)
-            steps.append(netbuild.Step("kernel", ins, tuple(outs), plan=plan, label=node.name))
+            if node.task.dtype == "float16":
+                ins, kernel_outs, after = _float16_io(graph, node, ins, kernel_outs, add, steps)
+            steps.append(netbuild.Step("kernel", ins, kernel_outs, plan=plan, label=node.name))
+            steps.extend(after)
+            assert len(steps) - before == node_steps(node), node.name
         elif node.op in netbuild.CHEAP_OPS:
             steps.append(netbuild.Step(node.op, ins, tuple(outs), dict(node.attrs), label=node.name))
         else:
@@ -118,6 +123,44 @@ def _int8_inputs(graph: Graph, node: Any, ins: tuple, add: Any, steps: list) -> 
     xs = add(f"{node.name}/x_scale", "const", np.array([q["scale"]], np.float32))
     zp = add(f"{node.name}/x_zp", "const", np.array([q["zero_point"]], np.int32), "int32")
     return (x8, add(f"{node.name}/w_int8", "const", wq)) + ins[2:] + (xs, zp, add(f"{node.name}/w_scales", "const", ws))
+
+
+def node_steps(node: Any) -> int:
+    """How many steps :func:`graph_to_spec` makes of a graph node (a layer's profile time is their sum):
+    1 (a cheap op, a float32 anchor); an int8 anchor 2 (``quantize``, kernel); a float16 anchor 3, or 4
+    with a residual (``to_float16`` of its data [and of its residual], kernel, ``to_float32``).
+
+    Example:
+        >>> from codegen import ops
+        >>> from felixjax.graph_passes import Node
+        >>> node_steps(Node("conv2d", ("x", "w", "b"), ("y",), {"task": ops.conv2d(1, 8, 6, 6, out_channels=8,
+        ...            bias=True, dtype="float16")}))
+        3
+    """
+    if not node.is_anchor:
+        return 1
+    if node.task.quantized:
+        return 2
+    return 3 + int(node.task.residual) if node.task.dtype == "float16" else 1
+
+
+def _float16_io(graph: Graph, node: Any, ins: tuple, outs: tuple, add: Any, steps: list) -> tuple[tuple, tuple, list]:
+    """A float16 anchor's kernel inputs and outputs. Its float32 data (and residual: the float16 task
+    reads it as float16) become float16 values by new ``to_float16`` steps (appended to ``steps``); its
+    weights stay the float32 constant, converted to float16 once, when the packed weights are made at
+    load; its bias stays float32 (the kernel adds it to the float32 accumulator). Returns ``(kernel
+    inputs, (float16 output,), [the to_float32 step that writes the node's float32 output])``."""
+    task = node.task
+    if node.inputs[1] not in graph.constants:
+        raise UnsupportedModelError(f"node {node.name!r}: a float16 layer needs constant weights")
+    ins = list(ins)
+    for k, (name, dtype, shape) in enumerate(zip(task.input_names(), task.input_dtypes(), task.input_shapes())):
+        if k != 1 and dtype == np.float16:
+            h = add(f"{node.name}/{name}_float16", "temp", dtype="float16", shape=tuple(shape))
+            steps.append(netbuild.Step("to_float16", (ins[k],), (h,), label=f"{node.name}/{name}_to_float16"))
+            ins[k] = h
+    y16 = add(f"{node.name}/out_float16", "temp", dtype="float16", shape=tuple(task.output_shape))
+    return tuple(ins), (y16,), [netbuild.Step("to_float32", (y16,), outs, label=f"{node.name}/to_float32")]
 
 
 def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, bool]:
@@ -246,13 +289,14 @@ class CompiledModel:
     def profile(self, x: Any = None, *, number: int = 10) -> list[dict]:
         """Where the time goes: one row per graph node (``name``, ``op``: the task name for anchors,
         ``ms`` averaged over ``number`` runs with every step timed in C), in execution order. An int8
-        layer's time includes the step that quantizes its input."""
+        layer's time includes the step that quantizes its input, a float16 layer's the steps that convert
+        its data (and residual) to float16 and its output back to float32 (:func:`node_steps`)."""
         if x is None:
             rng = np.random.default_rng(0)
             x = [rng.standard_normal(s).astype(np.float32) for s in self.net.input_shapes]
         secs = iter(self.library.profile(self._inputs(x), number=number))
         return [{"name": n.name, "op": n.task.name if n.is_anchor else n.op,
-                 "ms": 1e3 * float(next(secs) + (next(secs) if n.is_anchor and n.task.quantized else 0.0))}
+                 "ms": 1e3 * float(sum(next(secs) for _ in range(node_steps(n))))}
                 for n in self.model.graph.nodes]
 
     def layer_report(self, x: Any = None, *, number: int = 10) -> str:

@@ -134,7 +134,11 @@ def test_approximate_with_int8_reports_measured_layers_and_points(digits):
     assert set(shares) == set(precision.eligible(fj.load_onnx(proto))) and all(0 < s < 1 for s in shares.values())
     assert set(rnd["int8"]) == round_precisions(shares) == {n for n, s in shares.items() if s >= 0.5}
     descended = [p for p in res.pareto if p.note.startswith("lam=")]
-    assert len(descended) == 1 and list(descended[0].int8) == rnd["int8"]
+    if descended:  # the rounded point was new: built as proposed
+        assert len(descended) == 1 and list(descended[0].int8) == rnd["int8"]
+    else:  # the measured tables (timing) may round it onto a point already measured (or the full network)
+        proposed = (tuple(sorted((g, int(n)) for g, n in rnd["keep"].items())), tuple(sorted(rnd["int8"])))
+        assert proposed in {(p.keep, tuple(sorted(p.int8))) for p in res.pareto}
     # what the result reports is the returned executable, measured: its layers' precisions and quality
     built = {n.name: precision_of(n.task) for n in res.executable.model.graph.nodes if n.is_anchor}
     assert {d.name: d.precision for d in res.layers} == built

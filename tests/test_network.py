@@ -18,6 +18,7 @@ import felixjax as fj
 from codegen import netbuild
 from codegen.ops import conv2d, matmul
 from felixjax import cli, graph_passes, zoo
+from felixjax.testing import run_standalone
 from felixjax.database import Database
 from felixjax.errors import UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate
@@ -101,14 +102,9 @@ def test_export_builds_with_make_and_matches(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["Makefile", "README.txt", "main.c", "model.c", "model.h",
                                                      "weights.bin"]
     x = np.random.default_rng(3).standard_normal((1, 16, 32)).astype(np.float32)
-    x.tofile(out / "inputs.bin")
-    r = subprocess.run(["make"], cwd=out, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run(["./demo", "weights.bin", "inputs.bin", "outputs.bin", "3"], cwd=out, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert "ms per run" in r.stdout
-    y = np.fromfile(out / "outputs.bin", dtype="<f4").reshape(1, 16, 32)
+    y, stdout = run_standalone(out, x, runs=3)
+    assert "ms per run" in stdout
+    y = y.reshape(1, 16, 32)
     _close(y, _ort(proto, {"x": x})[0])
     np.testing.assert_array_equal(y, exe(x))
     # a wrong-sized weights file is refused, not read past its end

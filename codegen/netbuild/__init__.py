@@ -15,6 +15,10 @@ and a list of *steps* in execution order:
 * ``Step("quantize", (x,), (q,), {"scale": s, "zero_point": z})``: a float32 value to a ``uint8`` value
   (``Value(dtype="uint8")``), the data of an int8 kernel step (whose scales and int32 zero point are
   constants after its bias / residual, in the Task order; its weights are quantized, packed at load).
+* ``Step("to_float16", (x,), (h,))`` and ``Step("to_float32", (h,), (y,))``: float32 <-> ``float16``
+  values (round to nearest even; F16C where the compiler targets it, else portable C): the data and
+  residual of a float16 kernel step (whose weights are converted to float16 and packed at load), and its
+  float16 output back to float32 (:mod:`codegen.netbuild.convert`). Activations between steps stay float32.
 
 :func:`emit` turns a spec into a :class:`NetSource`: one self-contained C file, a weights blob (packed
 kernel weights and the other constants, 64-byte aligned entries) and a static memory plan. Intermediates
@@ -55,6 +59,7 @@ Example:
 from __future__ import annotations
 
 from .cheap_ops import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, PARALLEL_MIN
+from .convert import CONVERSIONS
 from .emission import NetSource, emit
 from .kernels import CHEAP_OPS
 from .library import NetLibrary, load
@@ -62,6 +67,6 @@ from .memory import ALIGN, MemoryPlan, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value
 from .standalone import export
 
-__all__ = ["ALIGN", "CHEAP_OPS", "ELEMENTWISE_BINARY", "ELEMENTWISE_UNARY", "PARALLEL_MIN", "VALUE_KINDS",
-           "MemoryPlan", "NetBuildError", "NetLibrary", "NetSource", "NetSpec", "Step", "Value", "emit", "export",
-           "load", "plan_memory"]
+__all__ = ["ALIGN", "CHEAP_OPS", "CONVERSIONS", "ELEMENTWISE_BINARY", "ELEMENTWISE_UNARY", "PARALLEL_MIN",
+           "VALUE_KINDS", "MemoryPlan", "NetBuildError", "NetLibrary", "NetSource", "NetSpec", "Step", "Value", "emit",
+           "export", "load", "plan_memory"]

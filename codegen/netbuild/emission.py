@@ -11,6 +11,7 @@ import numpy as np
 from ..renderers.c import render_kernel
 from ..renderers.cstyle import Writer as _Writer
 from .cheap_ops import PARALLEL_MIN, _Ctx
+from .convert import CONVERSIONS, F16_PRELUDE, emit_conversion
 from .kernels import _PRELUDE, _RENDERERS, CHEAP_OPS
 from .memory import ALIGN, MemoryPlan, _aligned_zeros, plan_memory
 from .spec import VALUE_KINDS, NetBuildError, NetSpec, Step, Value
@@ -59,13 +60,29 @@ def _check_step(step: Step, values: Sequence[Value]) -> None:
         shapes = task.input_shapes()
         if len(step.inputs) != len(shapes) or any(i is None for i in step.inputs):
             raise NetBuildError(f"{step.where()}: takes {len(shapes)} inputs (data, weight[, bias][, residual])")
+        names, dtypes = task.input_names(), task.input_dtypes()
         for k, (i, s) in enumerate(zip(step.inputs, shapes)):
             if values[i].size != math.prod(s):
                 raise NetBuildError(f"{step.where()}: input {k} has {values[i].size} elements, the task "
                                     f"expects shape {s}")
+            # the weight is a float32 constant converted (quantized) and packed at load; the rest is read as is
+            if k != 1 and values[i].dtype != dtypes[k].name:
+                raise NetBuildError(f"{step.where()}: input {k} ({names[k]}) is {values[i].dtype}, the task reads "
+                                    f"{dtypes[k].name} (convert it in a step before the kernel)")
         if len(step.outputs) != 1 or step.outputs[0] is None or values[step.outputs[0]].size != math.prod(
                 task.output_shape):
             raise NetBuildError(f"{step.where()}: one output of shape {task.output_shape} expected")
+        out_dtype = task.buffer_dtypes.for_buffer("out")
+        if values[step.outputs[0]].dtype != out_dtype:
+            raise NetBuildError(f"{step.where()}: the kernel writes {out_dtype}, its output value is "
+                                f"{values[step.outputs[0]].dtype}")
+        return
+    if step.op in CONVERSIONS:
+        src, dst = CONVERSIONS[step.op]
+        if (len(step.inputs) != 1 or step.inputs[0] is None or len(step.outputs) != 1 or step.outputs[0] is None
+                or values[step.inputs[0]].dtype != src or values[step.outputs[0]].dtype != dst
+                or values[step.outputs[0]].size != values[step.inputs[0]].size):
+            raise NetBuildError(f"{step.where()}: a {step.op} step takes one {src} value to a {dst} value of its size")
         return
     if step.op == "quantize":
         if (len(step.inputs) != 1 or step.inputs[0] is None or len(step.outputs) != 1 or step.outputs[0] is None
@@ -94,6 +111,9 @@ def emit(spec: NetSpec) -> NetSource:
             raise NetBuildError(f"value kind {v.kind!r}; expected one of {VALUE_KINDS}")
         if v.kind == "const" and (v.data is None or np.asarray(v.data).size != v.size):
             raise NetBuildError(f"constant of shape {v.shape} has no data of that size")
+    for v in spec.inputs + spec.outputs:
+        if values[v].dtype != "float32":
+            raise NetBuildError(f"graph inputs and outputs are float32; value {v} is {values[v].dtype}")
     for step in spec.steps:
         _check_step(step, values)
     mem = plan_memory(spec)
@@ -122,6 +142,8 @@ def emit(spec: NetSpec) -> NetSource:
     w(_PRELUDE.rstrip("\n"))
     if any(st.op == "kernel" and st.plan.space.task.dtype != "float32" for st in spec.steps):
         w("#include <immintrin.h>  /* the conversion intrinsics of low-precision kernels */")
+    if any(st.op in CONVERSIONS for st in spec.steps):
+        w(F16_PRELUDE.rstrip("\n"))
     w()
     # tuned kernels, one function per distinct (task, config)
     # (task, config, weights of a sparse kernel: compiled in) -> function name
@@ -152,6 +174,10 @@ def emit(spec: NetSpec) -> NetSource:
         if step.op == "quantize":
             _quantize(w, s, values[step.inputs[0]].size, step.attrs)
             calls.append(f"fj_s{s}({ref(step.inputs[0])}, (unsigned char*){ref(step.outputs[0])});")
+            continue
+        if step.op in CONVERSIONS:
+            src, dst = emit_conversion(w, s, step.op, values[step.inputs[0]].size)
+            calls.append(f"fj_s{s}((const {src}*){ref(step.inputs[0])}, ({dst}*){ref(step.outputs[0])});")
             continue
         if step.op == "Reshape" and mem.where[step.outputs[0]][0] == "alias":
             calls.append(f"/* step {s}: Reshape (aliases its input) */")

@@ -95,10 +95,11 @@ def plan_memory(spec: NetSpec) -> MemoryPlan:
             out_slot[v] = j
         else:
             copies.append((j, v))
-    # weights blob: raw constants read by cheap ops (or copied out), kernel-packed weights per step
+    # weights blob: raw constants read by cheap ops (or copied out), kernel-packed weights per step: one
+    # copy per (weight, layout, element type), converted (float16) or quantized once when the blob is made
     weight_floats = 0
     packed: dict[tuple[int, int], int] = {}
-    packed_by_layout: dict[tuple[int, Any], int] = {}
+    packed_by_layout: dict[tuple[int, Any, str], int] = {}
     raw_needed = {v for _, v in copies if values[v].kind == "const"}
     for s, step in enumerate(spec.steps):
         for k, i in enumerate(step.inputs):
@@ -112,7 +113,7 @@ def plan_memory(spec: NetSpec) -> MemoryPlan:
                 if values[i].kind != "const":
                     raise NetBuildError(f"{step.where()}: kernel weights must be a constant")
                 layout = step.plan.buffers["weight"].layout
-                key = (i, layout)
+                key = (i, layout, step.plan.arg_dtypes()[1].str)  # a float32 and a float16 kernel may share a weight
                 if key not in packed_by_layout:
                     packed_by_layout[key] = weight_floats
                     weight_floats += _round_up(packed_floats(step.plan))

@@ -26,8 +26,9 @@ class NetBuildError(ValueError):
 class Value:
     """A tensor of the network: a graph ``input``, a ``const`` (with its ``data``) or a ``temp`` (an
     intermediate or output, produced by exactly one step). ``dtype`` is float32 but for the 8-bit
-    activations a ``quantize`` step writes (``"uint8"``) and the int32 zero points of int8 kernels;
-    graph inputs and outputs are float32."""
+    activations a ``quantize`` step writes (``"uint8"``), the int32 zero points of int8 kernels and the
+    ``"float16"`` data, residual and output of a float16 kernel (written and read by ``to_float16`` /
+    ``to_float32`` steps); graph inputs and outputs are float32."""
 
     shape: tuple[int, ...]
     kind: str
@@ -49,8 +50,10 @@ class Step:
     """``outputs = op(inputs)``; inputs and outputs are value ids (``None`` marks an absent optional
     input or an output nobody reads). ``plan`` is set for ``op == "kernel"``; ``op == "quantize"``
     writes its float32 input as uint8 ``clip(round(x / scale) + zero_point, 0, 255)`` (attrs ``scale``,
-    ``zero_point``; the data of an int8 kernel). ``label`` only appears in Python error messages, never in
-    the C source."""
+    ``zero_point``; the data of an int8 kernel); ``to_float16`` / ``to_float32`` convert one value to
+    the other type, element by element (round to nearest even / exact; the data, residual and output of a
+    float16 kernel, :mod:`codegen.netbuild.convert`). ``label`` only appears in Python error
+    messages, never in the C source."""
 
     op: str
     inputs: tuple[int | None, ...]
