@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felixjax as fj  # noqa: E402
 from felixjax.approx import digits  # noqa: E402
-from felixjax.approx.cli import sparsity_levels  # noqa: E402
+from felixjax.approx.cli import precisions_of, sparsity_levels  # noqa: E402
 from felixjax.approx.formats import describe, of_key  # noqa: E402
 from felixjax.approx.quality import binomial_ci  # noqa: E402
 from felixjax.approx.search import Approximator  # noqa: E402
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-seed-flops", dest="seed_flops", action="store_false",
                     help="do not seed ours with the FLOPs baseline's configurations")
     ap.add_argument("--int8", action="store_true", help="ours: layers may also run at int8 (int8 kernels in the build)")
+    ap.add_argument("--float16", action="store_true",
+                    help="ours: layers may also run at float16 (float16 kernels and conversion steps in the build)")
     ap.add_argument("--sparsity", type=sparsity_levels, default=(), metavar="S[,S...]",
                     help="ours: layers may also run sparse at these levels (e.g. 0.5,0.9; sparse float32 kernels)")
     ap.add_argument("--out", default="results/approx")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     uniform = [float(v) for v in args.uniform.split(",")]
     seeds = uniform + ([dict(p.keep) for p in flops.pareto[1:]] if args.seed_flops else [])
     res = fj.approximate(proto, target, latency="cost_model", search=args.search, seeds=seeds, measure=args.measure,
-                         precisions=("float32", "int8") if args.int8 else ("float32",), sparsities=args.sparsity,
+                         precisions=precisions_of(args), sparsities=args.sparsity,
                          **common)
     ax = Approximator(proto, target, data=(xc, yc), db=db, seed=args.seed, strategy=args.strategy,
                       trials_per_task=(args.trials > 0) * max(1, (args.trials - args.trials // 2) // max(1, args.rounds * len(

@@ -278,6 +278,9 @@ def test_bad_sparsity_is_a_clear_error_and_the_cli_flag_parses(digits):
     p = sub.choices["approx"]
     assert p.parse_args(["m.onnx", "--data", "d.npz", "-o", "out", "--sparsity", "0.9,0.5"]).sparsity == (0.5, 0.9)
     assert p.parse_args(["m.onnx", "--data", "d.npz", "-o", "out"]).sparsity == ()
+    assert cli.precisions_of(p.parse_args(["m.onnx", "--data", "d.npz", "-o", "out"])) == ("float32",)
+    both = p.parse_args(["m.onnx", "--data", "d.npz", "-o", "out", "--int8", "--float16"])
+    assert cli.precisions_of(both) == ("float32", "int8", "float16")
     for bad in ("1.5", "0.5,x"):
         with pytest.raises(SystemExit) as e:
             p.parse_args(["m.onnx", "--data", "d.npz", "-o", "out", "--sparsity", bad])

@@ -53,6 +53,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     a.add_argument("--measure", type=int, default=6, help="front search: local-search points built and measured (default 6)")
     a.add_argument("--int8", action="store_true",
                    help="layers may also run at int8 (precisions float32 and int8; tunes each layer's int8 twin too)")
+    a.add_argument("--float16", action="store_true",
+                   help="layers may also run at float16 (storage float16, float32 accumulation; on CPUs without "
+                        "float16 arithmetic usually slower: the measured ratios decide)")
     a.add_argument("--sparsity", type=sparsity_levels, default=(), metavar="S[,S...]",
                    help="layers may also run sparse at these levels, e.g. 0.5,0.9: that fraction of a layer's "
                         "weights (smallest magnitudes) zeroed, a sparse float32 kernel (default: none)")
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
                       search=args.search, measure=args.measure,
-                      precisions=("float32", "int8") if args.int8 else ("float32",), sparsities=args.sparsity)
+                      precisions=precisions_of(args), sparsities=args.sparsity)
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,
@@ -102,3 +105,8 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     print(res.table())
     print(f"standalone C build: {out}", file=sys.stderr)
     return 0
+
+
+def precisions_of(args: Any) -> tuple[str, ...]:
+    """The ``precisions=`` of ``--int8`` / ``--float16`` (float32 always)."""
+    return ("float32",) + (("int8",) if args.int8 else ()) + (("float16",) if getattr(args, "float16", False) else ())
