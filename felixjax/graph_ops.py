@@ -5,30 +5,21 @@ elementwise ops written once for numpy and JAX live in ``felixjax.op_table``.
 
 Example:
     >>> import numpy as np
-    >>> evaluate_extra("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, [np.array([-5, 0, 5], np.float32)], None)
-    [array([0. , 0.5, 1. ], dtype=float32)]
+    >>> evaluate_extra("Softsign", {}, [np.array([-1, 0, 3], np.float32)], None)
+    [array([-0.5 ,  0.  ,  0.75], dtype=float32)]
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from felixjax import op_table
+
 
 def _f32(y: np.ndarray, like: np.ndarray) -> np.ndarray:
     return np.asarray(y).astype(like.dtype, copy=False)
-
-
-def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    if approximate == "tanh":
-        y = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
-    else:
-        erf = np.frompyfunc(math.erf, 1, 1)
-        y = 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)).astype(np.float64))
-    return y.astype(x.dtype)
 
 
 def lrn(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np.ndarray:
@@ -58,32 +49,15 @@ def resize(x: np.ndarray, taps: Sequence[tuple], extrapolation_value: float) -> 
 
 
 def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = "constant") -> np.ndarray:
-    """ONNX Pad: negative pads crop first; then constant, reflect or edge padding."""
-    crop = tuple(slice(max(0, -b), x.shape[d] - max(0, -e)) for d, (b, e) in enumerate(pads))
-    widths = [(max(0, b), max(0, e)) for b, e in pads]
-    if mode == "constant":
-        return np.pad(x[crop], widths, constant_values=value)
-    return np.pad(x[crop], widths, mode=mode)
+    """ONNX Pad in numpy (:func:`felixjax.op_table.pad`, written once for numpy and JAX)."""
+    return op_table.pad(np, x, pads, value, mode)
 
 
 def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | None],
                    out_shapes: Sequence[Sequence[int]] | None) -> list[np.ndarray] | None:
-    """One output list for the ops of ``felixjax.onnx_ops``; None for an op it does not know."""
+    """One output list for the ops of ``felixjax.onnx_ops`` that only the numpy executor runs (the others
+    are in ``felixjax.op_table``); None for an op it does not know."""
     x = args[0] if args else None
-    if op == "Reciprocal":
-        return [_f32(1 / x, x)]
-    if op == "Softplus":
-        return [_f32(np.logaddexp(0, x.astype(np.float64)), x)]
-    if op == "HardSwish":
-        return [_f32(x * np.clip(x / np.float32(6) + np.float32(0.5), 0, 1), x)]
-    if op == "HardSigmoid":
-        return [_f32(np.clip(np.float32(a["alpha"]) * x + np.float32(a["beta"]), 0, 1), x)]
-    if op == "LeakyRelu":
-        return [_f32(np.where(x < 0, x * np.float32(a["alpha"]), x), x)]
-    if op == "Elu":
-        return [_f32(np.where(x < 0, np.float32(a["alpha"]) * np.expm1(x), x), x)]
-    if op == "Gelu":
-        return [_gelu(x, a["approximate"])]
     if op == "Softsign":
         return [_f32(x / (1 + np.abs(x)), x)]
     if op == "Mish":
@@ -103,24 +77,12 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_f32(x64 / (1 + np.exp(-a["alpha"] * x64)), x)]
     if op == "ThresholdedRelu":
         return [_f32(np.where(x > np.float32(a["alpha"]), x, 0), x)]
-    if op == "LogSoftmax":
-        axes = tuple(a["axes"])
-        x64 = x.astype(np.float64)
-        m = x64.max(axis=axes, keepdims=True)
-        return [_f32(x64 - m - np.log(np.exp(x64 - m).sum(axis=axes, keepdims=True)), x)]
-    if op == "PRelu":
-        return [_f32(np.where(x < 0, x * args[1], x), x)]
     if op == "Where":
         return [np.where(args[0] != 0, args[1], args[2]).astype(np.result_type(args[1], args[2]))]
     if op == "Gather":
         return [np.take(x, a["indices"], axis=a["axis"])]
     if op == "Expand":
         return [np.ascontiguousarray(np.broadcast_to(x, a["shape"]))]
-    if op in ("ReduceSum", "ReduceMax", "ReduceMin"):
-        axes, keep = tuple(a["axes"]), bool(a["keepdims"])
-        if op == "ReduceSum":
-            return [np.sum(x, axis=axes, keepdims=keep, dtype=np.float64).astype(x.dtype)]
-        return [(np.max if op == "ReduceMax" else np.min)(x, axis=axes, keepdims=keep)]
     if op in ("ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
         axes, keep, x64 = tuple(a["axes"]), bool(a["keepdims"]), x.astype(np.float64)
         if op == "ReduceProd":

@@ -190,66 +190,6 @@ def conv_task(attrs: Mapping[str, Any], x_shape: Sequence[int], w_shape: Sequenc
                       residual=residual)
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(x.dtype)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
-
-
-def _channel(v: np.ndarray, rank: int) -> np.ndarray:
-    """A per-channel vector shaped to broadcast along axis 1 of a rank-``rank`` tensor."""
-    return np.reshape(v, (1, -1) + (1,) * (rank - 2))
-
-
-def _pool(x: np.ndarray, a: Mapping[str, Any], out_shape: Sequence[int], kind: str) -> np.ndarray:
-    kh, kw = a["kernel"]
-    sh, sw = a["strides"]
-    dh, dw = a["dilations"]
-    pt, pl, pb, pr = a["pads"]
-    oh, ow = int(out_shape[2]), int(out_shape[3])
-    h, w = x.shape[2:]
-    # ceil_mode windows may run past the bottom / right padding: cover them with uncounted cells
-    eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt + pb))
-    ew = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pl + pr))
-    fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb + eh), (pl, pr + ew)), constant_values=fill)
-    if kind == "avg":
-        counted = np.zeros((1, 1) + xp.shape[2:], dtype=x.dtype)
-        if a["count_include_pad"]:
-            counted[..., : pt + h + pb, : pl + w + pr] = 1
-        else:
-            counted[..., pt: pt + h, pl: pl + w] = 1
-    acc = cnt = None
-    for i in range(kh):
-        for j in range(kw):
-            window = (Ellipsis, slice(i * dh, i * dh + (oh - 1) * sh + 1, sh),
-                      slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))
-            v = xp[window]
-            if kind == "max":
-                acc = v if acc is None else np.maximum(acc, v)
-            else:
-                acc = v if acc is None else acc + v
-                cnt = counted[window] if cnt is None else cnt + counted[window]
-    if kind == "max":
-        return acc
-    return (acc / cnt).astype(x.dtype)
-
-
-def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axis: int,
-                eps: float) -> list[np.ndarray]:
-    axes = tuple(range(axis, x.ndim))
-    x64 = x.astype(np.float64)
-    mean = x64.mean(axis=axes, keepdims=True)
-    inv_std = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=axes, keepdims=True) + eps)
-    y = (x64 - mean) * inv_std * scale
-    if bias is not None:
-        y = y + bias
-    return [y.astype(x.dtype), mean.astype(x.dtype), inv_std.astype(x.dtype)]
-
-
 def evaluate(node: Node, args: Sequence[np.ndarray | None],
              out_shapes: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
     """Numpy semantics of one canonical node: ``args`` and ``out_shapes`` follow ``node.inputs`` and
@@ -269,43 +209,11 @@ def evaluate(node: Node, args: Sequence[np.ndarray | None],
             arrays = [np.reshape(v, s) for v, s in zip(args, task.input_shapes())]
             y = task.reference(*arrays)
             return [y.reshape(out_shapes[0]) if out_shapes else y]
-        if op in op_table.OPS:
-            return op_table.OPS[op](np, a, args, out_shapes)
-        if op == "Sigmoid":
-            return [_sigmoid(x)]
-        if op == "Erf":
-            return [_erf(x)]
-        if op == "Conv":
+        if op in op_table.OPS:  # written once for numpy and JAX (felixjax.op_table)
+            return op_table.OPS[op](np, a, args, out_shapes or [None] * len(node.outputs))
+        if op == "Conv":  # the C build's own reference (Task.reference); JAX: approx.executor
             task = conv_task(a, x.shape, args[1].shape, bias=len(args) > 2 and args[2] is not None)
             return [task.reference(*(v for v in args if v is not None))]
-        if op == "Gemm":
-            am = x.T if a["trans_a"] else x
-            bm = args[1].T if a["trans_b"] else args[1]
-            y = np.float32(a["alpha"]) * (am @ bm)
-            if len(args) > 2 and args[2] is not None:
-                y = y + np.float32(a["beta"]) * args[2]
-            return [y.astype(x.dtype)]
-        if op == "BatchNormalization":
-            s, b, mean, var = (_channel(v.astype(np.float64), x.ndim) for v in args[1:5])
-            y = (x - mean) / np.sqrt(var + a["epsilon"]) * s + b
-            return [y.astype(x.dtype)]
-        if op == "ScaleShift":
-            return [(x * _channel(args[1], x.ndim) + _channel(args[2], x.ndim)).astype(x.dtype)]
-        if op == "LayerNormalization":
-            outs = _layer_norm(x, args[1], args[2] if len(args) > 2 else None, a["axis"], a["epsilon"])
-            return outs[: len(node.outputs)]
-        if op == "ReduceMean":
-            return [np.mean(x, axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]), dtype=np.float64).astype(x.dtype)]
-        if op == "MaxPool":
-            return [_pool(x, a, out_shapes[0], "max")]
-        if op == "AveragePool":
-            return [_pool(x, a, out_shapes[0], "avg")]
-        if op == "Softmax":
-            axes = tuple(a["axes"])
-            e = np.exp(x - x.max(axis=axes, keepdims=True))
-            return [(e / e.sum(axis=axes, keepdims=True)).astype(x.dtype)]
-        if op == "Pad":
-            return [graph_ops.pad(x, a["pads"], args[1].item(), a.get("mode", "constant"))]
         extra = graph_ops.evaluate_extra(op, a, args, out_shapes)
         if extra is not None:
             return extra
