@@ -3,10 +3,9 @@
 * soft channel masks: keeping a relaxed number ``kappa`` of a group's channels, ranked by filter L1
   norm, gives rank ``r`` the weight ``sigmoid((kappa - r - 0.5) / tau)`` (the hard top-``n`` mask at
   integer ``kappa`` as ``tau -> 0``);
-* fake quantization with a straight-through estimator: int8 symmetric per-output-channel weights and a
-  per-tensor activation scale calibrated on the given data (the largest magnitude seen), float16 by a
-  round trip through half precision; the forward pass sees the rounded values, the backward pass the
-  identity;
+* the straight-through estimator (:func:`ste`: the forward pass sees rounded values, the backward pass
+  the identity) through which the formats fake the build's int8 and float16 arithmetic
+  (``felixjax.quantize.fake_quant_inputs`` / ``round_float16``, the same arithmetic the C build runs);
 * magnitude pruning masks: the fraction ``s`` of a layer's weights with the smallest magnitudes is zero
   (exactly ``ceil(s * size)`` of them; the sparse formats of :mod:`felixjax.approx.formats`).
 
@@ -16,8 +15,8 @@ the float32 network for classifiers, else ``1 - relative L2 error``).
 Example:
     >>> import numpy as np, jax.numpy as jnp
     >>> w = jnp.asarray(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
-    >>> bool(jnp.abs(fake_quant_weight(w, "int8") - w).max() < 1 / 127)
-    True
+    >>> float(jax.grad(lambda v: ste(v, jnp.round(v)).sum())(w).mean())
+    1.0
     >>> float(magnitude_mask(w, 0.5).mean())
     0.5
 """
@@ -31,33 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PRECISIONS = ("float32", "float16", "int8")
 METRICS = ("accuracy", "fidelity")
 
 
 def ste(x: Any, rounded: Any) -> Any:
     """``rounded`` in the forward pass, gradient of the identity in the backward pass."""
     return x + jax.lax.stop_gradient(rounded - x)
-
-
-def fake_quant(x: Any, precision: str, scale: Any = None) -> Any:
-    """``x`` rounded to ``precision`` (int8: ``scale`` per element broadcast, symmetric), with STE."""
-    if precision == "float32":
-        return x
-    if precision == "float16":
-        return ste(x, x.astype(jnp.float16).astype(x.dtype))
-    if precision == "int8":
-        s = jnp.maximum(scale, 1e-12)
-        return ste(x, jnp.clip(jnp.round(x / s), -127, 127) * s)
-    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-
-def fake_quant_weight(w: Any, precision: str) -> Any:
-    """Weights rounded per output channel (axis 0) to ``precision``, with STE."""
-    if precision != "int8":
-        return fake_quant(w, precision)
-    amax = jnp.max(jnp.abs(w.reshape(w.shape[0], -1)), axis=1)
-    return fake_quant(w, "int8", (amax / 127.0).reshape((-1,) + (1,) * (w.ndim - 1)))
 
 
 def magnitude_mask(w: Any, sparsity: Any) -> np.ndarray:
@@ -86,12 +64,6 @@ def soft_mask(kappa: Any, size: int, tau: float = 0.5) -> Any:
     """
     r = jnp.arange(size, dtype=jnp.float32)
     return jax.nn.sigmoid((kappa - r - 0.5) / tau)
-
-
-def calibrate(values: Sequence[np.ndarray]) -> float:
-    """The int8 activation scale of a tensor seen on calibration data: max |x| / 127."""
-    amax = max(float(np.max(np.abs(v))) for v in values) if values else 0.0
-    return max(amax, 1e-8) / 127.0
 
 
 def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequence[int], metric: str,
