@@ -556,9 +556,10 @@ def _strided_default(task: Task, target: Target, sketches: tuple[Sketch, ...]) -
     that block (:func:`codegen.padding.row_padded_sketch`) where its channels and pixels allow it, else
     ``conv_spatial_pack``; None elsewhere. Quiet EPYC, after the im2col gather lost its per-pixel bounds
     check (session 8, ``benchmarks/conv_block_probe.py --shapes strided``): on 8 stems and downsampling
-    convs the padded im2col beat the previous default on 7 at 1 thread and 6 at 2 (0.68-1.55x onnxruntime,
-    was 0.42-1.55x); ``conv_spatial_pack`` beat the previous ``conv_direct.pad_x8`` default on a 7x7-output
-    one (0.85x / 0.95x vs 0.42x / 0.45x)."""
+    convs the new default beat the previous one on 8 at 1 thread and 6 at 2 (geomean 1.34x / 1.27x;
+    ``conv_spatial_pack`` replaced ``conv_direct.pad_x8`` on a 7x7-output one: 0.85x vs 0.42x onnxruntime);
+    on 6 strided convs not used to choose it (``--shapes strided-heldout``): 4 and 3 of 6, geomean 1.23x /
+    1.09x (docs/BENCHMARKS.md)."""
     rows, lanes = block_rows(int(target.vector_registers), REGISTER_RESERVE), int(target.simd_lanes)
     if not rows or not _flat.im2col_applies(task):
         return None
