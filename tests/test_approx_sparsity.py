@@ -91,7 +91,6 @@ def test_mixed_sparse_int8_and_float32_layers_build_and_match_the_reference(digi
 
 
 @pytest.mark.cc
-@pytest.mark.skipif("float16" not in formats.available_precisions(), reason="the network build has no float16 yet")
 def test_float16_sparse_and_int8_layers_build_together(digits):
     from felixjax.quantize import fake_quant_run
 
@@ -137,8 +136,7 @@ def test_the_objective_is_differentiable_in_the_format_logits(digits):
     import jax.numpy as jnp
 
     model, _, x = digits
-    extra = ("float16",) if "float16" in formats.available_precisions() else ()
-    fmts = formats.formats_of(("float32", "int8") + extra, (0.5, 0.9))
+    fmts = formats.formats_of(("float32", "int8", "float16"), (0.5, 0.9))
     loss, relaxed, relax, flat = _formats_objective(model, x, fmts)
     k_fmt = len(fmts)
     assert relax.size == len(relax.names) * (k_fmt - 1)

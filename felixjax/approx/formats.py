@@ -51,11 +51,9 @@ FLOAT16: Format = ("float16", 0.0)
 
 
 def available_precisions() -> tuple[str, ...]:
-    """The precisions the network build takes today (float16 only once ``felixjax.quantize`` has it)."""
-    out = [p for p in quantize.BUILD_PRECISIONS if p in ("float32", "int8")]
-    if "float16" in quantize.BUILD_PRECISIONS and callable(getattr(quantize, "float16_task", None)):
-        out.append("float16")
-    return tuple(out)
+    """The precisions the network build takes (:data:`felixjax.quantize.BUILD_PRECISIONS`), in the
+    order formats are listed: float32, int8, float16."""
+    return tuple(p for p in ("float32", "int8", "float16") if p in quantize.BUILD_PRECISIONS)
 
 
 def sparsity_supported() -> bool:
@@ -126,7 +124,7 @@ def format_task(task: Task, fmt: Format) -> Task:
     if p == "int8":
         return quantize.int8_task(task)
     if p == "float16" and "float16" in available_precisions():
-        return quantize.float16_task(task)  # type: ignore[attr-defined]
+        return quantize.float16_task(task)
     raise ValueError(f"{task.name}: the network build does not take precision {p!r} "
                      f"(it takes {available_precisions()})")
 
@@ -202,13 +200,6 @@ def sparse_layers(model: Model, levels: Mapping[str, float]) -> Model:
     return replace(model, graph=g.replace(nodes=tuple(nodes), constants=consts))
 
 
-def _round16(x: Any) -> Any:
-    """``x`` rounded to the nearest float16 and widened back (``reduce_precision``: not folded under jit)."""
-    import jax
-
-    return jax.lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10)
-
-
 def transform(task: Task, args: list, fmt: Format, *, qparams: tuple[float, int] | None = None,
               mask: Any = None, straight: bool = True) -> list:
     """The inputs ``[data, weight, ...]`` of a float32 anchor as its kernel in ``fmt`` sees them, in
@@ -230,7 +221,7 @@ def transform(task: Task, args: list, fmt: Format, *, qparams: tuple[float, int]
         return [ste(a, b) if straight else b for a, b in zip(args[:2], fq[:2])] + list(args[2:])
     if p == "float16":
         names = task.input_names()
-        out = [a if a is None or nm == "bias" else ste(a, _round16(a)) if straight else _round16(a)
+        out = [a if a is None or nm == "bias" else ste(a, quantize.round_float16(a)) if straight else quantize.round_float16(a)
                for nm, a in zip(names, args)]
         return out + list(args[len(names):])
     return args
