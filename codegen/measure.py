@@ -208,9 +208,11 @@ class LocalRunner:
                 self._stop_child(graceful=False)
                 raise
             finally:
+                # The interval closes before the lock is released: a waiter woken by the release
+                # stamps its start after this, so recorded intervals of two processes never overlap.
+                self.lock_history.append((acquired, time.monotonic()))
                 if self.measure_lock is not None and locked:
                     self.measure_lock.release()
-                self.lock_history.append((acquired, time.monotonic()))
             run_s = time.perf_counter() - start - waited_s  # waiting for another process's turn is not ours
         status, latencies, error = _interpret(out, self.max_wall_cpu_ratio)
         if not locked and status == "ok":
