@@ -445,6 +445,8 @@ class CStyleRenderer:
         # wrote single bytes 4 apart: 12% of a 3x3 conv's time)
         quad = next((k for k, dl in enumerate(dst.dims) if dl.kind == "block"), None) if plan.data_quads else None
         g = dst.dims[quad].block if quad is not None else 1
+        if quad is not None and self._quad_words(plan, w, quad, g, names):
+            return
         for k, n in enumerate(shape):
             if k == len(shape) - 1 and d.simd:
                 w(d.simd)
@@ -476,6 +478,50 @@ class CStyleRenderer:
         w(f"data[{' + '.join(dst_terms)}] = ({cond}) ? {src} : {fill};")
         for _ in range(len(shape) + (quad is not None)):
             w.close()
+
+    def _quad_words(self, plan: Plan, w: Writer, quad: int, g: int, names: list[str]) -> bool:
+        """The int8 group copy (``Plan.data_quads``) one 4-byte word per pixel and group: the group's
+        ``g`` channels (raw bytes, or ``x - x_zp`` as int16 pairs) read from their ``g`` planes and
+        shifted into place, so the innermost loop vectorizes to whole-word stores. The byte-per-channel
+        copy it replaces was a fifth of an int8 1x1 conv's time (256 x 28 x 28 -> 128, AVX2, 1 thread:
+        0.116 of 0.573 ms). False (nothing written) where the words are not whole: the caller's
+        per-byte copy then runs."""
+        d = self.d
+        con, dst = plan.con, plan.buffers["data"].layout
+        pairs = plan.buffers["data"].dtype == "int16"
+        if (g, pairs) not in ((4, False), (2, True)):
+            return False
+        if any(dl.kind == "plain" and dl.stride % g for dl in dst.dims) or dst.dims[quad].stride % g:
+            return False
+        shape = dst.shape
+        for k, n in enumerate(shape):
+            if k == len(shape) - 1 and d.simd:
+                w(d.simd)
+            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=n // g if k == quad else n))
+        word = " + ".join(f"{dl.stride // g}*{names[k]}q" if k == quad else f"{dl.stride // g}*{names[k]}"
+                          for k, dl in enumerate(dst.dims))
+        api = con.data_api_shape
+        src_strides = [math.prod(api[k + 1:]) for k in range(len(api))]
+        conds, src_terms = [], []
+        for k, (before, after) in enumerate(con.pad):
+            idx = f"{g}*{names[k]}q" if k == quad else (f"({names[k]} - {before})" if before else names[k])
+            if before or after:
+                conds.append(f"{idx} >= 0 && {idx} < {api[k]}")
+            src_terms.append(f"{src_strides[k]}*{idx}")
+        base = " + ".join(src_terms)
+        if pairs:  # x - zp as int16, two per word (the padding: 0)
+            parts = [f"(unsigned int)(unsigned short)(short)((int)data_in[{base} + {j * src_strides[quad]}] - xzp)"
+                     f"{f' << {16 * j}' if j else ''}" for j in range(g)]
+            fill = "0u"
+        else:  # raw bytes (the padding: the zero point in every byte)
+            parts = [f"(unsigned int)(unsigned char)data_in[{base} + {j * src_strides[quad]}]"
+                     f"{f' << {8 * j}' if j else ''}" for j in range(g)]
+            fill = "(unsigned int)(unsigned char)xzp * 0x01010101u"
+        cond = " && ".join(conds) if conds else "1"
+        w(f"((unsigned int*)data)[{word}] = ({cond}) ? ({' | '.join(parts)}) : {fill};")
+        for _ in range(len(shape)):
+            w.close()
+        return True
 
     def _main(self, plan: Plan, w: Writer) -> None:
         d = self.d
