@@ -23,6 +23,7 @@ import ctypes
 
 import numpy as np
 
+from . import fastcall
 from .lower import Plan
 from .measure import load_kernel_library
 
@@ -39,9 +40,11 @@ class Kernel:
 
     The per-call path is prepared once (issue 14: a few microseconds per call): the argument array
     of pointers, the workspace, the expected shapes and dtypes. A call whose arrays are C-contiguous
-    ndarrays of the expected shapes and dtypes only compares them, writes their addresses and
-    allocates a fresh output; anything else takes the checked path (shapes checked with a clear
-    error, other dtypes or layouts converted). One call at a time per kernel (one workspace).
+    ndarrays of the expected shapes and dtypes only compares them, allocates a fresh output and makes
+    one C call (:mod:`codegen.fastcall`: addresses through the buffer protocol, the weights' check,
+    the kernel; ctypes where that extension cannot be built); anything else takes the checked path
+    (shapes checked with a clear error, other dtypes or layouts converted). One call at a time per
+    kernel (one workspace).
 
     Example:
         >>> import numpy as np
@@ -82,6 +85,9 @@ class Kernel:
         self._ptrs[self._n + 1] = self._ws_ptr
         self._out_dt = self._dts[-1]
         self._packed: tuple | None = None  # see _packed_weights
+        self._fast = fastcall.load()  # the one-C-call path, or None (ctypes)
+        self._fn_addr = ctypes.cast(self._fn, ctypes.c_void_p).value
+        self._ptrs_addr = ctypes.addressof(self._ptrs)
 
     def __repr__(self) -> str:
         return f"Kernel({self._name}, {self.plan.config.sketch})"
@@ -99,9 +105,10 @@ class Kernel:
             return cached[2]
         copy = np.array(w, copy=True, order="C")
         packed = self.plan.pack_weight(copy)
-        # (weights seen, their copy, packed, the copy's address and size, packed's address): the fast path's check
+        # (weights seen, their copy, packed, the copy's address and size (ctypes; ints), packed's address):
+        # the fast paths' check
         self._packed = (w, copy, packed, ctypes.c_void_p(copy.ctypes.data), ctypes.c_size_t(copy.nbytes),
-                        packed.ctypes.data)
+                        packed.ctypes.data, copy.ctypes.data, copy.nbytes)
         return packed
 
     def _run(self, x, packed, rest) -> np.ndarray:
@@ -113,6 +120,19 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        fc = self._fast
+        if fc is not None and len(arrays) == self._n and _shapes_ok(arrays, self._sig):
+            cached, w = self._packed, arrays[1]
+            if cached is None or cached[0] is not w or not fc.same(w, cached[6], cached[7]):
+                self._packed_weights(w)
+                cached = self._packed
+            self._ptrs[1] = cached[5]
+            out = _empty(self._out_shape, self._out_dt)
+            try:
+                fc.run(self._fn_addr, self._ptrs_addr, arrays[0], None, *arrays[2:], out)
+                return out
+            except (BufferError, ValueError, TypeError):  # not C-contiguous: the checked path converts it
+                pass
         addrs = None
         if len(arrays) == self._n:
             try:  # the data addresses without a.ctypes (a third of its cost): writable C-contiguous buffers only
@@ -156,9 +176,18 @@ class BoundKernel:
         (self._shape0, self._dt0), self._sig_rest = kernel._sig[0], kernel._sig[2:]
         self._rest_slots, self._n_rest = tuple(range(2, n)), n - 2
         self._fn, self._out_shape, self._out_dt = kernel._fn, kernel._out_shape, kernel._dts[-1]
+        self._fast, self._fn_addr, self._ptrs_addr = kernel._fast, kernel._fn_addr, ctypes.addressof(self._ptrs)
 
     def __call__(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
-        ptrs = self._ptrs
+        ptrs, fc = self._ptrs, self._fast
+        if (fc is not None and type(data) is _ndarray and data.shape == self._shape0 and data.dtype == self._dt0
+                and len(rest) == self._n_rest and (not rest or _shapes_ok(rest, self._sig_rest))):
+            out = _empty(self._out_shape, self._out_dt)
+            try:
+                fc.run(self._fn_addr, self._ptrs_addr, data, None, *rest, out)
+                return out
+            except (BufferError, ValueError, TypeError):  # not C-contiguous: the checked path converts it
+                pass
         if (type(data) is _ndarray and data.shape == self._shape0 and data.dtype == self._dt0
                 and data.flags.c_contiguous and len(rest) == self._n_rest and (not rest or _ready(rest, self._sig_rest))):
             try:  # the data address without data.ctypes (a third of its cost); read-only arrays need the latter

@@ -1,9 +1,12 @@
 """codegen.runtime.Kernel: the tuned kernel as a Python callable. Weights are packed once and reused
 only while they are the same, unedited array (a recycled id or an in-place edit used to give stale
 results); bind() packs once for constant weights; every call returns a fresh array."""
+import os
+
 import numpy as np
 import pytest
 
+from codegen import fastcall
 from codegen.build import build
 from codegen.lower import lower
 from codegen.ops import conv2d, dense
@@ -15,12 +18,26 @@ from codegen.target import Target
 TARGET = Target.cpu()
 
 
+@pytest.fixture(autouse=True, params=["fastcall", "ctypes"])
+def call_path(request, monkeypatch):
+    """Every test runs on both per-call paths: the C extension (codegen.fastcall) and ctypes."""
+    if request.param == "ctypes":
+        monkeypatch.setenv("FELIXJAX_NO_FASTCALL", "1")
+    else:
+        monkeypatch.delenv("FELIXJAX_NO_FASTCALL", raising=False)
+        if fastcall.load() is None:
+            pytest.skip("the fastcall extension cannot be built here (no Python headers or compiler)")
+    return request.param
+
+
 def _kernel(task):
     sp = Space(task, default_sketch(task, TARGET), TARGET)
     plan = lower(sp, sp.default())
     b = build(render(plan))
     assert b.status == "ok", b.error
-    return Kernel(plan, b.lib_path, threads=1)
+    k = Kernel(plan, b.lib_path, threads=1)
+    assert (k._fast is None) == bool(os.environ.get("FELIXJAX_NO_FASTCALL"))  # the path under test
+    return k
 
 
 @pytest.mark.cc
