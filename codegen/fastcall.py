@@ -9,6 +9,9 @@ those in one C call through the buffer protocol:
 * ``run(fn, ptrs, *bufs)``: writes the address of each C-contiguous buffer in ``bufs`` into slot ``i`` of
   the pointer array at address ``ptrs`` (``None`` keeps a slot as prepared: packed weights, the
   workspace), then calls the kernel ``void fn(void* const*)`` with the GIL released;
+* ``run_net(fn, weights, arena, ins, outs, n_in, *bufs)``: the same for a built network's entry point
+  ``int fj_model_run_with(weights, arena, ins, outs)``: the first ``n_in`` buffers' addresses go into the
+  input pointer array, the rest into the output one; returns its status;
 * ``same(buf, addr, nbytes)``: whether ``buf`` is C-contiguous, ``nbytes`` long and byte-equal to the
   memory at ``addr`` (the weight cache's check).
 
@@ -71,6 +74,36 @@ static PyObject* fj_run(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+typedef int (*fj_model_fn)(const void*, void*, void* const*, void* const*);
+
+static PyObject* fj_run_net(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    /* run_net(fn, weights, arena, ins, outs, n_in, *bufs): bufs[:n_in] -> ins, the rest -> outs */
+    if (nargs < 6) {
+        PyErr_SetString(PyExc_TypeError, "run_net(fn, weights, arena, ins, outs, n_in, *bufs)");
+        return NULL;
+    }
+    void* fn = PyLong_AsVoidPtr(args[0]);
+    void* weights = PyLong_AsVoidPtr(args[1]);
+    void* arena = PyLong_AsVoidPtr(args[2]);
+    void** ins = (void**)PyLong_AsVoidPtr(args[3]);
+    void** outs = (void**)PyLong_AsVoidPtr(args[4]);
+    Py_ssize_t n_in = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (!fn || !ins || !outs || n_in < 0 || n_in > nargs - 6) {
+        PyErr_SetString(PyExc_ValueError, "run_net: null pointer or bad input count");
+        return NULL;
+    }
+    for (Py_ssize_t i = 6; i < nargs; ++i) {
+        void** slot = i - 6 < n_in ? &ins[i - 6] : &outs[i - 6 - n_in];
+        if (fj_address(args[i], slot, NULL) < 0) return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ((fj_model_fn)fn)(weights, arena, (void* const*)ins, (void* const*)outs);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyObject* fj_same(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "same(buf, addr, nbytes)");
@@ -92,6 +125,7 @@ static PyObject* fj_same(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 
 static PyMethodDef fj_methods[] = {
     {"run", (PyCFunction)(void (*)(void))fj_run, METH_FASTCALL, "run(fn, ptrs, *bufs): fill slots, call the kernel"},
+    {"run_net", (PyCFunction)(void (*)(void))fj_run_net, METH_FASTCALL, "run_net(fn, w, arena, ins, outs, n_in, *bufs)"},
     {"same", (PyCFunction)(void (*)(void))fj_same, METH_FASTCALL, "same(buf, addr, nbytes): byte equality"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,17 +1,33 @@
 """The per-call path of a built network (NetLibrary.call_fast, CompiledModel.__call__): every call
 returns fresh outputs equal to the checked path's, and anything unusual falls back to the checks.
 (benchmarks/overhead.py times it; no timing verdicts here.)"""
+import os
+
 import numpy as np
 import pytest
 
 import felixjax as fj
+from codegen import fastcall
 from felixjax import zoo
 from felixjax.onnx_import import load_onnx
 
 
-@pytest.fixture(scope="module")
-def exe():
-    return fj.build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)), threads=1)
+@pytest.fixture(scope="module", params=["fastcall", "ctypes"])
+def exe(request):
+    """The network on both per-call paths: the C extension (codegen.fastcall) and ctypes."""
+    old = os.environ.pop("FELIXJAX_NO_FASTCALL", None)
+    if request.param == "ctypes":
+        os.environ["FELIXJAX_NO_FASTCALL"] = "1"
+    elif fastcall.load() is None:
+        pytest.skip("the fastcall extension cannot be built here (no Python headers or compiler)")
+    try:
+        built = fj.build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)), threads=1)
+    finally:
+        os.environ.pop("FELIXJAX_NO_FASTCALL", None)
+        if old is not None:
+            os.environ["FELIXJAX_NO_FASTCALL"] = old
+    assert (built.library._fast is None) == (request.param == "ctypes")  # the path under test
+    return built
 
 
 def test_fast_path_returns_fresh_outputs_equal_to_the_checked_path(exe):
