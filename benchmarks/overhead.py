@@ -16,6 +16,7 @@ a fresh output array (checked). Issue 14's target: under 5 us.
     python benchmarks/overhead.py --threads 1 --blocks 30
     python benchmarks/overhead.py --tune 8             # a tuned kernel (takes a minute)
     python benchmarks/overhead.py --clock cpu          # a busy machine: thread CPU time, not wall time
+    python benchmarks/overhead.py --paths fastcall,ctypes   # the C-extension call path next to ctypes
 
 Timings on a loaded machine are noisy: compare the figures of one run, never across machines.
 """
@@ -64,7 +65,7 @@ def _report(blocks: list[tuple[float, float]]) -> str:
             f"blocks {1e6 * min(diffs):.2f} .. {1e6 * max(diffs):.2f})")
 
 
-def network_overhead(args) -> list[dict]:
+def network_contenders(args, tag: str) -> list[tuple]:
     import felixjax as fj
     from felixjax import zoo
     from felixjax.onnx_import import load_onnx
@@ -80,12 +81,8 @@ def network_overhead(args) -> list[dict]:
     c_loop = lambda n: exe.library.timeit(ins, outs, n)  # noqa: E731
     c_loop(50)  # warm
     what = f"network {model.name} ({len(model.tasks)} tasks, {exe.net.steps} steps)"
-    rows = []
-    for name, call in ((f"{what}, exe(x)", lambda: exe(x)),
-                       (f"{what}, checked path exe.library([x])", lambda: exe.library([x]))):
-        over = [_block(call, c_loop, args.number, clock=args.clock) for _ in range(args.blocks)]
-        rows.append({"what": name, "c_us": 1e6 * min(c for _, c in over), "overhead": over})
-    return rows
+    return [(f"{what}, exe(x){tag}", lambda: exe(x), c_loop),
+            (f"{what}, checked path exe.library([x]){tag}", lambda: exe.library([x]), c_loop)]
 
 
 def _kernel(args):
@@ -106,23 +103,40 @@ def _kernel(args):
     return task, Kernel(plan, build(render(plan)).lib_path, threads=args.threads), "default schedule"
 
 
-def kernel_overhead(args) -> list[dict]:
+def kernel_contenders(args, tag: str) -> list[tuple]:
     task, k, how = _kernel(args)
     arrays = task.random_inputs()
     x, w, rest = arrays[0], arrays[1], arrays[2:]
     bound = k.bind(w)
     y1, y2 = bound(x, *rest), bound(x, *rest)
     assert y1 is not y2 and np.array_equal(y1, y2), "calls must return fresh, equal outputs"
+    assert np.array_equal(k(x, w, *rest), y1)
     fn = k._lib.fj_time
     fn.restype = ctypes.c_double
     ptrs = bound._ptrs  # the bound kernel's argument array (data, weights, ..., out, workspace), set by its last call
     c_loop = lambda n: fn(ptrs, ctypes.c_long(n))  # noqa: E731
     c_loop(100)  # warm
+    return [(f"kernel {task.name}, k(x, w, ...), {how}{tag}", lambda: k(x, w, *rest), c_loop),
+            (f"kernel {task.name}, k.bind(w)(x, ...), {how}{tag}", lambda: bound(x, *rest), c_loop)]
+
+
+def contenders(args) -> list[tuple]:
+    """(name, call, C loop) per path in ``--paths``: ``fastcall`` (codegen.fastcall, the default where it
+    builds) and ``ctypes`` (``FELIXJAX_NO_FASTCALL=1``, the path before it), built side by side."""
     out = []
-    for name, call in ((f"kernel {task.name}, k(x, w, ...), {how}", lambda: k(x, w, *rest)),
-                       (f"kernel {task.name}, k.bind(w)(x, ...), {how}", lambda: bound(x, *rest))):
-        over = [_block(call, c_loop, args.number, clock=args.clock) for _ in range(args.blocks)]
-        out.append({"what": name, "c_us": 1e6 * min(c for _, c in over), "overhead": over})
+    for path in args.paths.split(","):
+        if path not in ("fastcall", "ctypes"):
+            raise SystemExit(f"--paths: fastcall or ctypes, got {path!r}")
+        saved = os.environ.pop("FELIXJAX_NO_FASTCALL", None)
+        if path == "ctypes":
+            os.environ["FELIXJAX_NO_FASTCALL"] = "1"
+        try:
+            tag = f" [{path}]" if "," in args.paths else ""
+            out += network_contenders(args, tag) + kernel_contenders(args, tag)
+        finally:
+            os.environ.pop("FELIXJAX_NO_FASTCALL", None)
+            if saved is not None:
+                os.environ["FELIXJAX_NO_FASTCALL"] = saved
     return out
 
 
@@ -137,8 +151,15 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: wall time (a quiet machine); cpu: the thread's CPU time (a busy machine, 1 thread)")
     ap.add_argument("--tune", type=int, default=0, help="trials of a real fj.tune for the kernel (0: default)")
+    ap.add_argument("--paths", default="fastcall",
+                    help="per-call paths to time side by side: fastcall, ctypes, or fastcall,ctypes")
     args = ap.parse_args(argv)
-    rows = network_overhead(args) + kernel_overhead(args)
+    found = contenders(args)
+    blocks: dict[str, list] = {name: [] for name, _, _ in found}
+    for _ in range(args.blocks):  # interleaved: every contender's block in turn
+        for name, call, c_loop in found:
+            blocks[name].append(_block(call, c_loop, args.number, clock=args.clock))
+    rows = [{"what": name, "c_us": 1e6 * min(c for _, c in over), "overhead": over} for name, over in blocks.items()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# per-call overhead = wall time of a Python call - the same work in its C loop "
           f"({args.blocks} interleaved blocks of {args.number} calls, {args.threads} thread(s), {args.clock} clock; C: the fastest "
