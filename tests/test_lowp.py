@@ -227,7 +227,11 @@ def test_int8_widening_loads_and_zero_point_padding():
         sp = Space(t, sk, TARGET)
         plan = check_kernel(sp, sp.default())
         src = render(plan)
-        if plan.data_copy and plan.buffers["data"].dtype == "int16":  # int8 pairs: the copy holds x - zp
+        if plan.data_quads and plan.buffers["data"].dtype == "int16":  # by words: x - zp pairs, padding 0
+            assert "- xzp)" in src and "= 0u;" in src
+        elif plan.data_quads:  # by words: raw bytes, padding the zero point in every byte
+            assert "(unsigned char)xzp * 0x01010101u;" in src
+        elif plan.data_copy and plan.buffers["data"].dtype == "int16":  # int8 pairs: the copy holds x - zp
             assert "- xzp) : 0;" in src  # so padded positions hold 0 (the real zero)
         elif plan.data_copy:
             assert ": xzp;" in src  # padded positions hold the zero point (the real zero)
@@ -371,8 +375,8 @@ def test_int8_groups_of_four_avx2_is_exact_at_the_extremes(task):
             rtol, atol = task.tolerance(ref)
             ok, msg = check_output(kern(*arr), ref, plan.con.reduction_size, rtol, atol=atol)
             assert ok, f"{task.name} {cfg.dumps()}: {msg}"
-        if plan.data_quads:  # channels interleaved in fours by the timed data copy: by words where unpadded
-            assert ("((unsigned int*)data)[" in render(plan)) == (not any(any(p) for p in plan.con.pad))
+        if plan.data_quads:  # channels interleaved in fours by the timed data copy, a group per word
+            assert "((unsigned int*)data)[" in render(plan)
         bad = [a.copy() for a in arrays]
         bad[1].reshape(-1)[0] = 64  # out of the 7-bit range: would saturate; refused at packing
         with pytest.raises(ValueError, match="weight_bits=7"):

@@ -480,39 +480,67 @@ class CStyleRenderer:
             w.close()
 
     def _quad_words(self, plan: Plan, w: Writer, quad: int, g: int, names: list[str]) -> bool:
-        """The int8 group copy (``Plan.data_quads``) of an unpadded input as one 4-byte word per pixel
-        and group: the group's ``g`` channels (raw bytes, or ``x - x_zp`` as int16 pairs) read from their
-        ``g`` planes and shifted into place, so the innermost loop vectorizes to whole-word stores. The
-        byte-per-channel copy was a fifth of an int8 1x1 conv's time (AVX2 EPYC, 1 thread, 256 x 28 x 28
-        -> 128: 0.116 of 0.573 ms; by words 0.014). Padded inputs keep the byte copy (the 3x3 conv 64 x
-        56 x 56 was slower by words, 2.12 against 2.01 ms: the padding's conditional loads stayed
-        scalar). False (nothing written) where it does not apply."""
+        """The int8 group copy (``Plan.data_quads``) as one 4-byte word per pixel and group: the group's
+        ``g`` channels (raw bytes, or ``x - x_zp`` as int16 pairs) read from their ``g`` planes and
+        shifted into place, so the innermost loop vectorizes to whole-word stores. Padding splits the
+        innermost dimension into fill / unconditional copy / fill loops (a row outside the image is
+        all fill), so no load is conditional. The byte-per-channel copy was a fifth of an int8 1x1
+        conv's time (AVX2 EPYC, 1 thread, 256 x 28 x 28 -> 128: 0.116 of 0.573 ms; by words 0.014); a
+        first word copy with a per-word padding test was slower than the byte copy on a padded 3x3
+        conv (64 x 56 x 56: 2.12 against 2.01 ms). False (nothing written) where it does not apply."""
         d = self.d
         con, dst = plan.con, plan.buffers["data"].layout
         pairs = plan.buffers["data"].dtype == "int16"
-        if (g, pairs) not in ((4, False), (2, True)) or any(any(p) for p in con.pad):
+        if (g, pairs) not in ((4, False), (2, True)) or any(con.pad[quad]):
             return False
         if any(dl.kind == "plain" and dl.stride % g for dl in dst.dims) or dst.dims[quad].stride % g:
             return False
-        shape = dst.shape
-        for k, n in enumerate(shape):
-            if k == len(shape) - 1 and d.simd:
-                w(d.simd)
-            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=n // g if k == quad else n))
+        shape, api, last = dst.shape, con.data_api_shape, len(dst.shape) - 1
+        if quad == last:
+            return False
+        src_strides = [math.prod(api[k + 1:]) for k in range(len(api))]
+        conds = []
+        for k in range(last):
+            before, after = con.pad[k]
+            if before or after:
+                idx = f"({names[k]} - {before})" if before else names[k]
+                conds.append(f"{idx} >= 0 && {idx} < {api[k]}")
+        for k in range(last):
+            w.open(d.loop.format(var=names[k] + ("q" if k == quad else ""), n=shape[k] // g if k == quad else shape[k]))
         word = " + ".join(f"{dl.stride // g}*{names[k]}q" if k == quad else f"{dl.stride // g}*{names[k]}"
                           for k, dl in enumerate(dst.dims))
-        api = con.data_api_shape
-        src_strides = [math.prod(api[k + 1:]) for k in range(len(api))]
-        base = " + ".join(f"{src_strides[k]}*{g}*{names[k]}q" if k == quad else f"{src_strides[k]}*{names[k]}"
-                          for k in range(len(api)))
-        if pairs:  # x - zp as int16, two per word
+        pl = con.pad[last][0]
+        idx = {k: f"{g}*{names[k]}q" if k == quad else (f"({names[k]} - {con.pad[k][0]})" if con.pad[k][0]
+                                                        else names[k]) for k in range(len(api))}
+        base = " + ".join(f"{src_strides[k]}*{idx[k]}" for k in range(len(api)))
+        if pairs:  # x - zp as int16, two per word (the padding: 0, the real zero)
             parts = [f"(unsigned int)(unsigned short)(short)((int)data_in[{base} + {j * src_strides[quad]}] - xzp)"
                      f"{f' << {16 * j}' if j else ''}" for j in range(g)]
-        else:  # raw bytes
+            fill = "0u"
+        else:  # raw bytes (the padding: the zero point in every byte)
             parts = [f"(unsigned int)(unsigned char)data_in[{base} + {j * src_strides[quad]}]"
                      f"{f' << {8 * j}' if j else ''}" for j in range(g)]
-        w(f"((unsigned int*)data)[{word}] = {' | '.join(parts)};")
-        for _ in range(len(shape)):
+            fill = "fill"
+            w(f"const unsigned int fill = (unsigned int)(unsigned char)xzp * 0x01010101u;")
+        v, n, lo, hi = names[last], shape[last], pl, pl + api[last]
+        store = f"((unsigned int*)data)[{word}]"
+        if conds:
+            w.open(f"if ({' && '.join(conds)})")
+        if lo:
+            w(f"for (long {v} = 0; {v} < {lo}; ++{v}) {store} = {fill};")
+        if d.simd:
+            w(d.simd)
+        w(f"for (long {v} = {lo}; {v} < {hi}; ++{v}) {store} = {' | '.join(parts)};")
+        if hi < n:
+            w(f"for (long {v} = {hi}; {v} < {n}; ++{v}) {store} = {fill};")
+        if conds:
+            w.close()
+            w.open("else")
+            if d.simd:
+                w(d.simd)
+            w(f"for (long {v} = 0; {v} < {n}; ++{v}) {store} = {fill};")
+            w.close()
+        for _ in range(last):
             w.close()
         return True
 
