@@ -180,6 +180,16 @@ CHEAP_CASES = {
     "reduce_mean_global_pool": ([Node("ReduceMean", ("a",), ("y",), {"axes": (2, 3), "keepdims": 1})],
                                 {"a": _rand(1, 8, 6, 6)}, {}),
     "maxpool_ceil_asym_pads": ([Node("MaxPool", ("a",), ("y",), POOL)], {"a": _rand(1, 2, 7, 8)}, {}),
+    # the row-wise MaxPool: dilation and stride 3, pads wider than some taps reach (empty windows: -inf),
+    # NaN inputs (propagated), a ResNet stem's pool big enough to run in parallel
+    "maxpool_dilated_stride3_wide_pads": ([Node("MaxPool", ("a",), ("y",), {
+        "kernel": (2, 3), "strides": (3, 3), "dilations": (2, 2), "pads": (3, 4, 3, 4), "ceil_mode": 0})],
+        {"a": _rand(1, 3, 10, 11)}, {}),
+    "maxpool_nan": ([Node("MaxPool", ("a",), ("y",), POOL)],
+                    {"a": np.where(_rand(1, 2, 7, 8, seed=5) > 1.2, np.float32("nan"), _rand(1, 2, 7, 8))}, {}),
+    "maxpool_resnet_stem": ([Node("MaxPool", ("a",), ("y",), {
+        "kernel": (3, 3), "strides": (2, 2), "dilations": (1, 1), "pads": (1, 1, 1, 1), "ceil_mode": 0})],
+        {"a": _rand(1, 16, 56, 56)}, {}),
     "avgpool_count_pad": ([Node("AveragePool", ("a",), ("y",), {**POOL, "count_include_pad": 1})],
                           {"a": _rand(1, 2, 7, 8)}, {}),
     "avgpool_exclude_pad_dilated": ([Node("AveragePool", ("a",), ("y",), {**POOL, "dilations": (2, 1), "ceil_mode": 0,
