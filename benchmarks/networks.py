@@ -54,6 +54,36 @@ def _log(msg: str) -> None:
     print(f"[networks] {msg}", file=sys.stderr, flush=True)
 
 
+def checked_blocks(proto, builds: dict, x: np.ndarray, threads: int, name: str) -> tuple[dict, dict]:
+    """Block timers (``number`` runs -> seconds) of every build (its C loop) and of onnxruntime at its
+    default session options (I/O bound once), after checking every build against onnxruntime on ``x``;
+    also the builds' max relative errors."""
+    sess = _ort_session(proto, threads)
+    in_name = sess.get_inputs()[0].name
+    ref = sess.run(None, {in_name: x})[0]
+    errs = {}
+    for label, exe in builds.items():
+        errs[label] = float(np.abs(exe(x) - ref).max() / np.abs(ref).max())
+        if errs[label] > 1e-3:
+            raise AssertionError(f"{name} {label} build differs from onnxruntime: {errs[label]:.3g}")
+    binding = sess.io_binding()
+    binding.bind_input(in_name, "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
+    ort_out = np.empty(ref.shape, np.float32)
+    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(ref.shape), ort_out.ctypes.data)
+
+    def ort_block(number: int) -> float:
+        t = time.perf_counter()
+        for _ in range(number):
+            sess.run_with_iobinding(binding)
+        return time.perf_counter() - t
+
+    def lib_block(exe):
+        ins, outs = exe._inputs([x]), exe.library.new_outputs()
+        return lambda number: exe.library.timeit(ins, outs, number)
+
+    return {**{label: lib_block(exe) for label, exe in builds.items()}, "onnxruntime": ort_block}, errs
+
+
 def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials_per_task: int, strategy: str,
                 db: str, seed: int, rounds: int, min_time_s: float, runner: LocalRunner) -> dict:
     """Tune, build (tuned and default), check and time one zoo model against onnxruntime."""
@@ -76,32 +106,8 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
-    sess = _ort_session(proto, threads)
-    in_name = sess.get_inputs()[0].name
-    ref = sess.run(None, {in_name: x})[0]
-    errs = {}
-    for label, exe in (("tuned", tuned), ("default", default)):
-        y = exe(x)
-        errs[label] = float(np.abs(y - ref).max() / np.abs(ref).max())
-        if errs[label] > 1e-3:
-            raise AssertionError(f"{name} {label} build differs from onnxruntime: {errs[label]:.3g}")
-    binding = sess.io_binding()
-    binding.bind_input(in_name, "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
-    ort_out = np.empty(ref.shape, np.float32)
-    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(ref.shape), ort_out.ctypes.data)
-
-    def ort_block(number: int) -> float:
-        t = time.perf_counter()
-        for _ in range(number):
-            sess.run_with_iobinding(binding)
-        return time.perf_counter() - t
-
-    def lib_block(exe):
-        ins, outs = exe._inputs([x]), exe.library.new_outputs()
-        return lambda number: exe.library.timeit(ins, outs, number)
-
-    times = time_interleaved({"tuned": lib_block(tuned), "default": lib_block(default), "onnxruntime": ort_block},
-                             rounds=rounds, min_time_s=min_time_s)
+    blocks, errs = checked_blocks(proto, {"tuned": tuned, "default": default}, x, threads, name)
+    times = time_interleaved(blocks, rounds=rounds, min_time_s=min_time_s)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     best = {k: min(v) * 1e3 for k, v in times.items()}
     _log(f"{name}: tuned {med['tuned']:.3f} ms, default {med['default']:.3f} ms, onnxruntime "
