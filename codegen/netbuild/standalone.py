@@ -12,7 +12,7 @@ from .emission import NetSource
 _MAKEFILE = """\
 # Builds the felixjax network with nothing but a C compiler: `make` (demo program and shared library).
 # Drop -fopenmp to build single-threaded; replace -march=native when cross-compiling for a board.
-CFLAGS ?= -O3 -march=native -fopenmp -ffp-contract=fast
+CFLAGS ?= -O3 -march=native -fopenmp -ffp-contract=fast -fno-trapping-math
 LDLIBS = -lm
 
 all: demo libmodel.so
