@@ -21,8 +21,8 @@ run both).
 
 Example:
     >>> import numpy as np
-    >>> fc = load()
-    >>> fc is None or fc.same(np.arange(4, dtype=np.uint8), np.arange(4, dtype=np.uint8).ctypes.data, 4) in (True, False)
+    >>> fc, a = load(), np.arange(4, dtype=np.uint8)
+    >>> fc is None or (fc.same(a, a.copy().ctypes.data, 4), fc.same(a, (a + 1).ctypes.data, 4)) == (True, False)
     True
 """
 from __future__ import annotations
