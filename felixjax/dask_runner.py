@@ -55,6 +55,7 @@ from codegen.run import remote
 from codegen.run.subproc import SubprocessRunner
 
 BUILD_MODES = ("auto", "cluster", "device", "driver")
+SCATTER_TIMEOUT_S = 30.0  # one attempt of broadcasting a request's arrays (normally milliseconds)
 
 
 class ClusterError(RuntimeError):
@@ -174,14 +175,27 @@ class DaskRunner:
                 # scatter racing with the release of an earlier runner's copy left two workers
                 # gathering the key from each other for 19 minutes (test_dask under pytest-xdist, load 3);
                 # unique keys avoid the race, and ``_scattered`` already sends each array once
-                return self.client.scatter(a, hash=False, broadcast=True)
-            except OSError:  # distributed's CommClosedError is an OSError
+                return self._scatter_once(a)
+            except OSError:  # distributed's CommClosedError and TimeoutError are OSErrors
                 if self.client.status != "running" or attempt == attempts - 1:
                     raise
                 time.sleep(0.5 * (attempt + 1))
                 with contextlib.suppress(Exception):
                     self.client.wait_for_workers(1, timeout=30)
         raise AssertionError("unreachable")
+
+    def _scatter_once(self, a: Any) -> Any:
+        """One broadcast of ``a``, bounded by :data:`SCATTER_TIMEOUT_S` as a whole: ``Client.scatter``'s
+        own ``timeout`` only bounds the wait for workers, and a broadcast caught by a worker's death
+        waited forever (a test hung > 10 min in ``Client.scatter`` after killing its measuring worker).
+        The bound goes through ``Client.sync``'s ``callback_timeout`` (a ``TimeoutError``, an
+        ``OSError``); where that private call shape is refused, the plain ``Client.scatter``."""
+        kwargs = {"hash": False, "broadcast": True, "timeout": SCATTER_TIMEOUT_S}
+        try:
+            return self.client.sync(self.client._scatter, a, workers=None, direct=None, local_worker=None,
+                                    callback_timeout=SCATTER_TIMEOUT_S, **kwargs)
+        except TypeError:  # another distributed version's _scatter signature
+            return self.client.scatter(a, **kwargs)
 
     def _submit(self, source: str, request: RunRequest, build: Any) -> Any:
         if self.measure_cpus is not None:
