@@ -334,35 +334,32 @@ def _r_pool(c: _Ctx, w: _Writer) -> None:
     pt, pl, pb, pr = a["pads"]
     n, ch, h, wd = shape
     oh, ow = out[2], out[3]
-    is_max = c.step.op == "MaxPool"
     include = bool(a.get("count_include_pad", 0))
     if n * ch * oh * ow * kh * kw >= PARALLEL_MIN and n * ch > 1:
         w("#pragma omp parallel for schedule(static)")
-    if is_max:
+    if c.step.op == "MaxPool":
         _max_pool_rows(c, w, shape, out)
         return
+    # AveragePool: per output pixel (the sum in double, the count with or without the padding)
     w.open(f"for (long nc = 0; nc < {n * ch}; ++nc)")
     w(f"const float* xp = {c.x[0]} + nc*{h * wd};")
     w(f"float* yp = {c.y[0]} + nc*{oh * ow};")
     w.open(f"for (long oy = 0; oy < {oh}; ++oy)")
     w.open(f"for (long ox = 0; ox < {ow}; ++ox)")
-    w("float m = -INFINITY;" if is_max else "double s = 0.0; long cnt = 0;")
+    w("double s = 0.0; long cnt = 0;")
     w.open(f"for (long ky = 0; ky < {kh}; ++ky)")
     w(f"const long iy = oy*{sh} - {pt} + ky*{dh};")
     w.open(f"for (long kx = 0; kx < {kw}; ++kx)")
     w(f"const long ix = ox*{sw} - {pl} + kx*{dw};")
     w(f"const int inside = iy >= 0 && iy < {h} && ix >= 0 && ix < {wd};")
-    if is_max:
-        w(f"if (inside) {{ const float v = xp[iy*{wd} + ix]; m = (v > m || v != v) ? v : m; }}")
+    w(f"if (inside) s += (double)xp[iy*{wd} + ix];")
+    if include:
+        w(f"cnt += iy >= -{pt} && iy < {h + pb} && ix >= -{pl} && ix < {wd + pr};")
     else:
-        w(f"if (inside) s += (double)xp[iy*{wd} + ix];")
-        if include:
-            w(f"cnt += iy >= -{pt} && iy < {h + pb} && ix >= -{pl} && ix < {wd + pr};")
-        else:
-            w("cnt += inside;")
+        w("cnt += inside;")
     w.close()
     w.close()
-    w(f"yp[oy*{ow} + ox] = " + ("m;" if is_max else "(float)(s / (double)cnt);"))
+    w(f"yp[oy*{ow} + ox] = (float)(s / (double)cnt);")
     w.close()
     w.close()
     w.close()
