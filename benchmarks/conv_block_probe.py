@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 
 from codegen import winograd
-from codegen.ops import conv2d
+from codegen.ops import conv2d, depthwise_conv2d
 from codegen.space import Space, default_config, default_sketch, sketches_for
 from codegen.target import Target
 from felixjax.baselines import kernel_contender, ort_contender, time_interleaved
@@ -69,6 +69,19 @@ STRIDED_HELDOUT = {  # not looked at while choosing the strided default: it is j
     "32x112x112 3x3 s2 k64": conv2d(1, 32, 112, 112, out_channels=64, kernel=3, stride=2, padding=1),
 }
 
+DEPTHWISE = {  # the depthwise default (codegen.space._depthwise_sketch) was chosen on these: MobileNetV2 at 224
+    f"dw {c}x{h}x{h} s{st}": depthwise_conv2d(1, c, h, h, kernel=3, stride=st, padding=1, bias=True, act="relu6")
+    for c, h, st in ((32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2),
+                     (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1))
+}
+
+DEPTHWISE_HELDOUT = {  # not looked at while choosing it: EfficientNet / MnasNet-like and odd sizes
+    f"dw {c}x{h}x{h} {k}x{k} s{st}": depthwise_conv2d(1, c, h, h, kernel=k, stride=st, padding=k // 2, bias=True,
+                                                     act="relu")
+    for c, h, k, st in ((240, 28, 5, 1), (672, 14, 5, 2), (480, 14, 3, 1), (1152, 7, 3, 1), (72, 56, 3, 2),
+                        (32, 150, 3, 1), (128, 20, 3, 1), (256, 10, 3, 1), (144, 75, 3, 2))
+}
+
 
 def probe(name: str, task, threads: int, rounds: int, target: Target) -> None:
     arrays = task.random_inputs(0)
@@ -97,12 +110,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1", "strided", "strided-heldout"), default="all",
-                    help="1x1: the conv_flat shapes, strided(-heldout): stems and downsampling convs (none in 'all')")
+    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1", "strided", "strided-heldout", "depthwise",
+                                         "depthwise-heldout"), default="all",
+                    help="1x1: the conv_flat shapes, strided(-heldout): stems and downsampling convs, "
+                         "depthwise(-heldout): depthwise convs (none of these in 'all')")
     args = ap.parse_args()
     shapes = {**(SUITE if args.shapes in ("all", "suite") else {}), **(FRESH if args.shapes in ("all", "fresh") else {})}
-    if args.shapes in ("1x1", "strided", "strided-heldout"):
-        shapes = {"1x1": ONE_BY_ONE, "strided": STRIDED, "strided-heldout": STRIDED_HELDOUT}[args.shapes]
+    sets = {"1x1": ONE_BY_ONE, "strided": STRIDED, "strided-heldout": STRIDED_HELDOUT, "depthwise": DEPTHWISE,
+            "depthwise-heldout": DEPTHWISE_HELDOUT}
+    if args.shapes in sets:
+        shapes = sets[args.shapes]
     target = Target.cpu()
     for threads in (int(t) for t in args.threads.split(",")):
         for name, task in shapes.items():

@@ -90,6 +90,31 @@ def test_vectorized_defaults_match_numpy_without_a_padded_copy(stride, stage):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cc
+@pytest.mark.parametrize("width,stride,residual", [(28, 2, True), (33, 2, False), (14, 1, True), (13, 2, True),
+                                                   (30, 2, False)])
+def test_staged_rows_split_by_vectors_and_partial_vectors_masked(width, stride, residual):
+    """Staged float32 rows at stride 2 are deinterleaved 8 pairs at a time (the last step overlapping the
+    one before where the row's pairs are not a multiple of 8: widths 28, 30, 33; 13: no full step), and
+    the last ``OW % 8`` columns of a row are stored by one masked vector (the residual read masked too);
+    the zero padding is written once per thread, so several units per thread must still see zeros."""
+    task = depthwise_conv2d(1, 6, 11, width, kernel=3, stride=stride, padding=1, bias=True, act="relu6",
+                            residual=residual)
+    padded = next(s for s in sketches_for(task, TARGET) if s.base == DW_SKETCH and s.pad)
+    space = Space(task, padded, TARGET)
+    cfg = space.default()
+    assert cfg.vec == 8
+    src = render(lower(space, cfg))
+    assert "_mm256_maskstore_ps" in src and ("_mm256_maskload_ps" in src) == residual
+    assert ("_split(" in src) == (stride == 2)
+    b = build(src)
+    assert b.status == "ok", b.error
+    arrays = task.random_inputs(seed=5)
+    kern = Kernel(lower(space, cfg), b.lib_path, threads=2)
+    for _ in range(2):
+        np.testing.assert_allclose(kern(*arrays), task.reference(*arrays), rtol=1e-4, atol=1e-4)
+
+
 def _check_float16(space, cfg, threads=2):
     """The kernel's float16 output against the reference: within ``Task.tolerance`` (what the runner
     checks) and, tighter, rounded once: float32 products and sums, one rounding to float16 at the store

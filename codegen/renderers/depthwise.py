@@ -116,6 +116,8 @@ class _Gen:
             self.xhi = max(0, min(g["OW"], last // g["SX"] + 1)) if last >= 0 else 0
             self.col0 = -g["PL"]
         self.vt, self.it = f"{name}_vf", f"{name}_vi"
+        # float32 staged rows: the last OW % V columns stored by one masked vector store (AVX)
+        self.masked = self.stage and not (self.half or self.q) and self.V in (4, 8) and g["OW"] % self.V > 0
         self.ht = f"{name}_vh"  # float16: V storage lanes (the conversions without an intrinsic)
 
     # ---- file-scope helpers: the vector types and the loads -----------------------------------------
@@ -124,6 +126,8 @@ class _Gen:
         if self.q:
             self._quant_helpers(w)
             return
+        if self.split and not self.half:  # float32: the plain vector loads below deinterleave the rows
+            self._split_helper(w)
         if self.half:
             w("#include <immintrin.h>")
             if self.split:
@@ -144,6 +148,10 @@ class _Gen:
             w(f"typedef float {vt};")
             w(f"static inline {vt} {n}_ld(const {PT}* p) {{ return p[0]; }}")
             return
+        if self.masked:
+            w("#ifdef __AVX__")
+            w("#include <immintrin.h>")
+            w("#endif")
         w(f"typedef float {vt} __attribute__((vector_size({4 * V})));")
         w(f"typedef int {it} __attribute__((vector_size({4 * V})));")
         w(f"static inline {vt} {n}_ldu(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
@@ -223,14 +231,20 @@ class _Gen:
         _strided_load(w, n, vt, it, PT, ldc, V, sx, zp=zp, sub=sub, cast="(float)")
 
     def _split_helper(self, w: Writer) -> None:
-        """float16 / int8 at stride 2, staged: one input row widened and deinterleaved in one pass (16
-        elements -> 8 even + 8 odd floats per step), the few edge columns scalar. (The scalar edge loops
-        must not test the column against the vector range: gcc if-converts such a loop into a masked one
-        over the whole row, converting every element lane by lane, 3x slower than the two-pass copy.)"""
+        """Stride 2, staged: one input row (float16 / int8: widened) and deinterleaved in one pass (16
+        elements -> 8 even + 8 odd floats per step); where the row holds 8 pairs or more, the last step
+        overlaps the one before (rewriting the same values) instead of a scalar remainder, so only the
+        one or two edge columns run scalar. (float32 rows copied element by element with a stride-2 read
+        cost 3x the whole 192x28x28 stride-2 kernel's arithmetic. The scalar edge loops must not test
+        the column against the vector range: gcc if-converts such a loop into a masked one over the
+        whole row, converting every element lane by lane, 3x slower than the two-pass copy.)"""
         n, S, pl, W = self.name, self.S_in, self.g["PL"], self.g["W"]
         j0, j1 = -(-pl // 2), (W - 2 + pl) // 2 + 1  # columns j whose pair s[2j - PL], s[2j + 1 - PL] is in the row
         (e0, e1), (o0, o1) = self._split_ranges()
-        if self.q:
+        if not (self.half or self.q):  # float32: plain (unaligned) loads
+            guard, zp, conv = "", "", "s[{i}]"
+            load = "({{ f8 t_; __builtin_memcpy(&t_, {p}, sizeof t_); t_; }})"
+        elif self.q:
             u = "u" if S == "unsigned char" else "i"
             guard, zp, conv = "__AVX2__", ", float z", "(float)s[{i}] - z"
             load = (f"(f8)_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtep{u}8_epi32(_mm_loadl_epi64("
@@ -240,14 +254,22 @@ class _Gen:
             load = "(f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)({p})))"
         w(f"static inline void {n}_split(float* restrict e, float* restrict o, const {S}* restrict s{zp}) {{")
         w(f"  int j = {j0};")
-        w(f"#ifdef {guard}")
+        if guard:
+            w(f"#ifdef {guard}")
         w("  typedef float f8 __attribute__((vector_size(32))); typedef int i8 __attribute__((vector_size(32)));")
-        w(f"  for (; j + 8 <= {j1}; j += 8) {{ const {S}* q = s + 2 * j - {pl};")
+        overlap = j1 - j0 >= 8 and (j1 - j0) % 8  # a last step at j1 - 8 re-writes a few columns
+        w(f"  for (int k = 0; k < {(j1 - j0) // 8 + (1 if overlap else 0)}; ++k) {{")
+        w(f"    j = {j0} + 8 * k < {j1 - 8} ? {j0} + 8 * k : {j1 - 8};" if overlap else f"    j = {j0} + 8 * k;")
+        w(f"    const {S}* q = s + 2 * j - {pl};")
         w(f"    f8 a = {load.format(p='q')}, b = {load.format(p='q + 8')};")
         w("    f8 ev = __builtin_shuffle(a, b, (i8){0, 2, 4, 6, 8, 10, 12, 14}), "
           "od = __builtin_shuffle(a, b, (i8){1, 3, 5, 7, 9, 11, 13, 15});")
         w("    __builtin_memcpy(e + j, &ev, sizeof ev); __builtin_memcpy(o + j, &od, sizeof od); }")
-        w("#endif")
+        w(f"  j = {j0 + (j1 - j0) // 8 * 8 if not overlap else j1};")
+        if guard:
+            w("#else")
+            w(f"  j = {j0};")
+            w("#endif")
         if min(j0, o1) > o0:
             w(f"  for (int k = {o0}; k < {min(j0, o1)}; ++k) o[k] = {conv.format(i=f'2 * k + {1 - pl}')};")
         assert e0 == j0
@@ -256,7 +278,19 @@ class _Gen:
         w("}")
 
     # ---- the epilogue of one value (vector or scalar) -------------------------------------------------
-    def _finish(self, w: Writer, v: str, vector: bool, out_idx: str) -> None:
+    def _finish(self, w: Writer, v: str, vector: bool, out_idx: str, mask: str = "") -> None:
+        """The epilogue of ``v`` and its store at ``out_idx``; ``mask``: a float32 vector's lanes to
+        load (residual) and store (AVX masked moves), the rest untouched."""
+        if mask:
+            mt = "__m256" if self.V == 8 else "__m128"
+            sfx = "256" if self.V == 8 else ""
+            if self.bias:
+                w(f"{v} += bb;")
+            if self.res:
+                w(f"{v} += ({self.vt})_mm{sfx}_maskload_ps(rp + {out_idx}, {mask});")
+            self._activation(w, v, True)
+            w(f"_mm{sfx}_maskstore_ps(op + {out_idx}, {mask}, ({mt}){v});")
+            return
         if self.q:  # dequantize the exact sum (the generic epilogue's order: acc * (x_scale * w_scale))
             w(f"{v} = {v} * {'scv' if vector else 'sc'};")
         if self.bias:
@@ -264,16 +298,7 @@ class _Gen:
         if self.res:
             ld = f"{self.name}_ldh" if self.half and not self.q else f"{self.name}_ldu"
             w(f"{v} += {ld}(rp + {out_idx});" if vector else f"{v} += rp[{out_idx}];")
-        if self.act in ("relu", "relu6"):
-            if vector:
-                w(f"{v} = ({self.vt})((({self.it}){v}) & ({v} > zv));")
-                if self.act == "relu6":
-                    w(f"{{ {self.it} big = {v} > six; {v} = ({self.vt})((({self.it}){v} & ~big) | "
-                      f"(({self.it})six & big)); }}")
-            else:
-                w(f"{v} = {v} < 0.0f ? 0.0f : {v};")
-                if self.act == "relu6":
-                    w(f"{v} = {v} > 6.0f ? 6.0f : {v};")
+        self._activation(w, v, vector)
         if self.qout:
             if vector:
                 w(f"{self.name}_stq(op + {out_idx}, {v}, ysv, yzv);")
@@ -284,6 +309,19 @@ class _Gen:
             w(f"{self.name}_{'sth' if self.half else 'stu'}(op + {out_idx}, {v});")
         else:
             w(f"op[{out_idx}] = {v};")  # float16: narrowed (round to nearest even)
+
+    def _activation(self, w: Writer, v: str, vector: bool) -> None:
+        if self.act not in ("relu", "relu6"):
+            return
+        if vector:
+            w(f"{v} = ({self.vt})((({self.it}){v}) & ({v} > zv));")
+            if self.act == "relu6":
+                w(f"{{ {self.it} big = {v} > six; {v} = ({self.vt})((({self.it}){v} & ~big) | "
+                  f"(({self.it})six & big)); }}")
+        else:
+            w(f"{v} = {v} < 0.0f ? 0.0f : {v};")
+            if self.act == "relu6":
+                w(f"{v} = {v} > 6.0f ? 6.0f : {v};")
 
     def _split_ranges(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """Stride 2, staged: the ``[lo, hi)`` of the even half's columns j (input column 2j - PL) and of
@@ -350,17 +388,9 @@ class _Gen:
         if self.stage:
             for i in range(stage_rows(g, R)):
                 w(f"{{ const int iy = y * {g['SY']} - {g['PT']} + {i};")
-                if self.split and (self.half or self.q):  # widened and deinterleaved in one pass
+                if self.split:  # deinterleaved (float16 / int8: and widened) in one pass
                     w(f"  if ((unsigned)iy < {g['H']}u) {self.name}_split(stg + {i * self.SW}, "
                       f"stg + {i * self.SW + self.HW}, ip + (long)iy * {g['W']}{', xzf' if self.q else ''}); }}")
-                    continue
-                if self.split:  # even padded columns 2j (input 2j - PL) to the first half, odd ones to the second
-                    pl, W = g["PL"], g["W"]
-                    (e0, e1), (o0, o1) = self._split_ranges()
-                    w(f"  if ((unsigned)iy < {g['H']}u) {{ const float* restrict s = ip + (long)iy * {W}; "
-                      f"float* restrict e = stg + {i * self.SW}; float* restrict o = e + {self.HW};")
-                    w(f"    for (int j = {e0}; j < {e1}; ++j) e[j] = s[2 * j - {pl}];")
-                    w(f"    for (int j = {o0}; j < {o1}; ++j) o[j] = s[2 * j + {1 - pl}]; }} }}")
                     continue
                 if self.half or self.q:  # widened while staged (int8: minus the zero point)
                     w(f"  if ((unsigned)iy < {g['H']}u) {self.name}_cvt(stg + {i * self.SW + g['PL']}, "
@@ -399,6 +429,13 @@ class _Gen:
         g, V = self.g, self.V
         w.open(f"if (x < {g['OW']})")
         self._accumulate(w, [(f"a{r}", r, "x") for r in range(R)])
+        if self.masked:  # float32: the vector epilogue, then a masked store of the OW % V valid lanes
+            w("#ifdef __AVX__")
+            lanes = ", ".join("-1" if i < g["OW"] % V else "0" for i in range(V))
+            w(f"const {'__m256i' if V == 8 else '__m128i'} m = ({'__m256i' if V == 8 else '__m128i'})({self.it}){{{lanes}}};")
+            for r in range(R):
+                self._finish(w, f"a{r}", True, f"(y + {r}) * {g['OW']} + x", mask="m")
+            w("#else")
         w(f"float t[{V}] __attribute__((aligned(64)));")
         for r in range(R):
             w(f"{self.name}_stu(t, a{r});")
@@ -406,6 +443,8 @@ class _Gen:
             w("float s = t[l];")
             self._finish(w, "s", False, f"(y + {r}) * {g['OW']} + x + l")
             w.close()
+        if self.masked:
+            w("#endif")
         w.close()
 
     def kernel(self, w: Writer, *, static: bool) -> None:
@@ -446,7 +485,18 @@ class _Gen:
             w("const float zv = 0.0f;")
             if self.zarg:
                 w("const float xzv = xzf;")
-        if self.parallel:
+        # the staged rows' zero padding (columns staging never writes) is written once per thread, not
+        # once per work unit (the memset cost a quarter of a 192x28x28 stride-2 kernel's time)
+        if self.stage:
+            w.open("")
+            if self.parallel:
+                w("#pragma omp parallel")
+                w.open("")
+            w(f"float stg[{self.NR * self.SW}] __attribute__((aligned(64)));")
+            w("__builtin_memset(stg, 0, sizeof stg);")
+            if self.parallel:
+                w("#pragma omp for schedule(static)")
+        elif self.parallel:
             w("#pragma omp parallel for schedule(static)")
         w.open(f"for (long u = 0; u < {g['N'] * GM * nch}L; ++u)")
         w(f"const long ch = u / {nch}; const int yc = (int)(u % {nch});")
@@ -468,9 +518,6 @@ class _Gen:
             for kx in range(g["KW"]):
                 off = f"{_dim_offset(wl[0], 'oc')} + {_dim_offset(wl[2], ky) + _dim_offset(wl[3], kx)}"
                 w(f"const float w{ky}_{kx} = wt[{off}];")  # float16: widened once per channel plane
-        if self.stage:
-            w(f"float stg[{self.NR * self.SW}] __attribute__((aligned(64)));")
-            w("__builtin_memset(stg, 0, sizeof stg);")
         w(f"const int y_end = (yc + 1) * {self.chunk} < {g['OH']} ? (yc + 1) * {self.chunk} : {g['OH']};")
         w(f"int y = yc * {self.chunk};")
         w.open(f"for (; y + {self.RY} <= y_end; y += {self.RY})")
@@ -481,6 +528,10 @@ class _Gen:
             self._block(w, 1)
             w.close()
         w.close()
+        if self.stage:
+            w.close()
+            if self.parallel:
+                w.close()
         w.close()
 
 
