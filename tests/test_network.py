@@ -216,6 +216,13 @@ CHEAP_CASES = {
                                {"a": _rand(2, 1, 3, 4), "b": _rand(5, 4, 6, seed=1)}, {}),
     "matmul_vector_operands": ([Node("MatMul", ("a", "b"), ("t",)), Node("MatMul", ("t", "v"), ("y",))],
                                {"a": _rand(4,), "b": _rand(3, 4, 5, seed=1), "v": _rand(5, seed=2)}, {}),
+    # rows longer than one register chunk (ROW_IN_REGISTERS = 64): two full chunks and a remainder of 22;
+    # the transposed Gemm reads B with a stride per output column
+    "matmul_long_rows_chunked": ([Node("MatMul", ("a", "b"), ("y",))],
+                                 {"a": _rand(2, 3, 9), "b": _rand(2, 9, 150, seed=1)}, {}),
+    "gemm_trans_b_long_rows": ([Node("Gemm", ("a", "b"), ("y",), {"alpha": 1.0, "beta": 1.0, "trans_a": 0,
+                                                                   "trans_b": 1})],
+                               {"a": _rand(3, 5), "b": _rand(128, 5, seed=1)}, {}),
 }
 
 

@@ -12,7 +12,7 @@ from ..render_c import _Writer
 from .spec import NetBuildError, Step
 
 PARALLEL_MIN = 1 << 15  # elements (or multiply-adds) below which a cheap op runs on one thread
-ROW_IN_REGISTERS = 64  # MatMul / Gemm rows up to this many outputs accumulate in registers (8 AVX2 vectors)
+ROW_IN_REGISTERS = 64  # MatMul / Gemm rows accumulate in register chunks of this many outputs (8 AVX2 vectors)
 
 ELEMENTWISE_BINARY = {"Add": "{0} + {1}", "Sub": "{0} - {1}", "Mul": "{0} * {1}", "Div": "{0} / {1}",
                       "Pow": "powf({0}, {1})"}
@@ -544,22 +544,28 @@ def _r_conv(c: _Ctx, w: _Writer) -> None:
 
 def _matmul_rows(w: _Writer, a: str, a_row: str, a_k: int, b: str, b_k: int, b_n: int, y: str, n: int,
                  kk: int) -> None:
-    """``y[0:n] = sum_k a[a_row + k*a_k] * b[k*b_k + j*b_n]`` (i-k-j order: the j loop is SIMD). A row of
-    at most :data:`ROW_IN_REGISTERS` outputs accumulates in a local array the compiler keeps in vector
-    registers across the k loop (the output row in memory cost a load and a store per FMA: an attention
-    MatMul 4 x 128 x 128 x 64 ran at ~28 GFLOP/s in a built transformer block)."""
-    acc = "acc" if n <= ROW_IN_REGISTERS else y
-    if acc != y:
-        w.open("")
-        w(f"float acc[{n}];")
-    w(f"for (long j = 0; j < {n}; ++j) {acc}[j] = 0.0f;")
-    w.open(f"for (long k = 0; k < {kk}; ++k)")
-    w(f"const float av = {a}[{a_row} + k*{a_k}];" if a_row != "0" else f"const float av = {a}[k*{a_k}];")
-    w("#pragma omp simd")
-    w(f"for (long j = 0; j < {n}; ++j) {acc}[j] += av * {b}[k*{b_k} + j*{b_n}];")
-    w.close()
-    if acc != y:
-        w(f"for (long j = 0; j < {n}; ++j) {y}[j] = acc[j];")
+    """``y[0:n] = sum_k a[a_row + k*a_k] * b[k*b_k + j*b_n]`` (i-k-j order: the j loop is SIMD). The row
+    is computed in chunks of at most :data:`ROW_IN_REGISTERS` outputs, each accumulated in a local array
+    the compiler keeps in vector registers across the k loop (the output row in memory cost a load and a
+    store per FMA: an attention MatMul 4 x 128 x 128 x 64 ran at ~28 GFLOP/s in a built transformer
+    block); a longer row re-reads its ``a`` values once per chunk."""
+    a_at = f"{a}[{a_row} + k*{a_k}]" if a_row != "0" else f"{a}[k*{a_k}]"
+    full, rest = divmod(n, ROW_IN_REGISTERS) if n > ROW_IN_REGISTERS else (0, n)
+    chunks = [("j0", ROW_IN_REGISTERS)] * bool(full) + [(str(full * ROW_IN_REGISTERS), rest)] * bool(rest)
+    for j0, size in chunks:
+        if j0 == "j0":
+            w.open(f"for (long j0 = 0; j0 < {full * ROW_IN_REGISTERS}; j0 += {ROW_IN_REGISTERS})")
+        else:
+            w.open("")
+        off = "" if j0 == "0" else f"{j0} + "
+        w(f"float acc[{size}];")
+        w(f"for (long j = 0; j < {size}; ++j) acc[j] = 0.0f;")
+        w.open(f"for (long k = 0; k < {kk}; ++k)")
+        w(f"const float av = {a_at};")
+        w("#pragma omp simd")
+        w(f"for (long j = 0; j < {size}; ++j) acc[j] += av * {b}[k*{b_k} + ({off}j)*{b_n}];")
+        w.close()
+        w(f"for (long j = 0; j < {size}; ++j) {y}[{off}j] = acc[j];")
         w.close()
 
 
