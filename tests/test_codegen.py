@@ -1,5 +1,6 @@
 """Numerics and properties of the operator IR, schedule space, lowering and C kernels."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -222,6 +223,32 @@ def test_padded_kernels_match_numpy(case):
     for _ in range(2):
         ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
         assert ok, f"{sp.task.name} {cfg}: {msg}"
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task,sketch,bounded", [
+    (ops.conv2d(1, 32, 7, 7, out_channels=40, kernel=1, bias=True, act="relu6"), "conv_flat.pad_x56", True),
+    (ops.conv2d(1, 8, 15, 15, out_channels=16, bias=True, act="relu"), "conv_direct.pad_y16_x16", True),
+    (ops.conv2d(1, 8, 15, 15, out_channels=16, bias=True, act="relu"), "conv_spatial_pack.pad_y16_x16", False)])
+def test_padded_epilogue_bounds_its_simd_loop_instead_of_testing_each_output(task, sketch, bounded):
+    """The innermost epilogue loop of a padded sketch runs to ``min(n, extent - rest)`` and the other
+    padded axes are tested outside it, so no compare-and-branch sits in the SIMD loop (gcc left such a
+    loop scalar: ~15% of a padded 1x1 conv's time, and data-dependent; the channel-vectorized sketch's SIMD
+    loop is over unpadded channels, its padded columns are tested outside); outputs near every cropped edge
+    match numpy, for non-negative and mixed-sign inputs alike."""
+    sp = Space(task, sketch, TARGET)
+    cfg = sp.default()
+    src = render(lower(sp, cfg))
+    epi = src[src.index("fused epilogue"):]
+    epi = epi[:epi.index("out[")]
+    simd = epi.rindex("#pragma omp simd")
+    assert "if (" not in epi[simd:] and (re.search(r"for \(long (\w+) = 0; \1 < \(", epi[simd:]) is not None) == bounded, epi
+    b = build(src)
+    assert b.status == "ok", b.error
+    kern = Kernel(lower(sp, cfg), b.lib_path, threads=2)
+    for arrays in (task.random_inputs(seed=6), [2 * a - 1 for a in task.random_inputs(seed=7)]):
+        ok, msg = check_output(kern(*arrays), task.reference(*arrays), task.contraction().reduction_size)
+        assert ok, f"{task.name} {cfg}: {msg}"
 
 
 @pytest.mark.parametrize("task", [ops.matmul(257, 96, 384), ops.matmul(17, 13, 7), ops.dense(1, 197, 257),

@@ -271,16 +271,28 @@ def _data_pack(plan: Plan) -> "_DataPack | None":
     return _DataPack(after, replace(data, strides=tuple(sorted(strides.items()))), rows, r1[0], inner)
 
 
-def _pad_guards(plan: Plan, loops: list[Loop]) -> list[str]:
+def _pad_guards(plan: Plan, loops: list[Loop], inner: Loop | None = None) -> tuple[list[str], list[str], str | None]:
     """``index < extent`` of every padded axis (its index from the given live loops, outermost level
-    first), for the epilogue of a padded sketch."""
-    out = []
+    first), for the epilogue of a padded sketch, as ``(outside, inside, bound)``: the guards that do not
+    involve ``inner`` (the innermost, SIMD loop; tested before it), those that do, and, where ``inner``
+    steps a padded axis by 1, that axis' guard as ``inner``'s trip count (``min(n, extent - rest)``). A
+    guard inside the SIMD loop kept gcc from vectorizing the epilogue: a scalar compare-and-branch per
+    output of every padded sketch."""
+    outside, inside, bound = [], [], None
     tiles = {a.name: t for a, t in zip(plan.space.axes, plan.config.tiles)}
     for axis, _ in plan.space.sketch.pad:
         t = tiles[axis]
         terms = {lp.var: math.prod(t[lp.level + 1:]) for lp in loops if lp.axis == axis}
-        out.append(f"{_affine(terms)} < {plan.space.api_con.axis(axis).extent}")
-    return out
+        extent = plan.space.api_con.axis(axis).extent
+        if inner is not None and terms.get(inner.var) == 1 and bound is None:
+            rest = {v: c for v, c in terms.items() if v != inner.var}
+            left = f"{extent}L - ({_affine(rest)})" if rest else f"{extent}L"
+            bound = f"({left} < {inner.extent} ? {left} : {inner.extent})"
+        elif inner is not None and inner.var in terms:
+            inside.append(f"{_affine(terms)} < {extent}")
+        else:
+            outside.append(f"{_affine(terms)} < {extent}")
+    return outside, inside, bound
 
 
 class CStyleRenderer:
@@ -654,13 +666,21 @@ class CStyleRenderer:
         loops = sorted(loops, key=lambda lp: -B[plan.acc].stride(lp.var))
         outer = [lp for name in ("S0", "S1") for lp in _live(L[name])]
         allv = outer + loops
+        # a padded sketch: only the in-range outputs are written (the scratch is cropped); the innermost
+        # loop's own guard becomes its trip count, the guards without its variable are tested before it
+        inner = loops[-1] if loops else None
+        outside, inside, bound = _pad_guards(plan, allv, inner)
         for i, lp in enumerate(loops):
-            if i == len(loops) - 1 and d.simd:
-                w(d.simd)
-            w.open(d.loop.format(var=lp.var, n=lp.extent))
-        guards = _pad_guards(plan, allv)
-        if guards:  # a padded sketch: only the in-range outputs are written (the scratch is cropped)
-            w.open(f"if ({' && '.join(guards)})")
+            if lp is inner:
+                if outside:
+                    w.open(f"if ({' && '.join(outside)})")
+                if d.simd:
+                    w(d.simd)
+            w.open(d.loop.format(var=lp.var, n=bound if (bound and lp is inner) else lp.extent))
+        if inner is None and outside:  # no loops: the guard around the single output
+            inside = outside
+        if inside:
+            w.open(f"if ({' && '.join(inside)})")
         out = B.get("out_api", B["out"])  # the real output's strides (padded sketches)
         accv = f"{plan.acc}[{_affine(_offset(B[plan.acc], allv))}]"
         if "w_scales" in B:  # int8: dequantize the exact int32 sum
@@ -681,7 +701,9 @@ class CStyleRenderer:
         elif out.dtype != "float32":
             result = f"({d.scalar(out.dtype)})({result})"
         w(f"out[{_affine(_offset(out, allv))}] = {result};")
-        if guards:
+        if inside:
             w.close()
         for _ in loops:
+            w.close()
+        if inner is not None and outside:
             w.close()
