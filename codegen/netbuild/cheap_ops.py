@@ -555,14 +555,8 @@ def _matmul_rows(w: _Writer, a: str, a_row: str, a_k: int, b: str, b_k: int, b_n
     FMA again, 0.39 ms for the block's Q.K^T); the last ``size % 8`` outputs (and strided ``b``) use a
     local array."""
     a_at = f"{a}[{a_row} + k*{a_k}]" if a_row != "0" else f"{a}[k*{a_k}]"
-    full, rest = divmod(n, ROW_IN_REGISTERS) if n > ROW_IN_REGISTERS else (0, n)
-    chunks = [("j0", ROW_IN_REGISTERS)] * bool(full) + [(str(full * ROW_IN_REGISTERS), rest)] * bool(rest)
-    for j0, size in chunks:
-        if j0 == "j0":
-            w.open(f"for (long j0 = 0; j0 < {full * ROW_IN_REGISTERS}; j0 += {ROW_IN_REGISTERS})")
-        else:
-            w.open("")
-        off = "" if j0 == "0" else f"{j0} + "
+
+    def chunk(off: str, size: int) -> None:  # outputs off .. off + size - 1 of the row
         nv = size // 8 if b_n == 1 else 0  # named vector accumulators
         tail = size - 8 * nv
         if nv:
@@ -584,6 +578,16 @@ def _matmul_rows(w: _Writer, a: str, a_row: str, a_k: int, b: str, b_k: int, b_n
             w(f"__builtin_memcpy({y} + {off}{8 * m}, &v{m}, sizeof v{m});")
         if tail:
             w(f"for (long j = 0; j < {tail}; ++j) {y}[{off}{8 * nv} + j] = acc[j];")
+
+    full = n // ROW_IN_REGISTERS if n > ROW_IN_REGISTERS else 0
+    rest = n - full * ROW_IN_REGISTERS
+    if full:
+        w.open(f"for (long j0 = 0; j0 < {full * ROW_IN_REGISTERS}; j0 += {ROW_IN_REGISTERS})")
+        chunk("j0 + ", ROW_IN_REGISTERS)
+        w.close()
+    if rest:
+        w.open("")
+        chunk(f"{full * ROW_IN_REGISTERS} + " if full else "", rest)
         w.close()
 
 

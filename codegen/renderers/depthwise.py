@@ -432,7 +432,8 @@ class _Gen:
         if self.masked:  # float32: the vector epilogue, then a masked store of the OW % V valid lanes
             w("#ifdef __AVX__")
             lanes = ", ".join("-1" if i < g["OW"] % V else "0" for i in range(V))
-            w(f"const {'__m256i' if V == 8 else '__m128i'} m = ({'__m256i' if V == 8 else '__m128i'})({self.it}){{{lanes}}};")
+            mt = "__m256i" if V == 8 else "__m128i"
+            w(f"const {mt} m = ({mt})({self.it}){{{lanes}}};")
             for r in range(R):
                 self._finish(w, f"a{r}", True, f"(y + {r}) * {g['OW']} + x", mask="m")
             w("#else")
