@@ -30,7 +30,7 @@ from . import limits as _limits
 from .ir import DTypes
 
 ACTIVATIONS = (None, "relu", "relu6")
-OPS = ("matmul", "dense", "conv2d")
+OPS = ("matmul", "dense", "conv2d", "conv2d_nchwc")  # the last: channel-blocked I/O (codegen.blocked)
 #: the precisions of ``dtype=``: float32 (default), float16 (storage; float32 accumulation), int8
 #: (uint8 / int8 activations x int8 weights, int32 accumulation, per-output-channel weight scales)
 PRECISIONS = ("float32", "float16", "int8")
@@ -323,6 +323,9 @@ class Task:
             s = f"matmul_{b}{p['m']}x{p['n']}x{p['k']}"
         elif self.op == "dense":
             s = f"dense_{p['n']}x{p['in']}_{p['out']}"
+        elif self.op == "conv2d_nchwc":  # the NCHW twin's name with the layout spelled after the kind
+            kind, _, rest = Task("conv2d", tuple(kv for kv in self.params if kv[0] != "block")).name.partition("_")
+            s = f"{kind}_nchwc{p['block']}_{rest}"
         else:
             dw = p["groups"] == p["c"] and p["groups"] > 1
             kind = "dwconv2d" if dw else "conv2d"
@@ -353,6 +356,9 @@ class Task:
     def contraction(self) -> Contraction:
         """Axes and accesses of this task (see module docstring)."""
         p = self.p
+        if self.op == "conv2d_nchwc":
+            from . import blocked
+            return blocked.contraction(self)
         if self.op in ("matmul", "dense"):
             if self.op == "matmul":
                 batch = p.get("batch") or 0
@@ -416,7 +422,8 @@ class Task:
         tensor have shape ``(1,)``, ``w_scales`` one per output channel."""
         con = self.contraction()
         table = {"data": con.data_api_shape, "weight": con.weight.shape, "residual": con.out.shape,
-                 "bias": (con.out.shape[1] if self.op == "conv2d" else con.out.shape[-1],),
+                 "bias": (con.out.shape[1] if self.op == "conv2d" else (
+                     self.p["k"] if self.op == "conv2d_nchwc" else con.out.shape[-1]),),
                  "x_scale": (1,), "x_zp": (1,), "y_scale": (1,), "y_zp": (1,)}
         table["w_scales"] = table["bias"]
         return [tuple(table[n]) for n in self.input_names()]
@@ -510,6 +517,9 @@ class Task:
         for i, (a, s) in enumerate(zip(arrays, shapes)):
             if tuple(np.shape(a)) != tuple(s):
                 raise ValueError(f"{self.name}: input {i} has shape {np.shape(a)}, expected {s}")
+        if self.op == "conv2d_nchwc":
+            from . import blocked
+            return blocked.reference(self, list(arrays))
         named = dict(zip(self.input_names(), arrays))
         x, wt = (np.asarray(a, dtype=np.float64) for a in arrays[:2])
         rest = [named[n] for n in ("bias", "residual") if n in named]

@@ -33,9 +33,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .depthwise import DW_SKETCH
+from . import blocked as _blocked
 from . import flat as _flat
 from . import winograd as _wg
+from .depthwise import DW_SKETCH
 from .depthwise import applies as _depthwise_applies
 from .depthwise import default_schedule as _depthwise_default
 from .knobs import Knob, knobs_for
@@ -96,6 +97,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
+    elif task.op == _blocked.OP:  # channel-blocked operands: the lanes axis is the vector (codegen.blocked)
+        return (Sketch(_blocked.SKETCH, "v", "v"),)
     else:
         con = task.contraction()
         channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
@@ -513,7 +516,7 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         'conv_spatial_pack'
     """
     sketches = sketches_for(task)
-    if task.sparsity:  # one sketch, no padded variants: its weights are compiled in (codegen.sparse)
+    if task.sparsity or task.op == _blocked.OP:  # one sketch, no padded variants
         return sketches[0]
     if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:
         # the full-height register block (6 rows x 2 vectors on AVX2) over rows padded to its multiple
@@ -668,6 +671,10 @@ def default_config(space: Space) -> Config:
         return cfg
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
+    if space.sketch.base == _blocked.SKETCH:
+        cfg = Config(space.sketch.name, *_blocked.default_schedule(space))
+        space.validate(cfg)
+        return cfg
     if space.sketch.base == _wg.WG_SKETCH:
         cfg = Config(space.sketch.name, *_wg.default_schedule(space))
         space.validate(cfg)

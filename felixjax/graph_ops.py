@@ -58,6 +58,10 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
     """One output list for the ops of ``felixjax.onnx_ops`` that only the numpy executor runs (the others
     are in ``felixjax.op_table``); None for an op it does not know."""
     x = args[0] if args else None
+    if op == "Reblock":  # NCHW <-> NCHW[b]c (felixjax.layout)
+        from codegen import blocked
+        return [blocked.to_blocked(x, int(a["block"])) if a["to"] == "nchwc" else
+                blocked.from_blocked(x, int(out_shapes[0][0]))]
     if op == "Softsign":
         return [_f32(x / (1 + np.abs(x)), x)]
     if op == "Mish":

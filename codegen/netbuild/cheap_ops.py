@@ -20,7 +20,7 @@ ELEMENTWISE_UNARY = {"Sqrt": "sqrtf({0})", "Relu": "fj_relu({0})", "Sigmoid": "f
                      "Tanh": "tanhf({0})", "Erf": "fj_erf({0})", "Identity": "{0}", "Dropout": "{0}"}
 CHEAP_OPS = tuple(ELEMENTWISE_BINARY) + tuple(ELEMENTWISE_UNARY) + (
     "Clip", "ScaleShift", "BatchNormalization", "LayerNormalization", "ReduceMean", "MaxPool", "AveragePool",
-    "Softmax", "Transpose", "Concat", "Pad", "Reshape", "Conv", "Gemm", "MatMul")
+    "Softmax", "Transpose", "Concat", "Pad", "Reshape", "Conv", "Gemm", "MatMul", "Reblock")
 
 _PRELUDE = """\
 #include <math.h>
@@ -460,6 +460,21 @@ def _r_transpose(c: _Ctx, w: _Writer) -> None:
     _pointwise(w, out, (c.y[0], _strides(out), 0), [(c.x[0], [st[p] for p in perm], 0)], lambda v: v[0])
 
 
+def _r_reblock(c: _Ctx, w: _Writer) -> None:
+    """NCHW -> NCHW[b]c (``to="nchwc"``) or back (``"nchw"``): a transpose of the channel blocks' lanes,
+    over the output's index order (felixjax.layout)."""
+    b = int(c.step.attrs["block"])
+    n, ch, h, wd = c.need(0) if c.step.attrs["to"] == "nchwc" else c.out_shapes[0]
+    plain, blocked = [ch * h * wd, b * h * wd, h * wd, wd, 1], [ch * h * wd, b * h * wd, 1, wd * b, b]
+    ext = (n, ch // b, b, h, wd)  # iterated in the destination's order
+    if c.step.attrs["to"] == "nchwc":
+        ext, plain, blocked = tuple(ext[i] for i in (0, 1, 3, 4, 2)), [plain[i] for i in (0, 1, 3, 4, 2)], [
+            blocked[i] for i in (0, 1, 3, 4, 2)]
+        _pointwise(w, ext, (c.y[0], blocked, 0), [(c.x[0], plain, 0)], lambda v: v[0])
+    else:
+        _pointwise(w, ext, (c.y[0], plain, 0), [(c.x[0], blocked, 0)], lambda v: v[0])
+
+
 def _r_concat(c: _Ctx, w: _Writer) -> None:
     out = c.out_shapes[0]
     axis = int(c.step.attrs["axis"])
@@ -660,7 +675,7 @@ _RENDERERS: dict[str, Callable[[_Ctx, _Writer], None]] = {
     "Clip": _r_clip, "ScaleShift": _r_scale_shift, "BatchNormalization": _r_batchnorm,
     "LayerNormalization": _r_layernorm, "ReduceMean": _r_reduce_mean, "MaxPool": _r_pool, "AveragePool": _r_pool,
     "Softmax": _r_softmax, "Transpose": _r_transpose, "Concat": _r_concat, "Pad": _r_pad, "Reshape": _r_copy,
-    "Conv": _r_conv, "Gemm": _r_gemm, "MatMul": _r_matmul,
+    "Conv": _r_conv, "Gemm": _r_gemm, "MatMul": _r_matmul, "Reblock": _r_reblock,
 }
 assert set(_RENDERERS) == set(CHEAP_OPS)
 # the ops real exporters add (Where, Slice, Gather, Resize, LRN, ...) are in more_ops.py (which imports the

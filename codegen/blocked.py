@@ -1,0 +1,226 @@
+"""Convolutions in the channel-blocked layout NCHW[b]c (issue 14: a layout chosen per network).
+
+onnxruntime runs a CNN's convolutions in NCHW8c from the first conv to the last: every activation is
+``[n][c / 8][h][w][8]``, so a kernel vectorizes over 8 channels with no transposes, whatever the image
+size (a 7x7 plane is 49 vectors of 8 channels, not 6 vectors of 8 pixels and a remainder). felixjax's
+NCHW kernels either vectorize along the width (partial vectors on 7- and 14-wide planes) or block the
+channels inside the kernel and pay the copy in and out (``conv_spatial_pack``).
+
+Op ``conv2d_nchwc`` is the same convolution on blocked operands, written as a contraction whose lanes
+are their own axes, so every index map stays affine and the rest of ``codegen`` (spaces, lowering,
+features, the relaxation) needs no special case:
+
+* groups 1: spatial ``n, k (out blocks), y, x, v (lanes)``, reduction ``c (in blocks), u (in lanes),
+  ry, rx``; data ``[n*C/b + c][y*sy+ry][x*sx+rx][u]``, weight ``[k][c][ry*s+rx][u*b+v]``, out
+  ``[n*K/b + k][y][x][v]``;
+* depthwise (groups = channels): spatial ``n, k, y, x, v``, reduction ``ry, rx``; data
+  ``[n*C/b + k][y*sy+ry][x*sx+rx][v]``, weight ``[k][ry][rx][v]``.
+
+(The batch and the channel blocks share a dimension, and axes of extent 1 are left out, so the op fits
+the relaxation's 8 axes and 4 dimensions per buffer: a 3x3 conv with groups 1 and a batch above one has 9
+axes and is not blocked by :mod:`felixjax.layout`.)
+
+The task's inputs are the blocked arrays (:func:`to_blocked`, :func:`weight_to_blocked`); its bias is
+the plain per-channel vector. Such tasks are tuned in the layout they run in, under their own database
+key (the op name and ``block`` are part of it). One sketch, ``conv_nchwc``: the lanes axis ``v`` is the
+SIMD axis and the packed weights' block axis.
+
+Example:
+    >>> t = conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1)
+    >>> t.name
+    'conv2d_nchwc8_1x16x7x7_k32_1x1_s1_p0'
+    >>> [a.name for a in t.contraction().axes]  # a batch of one and 1x1 taps: no n, ry, rx axes
+    ['k', 'y', 'x', 'v', 'c', 'u']
+    >>> t.input_shapes()
+    [(2, 7, 7, 8), (4, 2, 1, 64)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import Access, Axis, Contraction, Task, _params, conv2d
+
+OP = "conv2d_nchwc"
+SKETCH = "conv_nchwc"
+#: the channel block of AVX2 float32 (one 256-bit vector)
+BLOCK = 8
+
+
+def plain_twin(task: Task) -> Task:
+    """The NCHW ``conv2d`` task this blocked task computes (same parameters, bias, act, residual)."""
+    params = tuple((k, v) for k, v in task.params if k != "block")
+    return Task("conv2d", params, task.bias, task.act, task.residual, task.dtype)
+
+
+def block_of(task: Task) -> int:
+    return int(task.p["block"])
+
+
+def is_depthwise(task: Task) -> bool:
+    p = task.p
+    return p["groups"] > 1
+
+
+def check(task: Task) -> None:
+    """A clear error for a blocked conv this layout cannot express."""
+    p, b = task.p, task.p.get("block", 0)
+    if b < 1:
+        raise ValueError(f"{OP}: block must be >= 1, got {b}")
+    if task.dtype != "float32" or task.sparsity:
+        raise ValueError(f"{OP}: float32 dense convolutions only (got dtype {task.dtype!r}, sparsity {task.sparsity})")
+    if p["groups"] not in (1, p["c"]) or (p["groups"] > 1 and p["k"] != p["c"]):
+        raise ValueError(f"{OP}: groups must be 1 or the channel count (depthwise), got groups={p['groups']} "
+                         f"with c={p['c']}, k={p['k']}")
+    if p["c"] % b or p["k"] % b:
+        raise ValueError(f"{OP}: the block {b} must divide the in and out channels (c={p['c']}, k={p['k']})")
+
+
+def conv2d_nchwc(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
+                 stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
+                 dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
+                 residual: bool = False, block: int = BLOCK) -> Task:
+    """A 2-D convolution on NCHW[block]c data and output (see the module docstring); the same arguments
+    as :func:`codegen.ops.conv2d`, plus ``block``."""
+    plain = conv2d(n, c, h, w, out_channels=out_channels, kernel=kernel, stride=stride, padding=padding,
+                   dilation=dilation, groups=groups, bias=bias, act=act, residual=residual)
+    return Task(OP, _params(**plain.p, block=int(block)), bias, act, residual)
+
+
+def contraction(task: Task) -> Contraction:
+    check(task)
+    b = block_of(task)
+    pc = plain_twin(task).contraction()
+    ext = {a.name: a.extent for a in pc.axes}
+    p = task.p
+    (sh, sw), (dh, dw) = p["stride"], p["dilation"]
+    n, _, hp, wp = pc.data.shape
+    oh, ow, r, s = ext["y"], ext["x"], p["r"], p["s"]
+    kb = p["k"] // b
+    # axes of extent 1 (a batch of one, the taps of a 1x1 conv) are left out: the relaxation and the
+    # features take at most 8 axes and 4 dimensions per buffer (felixjax.relax.MAX_AXES)
+    keep = {"n": n > 1, "ry": r > 1, "rx": s > 1}
+
+    def terms(*pairs: tuple[str, int]) -> tuple[tuple[str, int], ...]:
+        return tuple((a, c) for a, c in pairs if keep.get(a, True))
+
+    spatial = tuple(Axis(nm, e, False) for nm, e in (("n", n), ("k", kb), ("y", oh), ("x", ow), ("v", b))
+                    if keep.get(nm, True))
+    taps = tuple(Axis(nm, e, True) for nm, e in (("ry", r), ("rx", s)) if keep[nm])
+    y_in, x_in = terms(("y", sh), ("ry", dh)), terms(("x", sw), ("rx", dw))
+    if is_depthwise(task):
+        axes = spatial + taps
+        data = Access("data", (n * kb, hp, wp, b), (terms(("n", kb), ("k", 1)), y_in, x_in, (("v", 1),)))
+        weight = Access("weight", (kb, r, s, b), ((("k", 1),), terms(("ry", 1)), terms(("rx", 1)), (("v", 1),)))
+        api = (n * kb, p["h"], p["w"], b)
+    else:
+        cb = p["c"] // b
+        axes = spatial + (Axis("c", cb, True), Axis("u", b, True)) + taps
+        data = Access("data", (n * cb, hp, wp, b), (terms(("n", cb), ("c", 1)), y_in, x_in, (("u", 1),)))
+        weight = Access("weight", (kb, cb, r * s, b * b),
+                        ((("k", 1),), (("c", 1),), terms(("ry", s), ("rx", 1)), (("u", b), ("v", 1))))
+        api = (n * cb, p["h"], p["w"], b)
+    out = Access("out", (n * kb, oh, ow, b), (terms(("n", kb), ("k", 1)), (("y", 1),), (("x", 1),), (("v", 1),)))
+    bias = Access("bias", (p["k"],), ((("k", b), ("v", 1)),)) if task.bias else None
+    pad = ((0, 0),) + pc.pad[2:] + ((0, 0),)
+    return Contraction(axes, data, weight, out, bias, api, pad)
+
+
+# ---- layout conversions (numpy; the network build does the same in C) ----------------------------
+
+def to_blocked(x: np.ndarray, block: int = BLOCK) -> np.ndarray:
+    """``[n][c][h][w]`` -> ``[n * c / block][h][w][block]`` (NCHW[block]c with the batch and channel
+    blocks in one dimension)."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(np.asarray(x).reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)
+                                .reshape(n * (c // block), h, w, block))
+
+
+def from_blocked(x: np.ndarray, n: int = 1) -> np.ndarray:
+    """``[n * c / b][h][w][b]`` -> ``[n][c][h][w]``."""
+    nc, h, w, b = x.shape
+    return np.ascontiguousarray(np.asarray(x).reshape(n, nc // n, h, w, b).transpose(0, 1, 4, 2, 3)
+                                .reshape(n, nc // n * b, h, w))
+
+
+def weight_to_blocked(wt: np.ndarray, task: Task) -> np.ndarray:
+    """OIHW conv weights in this task's weight layout (``[k][c][ry * s + rx][u * b + v]``, depthwise
+    ``[k][ry][rx][v]``)."""
+    b = block_of(task)
+    kk, cg, r, s = wt.shape
+    if is_depthwise(task):
+        return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, r, s).transpose(0, 2, 3, 1))
+    return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, cg // b, b, r, s).transpose(0, 2, 4, 5, 3, 1)
+                                .reshape(kk // b, cg // b, r * s, b * b))
+
+
+def weight_from_blocked(wb: np.ndarray, task: Task) -> np.ndarray:
+    b, p = block_of(task), task.p
+    if is_depthwise(task):
+        kb, r, s, _ = wb.shape
+        return np.ascontiguousarray(np.asarray(wb).transpose(0, 3, 1, 2).reshape(kb * b, 1, r, s))
+    kb, cb = wb.shape[:2]
+    return np.ascontiguousarray(np.asarray(wb).reshape(kb, cb, p["r"], p["s"], b, b).transpose(0, 5, 1, 4, 2, 3)
+                                .reshape(kb * b, cb * b, p["r"], p["s"]))
+
+
+def reference(task: Task, arrays: list[np.ndarray]) -> np.ndarray:
+    """The plain twin's numpy reference, on unblocked inputs, blocked back."""
+    names = task.input_names()
+    named = dict(zip(names, arrays))
+    n = task.p["n"]
+    plain = [from_blocked(named["data"], n), weight_from_blocked(named["weight"], task)]
+    if task.bias:
+        plain.append(named["bias"])
+    if task.residual:
+        plain.append(from_blocked(named["residual"], n))
+    return to_blocked(plain_twin(task).reference(*plain), block_of(task))
+
+
+# ---- the default schedule ----------------------------------------------------------------------
+
+def default_schedule(space) -> tuple:
+    """``(tiles, parallel, vec, unroll)``: a register block of ``kb`` output blocks x ``ry x rx`` output
+    pixels (at most 12 accumulators), chosen for the most FMAs per load (``kb`` vector loads of weights
+    and ``ry * rx`` broadcasts feed ``kb * ry * rx`` FMAs); the whole reduction in R1 (input channels
+    outer, taps inner); OpenMP over output blocks and rows."""
+    ext = {a.name: a.extent for a in space.axes}
+    budget = min(12, space.max_accumulators)
+    best, score = (1, 1, 1), -1.0
+    for kb in (d for d in range(1, 5) if ext["k"] % d == 0):
+        for ry in (d for d in range(1, budget + 1) if ext["y"] % d == 0):
+            for rx in (d for d in range(1, budget + 1) if ext["x"] % d == 0):
+                acc = kb * ry * rx
+                if acc > budget:
+                    continue
+                s = acc / (kb + ry * rx) + 1e-3 * acc
+                if s > score:
+                    best, score = (kb, ry, rx), s
+    kb, ry, rx = best
+    tiles = []
+    for a in space.axes:
+        if a.reduce:
+            tiles.append((1, a.extent))
+        elif a.name == "k":
+            tiles.append((ext["k"] // kb, 1, 1, kb))
+        elif a.name == "y":
+            tiles.append((ext["y"] // ry, 1, 1, ry))
+        elif a.name == "x":
+            tiles.append((ext["x"] // rx, 1, 1, rx))
+        elif a.name == "v":
+            tiles.append((1, 1, 1, a.extent))
+        else:
+            tiles.append((a.extent, 1, 1, 1))
+    vec = max(v for v in space.vec_choices if ext["v"] % v == 0)
+    cores = int(getattr(space.target, "cores", 1) or 1)
+    par, chunks = 0, 1
+    for i, t in enumerate(tiles[: space.n_spatial]):
+        if chunks >= 4 * cores:
+            break
+        par, chunks = i + 1, chunks * t[0]
+    return tuple(tiles), par, vec, 1
+
+
+def flops(task: Task) -> int:
+    return plain_twin(task).flops
+
+

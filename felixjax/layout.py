@@ -1,0 +1,101 @@
+"""A layout chosen per network (issue 14): the convolutions of a fused graph run in NCHW[b]c.
+
+:func:`block_channels` rewrites every eligible convolution anchor (float32, dense, groups 1 or
+depthwise, in and out channels multiples of the block, constant weights) into a ``conv2d_nchwc`` anchor
+(:mod:`codegen.blocked`) whose data, residual and output are channel-blocked, its weights reordered once
+here, and keeps the blocked activations blocked from one such conv to the next. Where a blocked value
+meets a node that reads NCHW (a 3-channel stem's output going into the first blocked conv, the last
+conv's output going into a pooling) a ``Reblock`` node converts it, once per value and direction. The
+graph's inputs and outputs keep their layouts, so a model built from the rewritten graph takes and
+returns the same arrays.
+
+The rewritten anchors are new tasks: a tuning run over the rewritten graph tunes them in the layout they
+run in, under their own database keys (``conv2d_nchwc8_...``).
+
+Example:
+    >>> from felixjax import zoo
+    >>> from felixjax.onnx_import import load_onnx
+    >>> m = load_onnx(zoo.make_model("mobilenet_v2", dataset="cifar10"), layout="nchwc")
+    >>> sum(n.op == "Reblock" for n in m.graph.nodes), m.tasks[1][0].name
+    (2, 'dwconv2d_nchwc8_1x32x32x32_k32_3x3_s1_p1_bias_relu6')
+"""
+from __future__ import annotations
+
+from codegen import blocked
+
+from .graph_passes import Graph, Node, _unique
+from .relax import MAX_AXES
+
+LAYOUTS = ("nchw", "nchwc")
+
+
+def eligible(node: Node, graph: Graph, block: int = blocked.BLOCK) -> bool:
+    """Whether ``node`` can run as a channel-blocked convolution."""
+    if not node.is_anchor or node.task.op != "conv2d":
+        return False
+    t, p = node.task, node.task.p
+    return (t.dtype == "float32" and not t.sparsity and p["groups"] in (1, p["c"])
+            and (p["groups"] == 1 or p["k"] == p["c"]) and p["c"] % block == 0 and p["k"] % block == 0
+            and node.inputs[1] in graph.constants and not any(o in graph.outputs for o in node.outputs)
+            and len(blocked.conv2d_nchwc(**_conv_args(t), block=block).contraction().axes) <= MAX_AXES)
+
+
+def reblocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (n * c // block, h, w, block)
+
+
+def block_channels(graph: Graph, block: int = blocked.BLOCK) -> Graph:
+    """``graph`` with its eligible convolutions in NCHW[block]c (see the module docstring)."""
+    chosen = {n for n in graph.nodes if eligible(n, graph, block)}
+    if not chosen:
+        return graph
+    shapes, consts = dict(graph.shapes), dict(graph.constants)
+    taken = set(shapes) | set(consts) | {n.name for n in graph.nodes}
+    blocked_values = {n.outputs[0] for n in chosen}
+    plain_shape = {v: shapes[v] for v in blocked_values}
+    nodes: list[Node] = []
+    converted: dict[tuple[str, bool], str] = {}
+
+    def as_layout(v: str, want_blocked: bool) -> str:
+        if not v or (v in blocked_values) == want_blocked:
+            return v
+        if (v, want_blocked) not in converted:
+            name = _unique(f"{v}/{'nchwc' if want_blocked else 'nchw'}", taken)
+            taken.add(name)
+            shapes[name] = reblocked_shape(shapes[v], block) if want_blocked else plain_shape[v]
+            nodes.append(Node("Reblock", (v,), (name,), {"block": block, "to": "nchwc" if want_blocked else "nchw"},
+                              name=name))
+            converted[(v, want_blocked)] = name
+        return converted[(v, want_blocked)]
+
+    for node in graph.nodes:
+        if node not in chosen:
+            nodes.append(Node(node.op, tuple(as_layout(i, False) for i in node.inputs), node.outputs, node.attrs,
+                              node.name))
+            continue
+        t = node.task
+        bt = blocked.conv2d_nchwc(**_conv_args(t), block=block)
+        roles = dict(zip(t.input_names(), node.inputs))
+        w = _unique(f"{roles['weight']}/nchwc{block}", taken)
+        taken.add(w)
+        consts[w] = blocked.weight_to_blocked(graph.constants[roles["weight"]].reshape(t.input_shapes()[1]), bt)
+        shapes[w] = consts[w].shape
+        ins = [as_layout(roles["data"], True), w]
+        if t.bias:
+            ins.append(roles["bias"])
+        if t.residual:
+            ins.append(as_layout(roles["residual"], True))
+        out = node.outputs[0]
+        shapes[out] = reblocked_shape(plain_shape[out], block)
+        nodes.append(Node(node.op, tuple(ins), node.outputs, {**node.attrs, "task": bt}, node.name))
+    used = {i for n in nodes for i in n.inputs}
+    consts = {k: v for k, v in consts.items() if k in used or k in graph.outputs}
+    return Graph(tuple(nodes), graph.inputs, graph.outputs, shapes, consts)
+
+
+def _conv_args(t) -> dict:
+    p = t.p
+    return dict(n=p["n"], c=p["c"], h=p["h"], w=p["w"], out_channels=p["k"], kernel=(p["r"], p["s"]),
+                stride=p["stride"], padding=p["pad"], dilation=p["dilation"], groups=p["groups"], bias=t.bias,
+                act=t.act, residual=t.residual)

@@ -1,0 +1,158 @@
+"""Channel-blocked convolutions (codegen.blocked) and the network layout pass (felixjax.layout): layout
+conversions are exact inverses; every emitted ``conv_nchwc`` kernel matches numpy (1x1, 3x3, strides,
+paddings, depthwise, epilogues, default and sampled configs); the relaxation rounds to valid configs and
+the features are finite; a network rewritten to NCHW8c computes what the NCHW one does, in numpy and in
+its C build, with one reorder at each edge of the blocked region."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codegen import blocked
+from codegen.build import build
+from codegen.lower import lower
+from codegen.ops import Task, conv2d
+from codegen.render_c import render
+from codegen.runtime import Kernel
+from codegen.space import Space, default_sketch, sketches_for
+from codegen.target import Target
+
+TARGET = Target.cpu()
+
+
+def test_layout_conversions_are_inverse_and_the_reference_is_the_plain_convs():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 16, 5, 7)).astype(np.float32)
+    xb = blocked.to_blocked(x)
+    assert xb.shape == (4, 5, 7, 8) and xb[3, 3, 4, 5] == x[1, 13, 3, 4]
+    np.testing.assert_array_equal(blocked.from_blocked(xb, 2), x)
+    for groups, k in ((1, 24), (16, 16)):
+        t = blocked.conv2d_nchwc(2, 16, 5, 7, out_channels=k, kernel=3, padding=1, groups=groups, bias=True,
+                                 residual=True, act="relu6")
+        plain = blocked.plain_twin(t)
+        wt = rng.standard_normal(plain.input_shapes()[1]).astype(np.float32)
+        wb = blocked.weight_to_blocked(wt, t)
+        assert wb.shape == t.input_shapes()[1]
+        np.testing.assert_array_equal(blocked.weight_from_blocked(wb, t), wt)
+        b = rng.standard_normal(k).astype(np.float32)
+        res = rng.standard_normal(plain.output_shape).astype(np.float32)
+        got = t.reference(xb, wb, b, blocked.to_blocked(res))
+        np.testing.assert_array_equal(blocked.from_blocked(got, 2), plain.reference(x, wt, b, res))
+    assert Task.from_json(json.loads(json.dumps(t.to_json()))) == t and t.key != plain.key
+
+
+def test_blocked_tasks_reject_what_the_layout_cannot_hold():
+    with pytest.raises(ValueError, match="block 8 must divide"):
+        blocked.conv2d_nchwc(1, 12, 8, 8, out_channels=16)
+    with pytest.raises(ValueError, match="groups must be 1 or the channel count"):
+        blocked.conv2d_nchwc(1, 16, 8, 8, out_channels=16, groups=2)
+    t = blocked.conv2d_nchwc(1, 16, 8, 8, out_channels=16)
+    assert [s.name for s in sketches_for(t, TARGET)] == [blocked.SKETCH] == [default_sketch(t, TARGET).name]
+
+
+@st.composite
+def _cases(draw):
+    dw = draw(st.booleans())
+    k = draw(st.sampled_from([1, 3, 5]))
+    stride = draw(st.sampled_from([1, 2]))
+    pad = draw(st.integers(0, k // 2))
+    h, w = draw(st.integers(k, 13)), draw(st.integers(k, 17))
+    c = draw(st.sampled_from([8, 16, 24]))
+    task = blocked.conv2d_nchwc(draw(st.sampled_from([1, 2])), c, h, w, out_channels=c if dw else draw(
+        st.sampled_from([8, 16, 32])), kernel=k, stride=stride, padding=pad, groups=c if dw else 1,
+        bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])), residual=draw(st.booleans()))
+    space = Space(task, blocked.SKETCH, TARGET)
+    cfg = space.default() if draw(st.booleans()) else space.sample(np.random.default_rng(draw(st.integers(0, 99))))
+    return space, cfg
+
+
+@pytest.mark.cc
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_every_blocked_kernel_matches_numpy(case):
+    space, cfg = case
+    plan = lower(space, cfg)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    arrays = space.task.random_inputs(seed=1)
+    ref = space.task.reference(*arrays)
+    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+def test_default_register_block_reads_one_weight_vector_per_output_block():
+    """The default's register block: output pixels x output blocks with the most FMAs per load, at most
+    12 accumulators; the lanes axis whole in S3 (one 8-lane vector)."""
+    space = Space(blocked.conv2d_nchwc(1, 160, 7, 7, out_channels=960, kernel=1), blocked.SKETCH, TARGET)
+    cfg = space.default()
+    s3 = {a.name: t[-1] for a, t in zip(space.axes, cfg.tiles)}
+    assert s3["v"] == 8 == cfg.vec and s3["k"] * s3["y"] * s3["x"] <= 12 and s3["x"] == 7
+    space = Space(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, padding=1), blocked.SKETCH, TARGET)
+    s3 = {a.name: t[-1] for a, t in zip(space.axes, space.default().tiles)}
+    assert s3["k"] == 2 and s3["k"] * s3["y"] * s3["x"] <= 12
+
+
+def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extractor():
+    """The blocked op is an ordinary contraction to the relaxation and the differentiable features: its
+    rounded points are valid configs, and hard-mode features equal the independent extractor's."""
+    import jax
+    import jax.numpy as jnp
+
+    from felixjax.extract import extract
+    from felixjax.features import batch_features, feature_inputs
+    from felixjax.relax import Relaxation
+    from felixjax.smooth import Smooth
+
+    for i, task in enumerate((blocked.conv2d_nchwc(1, 32, 14, 14, out_channels=32, kernel=3, padding=1, groups=32,
+                                                   bias=True),
+                              blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=24, kernel=1, residual=True))):
+        space = Space(task, blocked.SKETCH, TARGET)
+        rel = Relaxation(space)
+        rounded = rel.round_x(rel.sample_x(jax.random.PRNGKey(i), 16))
+        assert rounded and all(space.is_valid(c) for c in rounded)
+        configs = space.sample_many(np.random.default_rng(i), 15) + [space.default()]
+        hard = batch_features(feature_inputs(rel), jnp.asarray(np.stack([rel.to_x(c) for c in configs])),
+                              Smooth.hard_mode())
+        for b, cfg in enumerate(configs):
+            ref = extract(space, cfg)
+            np.testing.assert_array_equal(np.asarray(hard.mask[b]), ref.mask)
+            m = ref.mask[:, None]
+            np.testing.assert_allclose(np.asarray(hard.access[b]) * m, ref.access * m, atol=1e-5, rtol=0)
+            np.testing.assert_allclose(np.asarray(hard.glob[b]), ref.glob, atol=1e-5, rtol=0)
+
+
+@pytest.mark.cc
+def test_a_network_in_nchwc_computes_what_the_nchw_one_does():
+    import felixjax as fj
+    from felixjax.network import build_model
+
+    proto = fj.zoo.make_model("mobilenet_v2", dataset="cifar10", seed=0)
+    plain, nchwc = fj.load_onnx(proto), fj.load_onnx(proto, layout="nchwc")
+    ops = [n.op for n in nchwc.graph.nodes]
+    # the 3-channel stem stays NCHW: one reorder into the blocked region, one out of it before the pooling
+    assert ops.count("Reblock") == 2 and ops.index("Reblock") == 1
+    tasks = [t for t, _ in nchwc.tasks]
+    assert tasks[0].op == "conv2d" and all(t.op == blocked.OP for t in tasks[1:] if t.op != "dense")
+    x = np.random.default_rng(0).standard_normal(plain.input_shapes["input"]).astype(np.float32)
+    ref = plain.run_numpy(x)
+    np.testing.assert_allclose(nchwc.run_numpy(x), ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    exe = build_model(nchwc, TARGET, threads=2)
+    np.testing.assert_allclose(exe(x), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        fj.load_onnx(proto, layout="nhwc")
+
+
+def test_only_eligible_convs_are_blocked():
+    from felixjax.graph_passes import Graph, Node
+    from felixjax.layout import block_channels
+
+    t1 = conv2d(1, 8, 6, 6, out_channels=12, kernel=1)  # 12 out channels: not a multiple of 8
+    t2 = conv2d(1, 12, 6, 6, out_channels=16, kernel=1)
+    g = Graph((Node("conv2d", ("x", "w1"), ("a",), {"task": t1}, "c1"), Node("conv2d", ("a", "w2"), ("y",),
+                                                                              {"task": t2}, "c2")),
+              ("x",), ("y",), {"x": (1, 8, 6, 6), "a": (1, 12, 6, 6), "y": (1, 16, 6, 6), "w1": (12, 8, 1, 1),
+                               "w2": (16, 12, 1, 1)},
+              {"w1": np.ones((12, 8, 1, 1), np.float32), "w2": np.ones((16, 12, 1, 1), np.float32)})
+    assert block_channels(g) is g  # nothing eligible (and a graph output is never blocked)
