@@ -20,6 +20,7 @@ Usage:
     python benchmarks/networks.py --quick                      # smoke test: 2 trials per task
     python benchmarks/networks.py --trials-per-task 32 --models resnet18 --threads 1
     python benchmarks/networks.py --write                      # also update docs/BENCHMARKS.md
+    python benchmarks/networks.py --layout both                # NCHW and NCHW8c builds side by side
 """
 from __future__ import annotations
 
@@ -85,36 +86,48 @@ def checked_blocks(proto, builds: dict, x: np.ndarray, threads: int, name: str) 
 
 
 def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials_per_task: int, strategy: str,
-                db: str, seed: int, rounds: int, min_time_s: float, runner: LocalRunner) -> dict:
-    """Tune, build (tuned and default), check and time one zoo model against onnxruntime."""
+                db: str, seed: int, rounds: int, min_time_s: float, runner: LocalRunner,
+                layouts: tuple[str, ...] = ("nchw",)) -> dict:
+    """Tune, build (tuned and default), check and time one zoo model against onnxruntime; with several
+    ``layouts`` (``nchw``, ``nchwc``: :func:`felixjax.layout.block_channels`) each is tuned (one shared
+    database: tasks the layouts share are tuned once) and built, and every build is timed in the same
+    interleaved rounds. The first layout's builds are ``tuned`` / ``default``, the others'
+    ``tuned-<layout>`` / ``default-<layout>``."""
     proto = fj.zoo.make_model(name, dataset=dataset, seed=0)
-    model = fj.load_onnx(proto)
-    n_tasks = len(model.tasks)
-    budget = trials_per_task * n_tasks
-    _log(f"{name}: {n_tasks} tasks, {sum(w for _, w in model.tasks)} anchor ops; tuning {budget} trials ({strategy})")
-    t0 = time.perf_counter()
-    res = tune_model(model, target, trials=budget, db=db, strategy=strategy, seed=seed, threads=threads,
-                     runner=runner, progress=lambda p: _log(
-                         f"{name} round {p['round']} {p['task'].name}: {p['task_trials']} trials, "
-                         f"network est. {p['estimate_s'] * 1e3:.3f} ms, {p['trials']}/{p['budget']}"))
-    tune_s = time.perf_counter() - t0
-    _log(f"{name}: tuned in {tune_s:.0f} s\n{res.table()}")
-    t0 = time.perf_counter()
-    tuned = res.build(threads=threads)
-    default = build_model(model, target, threads=threads)
-    build_s = time.perf_counter() - t0
+    builds, stats = {}, {"trials": 0, "tune_s": 0.0, "build_s": 0.0, "estimate_ms": {}, "tuned_tasks": 0, "tasks": 0}
+    for i, layout in enumerate(layouts):
+        model = fj.load_onnx(proto, layout=layout)
+        n_tasks = len(model.tasks)
+        budget = trials_per_task * n_tasks
+        _log(f"{name} ({layout}): {n_tasks} tasks, {sum(w for _, w in model.tasks)} anchor ops; tuning {budget} "
+             f"trials ({strategy})")
+        t0 = time.perf_counter()
+        res = tune_model(model, target, trials=budget, db=db, strategy=strategy, seed=seed, threads=threads,
+                         runner=runner, progress=lambda p: _log(
+                             f"{name} round {p['round']} {p['task'].name}: {p['task_trials']} trials, "
+                             f"network est. {p['estimate_s'] * 1e3:.3f} ms, {p['trials']}/{p['budget']}"))
+        stats["tune_s"] += time.perf_counter() - t0
+        _log(f"{name} ({layout}): tuned in {time.perf_counter() - t0:.0f} s\n{res.table()}")
+        t0 = time.perf_counter()
+        suffix = "" if i == 0 else f"-{layout}"
+        builds["tuned" + suffix] = res.build(threads=threads)
+        builds["default" + suffix] = build_model(model, target, threads=threads)
+        stats["build_s"] += time.perf_counter() - t0
+        stats["trials"] += res.trials
+        stats["estimate_ms"][layout] = res.estimated_latency_s * 1e3
+        if i == 0:
+            stats["tuned_tasks"], stats["tasks"] = sum(t.best is not None for t in res.tasks), n_tasks
 
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)
-    blocks, errs = checked_blocks(proto, {"tuned": tuned, "default": default}, x, threads, name)
+    x = rng.standard_normal(fj.load_onnx(proto).input_shapes["input"]).astype(np.float32)
+    blocks, errs = checked_blocks(proto, builds, x, threads, name)
     times = time_interleaved(blocks, rounds=rounds, min_time_s=min_time_s)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     best = {k: min(v) * 1e3 for k, v in times.items()}
-    _log(f"{name}: tuned {med['tuned']:.3f} ms, default {med['default']:.3f} ms, onnxruntime "
-         f"{med['onnxruntime']:.3f} ms (medians of {rounds})")
-    return {"model": f"{name} ({dataset})", "tasks": n_tasks, "trials": res.trials, "tune_s": tune_s,
-            "build_s": build_s, "median_ms": med, "min_ms": best, "estimate_ms": res.estimated_latency_s * 1e3,
-            "errors": errs, "tuned_tasks": sum(t.best is not None for t in res.tasks)}
+    _log(f"{name}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()) + f" (medians of {rounds})")
+    label = f"{name} ({dataset})" + ("" if layouts[0] == "nchw" else f", {layouts[0].upper()}")
+    return {"model": label, "layouts": layouts, "median_ms": med, "min_ms": best, "errors": errs, **stats,
+            "estimate_ms": stats["estimate_ms"][layouts[0]]}
 
 
 def render(rows: list[dict], threads: int) -> str:
@@ -130,6 +143,14 @@ def render(rows: list[dict], threads: int) -> str:
                    f"{m['onnxruntime']:.3f} ({b['onnxruntime']:.3f}) | {m['onnxruntime'] / m['tuned']:.2f}x | "
                    f"{r['estimate_ms']:.3f} |")
     out.append("")
+    for r in rows:
+        for layout in r["layouts"][1:]:
+            m, b = r["median_ms"], r["min_ms"]
+            out.append(f"- {r['model']} with its convolutions in {layout.upper()} (`felixjax.layout`), same rounds: "
+                       f"default build {m['default-' + layout]:.3f} ({b['default-' + layout]:.3f}) ms, tuned build "
+                       f"{m['tuned-' + layout]:.3f} ({b['tuned-' + layout]:.3f}) ms: "
+                       f"**{m['onnxruntime'] / m['tuned-' + layout]:.2f}x** onnxruntime, "
+                       f"{m['tuned'] / m['tuned-' + layout]:.2f}x the {r['layouts'][0].upper()} tuned build")
     for r in rows:
         out.append(f"- {r['model']}: {r['tuned_tasks']}/{r['tasks']} tasks with a correct tuned kernel; both builds "
                    f"took {r['build_s']:.0f} s to compile; max |ours - onnxruntime| / max |onnxruntime|: tuned "
@@ -150,6 +171,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-time", type=float, default=None, help="seconds per timed block (default 0.2; quick 0.05)")
     ap.add_argument("--db", default=None, help="tuning database (default: a fresh temporary one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layout", choices=("nchw", "nchwc", "both"), default="nchw",
+                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked, felixjax.layout) or "
+                         "both (each tuned and built, timed in the same rounds)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
     ap.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)} between its markers")
     args = ap.parse_args(argv)
@@ -183,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in models:
             rows.append(bench_model(name, args.dataset, target=target, threads=threads,
                                     trials_per_task=args.trials_per_task, strategy=strategy, db=db, seed=args.seed,
-                                    rounds=args.rounds, min_time_s=args.min_time, runner=runner))
+                                    rounds=args.rounds, min_time_s=args.min_time, runner=runner,
+                                    layouts=("nchw", "nchwc") if args.layout == "both" else (args.layout,)))
     tmp.cleanup()
     elapsed = time.perf_counter() - started
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"

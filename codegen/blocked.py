@@ -48,7 +48,7 @@ BLOCK = 8
 
 def plain_twin(task: Task) -> Task:
     """The NCHW ``conv2d`` task this blocked task computes (same parameters, bias, act, residual)."""
-    params = tuple((k, v) for k, v in task.params if k != "block")
+    params = tuple((k, v) for k, v in task.params if k not in ("block", "plain_data"))
     return Task("conv2d", params, task.bias, task.act, task.residual, task.dtype)
 
 
@@ -61,6 +61,11 @@ def is_depthwise(task: Task) -> bool:
     return p["groups"] > 1
 
 
+def plain_data(task: Task) -> bool:
+    """The data input is NCHW (a first conv reading the network's image: 3 channels), the output blocked."""
+    return bool(task.p.get("plain_data", 0))
+
+
 def check(task: Task) -> None:
     """A clear error for a blocked conv this layout cannot express."""
     p, b = task.p, task.p.get("block", 0)
@@ -71,19 +76,26 @@ def check(task: Task) -> None:
     if p["groups"] not in (1, p["c"]) or (p["groups"] > 1 and p["k"] != p["c"]):
         raise ValueError(f"{OP}: groups must be 1 or the channel count (depthwise), got groups={p['groups']} "
                          f"with c={p['c']}, k={p['k']}")
-    if p["c"] % b or p["k"] % b:
+    if plain_data(task):
+        if p["groups"] != 1:
+            raise ValueError(f"{OP}: plain_data (NCHW data) takes groups=1, got groups={p['groups']}")
+        if p["k"] % b:
+            raise ValueError(f"{OP}: the block {b} must divide the out channels (k={p['k']})")
+    elif p["c"] % b or p["k"] % b:
         raise ValueError(f"{OP}: the block {b} must divide the in and out channels (c={p['c']}, k={p['k']})")
 
 
 def conv2d_nchwc(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | tuple[int, int] = 3,
                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, ...] = 0,
                  dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = False, act: str | None = None,
-                 residual: bool = False, block: int = BLOCK) -> Task:
+                 residual: bool = False, block: int = BLOCK, plain_data: bool = False) -> Task:
     """A 2-D convolution on NCHW[block]c data and output (see the module docstring); the same arguments
-    as :func:`codegen.ops.conv2d`, plus ``block``."""
+    as :func:`codegen.ops.conv2d`, plus ``block`` and ``plain_data`` (NCHW data, any channel count: the
+    network's first conv; its weights ``[k][c][ry * s + rx][v]``)."""
     plain = conv2d(n, c, h, w, out_channels=out_channels, kernel=kernel, stride=stride, padding=padding,
                    dilation=dilation, groups=groups, bias=bias, act=act, residual=residual)
-    return Task(OP, _params(**plain.p, block=int(block)), bias, act, residual)
+    extra = {"plain_data": 1} if plain_data else {}  # keys of blocked-data tasks name no such field
+    return Task(OP, _params(**plain.p, block=int(block), **extra), bias, act, residual)
 
 
 def contraction(task: Task) -> Contraction:
@@ -107,7 +119,14 @@ def contraction(task: Task) -> Contraction:
                     if keep.get(nm, True))
     taps = tuple(Axis(nm, e, True) for nm, e in (("ry", r), ("rx", s)) if keep[nm])
     y_in, x_in = terms(("y", sh), ("ry", dh)), terms(("x", sw), ("rx", dw))
-    if is_depthwise(task):
+    if plain_data(task):
+        axes = spatial + (Axis("c", p["c"], True),) + taps
+        data = Access("data", (n, p["c"], hp, wp), (terms(("n", 1)), (("c", 1),), y_in, x_in))
+        weight = Access("weight", (kb, p["c"], r * s, b), ((("k", 1),), (("c", 1),), terms(("ry", s), ("rx", 1)),
+                                                            (("v", 1),)))
+        api = (n, p["c"], p["h"], p["w"])
+        pad = ((0, 0), (0, 0)) + pc.pad[2:]
+    elif is_depthwise(task):
         axes = spatial + taps
         data = Access("data", (n * kb, hp, wp, b), (terms(("n", kb), ("k", 1)), y_in, x_in, (("v", 1),)))
         weight = Access("weight", (kb, r, s, b), ((("k", 1),), terms(("ry", 1)), terms(("rx", 1)), (("v", 1),)))
@@ -121,7 +140,8 @@ def contraction(task: Task) -> Contraction:
         api = (n * cb, p["h"], p["w"], b)
     out = Access("out", (n * kb, oh, ow, b), (terms(("n", kb), ("k", 1)), (("y", 1),), (("x", 1),), (("v", 1),)))
     bias = Access("bias", (p["k"],), ((("k", b), ("v", 1)),)) if task.bias else None
-    pad = ((0, 0),) + pc.pad[2:] + ((0, 0),)
+    if not plain_data(task):
+        pad = ((0, 0),) + pc.pad[2:] + ((0, 0),)
     return Contraction(axes, data, weight, out, bias, api, pad)
 
 
@@ -147,6 +167,8 @@ def weight_to_blocked(wt: np.ndarray, task: Task) -> np.ndarray:
     ``[k][ry][rx][v]``)."""
     b = block_of(task)
     kk, cg, r, s = wt.shape
+    if plain_data(task):
+        return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, cg, r * s).transpose(0, 2, 3, 1))
     if is_depthwise(task):
         return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, r, s).transpose(0, 2, 3, 1))
     return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, cg // b, b, r, s).transpose(0, 2, 4, 5, 3, 1)
@@ -155,6 +177,9 @@ def weight_to_blocked(wt: np.ndarray, task: Task) -> np.ndarray:
 
 def weight_from_blocked(wb: np.ndarray, task: Task) -> np.ndarray:
     b, p = block_of(task), task.p
+    if plain_data(task):
+        kb, c = wb.shape[:2]
+        return np.ascontiguousarray(np.asarray(wb).transpose(0, 3, 1, 2).reshape(kb * b, c, p["r"], p["s"]))
     if is_depthwise(task):
         kb, r, s, _ = wb.shape
         return np.ascontiguousarray(np.asarray(wb).transpose(0, 3, 1, 2).reshape(kb * b, 1, r, s))
@@ -168,7 +193,8 @@ def reference(task: Task, arrays: list[np.ndarray]) -> np.ndarray:
     names = task.input_names()
     named = dict(zip(names, arrays))
     n = task.p["n"]
-    plain = [from_blocked(named["data"], n), weight_from_blocked(named["weight"], task)]
+    data = named["data"] if plain_data(task) else from_blocked(named["data"], n)
+    plain = [data, weight_from_blocked(named["weight"], task)]
     if task.bias:
         plain.append(named["bias"])
     if task.residual:

@@ -3,9 +3,11 @@
 :func:`block_channels` rewrites every eligible convolution anchor (float32, dense, groups 1 or
 depthwise, in and out channels multiples of the block, constant weights) into a ``conv2d_nchwc`` anchor
 (:mod:`codegen.blocked`) whose data, residual and output are channel-blocked, its weights reordered once
-here, and keeps the blocked activations blocked from one such conv to the next. Where a blocked value
-meets a node that reads NCHW (a 3-channel stem's output going into the first blocked conv, the last
-conv's output going into a pooling) a ``Reblock`` node converts it, once per value and direction. The
+here, and keeps the blocked activations blocked from one such conv to the next. A groups-1 conv whose
+data comes from outside the blocked region (the network's image, a pooling's output) reads it as NCHW
+and writes NCHW[b]c (``plain_data``: no reorder); elsewhere, where a blocked value meets a node that
+reads NCHW (the last conv's output going into a pooling) or an NCHW value meets a depthwise conv, a
+``Reblock`` node converts it, once per value and direction. The
 graph's inputs and outputs keep their layouts, so a model built from the rewritten graph takes and
 returns the same arrays.
 
@@ -17,7 +19,7 @@ Example:
     >>> from felixjax.onnx_import import load_onnx
     >>> m = load_onnx(zoo.make_model("mobilenet_v2", dataset="cifar10"), layout="nchwc")
     >>> sum(n.op == "Reblock" for n in m.graph.nodes), m.tasks[1][0].name
-    (2, 'dwconv2d_nchwc8_1x32x32x32_k32_3x3_s1_p1_bias_relu6')
+    (1, 'dwconv2d_nchwc8_1x32x32x32_k32_3x3_s1_p1_bias_relu6')
 """
 from __future__ import annotations
 
@@ -30,14 +32,21 @@ LAYOUTS = ("nchw", "nchwc")
 
 
 def eligible(node: Node, graph: Graph, block: int = blocked.BLOCK) -> bool:
-    """Whether ``node`` can run as a channel-blocked convolution."""
+    """Whether ``node`` can run as a channel-blocked convolution: a float32 dense conv anchor with
+    constant weights whose output channels are a multiple of ``block``, groups 1 (any input channels: a
+    conv reading an NCHW value takes it as it is, ``plain_data``) or depthwise (channels a multiple of
+    ``block``), within the relaxation's 8 axes, not writing a graph output."""
     if not node.is_anchor or node.task.op != "conv2d":
         return False
     t, p = node.task, node.task.p
-    return (t.dtype == "float32" and not t.sparsity and p["groups"] in (1, p["c"])
-            and (p["groups"] == 1 or p["k"] == p["c"]) and p["c"] % block == 0 and p["k"] % block == 0
-            and node.inputs[1] in graph.constants and not any(o in graph.outputs for o in node.outputs)
-            and len(blocked.conv2d_nchwc(**_conv_args(t), block=block).contraction().axes) <= MAX_AXES)
+    if t.dtype != "float32" or t.sparsity or p["k"] % block or node.inputs[1] not in graph.constants:
+        return False
+    if p["groups"] != 1 and not (p["groups"] == p["c"] == p["k"] and p["c"] % block == 0):
+        return False
+    if any(o in graph.outputs for o in node.outputs):
+        return False
+    plain = p["groups"] == 1 and p["c"] % block != 0
+    return len(blocked.conv2d_nchwc(**_conv_args(t), block=block, plain_data=plain).contraction().axes) <= MAX_AXES
 
 
 def reblocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
@@ -75,13 +84,15 @@ def block_channels(graph: Graph, block: int = blocked.BLOCK) -> Graph:
                               node.name))
             continue
         t = node.task
-        bt = blocked.conv2d_nchwc(**_conv_args(t), block=block)
         roles = dict(zip(t.input_names(), node.inputs))
+        # data from outside the blocked region: a groups-1 conv reads it as NCHW (no reorder)
+        plain = t.p["groups"] == 1 and roles["data"] not in blocked_values
+        bt = blocked.conv2d_nchwc(**_conv_args(t), block=block, plain_data=plain)
         w = _unique(f"{roles['weight']}/nchwc{block}", taken)
         taken.add(w)
         consts[w] = blocked.weight_to_blocked(graph.constants[roles["weight"]].reshape(t.input_shapes()[1]), bt)
         shapes[w] = consts[w].shape
-        ins = [as_layout(roles["data"], True), w]
+        ins = [roles["data"] if plain else as_layout(roles["data"], True), w]
         if t.bias:
             ins.append(roles["bias"])
         if t.residual:
