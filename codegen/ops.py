@@ -31,6 +31,10 @@ from .ir import DTypes
 
 ACTIVATIONS = (None, "relu", "relu6")
 OPS = ("matmul", "dense", "conv2d", "conv2d_nchwc")  # the last: channel-blocked I/O (codegen.blocked)
+#: ops whose contraction and reference live in another module, which registers them here on import
+#: (``codegen.blocked``: ``conv2d_nchwc``), so this module imports none of them: op -> (contraction(task),
+#: reference(task, arrays))
+EXTERNAL_OPS: dict[str, tuple[Any, Any]] = {}
 #: the precisions of ``dtype=``: float32 (default), float16 (storage; float32 accumulation), int8
 #: (uint8 / int8 activations x int8 weights, int32 accumulation, per-output-channel weight scales)
 PRECISIONS = ("float32", "float16", "int8")
@@ -356,9 +360,8 @@ class Task:
     def contraction(self) -> Contraction:
         """Axes and accesses of this task (see module docstring)."""
         p = self.p
-        if self.op == "conv2d_nchwc":
-            from . import blocked
-            return blocked.contraction(self)
+        if self.op in EXTERNAL_OPS:
+            return EXTERNAL_OPS[self.op][0](self)
         if self.op in ("matmul", "dense"):
             if self.op == "matmul":
                 batch = p.get("batch") or 0
@@ -517,9 +520,8 @@ class Task:
         for i, (a, s) in enumerate(zip(arrays, shapes)):
             if tuple(np.shape(a)) != tuple(s):
                 raise ValueError(f"{self.name}: input {i} has shape {np.shape(a)}, expected {s}")
-        if self.op == "conv2d_nchwc":
-            from . import blocked
-            return blocked.reference(self, list(arrays))
+        if self.op in EXTERNAL_OPS:
+            return EXTERNAL_OPS[self.op][1](self, list(arrays))
         named = dict(zip(self.input_names(), arrays))
         x, wt = (np.asarray(a, dtype=np.float64) for a in arrays[:2])
         rest = [named[n] for n in ("bias", "residual") if n in named]

@@ -20,7 +20,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
     from .strategies.base import cost_model_options
 
     model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
-                      input_values=dict(getattr(args, "input_value", None) or []) or None)
+                      input_values=dict(getattr(args, "input_value", None) or []) or None,
+                      layout=getattr(args, "layout", "nchw"))
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
         return 0
@@ -54,7 +55,8 @@ def build_model_cli(args: Any, target: Target) -> int:
     """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
     the library against the numpy reference on a random input, export the standalone folder."""
     model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
-                      input_values=dict(getattr(args, "input_value", None) or []) or None)
+                      input_values=dict(getattr(args, "input_value", None) or []) or None,
+                      layout=getattr(args, "layout", "nchw"))
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]
