@@ -48,11 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--number", type=int, default=50, help="network runs averaged by the per-step profile")
+    ap.add_argument("--layout", choices=("nchw", "nchwc"), default="nchw", help="the convolutions' layout (felixjax.layout)")
     args = ap.parse_args(argv)
 
     target = Target.cpu()
     proto = fj.zoo.make_model(args.model, dataset=args.dataset, seed=0)
-    model = fj.load_onnx(proto)
+    model = fj.load_onnx(proto, layout=args.layout)
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(model.input_shapes[model.input_names[0]]).astype(np.float32)

@@ -11,7 +11,7 @@ are their own axes, so every index map stays affine and the rest of ``codegen`` 
 features, the relaxation) needs no special case:
 
 * groups 1: spatial ``n, k (out blocks), y, x, v (lanes)``, reduction ``c (in blocks), u (in lanes),
-  ry, rx``; data ``[n*C/b + c][y*sy+ry][x*sx+rx][u]``, weight ``[k][c][ry*s+rx][u*b+v]``, out
+  ry, rx``; data ``[n*C/b + c][y*sy+ry][x*sx+rx][u]``, weight ``[k][c][ry*s+rx][u][v]`` (``k`` and ``c`` in one dimension), out
   ``[n*K/b + k][y][x][v]``;
 * depthwise (groups = channels): spatial ``n, k, y, x, v``, reduction ``ry, rx``; data
   ``[n*C/b + k][y*sy+ry][x*sx+rx][v]``, weight ``[k][ry][rx][v]``.
@@ -32,7 +32,7 @@ Example:
     >>> [a.name for a in t.contraction().axes]  # a batch of one and 1x1 taps: no n, ry, rx axes
     ['k', 'y', 'x', 'v', 'c', 'u']
     >>> t.input_shapes()
-    [(2, 7, 7, 8), (4, 2, 1, 64)]
+    [(2, 7, 7, 8), (8, 1, 8, 8)]
 """
 from __future__ import annotations
 
@@ -135,8 +135,11 @@ def contraction(task: Task) -> Contraction:
         cb = p["c"] // b
         axes = spatial + (Axis("c", cb, True), Axis("u", b, True)) + taps
         data = Access("data", (n * cb, hp, wp, b), (terms(("n", cb), ("c", 1)), y_in, x_in, (("u", 1),)))
-        weight = Access("weight", (kb, cb, r * s, b * b),
-                        ((("k", 1),), (("c", 1),), terms(("ry", s), ("rx", 1)), (("u", b), ("v", 1))))
+        # [k][c] in one dimension and the lanes v alone in the last: the packed layout (blocked by v's
+        # S3 tile, 8) is then this one, so a k block's weights for one input channel are 8 floats apart
+        # and consecutive blocks a whole panel apart, not 8 u-rows 27 KB apart
+        weight = Access("weight", (kb * cb, r * s, b, b),
+                        ((("k", cb), ("c", 1)), terms(("ry", s), ("rx", 1)), (("u", 1),), (("v", 1),)))
         api = (n * cb, p["h"], p["w"], b)
     out = Access("out", (n * kb, oh, ow, b), (terms(("n", kb), ("k", 1)), (("y", 1),), (("x", 1),), (("v", 1),)))
     bias = Access("bias", (p["k"],), ((("k", b), ("v", 1)),)) if task.bias else None
@@ -163,8 +166,8 @@ def from_blocked(x: np.ndarray, n: int = 1) -> np.ndarray:
 
 
 def weight_to_blocked(wt: np.ndarray, task: Task) -> np.ndarray:
-    """OIHW conv weights in this task's weight layout (``[k][c][ry * s + rx][u * b + v]``, depthwise
-    ``[k][ry][rx][v]``)."""
+    """OIHW conv weights in this task's weight layout (``[k * C/b + c][ry * s + rx][u][v]``, depthwise
+    ``[k][ry][rx][v]``, ``plain_data`` ``[k][c][ry * s + rx][v]``)."""
     b = block_of(task)
     kk, cg, r, s = wt.shape
     if plain_data(task):
@@ -172,7 +175,7 @@ def weight_to_blocked(wt: np.ndarray, task: Task) -> np.ndarray:
     if is_depthwise(task):
         return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, r, s).transpose(0, 2, 3, 1))
     return np.ascontiguousarray(np.asarray(wt).reshape(kk // b, b, cg // b, b, r, s).transpose(0, 2, 4, 5, 3, 1)
-                                .reshape(kk // b, cg // b, r * s, b * b))
+                                .reshape(kk // b * (cg // b), r * s, b, b))
 
 
 def weight_from_blocked(wb: np.ndarray, task: Task) -> np.ndarray:
@@ -183,7 +186,7 @@ def weight_from_blocked(wb: np.ndarray, task: Task) -> np.ndarray:
     if is_depthwise(task):
         kb, r, s, _ = wb.shape
         return np.ascontiguousarray(np.asarray(wb).transpose(0, 3, 1, 2).reshape(kb * b, 1, r, s))
-    kb, cb = wb.shape[:2]
+    kb, cb = p["k"] // b, p["c"] // b
     return np.ascontiguousarray(np.asarray(wb).reshape(kb, cb, p["r"], p["s"], b, b).transpose(0, 5, 1, 4, 2, 3)
                                 .reshape(kb * b, cb * b, p["r"], p["s"]))
 
@@ -206,19 +209,29 @@ def reference(task: Task, arrays: list[np.ndarray]) -> np.ndarray:
 
 def default_schedule(space) -> tuple:
     """``(tiles, parallel, vec, unroll)``: a register block of ``kb`` output blocks x ``ry x rx`` output
-    pixels (at most 12 accumulators), chosen for the most FMAs per load (``kb`` vector loads of weights
-    and ``ry * rx`` broadcasts feed ``kb * ry * rx`` FMAs); the whole reduction in R1 (input channels
-    outer, taps inner); OpenMP over output blocks and rows."""
+    pixels (at most 12 accumulators), chosen for the most FMAs per load: ``kb`` vector loads of weights
+    and ``ry * rx`` broadcasts feed ``kb * ry * rx`` FMAs while accumulators, weights and broadcasts fit
+    the register file (beyond it gcc reads the weights from memory in every FMA: a 3-block x 2x2 block
+    made 16 loads per 12 FMAs); the whole reduction in R1 (input channels outer, taps inner); OpenMP over
+    output blocks and rows."""
     ext = {a.name: a.extent for a in space.axes}
     budget = min(12, space.max_accumulators)
+    regs = int(space.target.vector_registers)
+    depthwise = "c" not in ext and "u" not in ext and not plain_data(space.task)
     best, score = (1, 1, 1), -1.0
-    for kb in (d for d in range(1, 5) if ext["k"] % d == 0):
-        for ry in (d for d in range(1, budget + 1) if ext["y"] % d == 0):
-            for rx in (d for d in range(1, budget + 1) if ext["x"] % d == 0):
-                acc = kb * ry * rx
+    for kb in (d for d in range(1, 7) if ext["k"] % d == 0):
+        for ry in (d for d in range(1, budget + 1) if ext.get("y", 1) % d == 0):
+            for rx in (d for d in range(1, budget + 1) if ext.get("x", 1) % d == 0):
+                acc, px = kb * ry * rx, ry * rx
                 if acc > budget:
                     continue
-                s = acc / (kb + ry * rx) + 1e-3 * acc
+                if depthwise:  # every FMA reads its own data vector
+                    loads = kb + acc
+                elif acc + kb + px <= regs:  # weights and broadcasts all held in registers
+                    loads = kb + px
+                else:  # gcc then reads the weights from memory in every FMA
+                    loads = px + acc
+                s = acc / loads + 1e-3 * acc
                 if s > score:
                     best, score = (kb, ry, rx), s
     kb, ry, rx = best
