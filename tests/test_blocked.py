@@ -158,3 +158,29 @@ def test_only_eligible_convs_are_blocked():
                                "w2": (16, 12, 1, 1)},
               {"w1": np.ones((12, 8, 1, 1), np.float32), "w2": np.ones((16, 12, 1, 1), np.float32)})
     assert block_channels(g) is g  # nothing eligible (and a graph output is never blocked)
+
+
+@pytest.mark.cc
+def test_reorders_both_ways_in_c_around_a_depthwise_conv_on_the_input():
+    """A depthwise conv reading the network's input cannot take NCHW data: a Reblock into NCHW8c before
+    it, one back before the NCHW Sigmoid; the C build matches numpy."""
+    import onnx
+    from onnx import helper
+
+    import felixjax as fj
+    from felixjax.network import build_model
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["h"], group=16, pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["h"], ["y"])],
+        "dw", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 9, 11])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 9, 11])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = fj.load_onnx(proto, layout="nchwc")
+    assert [n.attrs.get("to") for n in model.graph.nodes if n.op == "Reblock"] == ["nchwc", "nchw"]
+    x = rng.standard_normal((1, 16, 9, 11)).astype(np.float32)
+    ref = fj.load_onnx(proto).run_numpy(x)
+    np.testing.assert_allclose(model.run_numpy(x), ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(build_model(model, TARGET, threads=2)(x), ref, rtol=1e-5, atol=1e-5)
