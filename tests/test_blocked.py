@@ -184,3 +184,30 @@ def test_reorders_both_ways_in_c_around_a_depthwise_conv_on_the_input():
     ref = fj.load_onnx(proto).run_numpy(x)
     np.testing.assert_allclose(model.run_numpy(x), ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(build_model(model, TARGET, threads=2)(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cc
+def test_vector_operands_are_pinned_only_where_the_block_fits_the_register_file():
+    """A register block whose accumulators, distinct vectors and broadcasts fit the 16 AVX2 registers
+    keeps its vectors in registers (FJ_PIN: gcc otherwise folds the load into each FMA); a larger block
+    (3 out blocks x 2x2 pixels: 12 + 3 + 4) and the 6 x 2 GEMM block (12 + 2 + 6) are left alone."""
+    from codegen.ops import matmul
+    from codegen.space import Config
+
+    avx2 = Target.cpu(simd_lanes=8, vector_registers=16)
+    task = blocked.conv2d_nchwc(1, 16, 6, 6, out_channels=48, kernel=1, bias=True, act="relu6")
+    space = Space(task, blocked.SKETCH, avx2)
+
+    def cfg(kb):
+        return Config(blocked.SKETCH, ((6 // kb, 1, 1, kb), (3, 1, 1, 2), (3, 1, 1, 2), (1, 1, 1, 8), (1, 2), (1, 8)),
+                      1, 8, 1)
+
+    fits, spills = render(lower(space, cfg(2))), render(lower(space, cfg(3)))
+    assert "FJ_PIN(w" in fits and "FJ_PIN(w" not in spills
+    gemm = Space(matmul(48, 64, 32), default_sketch(matmul(48, 64, 32), avx2), avx2)
+    assert "FJ_PIN(" not in render(lower(gemm, gemm.default()))
+    b = build(fits)
+    assert b.status == "ok", b.error
+    arrays = task.random_inputs(seed=4)
+    np.testing.assert_allclose(Kernel(lower(space, cfg(2)), b.lib_path, threads=1)(*arrays), task.reference(*arrays),
+                               rtol=1e-4, atol=1e-4)

@@ -25,6 +25,9 @@ C_DIALECT = Dialect(
     name="c",
     prelude="#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n",
     harness=TIMING_HARNESS_C,
+    pin="FJ_PIN({v});",
+    pin_macro=("#ifndef FJ_PIN\n#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))\n"
+               "#define FJ_PIN(v) __asm__(\"\" : \"+x\"(v))\n#else\n#define FJ_PIN(v) ((void)0)\n#endif\n#endif"),
 )
 
 C_RENDERER = CStyleRenderer(C_DIALECT)
