@@ -20,7 +20,7 @@ from .compare import Comparison, compare
 from .dask_runner import DaskRunner
 from .database import Database, TuningRecord
 from .errors import ModelFormatError, UnsupportedModelError
-from .network import CompiledModel, NetworkTuneResult, build_model, tune_model
+from .network import CompiledModel, NetworkTuneResult, build_model, choose_layout, tune_model
 from .sparsify import sparsify
 from .onnx_import import Model, load_onnx
 from .ops import Task
@@ -29,5 +29,5 @@ from .tuner import TuneResult, tune
 
 __version__ = "0.1.0"
 
-__all__ = ["ApproxResult", "approximate", "CompiledModel", "NetworkTuneResult", "build_model", "tune_model", "sparsify", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "DaskRunner", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
+__all__ = ["ApproxResult", "approximate", "CompiledModel", "NetworkTuneResult", "build_model", "choose_layout", "tune_model", "sparsify", "Model", "ModelFormatError", "UnsupportedModelError", "load_onnx", "zoo", "Comparison", "Config", "DaskRunner", "Database", "Sketch", "Space", "Target", "Task", "TuneResult", "TuningRecord",
            "compare", "get_strategy", "ops", "sketches_for", "strategies", "tune"]

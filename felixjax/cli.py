@@ -56,9 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
     t.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
                    help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
-    t.add_argument("--layout", choices=("nchw", "nchwc"), default="nchw",
-                   help="the convolutions' layout: nchw (default) or nchwc (channel-blocked NCHW8c from one conv "
-                        "to the next; tune and build with the same)")
+    t.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                   help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
+                        "to the next) or auto (both built with default schedules and timed, the faster kept); "
+                        "tune and build with the same")
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
     t.add_argument("--trials", type=int, default=256,
@@ -115,9 +116,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
     b.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
                    help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
-    b.add_argument("--layout", choices=("nchw", "nchwc"), default="nchw",
-                   help="the convolutions' layout: nchw (default) or nchwc (channel-blocked NCHW8c from one conv "
-                        "to the next; tune and build with the same)")
+    b.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                   help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
+                        "to the next) or auto (both built with default schedules and timed, the faster kept); "
+                        "tune and build with the same")
     b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")

@@ -43,7 +43,7 @@ from __future__ import annotations
 from .network_build import CompiledModel, Schedule, _as_model, _open_db, choose_schedules, graph_to_spec
 from .network_cli import build_model_cli, tune_model_cli
 from .network_tune import NetworkTuneResult, TaskTuning, _default_strategy, _round_progress
-from .pipeline import build_model, tune_model
+from .pipeline import build_model, choose_layout, tune_model
 from .ort_compare import _ort_session, compare_onnxruntime, time_interleaved
 from .scheduler import NO_LATENCY, TaskScheduler, similarity_tag
 

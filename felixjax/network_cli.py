@@ -10,8 +10,22 @@ from codegen.target import Target
 
 from .onnx_import import load_onnx
 from .network_tune import _round_progress
-from .pipeline import build_model, tune_model
+from .pipeline import build_model, choose_layout, tune_model
 from .ort_compare import compare_onnxruntime
+
+
+def _load(args: Any, target: Target):
+    """The model of a tune / build command, in its ``--layout`` (``auto``: :func:`choose_layout` measures
+    both with default schedules and says which it keeps)."""
+    options = {"input_shapes": dict(getattr(args, "input_shape", None) or []) or None,
+               "input_values": dict(getattr(args, "input_value", None) or []) or None}
+    layout = getattr(args, "layout", "nchw")
+    if layout == "auto":
+        layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
+        if times:
+            print("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items())
+                  + f" (default schedules): {layout}")
+    return load_onnx(args.model, layout=layout, **options)
 
 
 def tune_model_cli(args: Any, target: Target) -> int:
@@ -19,9 +33,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
     model and (unless ``--no-compare``) check and time it against onnxruntime."""
     from .strategies.base import cost_model_options
 
-    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
-                      input_values=dict(getattr(args, "input_value", None) or []) or None,
-                      layout=getattr(args, "layout", "nchw"))
+    model = _load(args, target)
     if not model.tasks:
         print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
         return 0
@@ -54,9 +66,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
 def build_model_cli(args: Any, target: Target) -> int:
     """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
     the library against the numpy reference on a random input, export the standalone folder."""
-    model = load_onnx(args.model, input_shapes=dict(getattr(args, "input_shape", None) or []) or None,
-                      input_values=dict(getattr(args, "input_value", None) or []) or None,
-                      layout=getattr(args, "layout", "nchw"))
+    model = _load(args, target)
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]

@@ -230,3 +230,41 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
         raise UnsupportedModelError(str(e)) from None
     library = netbuild.load(net, flags=flags, threads=threads or target.cores)  # ⑩ compile + load
     return CompiledModel(model, target, schedules, net, library)
+
+
+def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None = None, *, threads: int | None = None,
+                  rounds: int = 5, number: int = 5, db: str | os.PathLike | Database | None = None,
+                  **load_options: Any) -> tuple[str, dict[str, float]]:
+    """The convolution layout to tune and build ``model`` in, chosen by measuring it: the model is
+    imported in each layout of :data:`felixjax.layout.LAYOUTS` (``nchw``; ``nchwc``, whose convolutions
+    run channel-blocked), each built with its tasks' default schedules (or ``db``'s best records) and
+    timed in C, interleaved over ``rounds`` rounds of ``number`` runs; the layout with the smaller
+    median wins. Returns ``(layout, {layout: median seconds per run})``; a model with no convolution
+    that can be blocked returns ``("nchw", {})`` without building anything.
+
+    ``model`` is anything :func:`~felixjax.load_onnx` reads (not an imported :class:`Model`: the layout is
+    chosen at import); ``load_options`` go to it (``input_shapes=``, ``input_values=``).
+
+    Example:
+        >>> from felixjax import zoo
+        >>> layout, times = choose_layout(zoo.make_model("mobilenet_v2", dataset="cifar10"), rounds=1, number=1)
+        >>> layout in ("nchw", "nchwc") and sorted(times) == ["nchw", "nchwc"]
+        True
+    """
+    import statistics
+
+    from .layout import LAYOUTS
+    from .onnx_import import load_onnx
+
+    target = target or Target.cpu()
+    models = {lay: load_onnx(model, layout=lay, **load_options) for lay in LAYOUTS}
+    if not any(n.is_anchor and n.task.op == "conv2d_nchwc" for n in models["nchwc"].graph.nodes):
+        return "nchw", {}
+    builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
+    times: dict[str, list[float]] = {lay: [] for lay in builds}
+    for _ in range(max(1, rounds)):
+        for lay, exe in builds.items():
+            exe.timeit(number=1)  # warm: the other build ran last
+            times[lay].append(exe.timeit(number=max(1, number)))
+    med = {lay: statistics.median(v) for lay, v in times.items()}
+    return min(med, key=med.get), med

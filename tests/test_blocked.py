@@ -211,3 +211,19 @@ def test_vector_operands_are_pinned_only_where_the_block_fits_the_register_file(
     arrays = task.random_inputs(seed=4)
     np.testing.assert_allclose(Kernel(lower(space, cfg(2)), b.lib_path, threads=1)(*arrays), task.reference(*arrays),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cc
+def test_cli_build_chooses_the_layout_by_measuring_both(tmp_path, capsys):
+    """``felixjax build --layout auto``: both layouts built with default schedules and timed; it prints
+    the two times and the one it keeps, then builds and checks the model in it."""
+    import felixjax as fj
+    from felixjax.cli import main as cli
+
+    path = tmp_path / "m.onnx"
+    fj.zoo.save("mobilenet_v2", str(path), dataset="cifar10")
+    assert cli(["build", str(path), "--layout", "auto", "--threads", "1", "-o", str(tmp_path / "out")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("layout:"))
+    assert "nchw " in line and "nchwc " in line and line.rstrip().endswith(("nchw", "nchwc"))
+    # a model without a blockable convolution: nchw, nothing built to decide
+    assert fj.choose_layout(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2)) == ("nchw", {})
