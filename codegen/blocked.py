@@ -235,20 +235,9 @@ def default_schedule(space) -> tuple:
                 if s > score:
                     best, score = (kb, ry, rx), s
     kb, ry, rx = best
-    tiles = []
-    for a in space.axes:
-        if a.reduce:
-            tiles.append((1, a.extent))
-        elif a.name == "k":
-            tiles.append((ext["k"] // kb, 1, 1, kb))
-        elif a.name == "y":
-            tiles.append((ext["y"] // ry, 1, 1, ry))
-        elif a.name == "x":
-            tiles.append((ext["x"] // rx, 1, 1, rx))
-        elif a.name == "v":
-            tiles.append((1, 1, 1, a.extent))
-        else:
-            tiles.append((a.extent, 1, 1, 1))
+    s3 = {"k": kb, "y": ry, "x": rx, "v": ext["v"]}  # the register block (other spatial axes: 1)
+    tiles = [(1, a.extent) if a.reduce else (a.extent // s3.get(a.name, 1), 1, 1, s3.get(a.name, 1))
+             for a in space.axes]
     vec = max(v for v in space.vec_choices if ext["v"] % v == 0)
     cores = int(getattr(space.target, "cores", 1) or 1)
     par, chunks = 0, 1
