@@ -42,6 +42,9 @@ from .ops import EXTERNAL_OPS, Access, Axis, Contraction, Task, _params, conv2d
 
 OP = "conv2d_nchwc"
 SKETCH = "conv_nchwc"
+#: a 1x1 stride-1 blocked conv over one row of H * W pixels (its flattened twin: the same buffers), so
+#: the register block's pixels need not divide a 7- or 14-wide row; padded variants pad the pixels
+FLAT_SKETCH = "conv_nchwc_flat"
 #: the channel block of AVX2 float32 (one 256-bit vector)
 BLOCK = 8
 
@@ -59,6 +62,30 @@ def block_of(task: Task) -> int:
 def is_depthwise(task: Task) -> bool:
     p = task.p
     return p["groups"] > 1
+
+
+def flat_applies(task: Task) -> bool:
+    """Whether ``conv_nchwc_flat`` schedules ``task``: a blocked (not ``plain_data``) groups-1 1x1 conv,
+    stride 1, no padding, more than one output row."""
+    p = task.p
+    return (task.op == OP and not plain_data(task) and p["groups"] == 1 and (p["r"], p["s"]) == (1, 1)
+            and tuple(p["stride"]) == (1, 1) and not any(p["pad"]) and p["h"] > 1)
+
+
+def flat_twin(task: Task) -> Task:
+    """The twin of a blocked 1x1 conv over one row of ``H * W`` pixels (same buffers, same epilogue)."""
+    if not flat_applies(task):
+        raise ValueError(f"{task.name}: {FLAT_SKETCH} takes blocked groups-1 1x1 convs, stride 1, no padding")
+    p = task.p
+    return conv2d_nchwc(p["n"], p["c"], 1, p["h"] * p["w"], out_channels=p["k"], kernel=1, bias=task.bias,
+                        act=task.act, residual=task.residual, block=p["block"])
+
+
+def flat_pad(task: Task, lanes_block: int = 2) -> int | None:
+    """The pixel count a padded ``conv_nchwc_flat`` variant computes: the next multiple of
+    ``lanes_block`` (2: a 4-block x 2-pixel register block) when ``H * W`` is not one, else None."""
+    pixels = task.p["h"] * task.p["w"]
+    return None if pixels % lanes_block == 0 else -(-pixels // lanes_block) * lanes_block
 
 
 def plain_data(task: Task) -> bool:
@@ -110,7 +137,7 @@ def contraction(task: Task) -> Contraction:
     kb = p["k"] // b
     # axes of extent 1 (a batch of one, the taps of a 1x1 conv) are left out: the relaxation and the
     # features take at most 8 axes and 4 dimensions per buffer (felixjax.relax.MAX_AXES)
-    keep = {"n": n > 1, "ry": r > 1, "rx": s > 1}
+    keep = {"n": n > 1, "ry": r > 1, "rx": s > 1, "y": oh > 1}
 
     def terms(*pairs: tuple[str, int]) -> tuple[tuple[str, int], ...]:
         return tuple((a, c) for a, c in pairs if keep.get(a, True))
@@ -141,7 +168,7 @@ def contraction(task: Task) -> Contraction:
         weight = Access("weight", (kb * cb, r * s, b, b),
                         ((("k", cb), ("c", 1)), terms(("ry", s), ("rx", 1)), (("u", 1),), (("v", 1),)))
         api = (n * cb, p["h"], p["w"], b)
-    out = Access("out", (n * kb, oh, ow, b), (terms(("n", kb), ("k", 1)), (("y", 1),), (("x", 1),), (("v", 1),)))
+    out = Access("out", (n * kb, oh, ow, b), (terms(("n", kb), ("k", 1)), terms(("y", 1)), (("x", 1),), (("v", 1),)))
     bias = Access("bias", (p["k"],), ((("k", b), ("v", 1)),)) if task.bias else None
     if not plain_data(task):
         pad = ((0, 0),) + pc.pad[2:] + ((0, 0),)
@@ -207,17 +234,19 @@ def reference(task: Task, arrays: list[np.ndarray]) -> np.ndarray:
 
 # ---- the default schedule ----------------------------------------------------------------------
 
-def default_schedule(space) -> tuple:
-    """``(tiles, parallel, vec, unroll)``: a register block of ``kb`` output blocks x ``ry x rx`` output
-    pixels (at most 12 accumulators), chosen for the most FMAs per load: ``kb`` vector loads of weights
-    and ``ry * rx`` broadcasts feed ``kb * ry * rx`` FMAs while accumulators, weights and broadcasts fit
-    the register file (beyond it gcc reads the weights from memory in every FMA: a 3-block x 2x2 block
-    made 16 loads per 12 FMAs); the whole reduction in R1 (input channels outer, taps inner); OpenMP over
-    output blocks and rows."""
-    ext = {a.name: a.extent for a in space.axes}
-    budget = min(12, space.max_accumulators)
-    regs = int(space.target.vector_registers)
-    depthwise = "c" not in ext and "u" not in ext and not plain_data(space.task)
+def register_block(ext: dict[str, int], *, regs: int = 16, budget: int = 12,
+                   depthwise: bool = False) -> tuple[tuple[int, int, int], float]:
+    """``((kb, ry, rx), FMAs per load)`` of the best register block over extents ``ext``: ``kb`` output
+    blocks x ``ry x rx`` output pixels, at most ``budget`` accumulators, chosen for the most FMAs per load:
+    ``kb`` vector loads of weights and ``ry * rx`` broadcasts feed ``kb * ry * rx`` FMAs while
+    accumulators, weights and broadcasts fit the register file (the renderer then pins the weights:
+    ``Dialect.pin``); beyond it gcc reads the weights from memory in every FMA (a 3-block x 2x2 block made
+    16 loads per 12 FMAs). A depthwise block reads one data vector per FMA.
+
+    Example:
+        >>> register_block({"k": 120, "y": 7, "x": 7})[0], register_block({"k": 120, "x": 50})[0]
+        ((1, 1, 7), (4, 1, 2))
+    """
     best, score = (1, 1, 1), -1.0
     for kb in (d for d in range(1, 7) if ext["k"] % d == 0):
         for ry in (d for d in range(1, budget + 1) if ext.get("y", 1) % d == 0):
@@ -225,16 +254,25 @@ def default_schedule(space) -> tuple:
                 acc, px = kb * ry * rx, ry * rx
                 if acc > budget:
                     continue
-                if depthwise:  # every FMA reads its own data vector
+                if depthwise:
                     loads = kb + acc
-                elif acc + kb + px <= regs:  # weights and broadcasts all held in registers
+                elif acc + kb + px <= regs:
                     loads = kb + px
-                else:  # gcc then reads the weights from memory in every FMA
+                else:
                     loads = px + acc
-                s = acc / loads + 1e-3 * acc
-                if s > score:
-                    best, score = (kb, ry, rx), s
-    kb, ry, rx = best
+                sc = acc / loads + 1e-3 * acc
+                if sc > score:
+                    best, score = (kb, ry, rx), sc
+    return best, score
+
+
+def default_schedule(space) -> tuple:
+    """``(tiles, parallel, vec, unroll)``: the :func:`register_block` in S3, the whole reduction in R1
+    (input channels outer, taps inner), OpenMP over output blocks and rows."""
+    ext = {a.name: a.extent for a in space.axes}
+    depthwise = "c" not in ext and "u" not in ext and not plain_data(space.task)
+    (kb, ry, rx), _ = register_block(ext, regs=int(space.target.vector_registers),
+                                     budget=min(12, space.max_accumulators), depthwise=depthwise)
     s3 = {"k": kb, "y": ry, "x": rx, "v": ext["v"]}  # the register block (other spatial axes: 1)
     tiles = [(1, a.extent) if a.reduce else (a.extent // s3.get(a.name, 1), 1, 1, s3.get(a.name, 1))
              for a in space.axes]
@@ -246,6 +284,28 @@ def default_schedule(space) -> tuple:
             break
         par, chunks = i + 1, chunks * t[0]
     return tuple(tiles), par, vec, 1
+
+
+def default_sketch(task: Task, sketches, target):
+    """The sketch an untuned build of a blocked conv uses: ``conv_nchwc``, or for a 1x1 conv its
+    flattened twin (padded to an even pixel count where needed) when that allows a register block with
+    clearly more FMAs per load: on a 7x7 plane 1 block x 7 pixels (8 loads per 7 FMAs) against 4 blocks x
+    2 of 50 pixels (6 per 8); side by side, 1 thread, 160x7x7 -> 960: 0.43 -> 0.26 ms (min of 9)."""
+    regs = int(getattr(target, "vector_registers", 16) or 16) if target is not None else 16
+    best, best_score = sketches[0], None
+    for sk in sketches:
+        if sk.base == SKETCH:
+            ext = {a.name: a.extent for a in contraction(task).axes}
+        else:
+            ext = {a.name: a.extent for a in flat_twin(task).contraction().axes}
+            ext.update(dict(sk.pad))
+        depthwise = is_depthwise(task)
+        _, score = register_block(ext, regs=regs, depthwise=depthwise)
+        if sk.pad:
+            score *= 0.95  # the padded copy in and the cropping epilogue
+        if best_score is None or score > 1.1 * best_score:
+            best, best_score = sk, score
+    return best
 
 
 def flops(task: Task) -> int:

@@ -39,6 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import blocked
 from .flat import FLAT_SKETCH, IM2COL_SKETCH, flat_task, im2col_task
 from .ops import Access, Axis, Contraction, Task
 
@@ -56,6 +57,8 @@ def sketch_contraction(task: Task, sketch_name: str) -> Contraction:
     base = sketch_name.split(PAD_SEP)[0]
     if base == FLAT_SKETCH:
         return flat_task(task).contraction()
+    if base == blocked.FLAT_SKETCH:
+        return blocked.flat_twin(task).contraction()
     return im2col_task(task).contraction() if base == IM2COL_SKETCH else task.contraction()
 
 

@@ -98,7 +98,13 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
     elif task.op == _blocked.OP:  # channel-blocked operands: the lanes axis is the vector (codegen.blocked)
-        return (Sketch(_blocked.SKETCH, "v", "v"),)
+        out_b = [Sketch(_blocked.SKETCH, "v", "v")]
+        if _blocked.flat_applies(task):  # 1x1: over the flattened pixels, padded to an even count
+            flat = Sketch(_blocked.FLAT_SKETCH, "v", "v")
+            out_b.append(flat)
+            if target is not None and _blocked.flat_pad(task):
+                out_b.append(with_pad(task, flat, {"x": _blocked.flat_pad(task)}))
+        return tuple(out_b)
     else:
         con = task.contraction()
         channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
@@ -516,8 +522,10 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         'conv_spatial_pack'
     """
     sketches = sketches_for(task)
-    if task.sparsity or task.op == _blocked.OP:  # one sketch, no padded variants
+    if task.sparsity:  # one sketch, no padded variants: its weights are compiled in (codegen.sparse)
         return sketches[0]
+    if task.op == _blocked.OP:
+        return _blocked.default_sketch(task, sketches_for(task, target), target)
     if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:
         # the full-height register block (6 rows x 2 vectors on AVX2) over rows padded to its multiple
         padded = row_padded_sketch(task, sketches[0], block_rows(int(target.vector_registers), REGISTER_RESERVE))
@@ -671,7 +679,7 @@ def default_config(space: Space) -> Config:
         return cfg
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
-    if space.sketch.base == _blocked.SKETCH:
+    if space.sketch.base in (_blocked.SKETCH, _blocked.FLAT_SKETCH):
         cfg = Config(space.sketch.name, *_blocked.default_schedule(space))
         space.validate(cfg)
         return cfg

@@ -64,7 +64,7 @@ def _cases(draw):
         st.sampled_from([8, 16, 32])), kernel=k, stride=stride, padding=pad, groups=c if dw else 1,
         bias=draw(st.booleans()), act=draw(st.sampled_from([None, "relu", "relu6"])), residual=draw(st.booleans()),
         plain_data=plain)
-    space = Space(task, blocked.SKETCH, TARGET)
+    space = Space(task, draw(st.sampled_from([s.name for s in sketches_for(task, TARGET)])), TARGET)
     cfg = space.default() if draw(st.booleans()) else space.sample(np.random.default_rng(draw(st.integers(0, 99))))
     return space, cfg
 
@@ -97,7 +97,8 @@ def test_default_register_block_reads_one_weight_vector_per_output_block():
 
 def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extractor():
     """The blocked op is an ordinary contraction to the relaxation and the differentiable features: its
-    rounded points are valid configs, and hard-mode features equal the independent extractor's."""
+    rounded points are valid configs, and hard-mode features equal the independent extractor's (the
+    flattened, padded 1x1 sketch too)."""
     import jax
     import jax.numpy as jnp
 
@@ -106,10 +107,12 @@ def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extracto
     from felixjax.relax import Relaxation
     from felixjax.smooth import Smooth
 
-    for i, task in enumerate((blocked.conv2d_nchwc(1, 32, 14, 14, out_channels=32, kernel=3, padding=1, groups=32,
-                                                   bias=True),
-                              blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=24, kernel=1, residual=True))):
-        space = Space(task, blocked.SKETCH, TARGET)
+    cases = ((blocked.conv2d_nchwc(1, 32, 14, 14, out_channels=32, kernel=3, padding=1, groups=32, bias=True),
+              blocked.SKETCH),
+             (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=24, kernel=1, residual=True), blocked.SKETCH),
+             (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1, bias=True), "conv_nchwc_flat.pad_x50"))
+    for i, (task, sketch) in enumerate(cases):
+        space = Space(task, sketch, TARGET)
         rel = Relaxation(space)
         rounded = rel.round_x(rel.sample_x(jax.random.PRNGKey(i), 16))
         assert rounded and all(space.is_valid(c) for c in rounded)
@@ -227,3 +230,18 @@ def test_cli_build_chooses_the_layout_by_measuring_both(tmp_path, capsys):
     assert "nchw " in line and "nchwc " in line and line.rstrip().endswith(("nchw", "nchwc"))
     # a model without a blockable convolution: nchw, nothing built to decide
     assert fj.choose_layout(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2)) == ("nchw", {})
+
+
+def test_a_1x1_conv_on_a_7x7_plane_defaults_to_its_flattened_padded_twin():
+    """49 pixels allow only 1 block x 7 pixels; over 50 flattened pixels the default is 4 blocks x 2
+    pixels, fewer loads per FMA; planes with an even pixel count keep the 2-D sketch."""
+    t77 = blocked.conv2d_nchwc(1, 160, 7, 7, out_channels=960, kernel=1, bias=True, act="relu6")
+    assert [s.name for s in sketches_for(t77, TARGET)] == [blocked.SKETCH, blocked.FLAT_SKETCH,
+                                                         "conv_nchwc_flat.pad_x50"]
+    assert default_sketch(t77, TARGET).name == "conv_nchwc_flat.pad_x50"
+    s3 = {a.name: t[-1] for a, t in zip(Space(t77, "conv_nchwc_flat.pad_x50", TARGET).axes,
+                                        Space(t77, "conv_nchwc_flat.pad_x50", TARGET).default().tiles)}
+    assert (s3["k"], s3["x"]) == (4, 2)
+    assert default_sketch(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=384, kernel=1), TARGET).name == blocked.SKETCH
+    with pytest.raises(ValueError, match="1x1 convs"):
+        blocked.flat_twin(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=16, kernel=3, padding=1))
