@@ -245,3 +245,12 @@ def test_a_1x1_conv_on_a_7x7_plane_defaults_to_its_flattened_padded_twin():
     assert default_sketch(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=384, kernel=1), TARGET).name == blocked.SKETCH
     with pytest.raises(ValueError, match="1x1 convs"):
         blocked.flat_twin(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=16, kernel=3, padding=1))
+
+
+def test_the_jax_quality_executor_names_what_it_cannot_run_in_a_blocked_graph():
+    import felixjax as fj
+    from felixjax.approx import executor
+
+    model = fj.load_onnx(fj.zoo.make_model("mobilenet_v2", dataset="cifar10"), layout="nchwc")
+    with pytest.raises(ValueError, match="Reblock.*conv2d_nchwc|conv2d_nchwc.*Reblock"):
+        executor.check_supported(model.graph)

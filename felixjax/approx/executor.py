@@ -89,7 +89,8 @@ JAX_OPS: dict[str, Callable[[Mapping[str, Any], Args, Sequence[Sequence[int]]], 
 
 def supported(graph: Graph) -> list[str]:
     """The ops of ``graph`` this executor cannot run (empty: it runs the whole graph)."""
-    return sorted({n.op for n in graph.nodes if not n.is_anchor and n.op not in JAX_OPS})
+    return sorted({n.op for n in graph.nodes if not n.is_anchor and n.op not in JAX_OPS}
+                  | {n.task.op for n in graph.nodes if n.is_anchor and n.task.op not in ("conv2d", "dense", "matmul")})
 
 
 def check_supported(graph: Graph) -> None:
