@@ -99,6 +99,24 @@ x.tofile(out / "input.bin")
 print(subprocess.run(["make", "-s", "demo"], cwd=out, capture_output=True, text=True).returncode == 0)
 print(subprocess.run(["./demo", "weights.bin", "input.bin", "output.bin"], cwd=out).returncode == 0)
 print("same logits:", np.array_equal(np.fromfile(out / "output.bin", dtype="<f4").reshape(1, 10), y))"""),
+    ("md", """## A layout chosen per network
+
+onnxruntime runs a CNN's convolutions in the channel-blocked NCHW8c layout from one conv to the next.
+`load_onnx(..., layout="nchwc")` does the same here: eligible convolutions become `conv2d_nchwc` tasks
+(tuned in that layout, under their own database keys), blocked values stay blocked between them, and a
+`Reblock` step converts back where an NCHW op reads one. Which layout is faster depends on the network
+(depthwise convs gain the most; ResNet's 3x3 convs run Winograd in NCHW), so `choose_layout` builds both
+with default schedules and times them."""),
+    ("code", """mb = fj.zoo.save("mobilenet_v2", work / "mobilenet_v2.onnx", dataset="cifar10")
+layout, times = fj.choose_layout(mb, threads=1, rounds=3, number=3)
+print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, "->", layout)
+blocked = fj.load_onnx(mb, layout="nchwc")
+print([t.name for t, _ in blocked.tasks][:3])
+print(sum(n.op == "Reblock" for n in blocked.graph.nodes), "Reblock step(s):",
+      [n.name for n in blocked.graph.nodes if n.op == "Reblock"])
+xb = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+print("same output as NCHW:", np.allclose(build_model(blocked, threads=1)(xb), fj.load_onnx(mb).run_numpy(xb),
+                                          rtol=1e-4, atol=1e-4))"""),
     ("md", """## Cleaning up
 
 The ONNX file, the database and the exported folder (about 86 MB) lived in a temporary folder; the
