@@ -101,6 +101,17 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
         budget = trials_per_task * n_tasks
         _log(f"{name} ({layout}): {n_tasks} tasks, {sum(w for _, w in model.tasks)} anchor ops; tuning {budget} "
              f"trials ({strategy})")
+        suffix = "" if i == 0 else f"-{layout}"
+        if budget == 0:  # --trials-per-task 0: build from the database as it is (re-time an earlier run)
+            t0 = time.perf_counter()
+            builds["tuned" + suffix] = build_model(model, target, db=db, threads=threads)
+            builds["default" + suffix] = build_model(model, target, threads=threads)
+            stats["build_s"] += time.perf_counter() - t0
+            tuned = [s for s in builds["tuned" + suffix].schedules if s.source == "tuned"]
+            stats["estimate_ms"][layout] = 1e3 * sum(s.weight * (s.latency_s or 0.0) for s in tuned)
+            if i == 0:
+                stats["tuned_tasks"], stats["tasks"] = len(tuned), n_tasks
+            continue
         t0 = time.perf_counter()
         res = tune_model(model, target, trials=budget, db=db, strategy=strategy, seed=seed, threads=threads,
                          runner=runner, progress=lambda p: _log(
@@ -109,7 +120,6 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
         stats["tune_s"] += time.perf_counter() - t0
         _log(f"{name} ({layout}): tuned in {time.perf_counter() - t0:.0f} s\n{res.table()}")
         t0 = time.perf_counter()
-        suffix = "" if i == 0 else f"-{layout}"
         builds["tuned" + suffix] = res.build(threads=threads)
         builds["default" + suffix] = build_model(model, target, threads=threads)
         stats["build_s"] += time.perf_counter() - t0
@@ -164,7 +174,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated zoo models (default {','.join(MODELS)})")
     ap.add_argument("--dataset", default="cifar10", help="cifar10 (32x32, default) | imagenet (224x224)")
-    ap.add_argument("--trials-per-task", type=int, default=None, help="tuning budget per task (default 64; quick 2)")
+    ap.add_argument("--trials-per-task", type=int, default=None,
+                    help="tuning budget per task (default 64; quick 2; 0: no tuning, build from --db as it is)")
     ap.add_argument("--strategy", default=None, help="search strategy (default gradient if registered, else random)")
     ap.add_argument("--threads", type=int, default=None, help="threads of every contender (default: all cores)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 7; quick 3)")
@@ -181,8 +192,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.trials_per_task = args.trials_per_task if args.trials_per_task is not None else (2 if q else 64)
     args.rounds = args.rounds if args.rounds is not None else (3 if q else 7)
     args.min_time = args.min_time if args.min_time is not None else (0.05 if q else 0.2)
-    if args.trials_per_task < 1 or args.rounds < 1:
-        ap.error("--trials-per-task and --rounds must be >= 1")
+    if args.trials_per_task < 0 or args.rounds < 1:
+        ap.error("--trials-per-task must be >= 0 (0: no tuning, build from --db as it is) and --rounds >= 1")
+    if args.trials_per_task == 0 and not args.db:
+        ap.error("--trials-per-task 0 re-times the builds of an existing --db: give one")
     return args
 
 
