@@ -97,14 +97,11 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
-    elif task.op == _blocked.OP:  # channel-blocked operands: the lanes axis is the vector (codegen.blocked)
-        out_b = [Sketch(_blocked.SKETCH, "v", "v")]
-        if _blocked.flat_applies(task):  # 1x1: over the flattened pixels, padded to an even count
-            flat = Sketch(_blocked.FLAT_SKETCH, "v", "v")
-            out_b.append(flat)
-            if target is not None and _blocked.flat_pad(task):
-                out_b.append(with_pad(task, flat, {"x": _blocked.flat_pad(task)}))
-        return tuple(out_b)
+    elif task.op == _blocked.OP:  # channel-blocked (codegen.blocked); a 1x1 conv also over its flat pixels
+        flat, is_flat = Sketch(_blocked.FLAT_SKETCH, "v", "v"), _blocked.flat_applies(task)
+        pad = _blocked.flat_pad(task) if target is not None and is_flat else None  # an even pixel count
+        return ((Sketch(_blocked.SKETCH, "v", "v"),) + ((flat,) if is_flat else ())
+                + ((with_pad(task, flat, {"x": pad}),) if pad else ()))
     else:
         con = task.contraction()
         channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"
@@ -673,18 +670,12 @@ def _channel_panel_cap(space: Space, s3: dict[str, int], vec: int) -> int:
 def default_config(space: Space) -> Config:
     if space.sketch.base == "gemm_packed":
         return _gemm_default(space)
-    if space.sketch.base == DW_SKETCH:
-        cfg = Config(space.sketch.name, *_depthwise_default(space))
-        space.validate(cfg)
-        return cfg
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
-    if space.sketch.base in (_blocked.SKETCH, _blocked.FLAT_SKETCH):
-        cfg = Config(space.sketch.name, *_blocked.default_schedule(space))
-        space.validate(cfg)
-        return cfg
-    if space.sketch.base == _wg.WG_SKETCH:
-        cfg = Config(space.sketch.name, *_wg.default_schedule(space))
+    own = {DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule,  # sketches with their own default
+           _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule}
+    if space.sketch.base in own:
+        cfg = Config(space.sketch.name, *own[space.sketch.base](space))
         space.validate(cfg)
         return cfg
     axes = space.axes
