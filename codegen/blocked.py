@@ -45,6 +45,8 @@ SKETCH = "conv_nchwc"
 #: a 1x1 stride-1 blocked conv over one row of H * W pixels (its flattened twin: the same buffers), so
 #: the register block's pixels need not divide a 7- or 14-wide row; padded variants pad the pixels
 FLAT_SKETCH = "conv_nchwc_flat"
+#: a depthwise blocked conv read in place (edges peeled, no padded copy; :mod:`codegen.renderers.dw_nchwc`)
+DW_SKETCH = "dw_nchwc"
 #: the channel block of AVX2 float32 (one 256-bit vector)
 BLOCK = 8
 
@@ -86,6 +88,42 @@ def flat_pad(task: Task, lanes_block: int = 2) -> int | None:
     ``lanes_block`` (2: a 4-block x 2-pixel register block) when ``H * W`` is not one, else None."""
     pixels = task.p["h"] * task.p["w"]
     return None if pixels % lanes_block == 0 else -(-pixels // lanes_block) * lanes_block
+
+
+def dw_applies(task: Task) -> bool:
+    """Whether ``dw_nchwc`` schedules ``task``: a blocked depthwise conv on blocked data."""
+    return task.op == OP and is_depthwise(task) and not plain_data(task)
+
+
+def dw_geometry(task: Task) -> dict:
+    """A blocked depthwise conv's sizes: N, KB (channel blocks), H, W, OH, OW, KH, KW, SY, SX, DY, DX, PT, PL."""
+    p = task.p
+    ext = {a.name: a.extent for a in plain_twin(task).contraction().axes}
+    (sy, sx), (dy, dx), (pt, pl, _, _) = p["stride"], p["dilation"], p["pad"]
+    return {"N": p["n"], "KB": p["k"] // block_of(task), "H": p["h"], "W": p["w"], "OH": ext["y"], "OW": ext["x"],
+            "KH": p["r"], "KW": p["s"], "SY": sy, "SX": sx, "DY": dy, "DX": dx, "PT": pt, "PL": pl}
+
+
+def dw_default_schedule(space) -> tuple:
+    """``(tiles, parallel, vec, unroll)`` of ``dw_nchwc``'s default: a register block of 1 row x up to 4
+    pixels (2 rows x 3 at stride 1, sharing the rows' loads), work units of about 8 rows, OpenMP over
+    (channel block, row chunk)."""
+    ext = {a.name: a.extent for a in space.axes}
+    g = dw_geometry(space.task)
+
+    def largest(n: int, cap: int) -> int:
+        return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+    ry = largest(ext.get("y", 1), 2 if g["SY"] == 1 else 1)
+    rx = largest(ext["x"], 4 if ry == 1 else 3)
+    y2 = largest(ext.get("y", 1) // ry, max(1, 8 // ry))
+    s3 = {"y": ry, "x": rx, "v": ext["v"]}
+    tiles = tuple((1, a.extent) if a.reduce else
+                  ((a.extent // (ry * y2), 1, y2, ry) if a.name == "y" else (a.extent // s3.get(a.name, 1), 1, 1,
+                                                                            s3.get(a.name, 1)))
+                  for a in space.axes)
+    cores = int(getattr(space.target, "cores", 1) or 1)
+    return tiles, int(cores > 1), ext["v"], 1
 
 
 def plain_data(task: Task) -> bool:
@@ -292,6 +330,9 @@ def default_sketch(task: Task, sketches, target):
     clearly more FMAs per load: on a 7x7 plane 1 block x 7 pixels (8 loads per 7 FMAs) against 4 blocks x
     2 of 50 pixels (6 per 8); side by side, 1 thread, 160x7x7 -> 960: 0.43 -> 0.26 ms (min of 9)."""
     regs = int(getattr(target, "vector_registers", 16) or 16) if target is not None else 16
+    dw = next((sk for sk in sketches if sk.base == DW_SKETCH), None)
+    if dw is not None:
+        return dw
     best, best_score = sketches[0], None
     for sk in sketches:
         if sk.base == SKETCH:

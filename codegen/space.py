@@ -100,7 +100,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     elif task.op == _blocked.OP:  # channel-blocked (codegen.blocked); a 1x1 conv also over its flat pixels
         flat, is_flat = Sketch(_blocked.FLAT_SKETCH, "v", "v"), _blocked.flat_applies(task)
         pad = _blocked.flat_pad(task) if target is not None and is_flat else None  # an even pixel count
-        return ((Sketch(_blocked.SKETCH, "v", "v"),) + ((flat,) if is_flat else ())
+        dw = (Sketch(_blocked.DW_SKETCH, "v", "v"),) if _blocked.dw_applies(task) else ()  # read in place
+        return ((Sketch(_blocked.SKETCH, "v", "v"),) + dw + ((flat,) if is_flat else ())
                 + ((with_pad(task, flat, {"x": pad}),) if pad else ()))
     else:
         con = task.contraction()
@@ -673,7 +674,8 @@ def default_config(space: Space) -> Config:
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
     own = {DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule,  # sketches with their own default
-           _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule}
+           _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule,
+           _blocked.DW_SKETCH: _blocked.dw_default_schedule}
     if space.sketch.base in own:
         cfg = Config(space.sketch.name, *own[space.sketch.base](space))
         space.validate(cfg)

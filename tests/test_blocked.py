@@ -83,6 +83,31 @@ def test_every_blocked_kernel_matches_numpy(case):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
+@pytest.mark.cc
+def test_blocked_depthwise_reads_its_input_in_place_and_matches_numpy_at_every_edge():
+    """``dw_nchwc`` (the blocked depthwise default): no padded copy of the input, edge columns peeled at
+    compile time; kernels wider than the image, dilation, stride 3, a batch of two, any register block."""
+    cases = [dict(n=1, c=16, h=12, w=12, k=3, s=2, p=1, d=1), dict(n=2, c=8, h=4, w=4, k=7, s=1, p=3, d=1),
+             dict(n=1, c=24, h=13, w=10, k=3, s=1, p=2, d=2), dict(n=1, c=8, h=3, w=9, k=3, s=3, p=0, d=1),
+             dict(n=1, c=8, h=9, w=7, k=5, s=2, p=2, d=1)]
+    for i, cs in enumerate(cases):
+        task = blocked.conv2d_nchwc(cs["n"], cs["c"], cs["h"], cs["w"], out_channels=cs["c"], kernel=cs["k"],
+                                    stride=cs["s"], padding=cs["p"], dilation=cs["d"], groups=cs["c"],
+                                    bias=i % 2 == 0, act=(None, "relu", "relu6")[i % 3], residual=i % 2 == 1)
+        assert default_sketch(task, TARGET).name == blocked.DW_SKETCH
+        space = Space(task, blocked.DW_SKETCH, TARGET)
+        arrays = task.random_inputs(seed=i)
+        ref = task.reference(*arrays)
+        for cfg in [space.default()] + space.sample_many(np.random.default_rng(i), 3):
+            plan = lower(space, cfg)
+            src = render(plan)
+            assert "zrow" in src and "ws" not in src.split("void fj_kernel")[1].split("int main")[0]
+            b = build(src)
+            assert b.status == "ok", b.error
+            y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
 def test_default_register_block_reads_one_weight_vector_per_output_block():
     """The default's register block: output pixels x output blocks with the most FMAs per load, at most
     12 accumulators; the lanes axis whole in S3 (one 8-lane vector)."""
@@ -109,6 +134,8 @@ def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extracto
 
     cases = ((blocked.conv2d_nchwc(1, 32, 14, 14, out_channels=32, kernel=3, padding=1, groups=32, bias=True),
               blocked.SKETCH),
+             (blocked.conv2d_nchwc(1, 16, 9, 9, out_channels=16, kernel=3, stride=2, padding=1, groups=16),
+              blocked.DW_SKETCH),
              (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=24, kernel=1, residual=True), blocked.SKETCH),
              (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1, bias=True), "conv_nchwc_flat.pad_x50"))
     for i, (task, sketch) in enumerate(cases):

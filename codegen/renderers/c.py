@@ -18,6 +18,7 @@ from __future__ import annotations
 from .cstyle import CStyleRenderer, Dialect, Writer
 from .harness import TIMING_HARNESS_C
 from .depthwise import is_depthwise, render_depthwise, render_depthwise_kernel
+from .dw_nchwc import is_dw_nchwc, render_dw_nchwc, render_dw_nchwc_kernel
 from .sparse import render_sparse, render_sparse_kernel
 from .winograd import is_winograd, render_winograd, render_winograd_kernel
 
@@ -38,6 +39,8 @@ def render(plan) -> str:
     depthwise sketch's: :mod:`codegen.renderers.depthwise`)."""
     if is_depthwise(plan):
         return render_depthwise(plan)
+    if is_dw_nchwc(plan):
+        return render_dw_nchwc(plan)
     if is_winograd(plan):
         return render_winograd(plan)
     return render_sparse(plan) if getattr(plan, "sparse", False) else C_RENDERER.render(plan)
@@ -48,6 +51,8 @@ def render_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: bool = Fa
     fn = render_sparse_kernel if getattr(plan, "sparse", False) else C_RENDERER.render_kernel
     if is_depthwise(plan):
         fn = render_depthwise_kernel
+    if is_dw_nchwc(plan):
+        fn = render_dw_nchwc_kernel
     if is_winograd(plan):
         fn = render_winograd_kernel
     fn(plan, w, name=name, static=static, local_types=local_types)
