@@ -87,12 +87,10 @@ def test_every_blocked_kernel_matches_numpy(case):
 def test_blocked_depthwise_reads_its_input_in_place_and_matches_numpy_at_every_edge():
     """``dw_nchwc`` (the blocked depthwise default): no padded copy of the input, edge columns peeled at
     compile time; kernels wider than the image, dilation, stride 3, a batch of two, any register block."""
-    cases = [dict(n=1, c=16, h=12, w=12, k=3, s=2, p=1, d=1), dict(n=2, c=8, h=4, w=4, k=7, s=1, p=3, d=1),
-             dict(n=1, c=24, h=13, w=10, k=3, s=1, p=2, d=2), dict(n=1, c=8, h=3, w=9, k=3, s=3, p=0, d=1),
-             dict(n=1, c=8, h=9, w=7, k=5, s=2, p=2, d=1)]
-    for i, cs in enumerate(cases):
-        task = blocked.conv2d_nchwc(cs["n"], cs["c"], cs["h"], cs["w"], out_channels=cs["c"], kernel=cs["k"],
-                                    stride=cs["s"], padding=cs["p"], dilation=cs["d"], groups=cs["c"],
+    cases = [(1, 16, 12, 12, 3, 2, 1, 1), (2, 8, 4, 4, 7, 1, 3, 1), (1, 24, 13, 10, 3, 1, 2, 2),
+             (1, 8, 3, 9, 3, 3, 0, 1), (1, 8, 9, 7, 5, 2, 2, 1)]  # n, c, h, w, kernel, stride, pad, dilation
+    for i, (n, c, h, w, k, s, p, d) in enumerate(cases):
+        task = blocked.conv2d_nchwc(n, c, h, w, out_channels=c, kernel=k, stride=s, padding=p, dilation=d, groups=c,
                                     bias=i % 2 == 0, act=(None, "relu", "relu6")[i % 3], residual=i % 2 == 1)
         assert default_sketch(task, TARGET).name == blocked.DW_SKETCH
         space = Space(task, blocked.DW_SKETCH, TARGET)
