@@ -316,12 +316,45 @@ def default_schedule(space) -> tuple:
              for a in space.axes]
     vec = max(v for v in space.vec_choices if ext["v"] % v == 0)
     cores = int(getattr(space.target, "cores", 1) or 1)
+    pointwise = "c" in ext and "ry" not in ext and "rx" not in ext
+    chunk = max(d for d in range(1, ext.get("c", 1) + 1) if ext.get("c", 1) % d == 0 and d * kb <= 32)
+    if pointwise and chunk < ext["c"]:
+        return (*_pointwise_schedule(space, ext, s3, cores, chunk), vec, 8)
     par, chunks = 0, 1
     for i, t in enumerate(tiles[: space.n_spatial]):
         if chunks >= 4 * cores:
             break
         par, chunks = i + 1, chunks * t[0]
-    return tuple(tiles), par, vec, 1
+    return tuple(tiles), par, vec, 8 if pointwise else 1
+
+
+def _pointwise_schedule(space, ext: dict[str, int], s3: dict[str, int], cores: int, chunk: int) -> tuple[tuple, int]:
+    """``(tiles, parallel)`` of a blocked 1x1 conv's default: the input channels in chunks whose weights
+    for the register block's out blocks take at most 8 KB (L1), the chunk loop (R0) *outside* the pixel
+    loops (S2), so a chunk's weights stay in L1 while every pixel of the image reads them, and the
+    accumulators are reloaded once per chunk; OpenMP over out-block groups, and over pixel groups where
+    those are fewer than 4 per core. 576x14x14 -> 96 (+ residual), 1 thread, interleaved: 0.536 ms
+    (whole reduction per register block, weights 36 KB re-read from L2 for every pixel block) -> 0.444
+    (chunks of 8 blocks), 0.391 with the 8 lanes of ``u`` unrolled."""
+    k0 = ext["k"] // s3["k"]
+    pix = "y" if "y" in ext else "x"
+    blocks = ext[pix] // s3[pix]
+    p0 = next((d for d in range(1, blocks + 1) if blocks % d == 0 and k0 * d >= 4 * cores), blocks)
+    tiles = []
+    for a in space.axes:
+        b = s3.get(a.name, 1)
+        if a.name == "c":
+            tiles.append((ext["c"] // chunk, chunk))
+        elif a.reduce:
+            tiles.append((1, a.extent))
+        elif a.name == pix:
+            tiles.append((p0, 1, blocks // p0, b))
+        elif a.name in ("x", "y"):
+            tiles.append((1, 1, a.extent // b, b))
+        else:
+            tiles.append((a.extent // b, 1, 1, b))
+    par = [a.name for a in space.axes].index(pix) + 1 if p0 > 1 else 1
+    return tuple(tiles), par
 
 
 def default_sketch(task: Task, sketches, target):
