@@ -14,7 +14,7 @@ from codegen.measure import TimingProtocol
 from codegen.ops import Task, conv2d, dense, matmul, parse_spec
 from codegen.render_c import render
 from codegen.runtime import Kernel
-from codegen.space import Space, default_sketch, sketches_for
+from codegen.space import Config, Space, default_sketch, sketches_for
 from codegen.sparse import (
     SPARSE_SKETCH,
     SparseWeightsError,
@@ -132,6 +132,22 @@ def test_every_sparse_kernel_matches_numpy(data, op, sparsity, epi):
     sp = Space(task, SPARSE_SKETCH, TARGET)
     cfg = sp.default() if ints(st.booleans()) else sp.sample(np.random.default_rng(ints(st.integers(0, 999))))
     _check(task, cfg)
+
+
+@pytest.mark.cc
+def test_the_im2col_of_a_padded_conv_survives_gcc_vectorization():
+    """A case hypothesis found (session 12): the per-element guarded im2col was miscompiled at -O3 by
+    gcc 12 (wrong middle rows); the gather now computes each row's in-image columns once."""
+    task = conv2d(1, 1, 6, 3, out_channels=1, kernel=3, stride=1, padding=1, sparsity=0.3)
+    cfg = Config("sparse_bsr", ((1, 1, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1), (6, 1, 1, 1), (3, 1, 1, 1), (1, 1),
+                                (3, 1), (3, 1)), 5, 1, 4)
+    _check(task, cfg)
+    for args in ((2, 3, 7, 5, 4, 3, 2, 1), (1, 2, 5, 8, 3, 3, 1, 1), (1, 2, 6, 6, 2, 3, 2, 0)):  # n c h w k r s p
+        n, c, h, w, k, r, s, p = args
+        task = conv2d(n, c, h, w, out_channels=k, kernel=r, stride=s, padding=p, sparsity=0.5)
+        sp = Space(task, SPARSE_SKETCH, TARGET)
+        for cfg in [sp.default()] + sp.sample_many(np.random.default_rng(sum(args)), 3):
+            _check(task, cfg)
 
 
 @pytest.mark.cc
