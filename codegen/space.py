@@ -488,8 +488,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
     ``conv_flat`` for float32 1x1 stride-1 unpadded convs on targets with a 6-row GEMM block (AVX2), where
     its 6 channels x 2 pixel vectors fit (:func:`_flat_default`, :mod:`codegen.flat`); on the same targets
     ``conv_im2col`` with that block for strided float32 convs, else ``conv_spatial_pack`` (:func:`_strided_default`);
-    Winograd F(2x2, 3x3) for float32 3x3 stride-1 convs with at least 6x6 output tiles
-    (:func:`codegen.winograd.prefer_by_default`);
+    Winograd F(2x2, 3x3) for float32 3x3 stride-1 convs with at least 6x6 output tiles, or fewer that
+    waste little (:func:`codegen.winograd.prefer_by_default`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
     (:func:`codegen.padding.row_padded_sketch`), the row-padded ``gemm_packed`` / ``conv_spatial_pack``; else
     the first one, except for non-depthwise convolutions whose
@@ -508,8 +508,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         >>> avx2 = Target.cpu(simd_lanes=8, vector_registers=16)
         >>> default_sketch(conv2d(1, 512, 7, 7, out_channels=128, kernel=1), avx2).name  # 49 pixels: not flat
         'conv_direct.pad_x8'
-        >>> default_sketch(conv2d(1, 512, 9, 9, out_channels=512), Target.cpu(simd_lanes=8)).name  # 7x7 out
-        'conv_direct.pad_x8'
+        >>> default_sketch(conv2d(1, 512, 7, 7, out_channels=512), Target.cpu(simd_lanes=8)).name  # 5x5 out
+        'conv_spatial_pack'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, padding=1), Target.cpu(simd_lanes=8)).name
         'conv_winograd'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=128, kernel=1), avx2).name

@@ -82,19 +82,24 @@ def applies(task: Task) -> bool:
     return oh >= 2 and ow >= 2
 
 
-MIN_DEFAULT_TILES = 36  # tile grids below this (outputs under ~11 x 11) keep the direct default
+MIN_DEFAULT_TILES = 36  # tile grids from this size on (outputs from ~11 x 11) use Winograd by default
+#: smaller grids too where at least this share of the tiles' 2x2 outputs is inside the image (even sizes,
+#: 7x7 and up: 8x8 -> 256: 1.38x / 1.26x the direct default at 1 / 2 threads, 5x5 at 0.69 and 3x3 at
+#: 0.56 keep the direct default; session 12, after small grids split their output channels over threads)
+MIN_TILE_USE = 0.75
 
 
 def prefer_by_default(task: Task, target=None) -> bool:
     """Whether an untuned build uses this sketch: a tile grid of at least :data:`MIN_DEFAULT_TILES`
-    tiles on a target with at least 4 float32 lanes. On the AVX2 EPYC (1 thread, untuned defaults,
+    tiles, or a smaller one that wastes little (:data:`MIN_TILE_USE`), on a target with at least 4
+    float32 lanes. On the AVX2 EPYC (1 thread, untuned defaults,
     ``benchmarks/conv_block_probe.py``) it ran 1.2-1.7x onnxruntime on 3x3 convs with 12x12 to 28x28
     tile grids (the best direct default: 0.6-1.0x), but 0.59x on a 512x7x7 conv (4x4 tiles), where
     the column-padded direct sketch ran 0.66x."""
     if target is not None and int(getattr(target, "simd_lanes", 8)) < 4:
         return False
     g = geometry(task)
-    return g["TH"] * g["TW"] >= MIN_DEFAULT_TILES
+    return g["TH"] * g["TW"] >= MIN_DEFAULT_TILES or g["OH"] * g["OW"] >= MIN_TILE_USE * 4 * g["TH"] * g["TW"]
 
 
 def geometry(task: Task) -> dict:

@@ -179,18 +179,26 @@ class _Gen:
             w(f"const float* restrict res = (const float*)args[{args.index('residual')}];")
         w(f"float* restrict out = (float*)args[{args.index('out')}];")
         w(f"float* restrict ws = (float*)args[{len(args)}];")
+        units, kbs = g["N"] * nby * nbx, g["K"] // s["KV"]
         if s["parallel"]:  # at most the threads the workspace was sized for
             w(f"const int nt = omp_get_max_threads() < {self.threads} ? omp_get_max_threads() : {self.threads};")
+            # fewer tile blocks than threads (small planes: a 4x4 tile grid is one block): the output
+            # channels are split into parts too, each part redoing its block's input transform
+            w(f"const int kp = nt <= {units} ? 1 : (nt + {units - 1}) / {units} < {kbs} ? (nt + {units - 1}) / {units} "
+              f": {kbs};")
             w("#pragma omp parallel for schedule(static) num_threads(nt)")
-        w.open(f"for (long u = 0; u < {g['N'] * nby * nbx}L; ++u)")
+        else:
+            w("const int kp = 1;")
+        w.open(f"for (long u = 0; u < {units}L * kp; ++u)")
         w("const int tid = " + ("omp_get_thread_num();" if s["parallel"] else "0;"))
         w(f"float* restrict V = ws + (long)tid * {per};")
         w(f"float* restrict M = V + {16 * g['C'] * TB};")
-        w(f"const int nimg = (int)(u / {nby * nbx}), ty0 = (int)(u / {nbx} % {nby}) * {YB}, "
-          f"tx0 = (int)(u % {nbx}) * {XB};")
+        w("const long ub = u / kp; const int part = (int)(u % kp);")
+        w(f"const int nimg = (int)(ub / {nby * nbx}), ty0 = (int)(ub / {nbx} % {nby}) * {YB}, "
+          f"tx0 = (int)(ub % {nbx}) * {XB};")
         w(f"const float* restrict ip = in + (long)nimg * {g['C'] * g['H'] * g['W']};")
         self._input_transform(w)
-        w.open(f"for (int kb = 0; kb < {g['K'] // s['KV']}; ++kb)")
+        w.open(f"for (int kb = part * {kbs} / kp; kb < (part + 1) * {kbs} / kp; ++kb)")
         self._gemms(w)
         self._output_transform(w)
         w.close()
