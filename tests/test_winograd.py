@@ -60,17 +60,42 @@ def test_applies_only_to_3x3_stride1_ungrouped_float32():
         Space(conv2d(1, 16, 8, 8, out_channels=16, kernel=3, stride=2, padding=1), wg.WG_SKETCH, TARGET)
 
 
-def test_sketch_in_the_space_and_default_on_larger_grids():
+def test_sketch_in_the_space_and_default_on_larger_grids_or_little_waste():
     from codegen.space import default_sketch
 
-    small = conv2d(1, 16, 7, 7, out_channels=16, kernel=3, padding=1)  # 4x4 tiles
+    small = conv2d(1, 16, 5, 5, out_channels=16, kernel=3, padding=1)  # 3x3 tiles, 25 of 36 outputs used
+    even = conv2d(1, 16, 8, 8, out_channels=16, kernel=3, padding=1)  # 4x4 tiles, every output used
     large = conv2d(1, 16, 28, 28, out_channels=16, kernel=3, padding=1)  # 14x14 tiles
-    for task in (small, large):
+    for task in (small, even, large):
         assert wg.WG_SKETCH in [s.name for s in sketches_for(task, TARGET)]
         assert wg.WG_SKETCH in [s.name for s in sketches_for(task)]
-    assert default_sketch(large, TARGET).name == wg.WG_SKETCH
+    assert default_sketch(large, TARGET).name == wg.WG_SKETCH == default_sketch(even, TARGET).name
     assert default_sketch(small, TARGET).name != wg.WG_SKETCH
     assert default_sketch(large, Target(simd_lanes=1)).name != wg.WG_SKETCH
+
+
+@pytest.mark.cc
+def test_a_small_grid_splits_its_output_channels_over_threads_and_stays_exact():
+    """A 4x4 tile grid is one block of tiles: with more threads than blocks the kernel splits the output
+    channels into parts (each redoing its block's input transform); every thread count gives the same
+    result as numpy."""
+    from codegen.build import build
+    from codegen.lower import lower
+    from codegen.renderers.c import render
+    from codegen.runtime import Kernel
+
+    task = conv2d(1, 32, 8, 8, out_channels=48, kernel=3, padding=1, bias=True, act="relu")
+    space = Space(task, wg.WG_SKETCH, TARGET)
+    plan = lower(space, space.default())
+    src = render(plan)
+    assert "const int kp = nt <=" in src and "part * " in src
+    b = build(src)
+    assert b.status == "ok", b.error
+    arrays = task.random_inputs(seed=3)
+    ref = task.reference(*arrays)
+    for threads in (1, 2, 3):
+        y = Kernel(plan, b.lib_path, threads=threads)(*arrays)
+        np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
 
 
 def test_one_thread_runs_one_thread():
