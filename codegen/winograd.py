@@ -83,10 +83,12 @@ def applies(task: Task) -> bool:
 
 
 MIN_DEFAULT_TILES = 36  # tile grids from this size on (outputs from ~11 x 11) use Winograd by default
-#: smaller grids too where at least this share of the tiles' 2x2 outputs is inside the image (even sizes,
-#: 7x7 and up: 8x8 -> 256: 1.38x / 1.26x the direct default at 1 / 2 threads, 5x5 at 0.69 and 3x3 at
-#: 0.56 keep the direct default; session 12, after small grids split their output channels over threads)
-MIN_TILE_USE = 0.75
+#: smaller grids too where at least this share of the tiles' 2x2 outputs is inside the image (even sizes
+#: and 9x9: 8x8 -> 256: 1.38x / 1.26x the direct default at 1 / 2 threads; session 12, after small grids
+#: split their output channels over threads). 7x7 (0.77) keeps the direct default: alone 0.97-1.30x, but
+#: in ResNet-18 at 224 its three 512x7x7 convs made the network 4-9% slower (their Winograd weights, 16.8
+#: MB each, come from DRAM there); 5x5 (0.69) and 3x3 (0.56) too
+MIN_TILE_USE = 0.8
 
 
 def prefer_by_default(task: Task, target=None) -> bool:
