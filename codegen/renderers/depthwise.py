@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..depthwise import DW_SKETCH, DW_STAGE, geometry, stage_rows
 from ..space import Space
 from .cstyle import Writer
-from .harness import TIMING_HARNESS_C
+from .harness import standalone_c
 
 
 def is_depthwise(plan) -> bool:
@@ -548,12 +548,4 @@ def render_depthwise_kernel(plan, w: Writer, *, name: str = "fj_kernel", static:
 
 def render_depthwise(plan) -> str:
     """Full source of one depthwise kernel: header, helpers, the kernel and the timing harness."""
-    task, cfg = plan.space.task, plan.config
-    w = Writer()
-    w("/* felixjax generated depthwise kernel (dw_rows: row blocks x vectors along the width)")
-    w(f" * task:   {task.name}  ({task.key})")
-    w(f" * config: {cfg.dumps()} */")
-    w("#include <stddef.h>")
-    w("#include <string.h>")
-    render_depthwise_kernel(plan, w)
-    return w.text() + TIMING_HARNESS_C
+    return standalone_c(plan, 'depthwise kernel (dw_rows: row blocks x vectors along the width)', render_depthwise_kernel)

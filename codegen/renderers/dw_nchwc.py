@@ -32,7 +32,7 @@ from __future__ import annotations
 from ..blocked import DW_SKETCH, block_of, dw_geometry
 from .cstyle import Writer
 from .depthwise import _dim_offset
-from .harness import TIMING_HARNESS_C
+from .harness import standalone_c
 
 
 def is_dw_nchwc(plan) -> bool:
@@ -193,12 +193,4 @@ def render_dw_nchwc_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: 
 
 def render_dw_nchwc(plan) -> str:
     """Full source of one blocked depthwise kernel: header, helpers, the kernel and the timing harness."""
-    task, cfg = plan.space.task, plan.config
-    w = Writer()
-    w("/* felixjax generated blocked depthwise kernel (dw_nchwc: NCHW8c read in place, edges peeled)")
-    w(f" * task:   {task.name}  ({task.key})")
-    w(f" * config: {cfg.dumps()} */")
-    w("#include <stddef.h>")
-    w("#include <string.h>")
-    render_dw_nchwc_kernel(plan, w)
-    return w.text() + TIMING_HARNESS_C
+    return standalone_c(plan, 'blocked depthwise kernel (dw_nchwc: NCHW8c read in place, edges peeled)', render_dw_nchwc_kernel)

@@ -15,6 +15,8 @@ harness (events around a launch loop) is another string here, named by its diale
 """
 from __future__ import annotations
 
+from .cstyle import Writer
+
 TIMING_HARNESS_C = r"""
 /* felixjax timing harness: append to a source that defines fj_kernel. */
 #include <time.h>
@@ -37,3 +39,18 @@ void fj_set_threads(int n) { omp_set_num_threads(n); }
 """
 
 HARNESSES = {"c": TIMING_HARNESS_C}
+
+
+def standalone_c(plan, title: str, render_kernel, includes: tuple[str, ...] = ("stddef.h", "string.h")) -> str:
+    """Full C source of one kernel rendered by a sketch's own renderer: a header comment (``title``, the
+    task and the config), ``includes``, what ``render_kernel(plan, writer)`` writes, and
+    :data:`TIMING_HARNESS_C`."""
+    task, cfg = plan.space.task, plan.config
+    w = Writer()
+    w(f"/* felixjax generated {title}")
+    w(f" * task:   {task.name}  ({task.key})")
+    w(f" * config: {cfg.dumps()} */")
+    for inc in includes:
+        w(f"#include <{inc}>")
+    render_kernel(plan, w)
+    return w.text() + TIMING_HARNESS_C

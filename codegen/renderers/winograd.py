@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..winograd import WG_SKETCH, geometry, schedule, workspace_floats
 from .cstyle import Writer
-from .harness import TIMING_HARNESS_C
+from .harness import standalone_c
 
 
 def is_winograd(plan) -> bool:
@@ -217,11 +217,4 @@ def render_winograd_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: 
 
 def render_winograd(plan) -> str:
     """Full source of one Winograd kernel: header, the kernel and the timing harness."""
-    task, cfg = plan.space.task, plan.config
-    w = Writer()
-    w("/* felixjax generated Winograd kernel (conv_winograd: F(2x2, 3x3), tiles x channel vectors)")
-    w(f" * task:   {task.name}  ({task.key})")
-    w(f" * config: {cfg.dumps()} */")
-    w("#include <stddef.h>")
-    render_winograd_kernel(plan, w)
-    return w.text() + TIMING_HARNESS_C
+    return standalone_c(plan, 'Winograd kernel (conv_winograd: F(2x2, 3x3), tiles x channel vectors)', render_winograd_kernel, includes=('stddef.h',))
