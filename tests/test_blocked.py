@@ -3,6 +3,7 @@ conversions are exact inverses; every emitted ``conv_nchwc`` kernel matches nump
 paddings, depthwise, epilogues, default and sampled configs); the relaxation rounds to valid configs and
 the features are finite; a network rewritten to NCHW8c computes what the NCHW one does, in numpy and in
 its C build, with one reorder at each edge of the blocked region."""
+import dataclasses
 import json
 
 import numpy as np
@@ -239,6 +240,41 @@ def test_vector_operands_are_pinned_only_where_the_block_fits_the_register_file(
     arrays = task.random_inputs(seed=4)
     np.testing.assert_allclose(Kernel(lower(space, cfg(2)), b.lib_path, threads=1)(*arrays), task.reference(*arrays),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cc
+def test_blocked_direct_convs_broadcast_from_memory_only_where_the_rule_says():
+    """A blocked conv wider than one tap with several pixels per register block (stride 1) broadcasts its
+    data from memory (FJ_BCAST8) and leaves the tap loop to gcc; stride 2, 1x1 convs and NCHW kernels keep
+    the scalar broadcast. Both spellings of FJ_BCAST8 (AVX and the portable fallback) match numpy, at an
+    edge-heavy shape (dilation 2, a row narrower than the block's pixels, batch 2, residual)."""
+    def src(task, sketch=blocked.SKETCH):
+        space = Space(task, sketch, TARGET)
+        return space, render(lower(space, space.default()))
+
+    space, code = src(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=16, kernel=3, padding=1))
+    assert "FJ_BCAST8(&data" in code and "#pragma GCC unroll 1\n" not in code
+    assert "FJ_BCAST8" not in src(blocked.conv2d_nchwc(1, 16, 12, 12, out_channels=16, kernel=3, stride=2, padding=1))[1]
+    assert "FJ_BCAST8" not in src(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1))[1]
+    plain = conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)
+    assert "FJ_BCAST8" not in src(plain, default_sketch(plain, TARGET).name)[1]
+    task = blocked.conv2d_nchwc(2, 16, 9, 5, out_channels=24, kernel=3, padding=2, dilation=2, bias=True, act="relu",
+                                residual=True)
+    space = Space(task, blocked.SKETCH, TARGET)
+    arrays = task.random_inputs(seed=5)
+    ref = task.reference(*arrays)
+    d = space.default()  # its block: 3 out blocks x 3 rows x 1 pixel; make blocks of 5 pixels along the row
+    cfgs = [dataclasses.replace(d, tiles=tuple({"k": (3, 1, 1, 1), "y": y, "x": (1, 1, 1, 5)}.get(a.name, t)
+                                               for a, t in zip(space.axes, d.tiles))) for y in ((9, 1, 1, 1), (3, 1, 3, 1))]
+    for cfg in cfgs:
+        space.validate(cfg)
+        assert "FJ_BCAST8(&data" in render(lower(space, cfg))
+        plan = lower(space, cfg)
+        for prefix in ("", "#define FJ_BCAST8(p) ((vf){0} + *(p))\n"):  # the AVX spelling, the fallback
+            b = build(prefix + render(plan))
+            assert b.status == "ok", b.error
+            y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
 @pytest.mark.cc

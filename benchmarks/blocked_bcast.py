@@ -1,0 +1,86 @@
+"""Probe (issue 14): blocked (NCHW8c) direct convs with memory broadcasts vs scalar broadcasts.
+
+``conv_nchwc`` broadcasts one data element per pixel of its register block against a vector of weights.
+Rendered as a scalar load and a register broadcast (``const float d0 = data_p[..]; acc += d0 * w``),
+gcc saw that the kernel-width loop's next tap reads the element the block's next pixel read, kept the
+scalars alive across taps and rotated them through registers (the loop was left rolled since unrolled
+it spilled). ``Dialect.bcast8`` reads each broadcast straight from memory (``vbroadcastss mem``), and
+the kernel-width loop is then left to gcc (``CStyleRenderer._memory_broadcasts``).
+
+This script builds each conv's untuned default both ways (the old spelling: the C dialect without
+``bcast8``), checks both against numpy before and after timing, times them interleaved in one process
+and prints GFLOP/s and new / old. ``--shapes designed``: the 8 shapes the rule was chosen on;
+``--shapes heldout``: 8 others, not looked at before the rule was fixed.
+
+Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout]``
+(about a minute per set).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from codegen.blocked import conv2d_nchwc
+from codegen.build import build
+from codegen.lower import lower
+from codegen.renderers.c import C_DIALECT, render
+from codegen.renderers.cstyle import CStyleRenderer
+from codegen.space import Space, default_config
+from codegen.target import Target
+from felixjax.baselines import KernelContender, time_interleaved
+
+
+def _conv(c: int, h: int, k: int, kernel: int = 3, stride: int = 1):
+    return conv2d_nchwc(1, c, h, h, out_channels=k, kernel=kernel, stride=stride, padding=kernel // 2,
+                        bias=True, act="relu")
+
+
+SHAPES = {
+    "designed": [(512, 7, 512), (256, 14, 256), (128, 28, 128), (64, 56, 64), (64, 32, 64), (96, 17, 96),
+                 (160, 10, 320), (128, 28, 256, 3, 2)],
+    "heldout": [(192, 13, 384), (48, 27, 128), (112, 20, 112), (40, 30, 80), (176, 9, 176), (256, 12, 512),
+                (64, 24, 128, 3, 2), (32, 40, 64, 5)],
+    "stride2": [(128, 28, 256, 3, 2), (64, 24, 128, 3, 2), (256, 14, 512, 3, 2), (64, 56, 128, 3, 2)],
+}
+OLD = CStyleRenderer(dataclasses.replace(C_DIALECT, bcast8="", bcast_macro=""))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
+    args = ap.parse_args(argv)
+    target, ratios = Target.cpu(), []
+    for shape in SHAPES[args.shapes]:
+        task = _conv(*shape)
+        arrays = task.random_inputs(0)
+        expected = task.reference(*arrays)
+        space = Space(task, "conv_nchwc", target)
+        plan = lower(space, default_config(space))
+        contenders = {}
+        for name, src in (("old", OLD.render(plan)), ("new", render(plan))):
+            b = build(src)
+            if b.status != "ok":
+                raise RuntimeError(f"{task.name} ({name}) failed to build: {b.error}")
+            contenders[name] = KernelContender(plan, b.lib_path, arrays, threads=args.threads, expected=expected,
+                                               name=name)
+        same = contenders["old"].lib_path == contenders["new"].lib_path  # the rule did not apply
+        for c in contenders.values():
+            c.check()
+        times = time_interleaved(contenders, rounds=args.rounds)
+        for c in contenders.values():
+            c.check(run=False)
+        old, new = (float(np.median(times[n])) for n in ("old", "new"))
+        ratios.append(old / new)
+        print(f"{task.name:50s} old {old * 1e3:7.3f} ms {task.flops / old / 1e9:5.1f} GF/s   new {new * 1e3:7.3f} ms "
+              f"{task.flops / new / 1e9:5.1f} GF/s   new/old {old / new:.2f}x{'  (same source)' if same else ''}",
+              flush=True)
+    print(f"geomean new/old over {len(ratios)} ({args.shapes}, {args.threads} thread(s)): "
+          f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x  (min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
