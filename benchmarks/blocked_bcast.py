@@ -12,8 +12,13 @@ This script builds each conv's untuned default both ways (the old spelling: the 
 and prints GFLOP/s and new / old. ``--shapes designed``: the 8 shapes the rule was chosen on;
 ``--shapes heldout``: 8 others, not looked at before the rule was fixed.
 
-Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout]``
-(about a minute per set).
+``--what padx``: instead, convs whose output width is a prime (13, 17, ...): the exact ``conv_nchwc``
+default (a block of output channels only) vs the default of its padded variant ``conv_nchwc.pad_x<W+1>``
+(:func:`codegen.blocked.pad_x`; the default sketch now), shape sets ``prime`` (designed on: the first
+two) and ``prime-heldout``.
+
+Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout|stride2]``,
+``python benchmarks/blocked_bcast.py --what padx --shapes prime|prime-heldout`` (about a minute per set).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from codegen.build import build
 from codegen.lower import lower
 from codegen.renderers.c import C_DIALECT, render
 from codegen.renderers.cstyle import CStyleRenderer
-from codegen.space import Space, default_config
+from codegen.space import Space, default_config, default_sketch
 from codegen.target import Target
 from felixjax.baselines import KernelContender, time_interleaved
 
@@ -43,6 +48,9 @@ SHAPES = {
     "heldout": [(192, 13, 384), (48, 27, 128), (112, 20, 112), (40, 30, 80), (176, 9, 176), (256, 12, 512),
                 (64, 24, 128, 3, 2), (32, 40, 64, 5)],
     "stride2": [(128, 28, 256, 3, 2), (64, 24, 128, 3, 2), (256, 14, 512, 3, 2), (64, 56, 128, 3, 2)],
+    "prime": [(96, 17, 96), (192, 13, 384)],
+    "prime-heldout": [(128, 17, 128), (64, 11, 64), (256, 13, 256), (48, 23, 96), (160, 19, 160), (64, 13, 64, 5),
+                      (32, 29, 64), (384, 11, 384)],
 }
 OLD = CStyleRenderer(dataclasses.replace(C_DIALECT, bcast8="", bcast_macro=""))
 
@@ -52,6 +60,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
+    ap.add_argument("--what", choices=("bcast", "padx"), default="bcast")
     args = ap.parse_args(argv)
     target, ratios = Target.cpu(), []
     for shape in SHAPES[args.shapes]:
@@ -60,9 +69,14 @@ def main(argv=None) -> None:
         expected = task.reference(*arrays)
         space = Space(task, "conv_nchwc", target)
         plan = lower(space, default_config(space))
+        if args.what == "padx":
+            padded = Space(task, default_sketch(task, target), target)
+            sources = (("old", plan, render(plan)), ("new", lower(padded, default_config(padded)), None))
+        else:
+            sources = (("old", plan, OLD.render(plan)), ("new", plan, render(plan)))
         contenders = {}
-        for name, src in (("old", OLD.render(plan)), ("new", render(plan))):
-            b = build(src)
+        for name, plan, src in sources:
+            b = build(src or render(plan))
             if b.status != "ok":
                 raise RuntimeError(f"{task.name} ({name}) failed to build: {b.error}")
             contenders[name] = KernelContender(plan, b.lib_path, arrays, threads=args.threads, expected=expected,
@@ -75,6 +89,8 @@ def main(argv=None) -> None:
             c.check(run=False)
         old, new = (float(np.median(times[n])) for n in ("old", "new"))
         ratios.append(old / new)
+        if args.what == "padx":
+            print(f"  exact {contenders['old'].plan.config.dumps()}\n  new   {contenders['new'].plan.config.dumps()}")
         print(f"{task.name:50s} old {old * 1e3:7.3f} ms {task.flops / old / 1e9:5.1f} GF/s   new {new * 1e3:7.3f} ms "
               f"{task.flops / new / 1e9:5.1f} GF/s   new/old {old / new:.2f}x{'  (same source)' if same else ''}",
               flush=True)

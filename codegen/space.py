@@ -98,11 +98,11 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
     elif task.op == _blocked.OP:  # channel-blocked (codegen.blocked); a 1x1 conv also over its flat pixels
-        flat, is_flat = Sketch(_blocked.FLAT_SKETCH, "v", "v"), _blocked.flat_applies(task)
-        pad = _blocked.flat_pad(task) if target is not None and is_flat else None  # an even pixel count
+        flat, is_flat, blk = Sketch(_blocked.FLAT_SKETCH, "v", "v"), _blocked.flat_applies(task), Sketch(_blocked.SKETCH, "v", "v")
+        pad, px = (_blocked.flat_pad(task) if is_flat else None, _blocked.pad_x(task)) if target else (None, None)
         dw = (Sketch(_blocked.DW_SKETCH, "v", "v"),) if _blocked.dw_applies(task) else ()  # read in place
-        return ((Sketch(_blocked.SKETCH, "v", "v"),) + dw + ((flat,) if is_flat else ())
-                + ((with_pad(task, flat, {"x": pad}),) if pad else ()))
+        return ((blk,) + ((with_pad(task, blk, {"x": px}),) if px else ()) + dw + ((flat,) if is_flat else ())
+                + ((with_pad(task, flat, {"x": pad}),) if pad else ()))  # pad: an even pixel count; px: primes
     else:
         con = task.contraction()
         channel = "k" if con.axis("k").extent > 1 or con.axis("g").extent == 1 else "g"

@@ -136,7 +136,8 @@ def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extracto
              (blocked.conv2d_nchwc(1, 16, 9, 9, out_channels=16, kernel=3, stride=2, padding=1, groups=16),
               blocked.DW_SKETCH),
              (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=24, kernel=1, residual=True), blocked.SKETCH),
-             (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1, bias=True), "conv_nchwc_flat.pad_x50"))
+             (blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1, bias=True), "conv_nchwc_flat.pad_x50"),
+             (blocked.conv2d_nchwc(1, 16, 13, 13, out_channels=16, kernel=3, padding=1), "conv_nchwc.pad_x14"))
     for i, (task, sketch) in enumerate(cases):
         space = Space(task, sketch, TARGET)
         rel = Relaxation(space)
@@ -275,6 +276,37 @@ def test_blocked_direct_convs_broadcast_from_memory_only_where_the_rule_says():
             assert b.status == "ok", b.error
             y = Kernel(plan, b.lib_path, threads=2)(*arrays)
             np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.cc
+def test_a_prime_output_width_defaults_to_the_padded_blocked_sketch_and_matches_numpy():
+    """A blocked conv whose output width is a prime (13, 17) gets a padded variant ``conv_nchwc.pad_x<W+1>``
+    (:func:`codegen.blocked.pad_x`), which is its default (a register block of several pixels per row,
+    broadcast from memory); widths with a small divisor, stride-2 outputs of 9 and depthwise convs do
+    not. The padded default and sampled configs match numpy (batch 2, residual, 5x5 kernel, 2 threads)."""
+    from codegen.padding import PAD_SEP
+
+    t17 = blocked.conv2d_nchwc(1, 16, 17, 17, out_channels=16, kernel=3, padding=1)
+    assert [s.name for s in sketches_for(t17, TARGET)] == ["conv_nchwc", "conv_nchwc.pad_x18"]
+    assert default_sketch(t17, TARGET).name == "conv_nchwc.pad_x18"
+    for other in (blocked.conv2d_nchwc(1, 16, 14, 14, out_channels=16, kernel=3, padding=1),
+                  blocked.conv2d_nchwc(1, 16, 17, 17, out_channels=16, kernel=3, stride=2, padding=1),
+                  blocked.conv2d_nchwc(1, 16, 13, 13, out_channels=16, kernel=3, padding=1, groups=16)):
+        assert not any(PAD_SEP in s.name and s.base == blocked.SKETCH for s in sketches_for(other, TARGET))
+    task = blocked.conv2d_nchwc(2, 16, 13, 11, out_channels=24, kernel=5, padding=2, bias=True, act="relu6",
+                                residual=True)
+    sketch = default_sketch(task, TARGET)
+    assert sketch.name == "conv_nchwc.pad_x12"
+    space = Space(task, sketch, TARGET)
+    arrays = task.random_inputs(seed=7)
+    ref = task.reference(*arrays)
+    for cfg in [space.default()] + space.sample_many(np.random.default_rng(7), 2):
+        plan = lower(space, cfg)
+        b = build(render(plan))
+        assert b.status == "ok", b.error
+        y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+    assert "FJ_BCAST8" in render(lower(space, space.default()))
 
 
 @pytest.mark.cc
