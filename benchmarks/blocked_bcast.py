@@ -17,7 +17,7 @@ default (a block of output channels only) vs the default of its padded variant `
 (:func:`codegen.blocked.pad_x`; the default sketch now), shape sets ``prime`` (designed on: the first
 two) and ``prime-heldout``.
 
-Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout|stride2]``,
+Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout|stride2|wide-stride2]``,
 ``python benchmarks/blocked_bcast.py --what padx --shapes prime|prime-heldout`` (about a minute per set).
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ from codegen.target import Target
 from felixjax.baselines import KernelContender, time_interleaved
 
 
-def _conv(c: int, h: int, k: int, kernel: int = 3, stride: int = 1):
+def _conv(c: int, h: int, k: int, kernel: int = 3, stride: int = 1, plain: bool = False):
     return conv2d_nchwc(1, c, h, h, out_channels=k, kernel=kernel, stride=stride, padding=kernel // 2,
-                        bias=True, act="relu")
+                        bias=True, act="relu", plain_data=plain)
 
 
 SHAPES = {
@@ -48,6 +48,9 @@ SHAPES = {
     "heldout": [(192, 13, 384), (48, 27, 128), (112, 20, 112), (40, 30, 80), (176, 9, 176), (256, 12, 512),
                 (64, 24, 128, 3, 2), (32, 40, 64, 5)],
     "stride2": [(128, 28, 256, 3, 2), (64, 24, 128, 3, 2), (256, 14, 512, 3, 2), (64, 56, 128, 3, 2)],
+    # 5x5 / 7x7 at stride 2 (plain_data: the network's image, 3 channels); the first one designed on
+    "wide-stride2": [(3, 224, 64, 7, 2, True), (3, 112, 32, 7, 2, True), (3, 128, 32, 5, 2, True), (32, 56, 64, 5, 2),
+                     (16, 64, 32, 7, 2), (3, 299, 64, 7, 2, True), (24, 40, 48, 5, 2)],
     "prime": [(96, 17, 96), (192, 13, 384)],
     "prime-heldout": [(128, 17, 128), (64, 11, 64), (256, 13, 256), (48, 23, 96), (160, 19, 160), (64, 13, 64, 5),
                       (32, 29, 64), (384, 11, 384)],

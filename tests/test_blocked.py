@@ -246,7 +246,8 @@ def test_vector_operands_are_pinned_only_where_the_block_fits_the_register_file(
 @pytest.mark.cc
 def test_blocked_direct_convs_broadcast_from_memory_only_where_the_rule_says():
     """A blocked conv wider than one tap with several pixels per register block (stride 1) broadcasts its
-    data from memory (FJ_BCAST8) and leaves the tap loop to gcc; stride 2, 1x1 convs and NCHW kernels keep
+    data from memory (FJ_BCAST8) and leaves the tap loop to gcc (at stride 2 only 5x5 / 7x7 kernels); 3x3s at
+    stride 2, 1x1 convs and NCHW kernels keep
     the scalar broadcast. Both spellings of FJ_BCAST8 (AVX and the portable fallback) match numpy, at an
     edge-heavy shape (dilation 2, a row narrower than the block's pixels, batch 2, residual)."""
     def src(task, sketch=blocked.SKETCH):
@@ -256,6 +257,8 @@ def test_blocked_direct_convs_broadcast_from_memory_only_where_the_rule_says():
     space, code = src(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=16, kernel=3, padding=1))
     assert "FJ_BCAST8(&data" in code and "#pragma GCC unroll 1\n" not in code
     assert "FJ_BCAST8" not in src(blocked.conv2d_nchwc(1, 16, 12, 12, out_channels=16, kernel=3, stride=2, padding=1))[1]
+    stem = blocked.conv2d_nchwc(1, 3, 32, 32, out_channels=16, kernel=7, stride=2, padding=3, plain_data=True)
+    assert "FJ_BCAST8(&data" in src(stem)[1]  # 5x5 / 7x7 at stride 2: yes
     assert "FJ_BCAST8" not in src(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=32, kernel=1))[1]
     plain = conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)
     assert "FJ_BCAST8" not in src(plain, default_sketch(plain, TARGET).name)[1]

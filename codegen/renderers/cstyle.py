@@ -683,9 +683,10 @@ class CStyleRenderer:
         load + register broadcast gcc kept the broadcasts of the block's overlapping pixels alive across
         the tap loop (rolled: the scalars rotated through registers each tap; unrolled: spills).
         Measured side by side (AVX2 EPYC, 1 thread, defaults): 8 blocked 3x3 convs geomean 1.33x
-        (512x7x7 23 -> 38-52 GFLOP/s, 64x32x32 39 -> 60; 64x56x56 0.93-1.38x), 8 held-out ones 1.15x; at
-        stride 2 0.81-1.04x (4 convs), on NCHW kernels (broadcast weights shared by several columns) it
-        halved the speed, on blocked 1x1s 0.87-1.03x: so not there (``benchmarks/blocked_bcast.py``)."""
+        (512x7x7 23 -> 38-52 GFLOP/s, 64x32x32 39 -> 60; 64x56x56 0.93-1.38x), 8 held-out ones 1.15x;
+        3x3 at stride 2 0.81-1.04x (4 convs): not there, but 5x5 / 7x7 at stride 2 (a 7x7 stem 1.31x, 6
+        held-out 1.11-1.46x) yes; on NCHW kernels (broadcast weights shared by several columns) it halved
+        the speed, on blocked 1x1s 0.87-1.03x: not there either (``benchmarks/blocked_bcast.py``)."""
         if plan.space.sketch.base != "conv_nchwc" or plan.pairs > 1 or plan.vec != 8:
             return False
         if plan.dtypes.accumulator != "float32" or plan.dtype != np.float32:
@@ -693,7 +694,7 @@ class CStyleRenderer:
         s3 = {lp.axis: lp.extent for lp in plan.levels["S3"]}
         ext = {a.name: a.extent for a in plan.space.axes}
         stride_x = tuple(plan.space.task.p.get("stride", (1, 1)))[-1]
-        return ext.get("rx", 1) > 1 and s3.get("x", 1) > 1 and stride_x == 1
+        return ext.get("rx", 1) > 1 and s3.get("x", 1) > 1 and (stride_x == 1 or ext["rx"] >= 5)
 
     @staticmethod
     def _pinned(plan: Plan) -> bool:
