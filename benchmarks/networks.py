@@ -182,9 +182,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-time", type=float, default=None, help="seconds per timed block (default 0.2; quick 0.05)")
     ap.add_argument("--db", default=None, help="tuning database (default: a fresh temporary one)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layout", choices=("nchw", "nchwc", "both"), default="nchw",
-                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked, felixjax.layout) or "
-                         "both (each tuned and built, timed in the same rounds)")
+    ap.add_argument("--layout", default="nchw",
+                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked, felixjax.layout), "
+                         "both (nchw,nchwc) or a comma-separated list (the first is the reference build)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
     ap.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)} between its markers")
     args = ap.parse_args(argv)
@@ -197,6 +197,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.trials_per_task == 0 and not args.db:
         ap.error("--trials-per-task 0 re-times the builds of an existing --db: give one")
     return args
+
+
+def _layouts(arg: str) -> tuple[str, ...]:
+    from felixjax.layout import LAYOUTS
+
+    out = ("nchw", "nchwc") if arg == "both" else tuple(a.strip() for a in arg.split(",") if a.strip())
+    bad = [a for a in out if a not in LAYOUTS]
+    if bad or not out:
+        raise SystemExit(f"--layout: unknown layout(s) {bad or arg!r}; known: {', '.join(LAYOUTS)}, both")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_model(name, args.dataset, target=target, threads=threads,
                                     trials_per_task=args.trials_per_task, strategy=strategy, db=db, seed=args.seed,
                                     rounds=args.rounds, min_time_s=args.min_time, runner=runner,
-                                    layouts=("nchw", "nchwc") if args.layout == "both" else (args.layout,)))
+                                    layouts=_layouts(args.layout)))
     tmp.cleanup()
     elapsed = time.perf_counter() - started
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"

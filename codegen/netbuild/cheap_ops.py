@@ -471,7 +471,11 @@ def _r_reblock(c: _Ctx, w: _Writer) -> None:
         ext, plain, blocked = tuple(ext[i] for i in (0, 1, 3, 4, 2)), [plain[i] for i in (0, 1, 3, 4, 2)], [
             blocked[i] for i in (0, 1, 3, 4, 2)]
         _pointwise(w, ext, (c.y[0], blocked, 0), [(c.x[0], plain, 0)], lambda v: v[0])
-    else:
+    else:  # over the source's order (lanes innermost: contiguous vector loads, the stores spread over
+        # b planes); over the destination's, each lane's pass read every b-th float (a 64x112x112 value
+        # 1.34 ms, 1 thread)
+        ext, plain, blocked = tuple(ext[i] for i in (0, 1, 3, 4, 2)), [plain[i] for i in (0, 1, 3, 4, 2)], [
+            blocked[i] for i in (0, 1, 3, 4, 2)]
         _pointwise(w, ext, (c.y[0], plain, 0), [(c.x[0], blocked, 0)], lambda v: v[0])
 
 
