@@ -29,6 +29,7 @@ C_DIALECT = Dialect(
     pin="FJ_PIN({v});",
     pin_macro=("#ifndef FJ_PIN\n#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))\n"
                "#define FJ_PIN(v) __asm__(\"\" : \"+x\"(v))\n#else\n#define FJ_PIN(v) ((void)0)\n#endif\n#endif"),
+    no_predictive_commoning='__attribute__((optimize("no-predictive-commoning"))) ',
     bcast8="FJ_BCAST8({ptr})",
     bcast_macro=("#ifndef FJ_BCAST8\n#if defined(__AVX__)\n#include <immintrin.h>\n"
                  "#define FJ_BCAST8(p) ((vf)_mm256_broadcast_ss(p))\n#else\n"

@@ -104,6 +104,8 @@ class Dialect:
     restrict: str = "restrict"
     static: str = "static "  # internal linkage (several kernels in one file)
     kernel_qualifier: str = ""  # e.g. CUDA's "__global__ "
+    # a function attribute turning gcc's predictive commoning off (see CStyleRenderer._scalar_taps); "": none
+    no_predictive_commoning: str = ""
     # the kernel ABI: untyped buffer pointers (each bound to a pointer of its dtype) and a byte workspace
     kernel_signature: str = "{qual}void {name}(void* const* bufs)"  # {qual}, {name}
     bind_arg: str = "{const}{S}* {restrict} {name} = ({const}{S}*)bufs[{i}];"  # {const}, {S}, {restrict}, {name}, {i}
@@ -348,6 +350,8 @@ class CStyleRenderer:
         if not (name.isascii() and name.isidentifier()):
             raise ValueError(f"kernel name {name!r} is not a C identifier")
         qual = (d.static if static else "") + d.kernel_qualifier
+        if d.no_predictive_commoning and self._scalar_taps(plan):
+            qual = d.no_predictive_commoning + qual
         if d.pin_macro and self._pinned(plan):
             for line in d.pin_macro.splitlines():
                 w(line)
@@ -674,6 +678,16 @@ class CStyleRenderer:
                     for j in range(vec):
                         w(f"{plan.acc}[acc_base + {off + j * acc_vs}] = {d.lane.format(v=f'acc_{ri}_{c}', j=j)};")
         w.close()
+
+    @staticmethod
+    def _scalar_taps(plan: Plan) -> bool:
+        """Whether a blocked conv (``conv_nchwc``) runs with scalar accumulators (``vec`` 1) over a kernel
+        wider than one tap: gcc's predictive commoning then took 90 s at -O3 on a 5x5 conv whose tap loop
+        was rolled inside unrolled channel loops (0.8 s without it; hypothesis found it as a 60 s build
+        timeout), so such kernels are compiled without it."""
+        if plan.space.sketch.base != "conv_nchwc" or plan.vec != 1:
+            return False
+        return {a.name: a.extent for a in plan.space.axes}.get("rx", 1) > 1
 
     @staticmethod
     def _memory_broadcasts(plan: Plan) -> bool:
