@@ -96,7 +96,7 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
     proto = fj.zoo.make_model(name, dataset=dataset, seed=0)
     builds, stats = {}, {"trials": 0, "tune_s": 0.0, "build_s": 0.0, "estimate_ms": {}, "tuned_tasks": 0, "tasks": 0}
     for i, layout in enumerate(layouts):
-        model = fj.load_onnx(proto, layout=layout)
+        model = fj.load_onnx(proto, layout=_mixed_plan(proto, target, threads, db) if layout == "mixed" else layout)
         n_tasks = len(model.tasks)
         budget = trials_per_task * n_tasks
         _log(f"{name} ({layout}): {n_tasks} tasks, {sum(w for _, w in model.tasks)} anchor ops; tuning {budget} "
@@ -184,6 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layout", default="nchw",
                     help="the convolutions' layout: nchw (default), nchwc (channel-blocked, felixjax.layout), "
+                         "mixed (each conv in the layout it ran faster in: felixjax.pipeline.mixed_layout), "
                          "both (nchw,nchwc) or a comma-separated list (the first is the reference build)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
     ap.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)} between its markers")
@@ -199,13 +200,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
+    """The per-conv layout of :func:`felixjax.pipeline.mixed_layout`, from builds with ``db``'s best
+    records (each task's default schedule where it has none); all-blocked or all-NCHW: that layout."""
+    from felixjax.pipeline import mixed_layout
+
+    models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
+    builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
+    plan, rows = mixed_layout(models, builds)
+    _log("mixed layout: " + ", ".join(f"{r['name']} {r['layout']} ({r['nchw_ms']:.3f} / {r['nchwc_ms']:.3f} ms)"
+                                      for r in rows))
+    if plan is None:  # one layout everywhere
+        plan = {r["name"]: r["layout"] for r in rows}
+    return plan
+
+
 def _layouts(arg: str) -> tuple[str, ...]:
     from felixjax.layout import LAYOUTS
 
     out = ("nchw", "nchwc") if arg == "both" else tuple(a.strip() for a in arg.split(",") if a.strip())
-    bad = [a for a in out if a not in LAYOUTS]
+    bad = [a for a in out if a not in LAYOUTS + ("mixed",)]
     if bad or not out:
-        raise SystemExit(f"--layout: unknown layout(s) {bad or arg!r}; known: {', '.join(LAYOUTS)}, both")
+        raise SystemExit(f"--layout: unknown layout(s) {bad or arg!r}; known: {', '.join(LAYOUTS)}, mixed, both")
     return out
 
 

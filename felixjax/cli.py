@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
     t.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
-                        "to the next) or auto (both built with default schedules and timed, the faster kept); "
+                        "to the next) or auto (both, and each conv in the layout it ran faster in, built with default "
+                        "schedules and timed, the fastest kept); "
                         "tune and build with the same")
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
@@ -118,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
     b.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
-                        "to the next) or auto (both built with default schedules and timed, the faster kept); "
+                        "to the next) or auto (both, and each conv in the layout it ran faster in, built with default "
+                        "schedules and timed, the fastest kept); "
                         "tune and build with the same")
     b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")

@@ -23,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from codegen import blocked
 
 from .graph_passes import Graph, Node, _unique
@@ -49,14 +51,39 @@ def eligible(node: Node, graph: Graph, block: int = blocked.BLOCK) -> bool:
     return len(blocked.conv2d_nchwc(**_conv_args(t), block=block, plain_data=plain).contraction().axes) <= MAX_AXES
 
 
+def resolve(graph: Graph, layout: str | Mapping[str, str]) -> Graph:
+    """``graph`` in ``layout``: ``"nchw"`` (as it is), ``"nchwc"`` (:func:`block_channels`), or a mixed
+    layout, a mapping from conv node names (the fused graph's anchors, ``Model.graph.nodes``) to
+    ``"nchw"`` / ``"nchwc"``: the convs mapped to ``"nchw"`` stay NCHW, every other eligible conv is
+    blocked (what :func:`felixjax.choose_layout` picks conv by conv from measured per-layer times).
+
+    Raises:
+        ValueError: an unknown layout, or a mapping naming a node that is not a convolution of ``graph``.
+    """
+    if isinstance(layout, str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or a mapping of conv names to them, "
+                             f"got {layout!r}")
+        return block_channels(graph) if layout == "nchwc" else graph
+    convs = {n.name for n in graph.nodes if n.is_anchor and n.task.op == "conv2d"}
+    bad = {k: v for k, v in layout.items() if k not in convs or v not in LAYOUTS}
+    if bad:
+        k, v = next(iter(bad.items()))
+        why = f"{k!r} is not a convolution of this model" if k not in convs else f"unknown layout {v!r}"
+        raise ValueError(f"mixed layout: {why} ({len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}; "
+                         f"conv names: {', '.join(sorted(convs)[:6])}{', ...' if len(convs) > 6 else ''})")
+    return block_channels(graph, keep={k for k, v in layout.items() if v == "nchw"})
+
+
 def reblocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
     n, c, h, w = shape
     return (n * c // block, h, w, block)
 
 
-def block_channels(graph: Graph, block: int = blocked.BLOCK) -> Graph:
-    """``graph`` with its eligible convolutions in NCHW[block]c (see the module docstring)."""
-    chosen = {n for n in graph.nodes if eligible(n, graph, block)}
+def block_channels(graph: Graph, block: int = blocked.BLOCK, *, keep: Collection[str] = ()) -> Graph:
+    """``graph`` with its eligible convolutions in NCHW[block]c (see the module docstring), except the
+    conv nodes named in ``keep``, which stay NCHW (a mixed layout, :func:`resolve`)."""
+    chosen = {n for n in graph.nodes if n.name not in keep and eligible(n, graph, block)}
     if not chosen:
         return graph
     shapes, consts = dict(graph.shapes), dict(graph.constants)

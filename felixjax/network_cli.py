@@ -16,15 +16,17 @@ from .ort_compare import compare_onnxruntime
 
 def _load(args: Any, target: Target):
     """The model of a tune / build command, in its ``--layout`` (``auto``: :func:`choose_layout` measures
-    both with default schedules and says which it keeps)."""
+    NCHW, NCHW8c and a per-conv mix with default schedules and says which it keeps)."""
     options = {"input_shapes": dict(getattr(args, "input_shape", None) or []) or None,
                "input_values": dict(getattr(args, "input_value", None) or []) or None}
     layout = getattr(args, "layout", "nchw")
     if layout == "auto":
         layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
         if times:
+            kept = layout if isinstance(layout, str) else (
+                f"mixed ({sum(v == 'nchw' for v in layout.values())} convs NCHW: {', '.join(sorted(layout))})")
             print("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items())
-                  + f" (default schedules): {layout}")
+                  + f" (default schedules): {kept}")
     return load_onnx(args.model, layout=layout, **options)
 
 

@@ -37,7 +37,7 @@ from codegen.limits import override as size_limits
 from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
-from felixjax.layout import LAYOUTS, block_channels
+from felixjax.layout import LAYOUTS, resolve as resolve_layout
 from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
 from felixjax.onnx_shapes import data_prop_safe, fix_hint, fold_model
 
@@ -129,7 +129,7 @@ class Model:
 
 def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
               input_shapes: Mapping[str, Sequence[int]] | None = None, limits: Any = None,
-              input_values: Mapping[str, Any] | None = None, layout: str = "nchw") -> Model:
+              input_values: Mapping[str, Any] | None = None, layout: str | Mapping[str, str] = "nchw") -> Model:
     """Import an ONNX model (path, bytes or ModelProto), run the graph passes, extract the tasks.
 
     ``input_shapes`` pins the dimensions of inputs declared with dynamic (symbolic) sizes; once pinned,
@@ -139,7 +139,9 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
     (a dict such as ``{"max_buffer_bytes": 2**34}``) changes the size limits of ``codegen.limits``.
     ``layout="nchwc"`` runs the convolutions in the channel-blocked NCHW8c layout from one conv to the
     next (:func:`felixjax.layout.block_channels`; their tasks are then ``conv2d_nchwc``); the model's
-    inputs and outputs keep their layouts.
+    inputs and outputs keep their layouts. A mapping ``{conv node name: "nchw" | "nchwc"}`` mixes them:
+    the named ``"nchw"`` convs stay NCHW, the others are blocked (:func:`felixjax.layout.resolve`; what
+    :func:`felixjax.choose_layout` returns when converting conv by conv measured fastest).
 
     Raises:
         ModelFormatError: the bytes are not a readable ONNX model.
@@ -152,22 +154,21 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         >>> m.tasks[0][0].name, m.input_shapes
         ('conv2d_1x3x32x32_k32_3x3_s1_p1_bias_relu6', {'input': (1, 3, 32, 32)})
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if isinstance(layout, str) and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or a mapping of conv names to them, "
+                         f"got {layout!r}")
     with size_limits(limits):
         proto, name = _read(model)
         try:
             source, opset = import_graph(proto, input_shapes=input_shapes, input_values=input_values)
             graph = optimize(source)
-            if layout == "nchwc":
-                graph = block_channels(graph)
-            return Model(name=name, graph=graph, source=source, opset=opset)
         except (UnsupportedModelError, SizeLimitError):
             raise
         except Exception as e:  # last resort (tests/test_fuzz_onnx.py counts these as failures to fix)
             detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             raise ModelFormatError(f"{name}: cannot import this model, it is malformed in a way felixjax does not "
                                    f"check yet ({type(e).__name__}: {detail}); please report it") from e
+        return Model(name=name, graph=resolve_layout(graph, layout), source=source, opset=opset)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -234,13 +235,16 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
 
 def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None = None, *, threads: int | None = None,
                   rounds: int = 5, number: int = 5, db: str | os.PathLike | Database | None = None,
-                  **load_options: Any) -> tuple[str, dict[str, float]]:
+                  mixed: bool = True, **load_options: Any) -> tuple[str | dict[str, str], dict[str, float]]:
     """The convolution layout to tune and build ``model`` in, chosen by measuring it: the model is
     imported in each layout of :data:`felixjax.layout.LAYOUTS` (``nchw``; ``nchwc``, whose convolutions
-    run channel-blocked), each built with its tasks' default schedules (or ``db``'s best records) and
-    timed in C, interleaved over ``rounds`` rounds of ``number`` runs; the layout with the smaller
-    median wins. Returns ``(layout, {layout: median seconds per run})``; a model with no convolution
-    that can be blocked returns ``("nchw", {})`` without building anything.
+    run channel-blocked), each built with its tasks' default schedules (or ``db``'s best records); with
+    ``mixed``, also in the per-conv layout of :func:`mixed_layout` (each conv in the layout it ran faster
+    in, from both builds' per-layer profiles) when that differs from both. The builds are timed in C,
+    interleaved over ``rounds`` rounds of ``number`` runs; the smallest median wins. Returns ``(layout,
+    {"nchw" | "nchwc" | "mixed": median seconds per run})``, ``layout`` a name or, where the mixed build
+    won, its ``{conv node name: layout}`` mapping (:func:`~felixjax.load_onnx` takes either); a model with
+    no convolution that can be blocked returns ``("nchw", {})`` without building anything.
 
     ``model`` is anything :func:`~felixjax.load_onnx` reads (not an imported :class:`Model`: the layout is
     chosen at import); ``load_options`` go to it (``input_shapes=``, ``input_values=``).
@@ -248,7 +252,7 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     Example:
         >>> from felixjax import zoo
         >>> layout, times = choose_layout(zoo.make_model("mobilenet_v2", dataset="cifar10"), rounds=1, number=1)
-        >>> layout in ("nchw", "nchwc") and sorted(times) == ["nchw", "nchwc"]
+        >>> (layout in ("nchw", "nchwc") or isinstance(layout, dict)) and {"nchw", "nchwc"} <= set(times)
         True
     """
     import statistics
@@ -261,10 +265,55 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     if not any(n.is_anchor and n.task.op == "conv2d_nchwc" for n in models["nchwc"].graph.nodes):
         return "nchw", {}
     builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
+    plan = mixed_layout(models, builds, rounds=rounds, number=number)[0] if mixed else None
+    if plan:
+        builds["mixed"] = build_model(load_onnx(model, layout=plan, **load_options), target, db=db, threads=threads)
     times: dict[str, list[float]] = {lay: [] for lay in builds}
     for _ in range(max(1, rounds)):
         for lay, exe in builds.items():
             exe.timeit(number=1)  # warm: the other build ran last
             times[lay].append(exe.timeit(number=max(1, number)))
     med = {lay: statistics.median(v) for lay, v in times.items()}
-    return min(med, key=med.get), med
+    best = min(med, key=med.get)
+    return (plan if best == "mixed" else best), med
+
+
+def mixed_layout(models: Mapping[str, Model], builds: Mapping[str, CompiledModel], *, rounds: int = 5,
+                 number: int = 5) -> tuple[dict[str, str] | None, list[dict]]:
+    """A per-conv layout from measurements: ``models`` / ``builds`` hold one model in ``"nchw"`` and in
+    ``"nchwc"`` (:func:`~felixjax.load_onnx` ``layout=``) and their builds; both are profiled step by
+    step (:meth:`CompiledModel.profile`, interleaved over ``rounds`` rounds of ``number`` runs) and each
+    blocked conv stays NCHW where its median NCHW time plus the conversions it may add (a ``Reblock``
+    of its input and of its output, at the per-element rate of the blocked build's own ``Reblock`` steps)
+    is below its blocked time. Returns ``(plan, rows)``: ``plan`` the ``{conv name: "nchw"}`` mapping for
+    ``load_onnx`` (``None`` when it would be all-blocked or all-NCHW: no new layout), ``rows`` one dict per
+    blocked conv (``name``, ``task``, ``nchw_ms``, ``nchwc_ms``, ``switch_ms``, ``layout``)."""
+    import statistics
+
+    graphs = {lay: models[lay].graph for lay in ("nchw", "nchwc")}
+    runs: dict[str, list[list[dict]]] = {lay: [] for lay in graphs}
+    for _ in range(max(1, rounds)):
+        for lay in graphs:
+            runs[lay].append(builds[lay].profile(number=max(1, number)))
+    ms = {lay: {row["name"]: statistics.median(r[k]["ms"] for r in runs[lay]) for k, row in enumerate(runs[lay][0])}
+          for lay in graphs}
+    nchwc = graphs["nchwc"]
+
+    def size(g, v: str) -> int:
+        return math.prod(g.shapes[v]) if v in g.shapes else 0
+
+    reblocks = [n for n in nchwc.nodes if n.op == "Reblock"]
+    elems = sum(size(nchwc, n.outputs[0]) for n in reblocks)
+    rate = sum(ms["nchwc"][n.name] for n in reblocks) / elems if elems else 0.0
+    plain = {n.name: n for n in graphs["nchw"].nodes}
+    rows = []
+    for node in nchwc.nodes:
+        if not (node.is_anchor and node.task.op == "conv2d_nchwc") or node.name not in plain:
+            continue
+        src = plain[node.name]
+        switch = rate * (size(graphs["nchw"], src.inputs[0]) + size(graphs["nchw"], src.outputs[0]))
+        keep = ms["nchw"][node.name] + switch < ms["nchwc"][node.name]
+        rows.append({"name": node.name, "task": node.task.name, "nchw_ms": ms["nchw"][node.name],
+                     "nchwc_ms": ms["nchwc"][node.name], "switch_ms": switch, "layout": "nchw" if keep else "nchwc"})
+    plan = {r["name"]: "nchw" for r in rows if r["layout"] == "nchw"}
+    return (plan if 0 < len(plan) < len(rows) else None), rows

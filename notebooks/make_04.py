@@ -106,10 +106,14 @@ onnxruntime runs a CNN's convolutions in the channel-blocked NCHW8c layout from 
 (tuned in that layout, under their own database keys), blocked values stay blocked between them, and a
 `Reblock` step converts back where an NCHW op reads one. Which layout is faster depends on the network
 (depthwise convs gain the most; ResNet's 3x3 convs run Winograd in NCHW), so `choose_layout` builds both
-with default schedules and times them."""),
+with default schedules and times them; it also profiles both builds step by step and, where some convs ran
+faster in each, builds a mix (each conv in its faster layout, `felixjax.pipeline.mixed_layout`) and times
+that too. A mixed layout comes back as a mapping `{conv name: "nchw"}` that `load_onnx(..., layout=...)`
+takes."""),
     ("code", """mb = fj.zoo.save("mobilenet_v2", work / "mobilenet_v2.onnx", dataset="cifar10")
 layout, times = fj.choose_layout(mb, threads=1, rounds=3, number=3)
-print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, "->", layout)
+print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, "->",
+      layout if isinstance(layout, str) else f"mixed, NCHW: {sorted(layout)}")
 blocked = fj.load_onnx(mb, layout="nchwc")
 print([t.name for t, _ in blocked.tasks][:3])
 print(sum(n.op == "Reblock" for n in blocked.graph.nodes), "Reblock step(s):",

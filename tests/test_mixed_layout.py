@@ -1,0 +1,114 @@
+"""A layout mixed conv by conv (issue 14): some convs NCHW, the others NCHW8c, converted where they meet."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen import blocked
+from codegen.target import Target
+
+TARGET = Target.cpu()
+
+
+def _mobilenet():
+    import felixjax as fj
+
+    return fj.zoo.make_model("mobilenet_v2", dataset="cifar10", seed=0)
+
+
+@pytest.mark.cc
+def test_a_mixed_layout_computes_what_the_nchw_one_does():
+    """Convs kept NCHW in the middle of blocked regions (a 1x1 whose output is a blocked conv's residual, a
+    depthwise conv, the last conv): each value is converted at most once per direction, the named convs keep their
+    NCHW tasks, the others are blocked; numpy and the C build match the NCHW model."""
+    import felixjax as fj
+    from felixjax.network import build_model
+
+    proto = _mobilenet()
+    plain = fj.load_onnx(proto)
+    convs = [n for n in plain.graph.nodes if n.is_anchor and n.task.op == "conv2d"]
+    dw = next(n for n in convs if n.task.p["groups"] > 1 and n.task.p["h"] == 16)
+    res = next(n for n in convs if n.task.residual)  # its residual comes from the conv kept NCHW below
+    src = next(n for n in convs if res.inputs[-1] in n.outputs)
+    keep = {src.name: "nchw", convs[4].name: "nchw", dw.name: "nchw", convs[-1].name: "nchw",
+            convs[1].name: "nchwc"}
+    mixed = fj.load_onnx(proto, layout=keep)
+    by_name = {n.name: n for n in mixed.graph.nodes}
+    for name, lay in keep.items():
+        assert (by_name[name].task.op == blocked.OP) == (lay == "nchwc"), name
+    assert sum(n.is_anchor and n.task.op == blocked.OP for n in mixed.graph.nodes) == \
+        sum(n.is_anchor and n.task.op == blocked.OP for n in fj.load_onnx(proto, layout="nchwc").graph.nodes) - \
+        sum(v == "nchw" for v in keep.values())
+    reblocks = [(n.inputs[0], n.attrs["to"]) for n in mixed.graph.nodes if n.op == "Reblock"]
+    assert len(reblocks) == len(set(reblocks)) and (src.outputs[0], "nchwc") in reblocks
+    # a groups-1 conv after an NCHW one reads its data as it is (no reorder), a depthwise one cannot
+    assert {to for _, to in reblocks} == {"nchw", "nchwc"}
+    x = np.random.default_rng(0).standard_normal(plain.input_shapes["input"]).astype(np.float32)
+    ref = plain.run_numpy(x)
+    np.testing.assert_allclose(mixed.run_numpy(x), ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    np.testing.assert_allclose(build_model(mixed, TARGET, threads=2)(x), ref, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_a_mixed_layout_names_what_it_cannot_use():
+    import felixjax as fj
+
+    proto = _mobilenet()
+    with pytest.raises(ValueError, match="'nope' is not a convolution of this model"):
+        fj.load_onnx(proto, layout={"nope": "nchw"})
+    conv = next(n.name for n in fj.load_onnx(proto).graph.nodes if n.is_anchor and n.task.op == "conv2d")
+    with pytest.raises(ValueError, match="unknown layout 'nhwc'"):
+        fj.load_onnx(proto, layout={conv: "nhwc"})
+    with pytest.raises(ValueError, match="layout must be one of"):
+        fj.load_onnx(proto, layout="nhwc")
+
+
+class _Profiled:
+    """Stands in for a CompiledModel: ``profile`` returns set times (ms per node name)."""
+
+    def __init__(self, graph, ms):
+        self.graph, self.ms, self.calls = graph, ms, 0
+
+    def profile(self, number):
+        self.calls += 1
+        return [{"name": n.name, "ms": self.ms.get(n.name, 0.0)} for n in self.graph.nodes]
+
+
+def test_mixed_layout_keeps_a_conv_nchw_only_where_it_pays_for_its_conversions():
+    """The rule on set profiles: a conv stays NCHW where its NCHW time plus the conversions of its input
+    and output (at the blocked build's measured Reblock rate) is below its blocked time; no plan when
+    every conv goes one way."""
+    import math
+
+    import felixjax as fj
+    from felixjax.pipeline import mixed_layout
+
+    proto = _mobilenet()
+    models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
+    g = models["nchwc"].graph
+    reblock = next(n for n in g.nodes if n.op == "Reblock")
+    rate = 0.001  # ms per element
+    convs = [n for n in g.nodes if n.is_anchor and n.task.op == blocked.OP]
+    plain = {n.name: n for n in models["nchw"].graph.nodes}
+
+    def switch(name):
+        n = plain[name]
+        return rate * sum(math.prod(models["nchw"].graph.shapes[v]) for v in (n.inputs[0], n.outputs[0]))
+
+    a, b, c = convs[2].name, convs[6].name, convs[9].name
+    fast = {n.name: 1.0 for n in convs} | {reblock.name: rate * math.prod(g.shapes[reblock.outputs[0]])}
+    slow = {n.name: 2.0 for n in convs} | {a: 1.0 - switch(a) - 0.01,   # pays: NCHW
+                                            b: 1.0 - switch(b) + 0.01}   # faster alone, not with conversions
+    builds = {"nchw": _Profiled(models["nchw"].graph, slow), "nchwc": _Profiled(g, fast)}
+    plan, rows = mixed_layout(models, builds, rounds=3, number=1)
+    assert builds["nchw"].calls == builds["nchwc"].calls == 3
+    assert plan == {a: "nchw"}
+    assert [r["name"] for r in rows] == [n.name for n in convs]
+    row = {r["name"]: r for r in rows}
+    assert row[b]["layout"] == "nchwc" and row[b]["nchw_ms"] < row[b]["nchwc_ms"]
+    assert row[c]["switch_ms"] == pytest.approx(switch(c))
+    # every conv faster blocked, or every one faster NCHW: no mixed layout to build
+    assert mixed_layout(models, {"nchw": _Profiled(models["nchw"].graph, {n.name: 3.0 for n in convs}),
+                                 "nchwc": builds["nchwc"]}, rounds=1)[0] is None
+    assert mixed_layout(models, {"nchw": _Profiled(models["nchw"].graph, {n.name: 0.0 for n in convs}),
+                                 "nchwc": builds["nchwc"]}, rounds=1)[0] is None
