@@ -176,7 +176,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     """The schedule of every distinct task: ``configs`` first, then the database's best record timed at
     ``threads`` threads (default: the target's cores), else at the nearest other thread count (noted),
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
-    longer lowers)."""
+    longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
+    the default timed again side by side), the fastest of those is its best record: the fastest single
+    measurement of a noisy run is too often a lucky one."""
     database, own = _open_db(db)
     want = int(threads or target.cores)
     # thread counts to look up, the one asked for first, then the nearest others
@@ -189,7 +191,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
             rec = None
             if database is not None and not (configs and task in configs):
                 for n in counts:
-                    rec = database.best(task, target.at_threads(n))
+                    at = target.at_threads(n)
+                    rec = database.best(task, at, retimed=True) or database.best(task, at)
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break

@@ -29,7 +29,7 @@ from codegen.lower import Plan, lower
 from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task, parse_spec
 from codegen.render_c import render
-from codegen.space import Config, Space
+from codegen.space import Config, Space, default_sketch
 from codegen.target import Target
 
 from .cost_aware import CostAware
@@ -118,7 +118,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                strategy_options: dict | None = None, include_defaults: bool = True, alpha: float = 0.2,
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
                measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
-               early_stop: float | None = None, cost_aware: CostAware | None = None) -> NetworkTuneResult:
+               early_stop: float | None = None, cost_aware: CostAware | None = None,
+               retime: int = 3) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
     One tuning session serves every task: one strategy instance and context per task for the whole
@@ -150,6 +151,10 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             gives its share of the budget to the other tasks (``res.tasks[i].stop_reason`` says so).
         cost_aware: all the cost-aware options (:class:`~felixjax.cost_aware.CostAware`) instead of
             ``filter_p``/``early_stop``.
+        retime: at the end, time each task's ``retime`` best configs and its default schedule again,
+            interleaved (twice each, outside the budget); the fastest re-timed config is the task's best
+            (``res.tasks[i].best``, a ``retime:<run>`` record) and what ``build_model`` then picks.
+            0: no re-timing (each task's best is its fastest measurement while tuning).
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -183,6 +188,12 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
         info, rounds = scheduled_rounds(session, runs, [w for _, w in pairs], per_round=per_round, alpha=alpha,
                                         beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
+        if retime > 0:                                                        # the bests and defaults, again
+            for tr, tt in zip(runs, info):
+                default = Space(tr.task, default_sketch(tr.task, session.target), session.target).default()
+                rows = session.retime([tr], top=retime, extra=[default]).get(tr.run, [])
+                if rows and rows[0].ok:
+                    tt.best = rows[0]
         target = session.target
     result = NetworkTuneResult(model, target, run, sname, info, rounds, time.perf_counter() - start,
                                builder=build_model)

@@ -33,6 +33,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -397,10 +398,12 @@ class TuningSession:
         return []
 
     # ---- re-timing -----------------------------------------------------------------------------
-    def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 2) -> dict[str, list[TuningRecord]]:
+    def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 2,
+               extra: Sequence[Config] = ()) -> dict[str, list[TuningRecord]]:
         """Time the ``top`` best configs of each run of one task again, interleaved (A B C A B C ...),
-        ``repeats`` times, and store one row per config in run ``"retime:<run>"`` (no budget, no
-        history). Returns ``{run: [re-timed records, best first]}``."""
+        ``repeats`` times, with the ``extra`` configs (say the task's default schedule) beside them, and
+        store one row per config in run ``"retime:<run>"`` (no budget, no history). Returns ``{run:
+        [re-timed records, best first]}``."""
         out: dict[str, list[TuningRecord]] = {}
         if top < 1 or repeats < 1 or not runs:
             return out
@@ -410,7 +413,8 @@ class TuningSession:
         picks: dict[str, list[Config]] = {}
         for tr in runs:
             ok = sorted((r for r in tr.history if r.ok), key=lambda r: r.latency_s)
-            picks[tr.run] = list(dict.fromkeys(r.config for r in ok))[:top]
+            best = list(dict.fromkeys(r.config for r in ok))[:top]
+            picks[tr.run] = best + [c for c in dict.fromkeys(extra) if c not in best]
         configs = list(dict.fromkeys(c for cs in picks.values() for c in cs))
         if not configs:
             return out

@@ -19,7 +19,9 @@ from codegen import netbuild
 from codegen.ops import conv2d, matmul
 from felixjax import cli, graph_passes, zoo
 from felixjax.testing import run_standalone
-from felixjax.database import Database
+from felixjax.database import Database, TuningRecord
+from codegen.measure import MeasureResult
+from codegen.space import default_sketch
 from felixjax.errors import UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate
 from felixjax.network import (CompiledModel, TaskScheduler, build_model, graph_to_spec, similarity_tag,
@@ -353,14 +355,14 @@ def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     db = str(tmp_path / "net.db")
     seen = []
     res = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, runner=runner, threads=1,
-                     trials_per_round=2, progress=seen.append)
+                     trials_per_round=2, progress=seen.append, retime=0)
     assert res.trials == 3 * len(model.tasks) and len(seen) == len(res.rounds)
     assert all(t.trials >= 2 and t.best is not None for t in res.tasks)  # every task got its warm-up round
     assert [r["index"] for r in seen[: len(model.tasks)]] == list(range(len(model.tasks)))
     assert "total (anchors)" in res.table()
     # resuming the same run with a larger budget measures only the difference
     res2 = tune_model(model, trials=3 * len(model.tasks) + 2, strategy="random", db=db, runner=runner, threads=1,
-                      trials_per_round=2, progress=False)
+                      trials_per_round=2, progress=False, retime=2)
     assert res2.trials == 3 * len(model.tasks) + 2 and sum(r["new"] for r in res2.rounds) == 2
     target = fj.Target.cpu()
     at1 = target.at_threads(1)  # records are stored per thread count
@@ -370,12 +372,22 @@ def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
             assert first == fj.Space(t.task, fj.sketches_for(t.task)[0], target).default()
             if target.cores > 1:
                 assert d.records(t.task, target) == []
+    with Database(db) as d:  # the end-of-run re-timing: each task's bests and its default, side by side
+        for t in res2.tasks:
+            rows = d.records(t.task, at1, run="retime:" + res2.run)
+            default = fj.Space(t.task, default_sketch(t.task, target), target).default()
+            assert default in [r.config for r in rows] and 2 <= len(rows) <= 3
+            assert t.best.run == "retime:" + res2.run
+            assert t.best.latency_s == min(r.latency_s for r in rows if r.ok)
+        lucky = res2.tasks[0]  # a faster single measurement does not displace the re-timed best
+        other = next(r.config for r in d.records(lucky.task, at1) if r.config != lucky.best.config)
+        d.add(TuningRecord(lucky.task, at1.key, "lucky", 0, other, MeasureResult("ok", (1e-12,))))
     for threads in (1, None):  # built for 1 thread, or for all cores from the 1-thread records (noted)
         exe = build_model(model, db=db, threads=threads)
         with Database(db) as d:
             for sched in exe.schedules:
                 assert sched.source == "tuned"
-                assert sched.config == d.best(sched.task, at1).config
+                assert sched.config == d.best(sched.task, at1, retimed=True).config
                 assert ("tuned at 1 thread" in sched.note) == (threads is None and target.cores > 1)
     assert "tuned" in exe.summary()
     x = np.random.default_rng(5).standard_normal((1, 8, 16)).astype(np.float32)
