@@ -336,6 +336,9 @@ def default_schedule(space) -> tuple:
     chunk = max(d for d in range(1, ext.get("c", 1) + 1) if ext.get("c", 1) % d == 0 and d * kb <= 32)
     if pointwise and chunk < ext["c"]:
         return (*_pointwise_schedule(space, ext, s3, cores, chunk), vec, 8)
+    taps = tap_chunk(ext, kb) if not depthwise and not plain_data(space.task) else None
+    if taps is not None:
+        return (*_pointwise_schedule(space, ext, s3, cores, taps, tap_rows=True), vec, 64)
     par, chunks = 0, 1
     for i, t in enumerate(tiles[: space.n_spatial]):
         if chunks >= 4 * cores:
@@ -344,7 +347,24 @@ def default_schedule(space) -> tuple:
     return tuple(tiles), par, vec, 8 if pointwise else 1
 
 
-def _pointwise_schedule(space, ext: dict[str, int], s3: dict[str, int], cores: int, chunk: int) -> tuple[tuple, int]:
+TAP_CHUNK_BYTES = 24 * 1024  # a chunk's weights for one register block: most of a 32 KB L1
+
+
+def tap_chunk(ext: dict[str, int], kb: int) -> int | None:
+    """Input-channel blocks per chunk of a blocked direct conv's default when the weights one register
+    block reads (``kb`` out blocks x all input channels x taps) exceed :data:`TAP_CHUNK_BYTES`: the
+    largest divisor of the channel blocks whose weights for one kernel row (``kb`` x chunk x 8 lanes x
+    kernel width x 8) fit it; ``None`` for a 1x1 conv or where the whole reduction fits."""
+    if "ry" not in ext or "c" not in ext:
+        return None
+    per_c = 4 * kb * ext.get("u", 1) * ext["v"] * ext.get("rx", 1)  # bytes per channel block, one kernel row
+    if per_c * ext["c"] * ext["ry"] <= TAP_CHUNK_BYTES:
+        return None
+    return max(d for d in range(1, ext["c"] + 1) if ext["c"] % d == 0 and (d * per_c <= TAP_CHUNK_BYTES or d == 1))
+
+
+def _pointwise_schedule(space, ext: dict[str, int], s3: dict[str, int], cores: int, chunk: int,
+                        tap_rows: bool = False) -> tuple[tuple, int]:
     """``(tiles, parallel)`` of a blocked 1x1 conv's default: the input channels in chunks whose weights
     for the register block's out blocks take at most 8 KB (L1), the chunk loop (R0) *outside* the pixel
     loops (S2), so a chunk's weights stay in L1 while every pixel of the image reads them, and the
@@ -361,6 +381,8 @@ def _pointwise_schedule(space, ext: dict[str, int], s3: dict[str, int], cores: i
         b = s3.get(a.name, 1)
         if a.name == "c":
             tiles.append((ext["c"] // chunk, chunk))
+        elif a.name == "ry" and tap_rows:
+            tiles.append((a.extent, 1))
         elif a.reduce:
             tiles.append((1, a.extent))
         elif a.name == pix:
