@@ -17,24 +17,33 @@ default (a block of output channels only) vs the default of its padded variant `
 (:func:`codegen.blocked.pad_x`; the default sketch now), shape sets ``prime`` (designed on: the first
 two) and ``prime-heldout``.
 
+``--what taps`` (session 14): the default before and after tap chunks (:func:`codegen.blocked.tap_chunk`:
+where one register block's weights exceed 24 KB, input-channel chunks with the kernel rows in R0, so a
+chunk's weights for one kernel row stay in L1 while every pixel reads them, and unroll 64), with
+onnxruntime at its defaults as a third contender; shape sets ``taps`` (designed on: ResNet-18 224's
+3x3s), ``taps-heldout`` (3x3s of other sizes) and ``taps-more`` (stride 2, 5x5).
+
 Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout|stride2|wide-stride2]``,
-``python benchmarks/blocked_bcast.py --what padx --shapes prime|prime-heldout`` (about a minute per set).
+``python benchmarks/blocked_bcast.py --what padx --shapes prime|prime-heldout``,
+``python benchmarks/blocked_bcast.py --what taps --shapes taps|taps-heldout|taps-more`` (about a minute per set).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 
 import numpy as np
 
-from codegen.blocked import conv2d_nchwc
+from codegen import blocked
+from codegen.blocked import conv2d_nchwc, plain_twin
 from codegen.build import build
 from codegen.lower import lower
 from codegen.renderers.c import C_DIALECT, render
 from codegen.renderers.cstyle import CStyleRenderer
 from codegen.space import Space, default_config, default_sketch
 from codegen.target import Target
-from felixjax.baselines import KernelContender, time_interleaved
+from felixjax.baselines import KernelContender, ort_contender, time_interleaved
 
 
 def _conv(c: int, h: int, k: int, kernel: int = 3, stride: int = 1, plain: bool = False):
@@ -51,6 +60,11 @@ SHAPES = {
     # 5x5 / 7x7 at stride 2 (plain_data: the network's image, 3 channels); the first one designed on
     "wide-stride2": [(3, 224, 64, 7, 2, True), (3, 112, 32, 7, 2, True), (3, 128, 32, 5, 2, True), (32, 56, 64, 5, 2),
                      (16, 64, 32, 7, 2), (3, 299, 64, 7, 2, True), (24, 40, 48, 5, 2)],
+    "taps": [(512, 7, 512), (256, 14, 256), (128, 28, 128), (64, 56, 64)],
+    "taps-heldout": [(64, 32, 64), (128, 16, 128), (256, 8, 256), (512, 4, 512), (96, 24, 96), (192, 12, 192),
+                     (48, 40, 64), (320, 10, 320)],
+    "taps-more": [(64, 56, 128, 3, 2), (128, 28, 256, 3, 2), (256, 14, 512, 3, 2), (64, 32, 128, 3, 2),
+                  (96, 20, 96, 5), (64, 28, 64, 5)],
     "prime": [(96, 17, 96), (192, 13, 384)],
     "prime-heldout": [(128, 17, 128), (64, 11, 64), (256, 13, 256), (48, 23, 96), (160, 19, 160), (64, 13, 64, 5),
                       (32, 29, 64), (384, 11, 384)],
@@ -58,12 +72,23 @@ SHAPES = {
 OLD = CStyleRenderer(dataclasses.replace(C_DIALECT, bcast8="", bcast_macro=""))
 
 
+@contextlib.contextmanager
+def _no_tap_chunks():
+    """The default schedule as it was before tap chunks (session 13)."""
+    saved = blocked.tap_chunk
+    blocked.tap_chunk = lambda ext, kb: None
+    try:
+        yield
+    finally:
+        blocked.tap_chunk = saved
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
-    ap.add_argument("--what", choices=("bcast", "padx"), default="bcast")
+    ap.add_argument("--what", choices=("bcast", "padx", "taps"), default="bcast")
     args = ap.parse_args(argv)
     target, ratios = Target.cpu(), []
     for shape in SHAPES[args.shapes]:
@@ -75,6 +100,11 @@ def main(argv=None) -> None:
         if args.what == "padx":
             padded = Space(task, default_sketch(task, target), target)
             sources = (("old", plan, render(plan)), ("new", lower(padded, default_config(padded)), None))
+        elif args.what == "taps":
+            space = Space(task, default_sketch(task, target), target)
+            with _no_tap_chunks():
+                before = lower(space, default_config(space))
+            sources = (("old", before, None), ("new", lower(space, default_config(space)), None))
         else:
             sources = (("old", plan, OLD.render(plan)), ("new", plan, render(plan)))
         contenders = {}
@@ -85,6 +115,11 @@ def main(argv=None) -> None:
             contenders[name] = KernelContender(plan, b.lib_path, arrays, threads=args.threads, expected=expected,
                                                name=name)
         same = contenders["old"].lib_path == contenders["new"].lib_path  # the rule did not apply
+        if args.what == "taps":
+            twin = plain_twin(task)
+            twin_arrays = twin.random_inputs(0)
+            contenders["onnxruntime"] = ort_contender(twin, twin_arrays, threads=args.threads,
+                                                      expected=twin.reference(*twin_arrays))
         for c in contenders.values():
             c.check()
         times = time_interleaved(contenders, rounds=args.rounds)
@@ -94,8 +129,11 @@ def main(argv=None) -> None:
         ratios.append(old / new)
         if args.what == "padx":
             print(f"  exact {contenders['old'].plan.config.dumps()}\n  new   {contenders['new'].plan.config.dumps()}")
+        peer = (f"   onnxruntime {float(np.median(times['onnxruntime'])) * 1e3:7.3f} ms: old "
+                f"{float(np.median(times['onnxruntime'])) / old:.2f}x new {float(np.median(times['onnxruntime'])) / new:.2f}x"
+                if "onnxruntime" in times else "")
         print(f"{task.name:50s} old {old * 1e3:7.3f} ms {task.flops / old / 1e9:5.1f} GF/s   new {new * 1e3:7.3f} ms "
-              f"{task.flops / new / 1e9:5.1f} GF/s   new/old {old / new:.2f}x{'  (same source)' if same else ''}",
+              f"{task.flops / new / 1e9:5.1f} GF/s   new/old {old / new:.2f}x{'  (same source)' if same else ''}{peer}",
               flush=True)
     print(f"geomean new/old over {len(ratios)} ({args.shapes}, {args.threads} thread(s)): "
           f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x  (min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
