@@ -243,3 +243,17 @@ def test_cli_sparsity_is_one_clear_line(value, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "sparsity" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not db.exists()
+
+
+@pytest.mark.cc
+def test_a_sparse_kernel_unrolls_no_more_than_its_longest_block_row():
+    """A case hypothesis found (session 14): ``unroll`` 512 on a 6x6x4 matmul whose block-rows hold one
+    block each took gcc more than 60 s (a build timeout); the pragma is now capped by the longest
+    block-row, and the kernel matches numpy."""
+    task = matmul(6, 6, 4, sparsity=0.3)
+    sp = Space(task, SPARSE_SKETCH, TARGET)
+    cfg = Config(sketch=SPARSE_SKETCH, tiles=((1, 1, 1, 1), (3, 2, 1, 1), (2, 1, 1, 3), (1, 4)), parallel=0, vec=1,
+                 unroll=512, extra=(("sparse_bc", 4),))
+    sp.validate(cfg)
+    plan, _ = _check(task, cfg)
+    assert "#pragma GCC unroll 512" not in render(plan)

@@ -156,8 +156,12 @@ def _rows_vector(plan, w: Writer, prefix: str) -> None:
     w(f"for (long st = 0; st < {g.S}; st += {ts}) {{")
     for i in range(br):
         w("  " + " ".join(f"{vt} a{i}_{q} = {'(vf){0}' if vec > 1 else '0.0f'};" for q in range(nv)))
-    if plan.unroll > 1:
-        w(f"  #pragma GCC unroll {plan.unroll}")
+    # no more copies than the longest block-row has blocks: gcc took > 60 s on a 6x6x4 matmul whose
+    # rows held one block each when asked for 512 copies of a loop with a run-time trip count
+    unroll = min(plan.unroll, max((int(b.block_ptr[i + 1] - b.block_ptr[i]) for i in range(len(b.block_ptr) - 1)),
+                                  default=1))
+    if unroll > 1:
+        w(f"  #pragma GCC unroll {unroll}")
     w(f"  for (int p = {prefix}_ptr[ob]; p < {prefix}_ptr[ob + 1]; ++p) {{")
     w(f"    const float* xr = xb + (long){prefix}_col[p] * {g.S} + st;")
     w(f"    const float* wv = {prefix}_val + (long)p * {br * bc};")
