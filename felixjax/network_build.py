@@ -171,6 +171,11 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
     return Database(db, readonly=True), True  # build only reads: works on read-only files
 
 
+def default_config_for(task: Task, target: Target) -> Config:
+    """The schedule an untuned build of ``task`` uses: its default sketch's default config."""
+    return Space(task, default_sketch(task, target), target).default()
+
+
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
                      configs: Mapping[Task, Config] | None = None, threads: int | None = None) -> list[Schedule]:
     """The schedule of every distinct task: ``configs`` first, then the database's best record timed at
@@ -186,7 +191,7 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     out = []
     try:
         for task, weight in model.tasks:
-            default = Space(task, default_sketch(task, target), target).default()
+            default = default_config_for(task, target)
             cfg, source, lat, note = default, "default", None, ""
             rec = None
             if database is not None and not (configs and task in configs):

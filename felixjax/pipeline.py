@@ -29,13 +29,13 @@ from codegen.lower import Plan, lower
 from codegen.measure import LocalRunner, TimingProtocol
 from codegen.ops import Task, parse_spec
 from codegen.render_c import render
-from codegen.space import Config, Space, default_sketch
+from codegen.space import Config, Space
 from codegen.target import Target
 
 from .cost_aware import CostAware
 from .database import Database
 from .errors import UnsupportedModelError
-from .network_build import CompiledModel, _as_model, choose_schedules, graph_to_spec
+from .network_build import CompiledModel, _as_model, choose_schedules, default_config_for, graph_to_spec
 from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
 from .onnx_import import Model
 from .results import TuneResult
@@ -190,7 +190,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                                         beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
         if retime > 0:                                                        # the bests and defaults, again
             for tr, tt in zip(runs, info):
-                default = Space(tr.task, default_sketch(tr.task, session.target), session.target).default()
+                default = default_config_for(tr.task, session.target)
                 rows = session.retime([tr], top=retime, extra=[default]).get(tr.run, [])
                 if rows and rows[0].ok:
                     tt.best = rows[0]

@@ -158,8 +158,7 @@ def _rows_vector(plan, w: Writer, prefix: str) -> None:
         w("  " + " ".join(f"{vt} a{i}_{q} = {'(vf){0}' if vec > 1 else '0.0f'};" for q in range(nv)))
     # no more copies than the longest block-row has blocks: gcc took > 60 s on a 6x6x4 matmul whose
     # rows held one block each when asked for 512 copies of a loop with a run-time trip count
-    unroll = min(plan.unroll, max((int(b.block_ptr[i + 1] - b.block_ptr[i]) for i in range(len(b.block_ptr) - 1)),
-                                  default=1))
+    unroll = min(plan.unroll, int(np.diff(b.block_ptr).max(initial=1)))
     if unroll > 1:
         w(f"  #pragma GCC unroll {unroll}")
     w(f"  for (int p = {prefix}_ptr[ob]; p < {prefix}_ptr[ob + 1]; ++p) {{")
