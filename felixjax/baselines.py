@@ -49,6 +49,8 @@ import numpy as np
 from codegen.measure import check_output
 from codegen.ops import Task
 
+from .cycles import ThreadCounters
+
 __all__ = [
     "CONTENDERS",
     "ONNX_IR_VERSION",
@@ -637,7 +639,7 @@ def _calibrate(timeit: Callable[[int], float], min_time_s: float, max_number: in
 
 def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int = 5, min_time_s: float = 0.05,
                      warmup: int = 1, max_number: int = 100_000, pause_s: float = 0.1,
-                     settle: int = 2) -> dict[str, list[float]]:
+                     settle: int = 2, event: str | None = None) -> dict[str, list[float]]:
     """Time contenders in turn, A B C A B C ..., so that machine drift hits all of them alike.
 
     Each contender is warmed up, then its calls per block are calibrated so one block lasts at least
@@ -656,9 +658,12 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
         max_number: cap on calls per block.
         pause_s: sleep before each timed block.
         settle: untimed calls right before each timed block.
+        event: ``"cycles"`` or ``"instructions"`` to return that count per call instead of seconds
+            (:mod:`felixjax.cycles`: user-mode counts of the process's threads; blocks still calibrated
+            in wall time). For A/B comparisons of kernels on a noisy host, not published latencies.
 
     Returns:
-        name -> seconds per call, one entry per round. See :func:`summarize` for median and min.
+        name -> seconds per call (or ``event`` counts per call), one entry per round. See :func:`summarize` for median and min.
 
     Example:
         >>> t = time_interleaved({"a": lambda: sum(range(100)), "b": lambda: None}, rounds=2, min_time_s=1e-3,
@@ -667,12 +672,12 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
         [2, 2]
     """
     return time_blocks({name: _timer(c) for name, c in contenders.items()}, rounds=rounds, min_time_s=min_time_s,
-                       warmup=warmup, max_number=max_number, pause_s=pause_s, settle=settle)
+                       warmup=warmup, max_number=max_number, pause_s=pause_s, settle=settle, event=event)
 
 
 def time_blocks(timers: dict[str, Callable[[int], float]], *, rounds: int = 5, min_time_s: float = 0.05,
                 warmup: int = 1, max_number: int = 1_000_000, pause_s: float = 0.1,
-                settle: int = 2) -> dict[str, list[float]]:
+                settle: int = 2, event: str | None = None) -> dict[str, list[float]]:
     """:func:`time_interleaved` for block timers: ``timers[name](number)`` runs ``number`` calls and
     returns their seconds (a loop in C, an IO-bound session loop, ...)."""
     if rounds < 1 or min_time_s < 0 or pause_s < 0 or settle < 0:
@@ -690,7 +695,12 @@ def time_blocks(timers: dict[str, Callable[[int], float]], *, rounds: int = 5, m
                 time.sleep(pause_s)
             if settle:
                 timeit(settle)
-            out[name].append(timeit(numbers[name]) / numbers[name])
+            if event is None:
+                out[name].append(timeit(numbers[name]) / numbers[name])
+                continue
+            with ThreadCounters(event) as counter:
+                timeit(numbers[name])
+            out[name].append(counter.read() / numbers[name])
     return out
 
 

@@ -1,0 +1,65 @@
+"""felixjax.cycles: user-mode performance counters of the process's threads, and time_interleaved's
+``event`` option built on them (counts, not timings: instructions of a fixed workload barely move)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from felixjax import cycles
+from felixjax.baselines import time_interleaved
+
+needs_counters = pytest.mark.skipif(not cycles.available("instructions"),
+                                    reason="no user-mode perf counters here (perf_event_paranoid > 2 or no PMU)")
+
+
+def _work(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def test_unknown_event_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown event"):
+        cycles.ThreadCounters("cache-misses")
+
+
+def test_available_is_a_plain_answer():
+    assert cycles.available() in (True, False)
+
+
+@needs_counters
+def test_instructions_scale_with_the_work():
+    counts = []
+    for n in (100_000, 200_000):
+        with cycles.ThreadCounters("instructions") as c:
+            _work(n)
+        counts.append(c.read())
+    assert counts[0] > 100_000
+    assert 1.7 < counts[1] / counts[0] < 2.3
+
+
+@needs_counters
+def test_threads_running_during_the_block_are_counted():
+    go, done = threading.Event(), threading.Event()
+
+    def worker():
+        go.wait()
+        _work(300_000)
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()  # exists before the block: counted
+    with cycles.ThreadCounters("instructions") as c:
+        go.set()
+        done.wait()
+    t.join()
+    with cycles.ThreadCounters("instructions") as alone:
+        _work(300_000)
+    assert c.read() > 0.8 * alone.read()
+
+
+@needs_counters
+def test_time_interleaved_counts_per_call():
+    out = time_interleaved({"one": lambda: _work(20_000), "two": lambda: _work(40_000)}, rounds=3,
+                           min_time_s=1e-3, pause_s=0.0, settle=0, event="instructions")
+    one, two = min(out["one"]), min(out["two"])
+    assert one > 20_000 and 1.7 < two / one < 2.3
