@@ -23,9 +23,16 @@ chunk's weights for one kernel row stay in L1 while every pixel reads them, and 
 onnxruntime at its defaults as a third contender; shape sets ``taps`` (designed on: ResNet-18 224's
 3x3s), ``taps-heldout`` (3x3s of other sizes) and ``taps-more`` (stride 2, 5x5).
 
+``--what strided`` (session 15): the default of a blocked 1x1 conv at stride 2 before and after it runs
+row-major (:func:`codegen.blocked.strided_rows`), shape sets ``strided`` (designed on: ResNet-18's
+projections) and ``strided-heldout``. ``--event cycles`` counts user-mode cycles per call
+(:mod:`felixjax.cycles`) instead of timing, for A/B decisions on this noisy shared host (columns in
+millions of cycles and flop per cycle).
+
 Run: ``python benchmarks/blocked_bcast.py [--threads 1] [--rounds 5] [--shapes designed|heldout|stride2|wide-stride2]``,
 ``python benchmarks/blocked_bcast.py --what padx --shapes prime|prime-heldout``,
-``python benchmarks/blocked_bcast.py --what taps --shapes taps|taps-heldout|taps-more`` (about a minute per set).
+``python benchmarks/blocked_bcast.py --what taps --shapes taps|taps-heldout|taps-more`` (about a minute per set),
+``python benchmarks/blocked_bcast.py --what strided --shapes strided|strided-heldout [--event cycles]``.
 """
 from __future__ import annotations
 
@@ -65,6 +72,10 @@ SHAPES = {
                      (48, 40, 64), (320, 10, 320)],
     "taps-more": [(64, 56, 128, 3, 2), (128, 28, 256, 3, 2), (256, 14, 512, 3, 2), (64, 32, 128, 3, 2),
                   (96, 20, 96, 5), (64, 28, 64, 5)],
+    # 1x1 stride 2 (--what strided): ResNet-18's three projections, then held-out shapes
+    "strided": [(64, 56, 128, 1, 2), (128, 28, 256, 1, 2), (256, 14, 512, 1, 2)],
+    "strided-heldout": [(32, 112, 64, 1, 2), (96, 40, 192, 1, 2), (160, 20, 320, 1, 2), (48, 30, 96, 1, 2),
+                        (512, 14, 1024, 1, 2), (24, 80, 48, 1, 2), (384, 12, 768, 1, 2), (64, 33, 128, 1, 2)],
     "prime": [(96, 17, 96), (192, 13, 384)],
     "prime-heldout": [(128, 17, 128), (64, 11, 64), (256, 13, 256), (48, 23, 96), (160, 19, 160), (64, 13, 64, 5),
                       (32, 29, 64), (384, 11, 384)],
@@ -72,15 +83,22 @@ SHAPES = {
 OLD = CStyleRenderer(dataclasses.replace(C_DIALECT, bcast8="", bcast_macro=""))
 
 
+RULES = {  # --what -> (the rule in codegen.blocked, a stand-in for the default as it was before it)
+    "taps": ("tap_chunk", lambda ext, kb: None),
+    "strided": ("strided_rows", lambda task, ext: False),
+}
+
+
 @contextlib.contextmanager
-def _no_tap_chunks():
-    """The default schedule as it was before tap chunks (session 13)."""
-    saved = blocked.tap_chunk
-    blocked.tap_chunk = lambda ext, kb: None
+def _without(what: str):
+    """The default schedule as it was before the ``what`` rule (:data:`RULES`)."""
+    rule, off = RULES[what]
+    saved = getattr(blocked, rule)
+    setattr(blocked, rule, off)
     try:
         yield
     finally:
-        blocked.tap_chunk = saved
+        setattr(blocked, rule, saved)
 
 
 def main(argv=None) -> None:
@@ -88,7 +106,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
-    ap.add_argument("--what", choices=("bcast", "padx", "taps"), default="bcast")
+    ap.add_argument("--what", choices=("bcast", "padx", *RULES), default="bcast")
+    ap.add_argument("--event", choices=("cycles", "instructions"), default=None,
+                    help="count this per call (felixjax.cycles) instead of timing: A/B on a noisy host")
     args = ap.parse_args(argv)
     target, ratios = Target.cpu(), []
     for shape in SHAPES[args.shapes]:
@@ -100,9 +120,9 @@ def main(argv=None) -> None:
         if args.what == "padx":
             padded = Space(task, default_sketch(task, target), target)
             sources = (("old", plan, render(plan)), ("new", lower(padded, default_config(padded)), None))
-        elif args.what == "taps":
+        elif args.what in RULES:
             space = Space(task, default_sketch(task, target), target)
-            with _no_tap_chunks():
+            with _without(args.what):
                 before = lower(space, default_config(space))
             sources = (("old", before, None), ("new", lower(space, default_config(space)), None))
         else:
@@ -115,25 +135,26 @@ def main(argv=None) -> None:
             contenders[name] = KernelContender(plan, b.lib_path, arrays, threads=args.threads, expected=expected,
                                                name=name)
         same = contenders["old"].lib_path == contenders["new"].lib_path  # the rule did not apply
-        if args.what == "taps":
+        if args.what in RULES:
             twin = plain_twin(task)
             twin_arrays = twin.random_inputs(0)
             contenders["onnxruntime"] = ort_contender(twin, twin_arrays, threads=args.threads,
                                                       expected=twin.reference(*twin_arrays))
         for c in contenders.values():
             c.check()
-        times = time_interleaved(contenders, rounds=args.rounds)
+        times = time_interleaved(contenders, rounds=args.rounds, event=args.event)
         for c in contenders.values():
             c.check(run=False)
         old, new = (float(np.median(times[n])) for n in ("old", "new"))
         ratios.append(old / new)
         if args.what == "padx":
             print(f"  exact {contenders['old'].plan.config.dumps()}\n  new   {contenders['new'].plan.config.dumps()}")
-        peer = (f"   onnxruntime {float(np.median(times['onnxruntime'])) * 1e3:7.3f} ms: old "
-                f"{float(np.median(times['onnxruntime'])) / old:.2f}x new {float(np.median(times['onnxruntime'])) / new:.2f}x"
-                if "onnxruntime" in times else "")
-        print(f"{task.name:50s} old {old * 1e3:7.3f} ms {task.flops / old / 1e9:5.1f} GF/s   new {new * 1e3:7.3f} ms "
-              f"{task.flops / new / 1e9:5.1f} GF/s   new/old {old / new:.2f}x{'  (same source)' if same else ''}{peer}",
+        # seconds -> ms and GFLOP/s; cycles -> millions and flop per cycle
+        scale, unit, rate, per = (1e3, "ms", 1e9, "GF/s") if args.event is None else (1e-6, f"M{args.event[:3]}", 1, "flop/c")
+        ort = float(np.median(times["onnxruntime"])) if "onnxruntime" in times else None
+        peer = (f"   onnxruntime {ort * scale:7.3f} {unit}: old {ort / old:.2f}x new {ort / new:.2f}x" if ort else "")
+        print(f"{task.name:50s} old {old * scale:7.3f} {unit} {task.flops / old / rate:5.1f} {per}   new {new * scale:7.3f} "
+              f"{unit} {task.flops / new / rate:5.1f} {per}   new/old {old / new:.2f}x{'  (same source)' if same else ''}{peer}",
               flush=True)
     print(f"geomean new/old over {len(ratios)} ({args.shapes}, {args.threads} thread(s)): "
           f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x  (min {min(ratios):.2f}x, max {max(ratios):.2f}x)")

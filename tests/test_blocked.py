@@ -408,3 +408,37 @@ def test_direct_convs_with_large_weights_default_to_tap_chunks_and_match_numpy()
     assert b.status == "ok", b.error
     y = Kernel(plan, b.lib_path, threads=2)(*arrays)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.cc
+def test_strided_pointwise_convs_default_to_row_major_and_match_numpy():
+    """A blocked 1x1 conv at stride 2 on the generic path (:func:`blocked.strided_rows`) runs output rows
+    outermost (S0, parallel, with the out blocks in as few groups as give 4 chunks per core) and every
+    out block inside (S1), so each row's input is read once; stride 1 and a single output row keep the
+    out blocks outermost. The row-major default matches numpy (batch 2, residual, 2 threads, odd size)."""
+    def tiles(task):
+        space = Space(task, default_sketch(task, TARGET), TARGET)
+        d = space.default()
+        return space, d, {a.name: t for a, t in zip(space.axes, d.tiles)}
+
+    _, d, t = tiles(blocked.conv2d_nchwc(1, 64, 56, 56, out_channels=128, kernel=1, stride=2))
+    assert t["k"][0] * t["y"][0] >= 4 * TARGET.cores and t["k"][1] > 1 and t["x"][2] > 1
+    assert d.parallel == [a for a in ("k", "y")].index("y") + 1
+    _, _, t = tiles(blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=512, kernel=1, stride=2))
+    assert t["y"][0] == 7 and t["k"][0] * 7 >= 4 * TARGET.cores
+    for other in (blocked.conv2d_nchwc(1, 64, 2, 2, out_channels=64, kernel=1, stride=2),  # one output row
+                  blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, stride=2, padding=1)):
+        space = Space(other, "conv_nchwc", TARGET)
+        t = {a.name: tl for a, tl in zip(space.axes, space.default().tiles)}
+        assert t["k"][1] == 1, other.name
+    task = blocked.conv2d_nchwc(2, 48, 17, 17, out_channels=32, kernel=1, stride=2, bias=True, act="relu",
+                                residual=True)
+    space, d, t = tiles(task)
+    assert t["y"][0] > 1 and t["k"][1] > 1
+    arrays = task.random_inputs(seed=5)
+    ref = task.reference(*arrays)
+    plan = lower(space, d)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
