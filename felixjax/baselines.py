@@ -658,7 +658,7 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
         max_number: cap on calls per block.
         pause_s: sleep before each timed block.
         settle: untimed calls right before each timed block.
-        event: ``"cycles"`` or ``"instructions"`` to return that count per call instead of seconds
+        event: a :data:`felixjax.cycles.EVENTS` name (``"cycles"``, ...) to return that count per call instead of seconds
             (:mod:`felixjax.cycles`: user-mode counts of the process's threads; blocks still calibrated
             in wall time). For A/B comparisons of kernels on a noisy host, not published latencies.
 

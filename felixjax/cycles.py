@@ -26,7 +26,9 @@ import os
 import platform
 import struct
 
-EVENTS = {"cycles": 0, "instructions": 1}  # PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_HW_INSTRUCTIONS
+#: name -> (perf type, config): PERF_TYPE_HARDWARE cycles / instructions; PERF_TYPE_HW_CACHE L1D reads
+#: and their misses ((L1D) | (OP_READ << 8) | (RESULT_ACCESS / _MISS << 16))
+EVENTS = {"cycles": (0, 0), "instructions": (0, 1), "l1d-loads": (3, 0), "l1d-misses": (3, 1 << 16)}
 _SYSCALL = {"x86_64": 298, "aarch64": 241}  # __NR_perf_event_open
 _ENABLE, _DISABLE = 0x2400, 0x2401  # PERF_EVENT_IOC_ENABLE / _DISABLE
 # attr.flags bits: disabled (0), exclude_kernel (5), exclude_hv (6)
@@ -49,7 +51,8 @@ def _open(event: str, tid: int) -> int:
     nr = _SYSCALL.get(platform.machine())
     if nr is None or not hasattr(ctypes, "CDLL"):
         raise OSError(f"no perf_event_open on {platform.system()} {platform.machine()}")
-    attr = _Attr(type=0, size=ctypes.sizeof(_Attr), config=EVENTS[event], flags=_FLAGS)
+    kind, config = EVENTS[event]
+    attr = _Attr(type=kind, size=ctypes.sizeof(_Attr), config=config, flags=_FLAGS)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     fd = libc.syscall(ctypes.c_long(nr), ctypes.byref(attr), ctypes.c_int(tid), ctypes.c_int(-1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from felixjax import cycles
@@ -63,3 +64,13 @@ def test_time_interleaved_counts_per_call():
                            min_time_s=1e-3, pause_s=0.0, settle=0, event="instructions")
     one, two = min(out["one"]), min(out["two"])
     assert one > 20_000 and 1.7 < two / one < 2.3
+
+
+@pytest.mark.skipif(not cycles.available("l1d-misses"), reason="no L1D cache events here")
+def test_streaming_32_mb_misses_the_l1_on_a_good_share_of_its_lines():
+    big = np.ones(8 << 20, np.float32)  # 32 MB: 512 Ki cache lines, far beyond L1 / L2
+    with cycles.ThreadCounters("l1d-misses") as misses:
+        big.sum()
+    with cycles.ThreadCounters("l1d-loads") as loads:
+        big.sum()
+    assert (8 << 20) // 16 // 5 < misses.read() < loads.read()
