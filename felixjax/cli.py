@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--op", action="append", default=[], metavar="SPEC",
                    help='operator spec KIND:key=value,... e.g. "matmul:m=512,n=512,k=512" (repeatable)')
     t.add_argument("--trials", type=int, default=256,
-                   help="measurement budget per operator, or in total over a model's tasks (default 256)")
+                   help="measurement budget per operator, or in total over a model's tasks (default 256; "
+                        "a model with 0: only re-time its best records beside the current default schedules)")
     t.add_argument("--seconds", type=float, default=None, help="wall-clock budget per operator")
     t.add_argument("--strategy", default=None, help="gradient | genetic | random (default gradient)")
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
@@ -193,8 +194,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError("give either a model file or --op specs, not both")
     if not args.model and not args.op:
         raise UserError("nothing to tune: give --op SPEC or a model.onnx (see felixjax tune --help)")
-    if args.trials < 1:
-        raise UserError(f"--trials must be >= 1 (got {args.trials})")
+    if args.trials < (0 if args.model else 1):
+        raise UserError(f"--trials must be >= 1 (got {args.trials}; a model also takes 0: re-time the "
+                        "database's best configs beside the current defaults, no search)")
     if args.strategy is None:
         args.strategy = "gradient" if "gradient" in fj.strategies() else "random"
     if args.strategy not in fj.strategies():
@@ -349,6 +351,8 @@ def _check_budgets(args: argparse.Namespace) -> None:
     """Budgets and thread counts that would run nothing, or forever, are user errors."""
     for name in ("trials", "seeds", "threads"):
         v = getattr(args, name, None)
+        if name == "trials" and v == 0 and args.cmd == "tune" and getattr(args, "model", None):
+            continue  # a model's re-timing only (_cmd_tune)
         if v is not None and v < 1:
             raise UserError(f"--{name} must be >= 1 (got {v})")
     v = getattr(args, "seconds", None)

@@ -41,6 +41,9 @@ class Schedule:
     source: str
     latency_s: float | None = None
     note: str = ""
+    #: a tuned record chosen although this version's default schedule of the task was never measured
+    #: in the database (defaults change between versions): the record may be slower than the default
+    stale: bool = False
 
 
 def graph_to_spec(graph: Graph, plans: Mapping[Task, Plan]) -> netbuild.NetSpec:
@@ -183,7 +186,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one."""
+    measurement of a noisy run is too often a lucky one. A tuned record is ``stale`` where the task's
+    current default schedule appears in none of its records (a newer default than the one the run
+    measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side."""
     database, own = _open_db(db)
     want = int(threads or target.cores)
     # thread counts to look up, the one asked for first, then the nearest others
@@ -201,16 +206,21 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break
+            stale = False
             if configs and task in configs:
                 cfg, source = configs[task], "given"
             elif rec is not None:
                 cfg, source, lat = rec.config, "tuned", rec.latency_s
+                stale = cfg != default and all(r.config != default for r in database.records(
+                    task, target.at_threads(n), retimes=True))
+                if stale:
+                    note = (note + "; " if note else "") + "this version's default schedule was never measured"
             if source != "default":
                 try:
                     lower(Space(task, cfg.sketch, target), cfg)
                 except (ValueError, KeyError) as e:
                     cfg, source, lat, note = default, "default", None, f"stored config rejected: {e}"
-            out.append(Schedule(task, weight, cfg, source, lat, note))
+            out.append(Schedule(task, weight, cfg, source, lat, note, stale))
     finally:
         if own:
             database.close()

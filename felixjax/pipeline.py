@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -131,7 +132,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         model: a :class:`~felixjax.onnx_import.Model` or anything :func:`~felixjax.load_onnx` reads.
         target: the machine (default ``Target.cpu()``).
         trials: total budget over all tasks (records of this ``run`` already in ``db`` count: a killed
-            run resumes where it stopped).
+            run resumes where it stopped). 0: no search, only the end-of-run re-timing (``retime``) of
+            the database's best configs beside this version's default schedules (after an upgrade
+            changed defaults: ``build_model`` warns of such ``stale`` tasks).
         db: database path or :class:`Database` (``None``: in memory).
         strategy: the search strategy per task (default ``"gradient"`` when registered, else ``"random"``).
         seed: seeds the strategies' RNG streams, the cost model and the scheduler's tie-breaks.
@@ -168,8 +171,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         (8, 4)
     """
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
-    if trials < 1:
-        raise ValueError(f"trials must be >= 1 (got {trials})")
+    if trials < 0 or (trials == 0 and retime < 1):
+        raise ValueError(f"trials must be >= 1, or 0 with retime >= 1 to re-time only (got {trials}, retime {retime})")
     strategy = strategy if strategy is not None else _default_strategy()
     sname = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
     run = run or f"{sname}:{seed}"
@@ -234,6 +237,11 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     target = target or Target.cpu()
     schedules = choose_schedules(model, target, db=db, configs=configs, threads=threads)  # best record (or default)
+    if stale := [s.task.name for s in schedules if s.stale]:
+        warnings.warn(f"{len(stale)} of {len(schedules)} tasks are built from tuned records that were never "
+                      f"measured against this version's default schedule (e.g. {stale[0]}); the default may be "
+                      "faster: fj.tune_model(model, db=..., trials=0) (`felixjax tune --trials 0`) re-times both",
+                      stacklevel=2)
     plans = {s.task: lower(Space(s.task, s.config.sketch, target), s.config) for s in schedules}  # ⑨ lower
     spec = graph_to_spec(model.graph, plans)                                  # the network as kernels + buffers
     try:

@@ -484,3 +484,41 @@ def test_onnx_backend_node_cases_through_c_build():
     assert not failed, "wrong answers:\n" + "\n".join(failed)
     assert not regressed, "pass in numpy, not in C:\n" + "\n".join(regressed)
     assert counts["pass"] > 200
+
+
+@pytest.mark.slow  # a few builds and one re-timing round
+def test_a_tuned_record_never_measured_against_the_current_default_is_stale_until_retimed(tmp_path, runner):
+    """After an upgrade changes a task's default schedule, the database's best was only ever compared
+    with the old default: ``build_model`` warns (the schedule is ``stale``) and
+    ``tune_model(..., trials=0)`` re-times the stored best beside the current default, after which the
+    build takes the faster of the two, warning-free."""
+    import warnings
+
+    model = load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    target = fj.Target.cpu()
+    at1 = target.at_threads(1)
+    db = str(tmp_path / "old.db")
+    task = model.tasks[0][0]
+    space = fj.Space(task, default_sketch(task, target), target)
+    default = space.default()
+    other = next(c for c in (space.sample(np.random.default_rng(s)) for s in range(50)) if c != default)
+    with Database(db) as d:  # a record tuned by an older version: its default was some other config
+        d.add(TuningRecord(task, at1.key, "random:0", 0, other, MeasureResult("ok", (1e-6,))))
+    with pytest.warns(UserWarning, match="never measured against this version's default"):
+        exe = build_model(model, target, db=db, threads=1)
+    sched = next(s for s in exe.schedules if s.task == task)
+    assert sched.stale and sched.config == other and "never measured" in sched.note
+    assert not any(s.stale for s in exe.schedules if s.task != task)  # untuned tasks: their defaults
+    with pytest.raises(ValueError, match="re-time only"):
+        tune_model(model, trials=0, db=db, retime=0, progress=False)
+    res = tune_model(model, trials=0, strategy="random", db=db, runner=runner, threads=1, progress=False)
+    assert sum(r["new"] for r in res.rounds) == 0  # no search: the one record is the resumed one
+    with Database(db) as d:
+        rows = d.records(task, at1, run="retime:random:0")
+        assert {r.config for r in rows} >= {default, other} and all(r.ok for r in rows)
+        best = d.best(task, at1, retimed=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no stale schedule left
+        exe = build_model(model, target, db=db, threads=1)
+    sched = next(s for s in exe.schedules if s.task == task)
+    assert not sched.stale and sched.config == best.config
