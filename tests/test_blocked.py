@@ -377,6 +377,23 @@ def test_the_jax_quality_executor_names_what_it_cannot_run_in_a_blocked_graph():
         executor.check_supported(model.graph)
 
 
+def _default_tiles(task):
+    """``(space, default config, {axis: tiles})`` of a blocked task's default sketch."""
+    space = Space(task, default_sketch(task, TARGET), TARGET)
+    d = space.default()
+    return space, d, {a.name: t for a, t in zip(space.axes, d.tiles)}
+
+
+def _default_matches_numpy(task, space, d, *, seed: int) -> None:
+    arrays = task.random_inputs(seed=seed)
+    ref = task.reference(*arrays)
+    plan = lower(space, d)
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
 @pytest.mark.cc
 def test_direct_convs_with_large_weights_default_to_tap_chunks_and_match_numpy():
     """Where one register block's weights exceed 24 KB (:func:`blocked.tap_chunk`), the default puts the
@@ -384,30 +401,19 @@ def test_direct_convs_with_large_weights_default_to_tap_chunks_and_match_numpy()
     unrolls 64; small weights, depthwise and plain-data convs keep the whole reduction in R1 (1x1 convs
     have their own chunks, :func:`blocked._pointwise_schedule`). The
     chunked default matches numpy (batch 2, residual, 5x5, 2 threads)."""
-    def tiles(task):
-        space = Space(task, default_sketch(task, TARGET), TARGET)
-        d = space.default()
-        return space, d, {a.name: t for a, t in zip(space.axes, d.tiles)}
-
-    _, d, t = tiles(blocked.conv2d_nchwc(1, 512, 7, 7, out_channels=512, kernel=3, padding=1))
+    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 512, 7, 7, out_channels=512, kernel=3, padding=1))
     assert t["ry"] == (3, 1) and t["rx"] == (1, 3) and t["c"] == (2, 32) and d.unroll == 64
     assert blocked.tap_chunk({"c": 64, "u": 8, "v": 8, "ry": 3, "rx": 3}, 1) == 32  # 32 x 8 x 3 x 8 x 4 B = 24 KB
     for small in (blocked.conv2d_nchwc(1, 16, 12, 12, out_channels=16, kernel=3, padding=1),  # 9 KB
                   blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=256, kernel=3, padding=1, groups=256),
                   blocked.conv2d_nchwc(1, 3, 32, 32, out_channels=64, kernel=3, padding=1, plain_data=True)):
-        _, _, t = tiles(small)
+        _, _, t = _default_tiles(small)
         assert t.get("ry", (1, 1))[0] == 1 and t.get("c", (1, 1))[0] == 1, small.name
     task = blocked.conv2d_nchwc(2, 128, 9, 9, out_channels=24, kernel=5, padding=2, bias=True, act="relu6",
                                 residual=True)
-    space, d, t = tiles(task)
+    space, d, t = _default_tiles(task)
     assert t["ry"] == (5, 1) and t["c"][0] > 1
-    arrays = task.random_inputs(seed=11)
-    ref = task.reference(*arrays)
-    plan = lower(space, d)
-    b = build(render(plan))
-    assert b.status == "ok", b.error
-    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
-    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+    _default_matches_numpy(task, space, d, seed=11)
 
 
 @pytest.mark.cc
@@ -416,15 +422,10 @@ def test_strided_pointwise_convs_default_to_row_major_and_match_numpy():
     outermost (S0, parallel, with the out blocks in as few groups as give 4 chunks per core) and every
     out block inside (S1), so each row's input is read once; stride 1 and a single output row keep the
     out blocks outermost. The row-major default matches numpy (batch 2, residual, 2 threads, odd size)."""
-    def tiles(task):
-        space = Space(task, default_sketch(task, TARGET), TARGET)
-        d = space.default()
-        return space, d, {a.name: t for a, t in zip(space.axes, d.tiles)}
-
-    _, d, t = tiles(blocked.conv2d_nchwc(1, 64, 56, 56, out_channels=128, kernel=1, stride=2))
+    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 64, 56, 56, out_channels=128, kernel=1, stride=2))
     assert t["k"][0] * t["y"][0] >= 4 * TARGET.cores and t["k"][1] > 1 and t["x"][2] > 1
     assert d.parallel == [a for a in ("k", "y")].index("y") + 1
-    _, _, t = tiles(blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=512, kernel=1, stride=2))
+    _, _, t = _default_tiles(blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=512, kernel=1, stride=2))
     assert t["y"][0] == 7 and t["k"][0] * 7 >= 4 * TARGET.cores
     for other in (blocked.conv2d_nchwc(1, 64, 2, 2, out_channels=64, kernel=1, stride=2),  # one output row
                   blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, stride=2, padding=1)):
@@ -433,12 +434,6 @@ def test_strided_pointwise_convs_default_to_row_major_and_match_numpy():
         assert t["k"][1] == 1, other.name
     task = blocked.conv2d_nchwc(2, 48, 17, 17, out_channels=32, kernel=1, stride=2, bias=True, act="relu",
                                 residual=True)
-    space, d, t = tiles(task)
+    space, d, t = _default_tiles(task)
     assert t["y"][0] > 1 and t["k"][1] > 1
-    arrays = task.random_inputs(seed=5)
-    ref = task.reference(*arrays)
-    plan = lower(space, d)
-    b = build(render(plan))
-    assert b.status == "ok", b.error
-    y = Kernel(plan, b.lib_path, threads=2)(*arrays)
-    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+    _default_matches_numpy(task, space, d, seed=5)
