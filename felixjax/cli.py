@@ -194,9 +194,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError("give either a model file or --op specs, not both")
     if not args.model and not args.op:
         raise UserError("nothing to tune: give --op SPEC or a model.onnx (see felixjax tune --help)")
-    if args.trials < (0 if args.model else 1):
-        raise UserError(f"--trials must be >= 1 (got {args.trials}; a model also takes 0: re-time the "
-                        "database's best configs beside the current defaults, no search)")
     if args.strategy is None:
         args.strategy = "gradient" if "gradient" in fj.strategies() else "random"
     if args.strategy not in fj.strategies():
@@ -352,7 +349,7 @@ def _check_budgets(args: argparse.Namespace) -> None:
     for name in ("trials", "seeds", "threads"):
         v = getattr(args, name, None)
         if name == "trials" and v == 0 and args.cmd == "tune" and getattr(args, "model", None):
-            continue  # a model's re-timing only (_cmd_tune)
+            continue  # a model's re-timing only: tune_model(trials=0)
         if v is not None and v < 1:
             raise UserError(f"--{name} must be >= 1 (got {v})")
     v = getattr(args, "seconds", None)

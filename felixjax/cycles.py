@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import os
 import platform
 import struct
@@ -46,6 +47,13 @@ class _Attr(ctypes.Structure):  # struct perf_event_attr, PERF_ATTR_SIZE_VER5 (1
                 ("sample_max_stack", ctypes.c_uint16), ("reserved", ctypes.c_uint16)]
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
 def _open(event: str, tid: int) -> int:
     """A disabled user-mode counter of ``event`` on thread ``tid`` of this process (raises OSError)."""
     nr = _SYSCALL.get(platform.machine())
@@ -53,9 +61,7 @@ def _open(event: str, tid: int) -> int:
         raise OSError(f"no perf_event_open on {platform.system()} {platform.machine()}")
     kind, config = EVENTS[event]
     attr = _Attr(type=kind, size=ctypes.sizeof(_Attr), config=config, flags=_FLAGS)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.byref(attr), ctypes.c_int(tid), ctypes.c_int(-1),
+    fd = _libc().syscall(ctypes.c_long(nr), ctypes.byref(attr), ctypes.c_int(tid), ctypes.c_int(-1),
                       ctypes.c_int(-1), ctypes.c_ulong(0))
     if fd < 0:
         err = ctypes.get_errno()

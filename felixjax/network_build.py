@@ -212,7 +212,7 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
             elif rec is not None:
                 cfg, source, lat = rec.config, "tuned", rec.latency_s
                 stale = cfg != default and all(r.config != default for r in database.records(
-                    task, target.at_threads(n), retimes=True))
+                    task, rec.target_key, retimes=True))
                 if stale:
                     note = (note + "; " if note else "") + "this version's default schedule was never measured"
             if source != "default":
