@@ -36,7 +36,7 @@ from .ir import DTypes
 from .ops import Access, Contraction
 from .padding import embed
 from . import winograd as _wg
-from .space import Config, Space
+from .space import MAX_UNROLL_STEP, Config, Space
 
 LEVEL_ORDER = (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3))
 ALIGN_FLOATS = 16  # 64-byte alignment of workspace sub-buffers
@@ -176,7 +176,7 @@ class Plan:
     workspace: int  # 4-byte slots (see ``workspace_bytes``; float32 elements for a float32 task)
     vector_axis: str
     vec: int
-    unroll: int
+    unroll: int  # the unroll step built: the config's, at most ``codegen.space.MAX_UNROLL_STEP``
     #: lines declared knobs emit at renderer sites (:class:`codegen.knobs.Hook`; see ``Knob.lower``)
     hooks: tuple = ()
     #: a ``gemm_packed`` padded on ``m`` only: the first data row of the partial register block(s),
@@ -560,7 +560,7 @@ def lower(space: Space, config: Config) -> Plan:
         ("residual",) if space.task.residual else ()) + quant + ("out",)
     epilogue = padded or acc != "out" or con.bias is not None or space.task.residual or space.task.act is not None
     plan = Plan(space, config, levels, parallel, buffers, args, data_copy, acc, epilogue, ws, v, config.vec,
-                config.unroll, tail_row=tail_row)
+                min(config.unroll, MAX_UNROLL_STEP), tail_row=tail_row)
     for knob in space.knobs:  # declared knobs adjust the plan (e.g. add renderer hooks)
         if knob.lower is not None:
             plan = knob.lower(plan, space.knob_value(config, knob))

@@ -49,7 +49,14 @@ from .target import Target
 SPATIAL_LEVELS = 4
 REDUCE_LEVELS = 2
 VEC_CHOICES = (1, 4, 8, 16)
-UNROLL_CHOICES = tuple(2 ** i for i in range(10))  # 1 .. 512
+UNROLL_CHOICES = tuple(2 ** i for i in range(10))  # 1 .. 512: the values a config may hold
+#: the largest unroll step a C kernel is built with: a config above it builds the same kernel as this
+#: one. ``benchmarks/unroll_probe.py``: on six kernels, unrolling 128-512 steps was never faster than
+#: 8-64 (0.63-1.03x) and took gcc up to 40x longer (a 1-row dense block: 0.6 s at 64, 12 s at 256),
+#: which search on real hardware paid in seconds (gradient descent tends to the top of the range).
+MAX_UNROLL_STEP = 64
+#: the unroll values search draws from (the distinct kernels): 1 .. MAX_UNROLL_STEP
+UNROLL_STEPS = tuple(u for u in UNROLL_CHOICES if u <= MAX_UNROLL_STEP)
 REGISTER_RESERVE = 4  # vector registers left for operand loads and broadcasts
 
 
@@ -309,6 +316,7 @@ class Space:
         self.n_spatial = len(self.con.spatial)
         simd = max(1, int(target.simd_lanes))
         self.vec_choices = tuple(v for v in VEC_CHOICES if v <= simd)
+        self.unroll_steps = UNROLL_STEPS  # what search draws; any of UNROLL_CHOICES is valid
         self.max_accumulators = int(target.vector_registers) - REGISTER_RESERVE
 
     def __repr__(self) -> str:
@@ -386,7 +394,7 @@ class Space:
     def _draw(self, rng: np.random.Generator) -> Config:
         tiles = tuple(random_factorization(rng, a.extent, lv) for a, lv in zip(self.axes, self.levels))
         par, vec, unroll = (int(rng.integers(0, self.n_spatial + 1)), int(rng.choice(self.vec_choices)),
-                            int(rng.choice(UNROLL_CHOICES)))
+                            int(rng.choice(self.unroll_steps)))
         extra = []  # declared knobs are drawn after the core ones (no draw at all when there are none)
         for k in self.knobs:
             dom = k.values(self)
@@ -407,13 +415,15 @@ class Space:
         return [self.sample(rng) for _ in range(n)]
 
     def size(self) -> int:
-        """Number of configs in the unconstrained product of knob domains (an upper bound)."""
+        """Number of configs in the unconstrained product of knob domains (an upper bound), unroll
+        counted over :attr:`unroll_steps` (larger valid values build the same kernels)."""
         tiles = math.prod(count_factorizations(a.extent, lv) for a, lv in zip(self.axes, self.levels))
         extra = math.prod(len(k.values(self)) for k in self.knobs)
-        return tiles * (self.n_spatial + 1) * len(self.vec_choices) * len(UNROLL_CHOICES) * extra
+        return tiles * (self.n_spatial + 1) * len(self.vec_choices) * len(self.unroll_steps) * extra
 
     def enumerate(self) -> Iterator[Config]:
-        """Every valid config (only sensible for small tasks)."""
+        """Every valid config with unroll in :attr:`unroll_steps`: every distinct kernel (only sensible
+        for small tasks)."""
         import itertools
 
         per_axis = [list(factorizations(a.extent, lv)) for a, lv in zip(self.axes, self.levels)]
@@ -423,7 +433,7 @@ class Space:
         for tiles in itertools.product(*per_axis):
             for par in range(self.n_spatial + 1):
                 for vec in self.vec_choices:
-                    for unroll in UNROLL_CHOICES:
+                    for unroll in self.unroll_steps:
                         for extra in extras:
                             cfg = Config(self.sketch.name, tuple(tiles), par, vec, unroll, extra)
                             if self.is_valid(cfg):

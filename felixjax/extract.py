@@ -228,7 +228,8 @@ def _global_row(space: Space, config: Config, plan: Plan, slots: dict, elem: int
     values, applies = np.zeros(MAX_EXTRA_KNOBS), np.zeros(MAX_EXTRA_KNOBS)
     for k in space.knobs:
         values[knob_slot(k.name)], applies[knob_slot(k.name)] = space.knob_value(config, k), 1.0
-    info = dict(zip(INFO_KEYS, [float(t) for t in trips] + [config.vec, config.unroll, elem, flops]))
+    unroll = plan.unroll  # the step the kernel is built with (at most codegen.space.MAX_UNROLL_STEP)
+    info = dict(zip(INFO_KEYS, [float(t) for t in trips] + [config.vec, unroll, elem, flops]))
     knob_row = np.asarray(knob_features(np, values, applies, info), np.float64)
     return np.array(
         [flops, elem, sum(elem * s["accesses"] for s in slots.values()),
@@ -236,7 +237,7 @@ def _global_row(space: Space, config: Config, plan: Plan, slots: dict, elem: int
          flops / traffic[2], flops / traffic[0], config.vec, config.vec / target.simd_lanes, accs,
          accs / space.max_accumulators, float(accs <= space.max_accumulators), block / s3[vaxis],
          s3[vaxis] / config.vec, config.parallel, chunks, chunks / (-(-chunks // cores) * cores),
-         float(chunks >= cores), *trips, config.unroll, min(config.unroll, trips[POSITIONS.index("R1")]),
+         float(chunks >= cores), *trips, unroll, min(unroll, trips[POSITIONS.index("R1")]),
          *footprint, *[float(fp <= c) for fp in footprint for c in caches],
          float(plan.data_copy), float(plan.acc == "scratch"), float(plan.epilogue), outputs,
          space.con.reduction_size, *knob_row], np.float64)

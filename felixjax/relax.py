@@ -9,7 +9,7 @@ A :class:`~codegen.space.Config` of the CPU sketch becomes a vector ``x`` of fix
   R0) is the quotient. Tile = Π_p p^x over the extent's **actual** primes (197, 13, 1000 = 2³5³
   all work), so divisibility and Π tiles = extent become the linear constraints
   ``Σ_levels x[a, :, p] ≤ e[a, p]``, ``x ≥ 0``.
-* ``x[I_UNROLL]``: log2(unroll) in [0, 9].
+* ``x[I_UNROLL]``: log2(unroll) in [0, log2 max(space.unroll_steps)] (6 on CPUs: ``MAX_UNROLL_STEP``).
 * ``x[I_VEC]``: log2(vec) in [0, log2 simd_lanes]; rounded to the allowed widths {1, 4, 8, 16}.
 * ``x[I_PAR]``: parallel fuse depth in [0, n_spatial].
 * ``x[I_EXTRA:]``: one coordinate per declared knob (:mod:`codegen.knobs`), in the knob's fixed slot,
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.knobs import MAX_EXTRA_KNOBS
-from codegen.space import UNROLL_CHOICES, Config, Space, factorize
+from codegen.space import Config, Space, factorize
 from felixjax.relax_knobs import KnobCoder, from_uniform, knob_arrays, project_extra
 
 MAX_AXES = 8
@@ -59,7 +59,6 @@ N_TILE = MAX_AXES * FREE_LEVELS * MAX_PRIMES
 I_UNROLL, I_VEC, I_PAR = N_TILE, N_TILE + 1, N_TILE + 2
 I_EXTRA = N_TILE + 3  # the declared knobs' slots (codegen.knobs), MAX_EXTRA_KNOBS of them
 N_X = N_TILE + 3 + MAX_EXTRA_KNOBS
-UNROLL_LOG2_MAX = int(math.log2(UNROLL_CHOICES[-1]))  # 9
 
 # Nest positions of the loop levels, outermost first: S0 S1 R0 S2 R1 S3.
 POSITIONS = ("S0", "S1", "R0", "S2", "R1", "S3")
@@ -87,6 +86,7 @@ class RelaxedSpace(NamedTuple):
         vec_two: ``[A, P]`` one-hot of prime 2 of the vector axis (all 0 if its extent is odd).
         n_spatial: number of spatial axes (upper bound of the parallel depth).
         log2_simd: log2 of the target's fp32 lanes (upper bound of ``x[I_VEC]``).
+        log2_unroll: log2 of the largest of the space's ``unroll_steps`` (upper bound of ``x[I_UNROLL]``).
         cores, l1_bytes, l2_bytes, l3_bytes: the target.
         max_acc: register budget in vector accumulators (``Space.max_accumulators``).
         simd_lanes: fp32 lanes of one vector register.
@@ -110,6 +110,7 @@ class RelaxedSpace(NamedTuple):
     vec_two: jax.Array
     n_spatial: jax.Array
     log2_simd: jax.Array
+    log2_unroll: jax.Array
     cores: jax.Array
     l1_bytes: jax.Array
     l2_bytes: jax.Array
@@ -207,6 +208,7 @@ def relaxed_space(space: Space, *, elem_bytes: int | None = None) -> RelaxedSpac
         jnp.asarray(log_p), jnp.asarray(cap), jnp.asarray(mask), jnp.asarray(log_extent), jnp.asarray(pos),
         jnp.asarray(spatial), jnp.asarray(reduce), jnp.asarray(rank), jnp.asarray(vec_axis),
         jnp.asarray(vec_two), jnp.float32(n_sp), jnp.float32(math.log2(max(space.vec_choices))),
+        jnp.float32(math.log2(max(space.unroll_steps))),
         jnp.float32(t.cores), jnp.float32(t.l1d_bytes), jnp.float32(t.l2_bytes), jnp.float32(t.l3_bytes),
         jnp.float32(space.max_accumulators), jnp.float32(t.simd_lanes), jnp.float32(elem_bytes),
         *(jnp.asarray(kn[f]) for f in ("extra_mask", "extra_lo", "extra_hi", "extra_log2", "extra_points",
@@ -283,7 +285,7 @@ def project(rs: RelaxedSpace, x: jax.Array, *, xp=jnp) -> jax.Array:
     proj = xp.swapaxes(_project_groups(ex, valid, rs.cap, xp), -1, -2)
     lead = x.shape[:-1]
     tiles = proj.reshape(lead + (N_TILE,))
-    unroll = xp.clip(x[..., I_UNROLL], 0.0, UNROLL_LOG2_MAX)
+    unroll = xp.clip(x[..., I_UNROLL], 0.0, rs.log2_unroll)
     vec = xp.clip(x[..., I_VEC], 0.0, rs.log2_simd)
     par = xp.clip(x[..., I_PAR], 0.0, rs.n_spatial)
     extra = project_extra(rs, x[..., I_EXTRA:], xp)
@@ -301,7 +303,7 @@ def _from_draws(rs: RelaxedSpace, e, u, ue, xp):
     e = e * valid
     y = (e / e.sum(-1, keepdims=True))[..., :FREE_LEVELS] * rs.cap[..., None]
     tiles = xp.swapaxes(y, -1, -2).reshape(len(u), N_TILE)
-    hi = xp.stack([xp.asarray(float(UNROLL_LOG2_MAX)), rs.log2_simd, rs.n_spatial])
+    hi = xp.stack([rs.log2_unroll, rs.log2_simd, rs.n_spatial])
     return xp.concatenate([tiles, u * hi, from_uniform(rs, ue, xp)], axis=-1)
 
 
@@ -419,6 +421,7 @@ class Relaxation:
         self._np = RelaxedSpace(*(np.asarray(a, np.float64) for a in self.arrays))
         self.primes = tuple(axis_primes(a.extent) for a in space.axes)
         self._vec_log2 = np.array(sorted(int(math.log2(v)) for v in space.vec_choices))
+        self._unroll_log2_max = int(math.log2(max(space.unroll_steps)))
         self._vec_choices = np.array(sorted(space.vec_choices), np.int64)
         self._pvals = np.ones((MAX_AXES, MAX_PRIMES), np.int64)  # primes per axis (1 in padding)
         for a, primes in enumerate(self.primes):
@@ -463,7 +466,7 @@ class Relaxation:
                     rest //= p ** k
                 if rest != 1:
                     raise ValueError(f"tile {t} of {axis.name} is not a divisor of {axis.extent}")
-        x[I_UNROLL] = math.log2(config.unroll)
+        x[I_UNROLL] = math.log2(min(config.unroll, max(self.space.unroll_steps)))  # larger: the same kernel
         x[I_VEC] = math.log2(config.vec)
         x[I_PAR] = config.parallel
         x[I_EXTRA:] = self._knobs.encode(config)
@@ -548,7 +551,7 @@ class Relaxation:
         return ints.transpose(0, 1, 3, 2)  # [B, A, 1 + J, P]
 
     def _round_scalars(self, xp: np.ndarray) -> np.ndarray:
-        unroll = np.clip(np.rint(xp[:, I_UNROLL]), 0, UNROLL_LOG2_MAX)
+        unroll = np.clip(np.rint(xp[:, I_UNROLL]), 0, self._unroll_log2_max)
         # nearest allowed vector width in log2 (ties to the narrower one)
         dist = np.abs(xp[:, I_VEC, None] - self._vec_log2[None, :])
         vec = self._vec_log2[np.argmin(dist, axis=1)]
@@ -618,7 +621,7 @@ class Relaxation:
         vec = 2 ** np.clip(sc[:, 1], 0, 16)
         acc = np.prod(np.where(self._spatial_axes[None], tiles[:, :, TILE_LEVELS - 1], 1), axis=1) // vec
         return (integral & np.all(ex >= 0, axis=(1, 2, 3))
-                & (sc[:, 0] >= 0) & (sc[:, 0] <= UNROLL_LOG2_MAX)
+                & (sc[:, 0] >= 0) & (sc[:, 0] <= self._unroll_log2_max)
                 & np.isin(sc[:, 1], self._vec_log2)
                 & (sc[:, 2] >= 0) & (sc[:, 2] <= self.space.n_spatial)
                 & (tiles[:, self.space.vector_index, TILE_LEVELS - 1] % vec == 0)

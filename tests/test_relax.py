@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
 from codegen.knobs import knob_slot
-from codegen.space import Config, Space, sketches_for
+from codegen.space import MAX_UNROLL_STEP, Config, Space, sketches_for
 from codegen.target import Target
 from felixjax.relax import (
     CONSTRAINTS,
@@ -116,7 +116,7 @@ def test_samples_are_uniform_in_the_polytope(name):
                 ys = np.sort(y)
                 cdf = 1.0 - (1.0 - ys / e) ** m
                 assert np.abs(cdf - np.arange(1, n + 1) / n).max() < 0.02  # Kolmogorov-Smirnov
-    hi = np.array([9.0, math.log2(16), rel.space.n_spatial])
+    hi = np.array([math.log2(MAX_UNROLL_STEP), math.log2(16), rel.space.n_spatial])
     scalars = x[:, [I_UNROLL, I_VEC, I_PAR]]
     assert (scalars >= 0).all() and (scalars <= hi).all()
     assert scalars.mean(0) == pytest.approx(hi / 2, rel=0.03)
@@ -308,7 +308,9 @@ def _reference_neighbours(rel, cfg):
     ch = sorted(sp.vec_choices)
     i = ch.index(cfg.vec)
     out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, ch[k], cfg.unroll) for k in (i - 1, i + 1) if 0 <= k < len(ch)}
-    out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, u) for u in (cfg.unroll // 2, cfg.unroll * 2)}
+    # unroll one step each way among the steps search draws (larger valid values build the same kernel)
+    out |= {Config(cfg.sketch, cfg.tiles, cfg.parallel, cfg.vec, u) for u in (cfg.unroll // 2, cfg.unroll * 2)
+            if u in sp.unroll_steps}
     out |= {Config(cfg.sketch, cfg.tiles, q, cfg.vec, cfg.unroll) for q in (cfg.parallel - 1, cfg.parallel + 1)}
     out = {Config(c.sketch, c.tiles, c.parallel, c.vec, c.unroll, cfg.extra) for c in out}  # knobs kept
     for knob in sp.knobs:  # one declared knob one domain step up or down, the rest kept
@@ -343,3 +345,26 @@ def test_vectorized_neighbours_and_validity_equal_the_space(name):
         assert v == expected, (x, v)
     assert ok.any() and not ok.all()
     assert rel.valid_x(xs).all()
+
+
+def test_unroll_above_the_top_step_builds_the_top_steps_kernel():
+    """Valid unroll values above ``MAX_UNROLL_STEP`` (records of older versions) build, featurize and
+    encode like the top step; search draws only the steps (benchmarks/unroll_probe.py: gcc took up to
+    40x longer on them for no speed)."""
+    from codegen.lower import lower
+    from codegen.render_c import render
+    from felixjax.extract import extract
+
+    sp = Space(dense(1, 640, 200), "gemm_packed", Target(simd_lanes=8))
+    top = Config("gemm_packed", ((1, 1, 1, 1), (1, 1, 1, 1), (1, 1, 25, 8), (2, 320)), 1, 8, MAX_UNROLL_STEP)
+    big = Config(top.sketch, top.tiles, top.parallel, top.vec, 4 * MAX_UNROLL_STEP)
+    sp.validate(big)  # still a valid config
+    assert lower(sp, big).unroll == MAX_UNROLL_STEP
+    strip = lambda src: [l for l in src.splitlines() if "config:" not in l]  # noqa: E731 (the header names the config)
+    assert strip(render(lower(sp, big))) == strip(render(lower(sp, top)))
+    for a, b in zip(extract(sp, big), extract(sp, top)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    rel = Relaxation(sp)
+    assert np.array_equal(rel.to_x(big), rel.to_x(top))
+    assert {c.unroll for c in sp.sample_many(np.random.default_rng(0), 200)} <= set(sp.unroll_steps)
+    assert max(sp.unroll_steps) == MAX_UNROLL_STEP

@@ -129,6 +129,7 @@ class CudaSpace(Space):
         self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
         self.n_spatial = 1  # "parallel" is the staging switch, 0..1 (what the genetic codec draws and mutates)
         self.vec_choices = (1,)
+        self.unroll_steps = UNROLL_CHOICES  # nvcc: the CPU renderer's MAX_UNROLL_STEP does not apply
         self.max_accumulators = int(self.spec.regs_per_thread)
         self.strict_validation = True  # constraints beyond the CPU codec's checks (see genetic.Codec)
 

@@ -50,7 +50,7 @@ from typing import Callable
 import numpy as np
 
 from codegen.knobs import registered
-from codegen.space import UNROLL_CHOICES, Config, Space, factorizations, divisors
+from codegen.space import Config, Space, factorizations, divisors
 
 from .base import SearchContext, register
 
@@ -108,7 +108,7 @@ class Codec:
         self.max_acc = sp.max_accumulators
         self.vec_axis = np.array([s.vector_index for s in self.spaces])
         self.vec_choices = np.array(sp.vec_choices, dtype=np.int64)
-        self.unroll_choices = np.array(UNROLL_CHOICES, dtype=np.int64)
+        self.unroll_choices = np.array(sp.unroll_steps, dtype=np.int64)  # larger valid values: the same kernels
         # declared knobs: per knob, per sketch id, its sorted domain (None where it does not apply)
         self.knobs = sorted({k.name: k for s in self.spaces for k in s.knobs}.values(), key=lambda k: k.name)
         self.knob_values = [[np.array(k.values(s), np.int64) if k.applies(s.sketch.name) else None
@@ -149,7 +149,9 @@ class Codec:
         row[0] = self.sketch_id[cfg.sketch]
         for a, t in enumerate(cfg.tiles):
             row[1 + LEVELS * a: 1 + LEVELS * a + len(t)] = t
-        row[self.c_par], row[self.c_vec], row[self.c_unroll] = cfg.parallel, cfg.vec, cfg.unroll
+        # an unroll above the drawn steps (a valid value from an older record) builds the top step's kernel
+        row[self.c_par], row[self.c_vec] = cfg.parallel, cfg.vec
+        row[self.c_unroll] = min(cfg.unroll, int(self.unroll_choices[-1]))
         for e, k in enumerate(self.knobs):
             row[self.c_extra + e] = cfg.knob(k.name, int(self.knob_defaults[e][row[0]]))
         return row
