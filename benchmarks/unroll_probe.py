@@ -20,11 +20,11 @@ import tempfile
 
 import numpy as np
 
-import codegen.renderers.cstyle as cstyle
 from codegen.build import build
 from codegen.lower import lower
 from codegen.ops import conv2d, dense, matmul
 from codegen.render_c import render
+from codegen.renderers import cstyle
 from codegen.space import Config, Space, default_config, default_sketch
 from codegen.target import Target
 from felixjax import cycles

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
 from codegen.knobs import knob_slot
+from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
 from codegen.space import MAX_UNROLL_STEP, Config, Space, sketches_for
 from codegen.target import Target
 from felixjax.relax import (
@@ -360,7 +360,7 @@ def test_unroll_above_the_top_step_builds_the_top_steps_kernel():
     big = Config(top.sketch, top.tiles, top.parallel, top.vec, 4 * MAX_UNROLL_STEP)
     sp.validate(big)  # still a valid config
     assert lower(sp, big).unroll == MAX_UNROLL_STEP
-    strip = lambda src: [l for l in src.splitlines() if "config:" not in l]  # noqa: E731 (the header names the config)
+    strip = lambda src: [l for l in src.splitlines() if "config:" not in l]  # the header comment names the config
     assert strip(render(lower(sp, big))) == strip(render(lower(sp, top)))
     for a, b in zip(extract(sp, big), extract(sp, top)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
