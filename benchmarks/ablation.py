@@ -68,15 +68,30 @@ def arms() -> list:
 
 
 class Memo:
-    """One replay oracle per task, memoized per config and shared by every arm and seed."""
+    """One measurer per task, memoized per config and shared by every arm and seed: the replay oracle,
+    or (``measured=True``) real builds and timings at 1 thread, each distinct config measured once
+    (issue 15 allows this for the ablation); a memo hit costs an arm no seconds, so with ``measured``
+    only the trials columns compare arms."""
 
-    def __init__(self):
+    def __init__(self, measured: bool = False):
         self.runners: dict = {}
         self.hits = self.misses = 0
+        self.measured, self.local = measured, None
+
+    def _inner(self, task, target):
+        if not self.measured:
+            return ReplayRunner.from_oracle(task, target)
+        from codegen.measure import LocalRunner
+        from codegen.measure_records import TimingProtocol
+        from felixjax.measurer import Measurer
+
+        self.local = self.local or LocalRunner()
+        return Measurer(task, target, self.local, threads=1,
+                        protocol=TimingProtocol(warmup=1, min_repeat_ms=10, repeats=3))
 
     def __call__(self, task, target):
         if task.key not in self.runners:
-            inner = ReplayRunner.from_oracle(task, target)
+            inner = self._inner(task, target)
             cache: dict = {}
             self.runners[task.key] = _MemoRunner(inner, cache, self)
         return self.runners[task.key]
@@ -127,6 +142,34 @@ def search_stats(cmp) -> list[str]:
     return lines
 
 
+def proposal_medians(csv_path: Path, window: int = 32) -> str:
+    """Per arm, the geomean over runs of the median latency of each ``window`` trials' proposals over
+    the run's task's best known (1.0 = every proposal as fast as the best): whether an arm's later
+    proposals get better or worse than its first ones."""
+    import csv
+    from collections import defaultdict
+
+    rows = [r for r in csv.DictReader(open(csv_path)) if r["phase"] == "tune" and r["status"] == "ok"]
+    best = defaultdict(lambda: math.inf)
+    for r in rows:
+        best[r["task"]] = min(best[r["task"]], float(r["latency_s"]))
+    runs = defaultdict(lambda: defaultdict(list))  # (arm) -> (task, seed, window) -> latencies
+    for r in rows:
+        runs[r["strategy"]][(r["task"], r["seed"], int(r["trial"]) // window)].append(
+            float(r["latency_s"]) / best[r["task"]])
+    n = 1 + max(int(r["trial"]) for r in rows) // window if rows else 0
+    lines = [f"Median proposal / best known, per {window}-trial window (geomean over runs):", "",
+             "| arm | " + " | ".join(f"trials {w * window}-{(w + 1) * window - 1}" for w in range(n)) + " |",
+             "| --- |" + " ---: |" * n]
+    for arm, cells in runs.items():
+        vals = []
+        for w in range(n):
+            meds = [sorted(v)[len(v) // 2] for (t, s, ww), v in cells.items() if ww == w and v]
+            vals.append(f"{math.exp(sum(map(math.log, meds)) / len(meds)):.2f}" if meds else "—")
+        lines.append(f"| {arm} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def _section(doc: Path) -> str:
     """The ablation section's current text (earlier runs), without its markers."""
     if not doc.exists():
@@ -142,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=96)
     ap.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
+    ap.add_argument("--measured", action="store_true", help="real builds and timings (1 thread, each distinct "
+                    "config once per op, shared by the arms) instead of the replay oracle; compare trials only")
     ap.add_argument("--out", default="results/ablation")
     ap.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md and the curves "
                                                          "into docs/img/ablation_curves_<date>.png")
@@ -152,17 +197,22 @@ def main(argv=None) -> int:
     if args.arms:
         want = args.arms.split(",")
         chosen = [a for a in chosen if a.name in want]
-    memo = Memo()
+    memo = Memo(measured=args.measured)
     # JIT warm-up on the first op, untimed and thrown away: no arm's clock pays the one-off compilations
     warm = [a for a in arms() if a.name in ("gradient_b16_trust_ucb", "genetic_b16")]
     fj.compare(tasks[:1], warm, trials=48, seeds=[99], db=None, replay=True, progress=False, remeasure=0,
                defaults=False)
     t0 = time.perf_counter()
-    cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=args.seeds, db=None, replay=memo, out=args.out,
-                     progress=True, remeasure=0, defaults=False)
+    try:
+        cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=args.seeds, db=None, replay=memo, out=args.out,
+                         progress=True, remeasure=0, defaults=False)
+    finally:
+        if memo.local is not None:
+            memo.local.close()
     minutes = (time.perf_counter() - t0) / 60
     text = cmp.table() + "\n\nSearch statistics (means over runs and rounds):\n\n" + "\n".join(search_stats(cmp))
     print(text)
+    print(proposal_medians(Path(args.out) / "cmp.csv"))
     print(f"memoized oracle: {memo.hits} hits, {memo.misses} evaluations; {minutes:.1f} min", file=sys.stderr)
     if args.write:
         from benchmarks.kernels import write_doc
