@@ -149,7 +149,8 @@ def proposal_medians(csv_path: Path, window: int = 32) -> str:
     import csv
     from collections import defaultdict
 
-    rows = [r for r in csv.DictReader(open(csv_path)) if r["phase"] == "tune" and r["status"] == "ok"]
+    with open(csv_path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["phase"] == "tune" and r["status"] == "ok"]
     best = defaultdict(lambda: math.inf)
     for r in rows:
         best[r["task"]] = min(best[r["task"]], float(r["latency_s"]))
