@@ -1,13 +1,12 @@
 """Probe (issue 15, lever 6): what does a large ``unroll`` knob buy, and what does it cost to compile?
 
 The unroll knob is a *max* unroll step of the innermost reduction loop (``#pragma GCC unroll n``),
-capped by the renderer so the unrolled body stays under ``MAX_UNROLLED_FMAS`` statements. Gradient
-descent on the cost model tends to end at the top of the knob's box (log2 unroll 8-9), and a 1-row
+capped at ``codegen.space.MAX_UNROLL_STEP`` (64) since this probe, and by the renderer so the unrolled
+body stays under ``MAX_UNROLLED_FMAS`` statements. Gradient descent on the cost model tends to end at the top of the knob's box (log2 unroll 8-9), and a 1-row
 dense block of 5 vectors unrolled 256 times takes gcc ~12 s where 64 takes ~0.5 s: on real hardware
 gradient search then spends most of its seconds compiling (a 32-trial dense run: 72 s of builds vs
-genetic's 9 s). This script measures, for a few kernels and each unroll step, with the renderer's cap
-lifted: the emitted unrolled statements, gcc's compile time (fresh cache each time), and the
-kernel's speed (interleaved in one process, user-mode cycles where ``perf_event_open`` is allowed,
+genetic's 9 s). This script measures, for a few kernels and each unroll step, with both caps lifted:
+gcc's compile time (fresh cache each time), and the kernel's speed (interleaved in one process, user-mode cycles where ``perf_event_open`` is allowed,
 else wall time), each kernel checked against numpy before and after timing.
 
 Run: ``python benchmarks/unroll_probe.py [--threads 1] [--rounds 7] [--event cycles|none]`` (~3 min).
@@ -15,6 +14,7 @@ Run: ``python benchmarks/unroll_probe.py [--threads 1] [--rounds 7] [--event cyc
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import tempfile
 
@@ -54,7 +54,8 @@ def main() -> None:
     args = ap.parse_args()
     event = None if args.event == "none" or not cycles.available() else args.event
     target = Target.cpu()
-    cstyle.MAX_UNROLLED_FMAS = 1 << 30  # the cap lifted: the knob's raw effect
+    cstyle.MAX_UNROLLED_FMAS = 1 << 30  # the caps lifted: the knob's raw effect
+    importlib.import_module("codegen.lower").MAX_UNROLL_STEP = 1 << 30  # the module (codegen.lower is also a function)
     print(f"unit: {'M' + event if event else 'ms wall'} per call (median of {args.rounds} interleaved blocks)")
     print("| kernel | unroll | compile s | time | vs unroll 8 |")
     print("|---|---:|---:|---:|---:|")
