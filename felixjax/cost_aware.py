@@ -75,7 +75,8 @@ class CostAware:
             stays ``"both"``; ``"plateau"``'s defaults (``min_share=0.5, explore=64``, with
             ``early_stop=1e-4, window=32``) are what held-out calibration on replayed logs picked, and
             it still missed the issue's target there (docs/BENCHMARKS.md, "Cost-aware tuning").
-        min_share: ``"plateau"`` never stops before this share of the run's trial budget.
+        min_share: ``"plateau"`` never stops before this share of the run's trial budget (a network's task,
+            which has none of its own: of its even share of the session's budget).
         plateau, jump_weight, improve_eps: ``"plateau"``'s patience in trials,
             ``max(window, plateau * n_last) * (1 + jump_weight * J)`` (see :func:`plateau_decision`).
         explore: trials of the final exploration block measured after ``"plateau"`` fires.
@@ -187,6 +188,11 @@ def plateau_decision(lat: list[float], budget: int | None, opt: CostAware,
     return opt.explore == 0, fired
 
 
+def _budget(tr: Any) -> int | None:
+    """The trials ``min_share`` counts against: the run's own budget, else its expected share."""
+    return tr.trials if tr.trials is not None else getattr(tr, "share", None)
+
+
 class EnsembleUncertainty:
     """The run's own small :class:`costmodels.EnsembleCostModel` over the session's features."""
 
@@ -272,7 +278,7 @@ class Screen:
         ctx, opt = tr.ctx, self.options
         if opt.filter_p is None and opt.stop_rule == "plateau":  # no model needed: no ensemble to fit
             lat = [r.latency_s if r.ok else math.inf for r in ctx.history]
-            stop, self.fired = plateau_decision(lat, tr.trials, opt, self.fired)
+            stop, self.fired = plateau_decision(lat, _budget(tr), opt, self.fired)
             self.trace.append({"trials": len(ctx.history), "clock": tr.clock, "fired": self.fired is not None})
             return ([], "early_stop") if stop else (cands, "")
         if opt.filter_p is None and opt.stop_rule == "observed":  # no model needed: no ensemble to fit
@@ -313,7 +319,7 @@ class Screen:
                            "proposed": len(rest)})
         if opt.early_stop is not None and opt.stop_rule == "plateau":
             lat = [r.latency_s if r.ok else math.inf for r in ctx.history]
-            stop, self.fired = plateau_decision(lat, tr.trials, opt, self.fired)
+            stop, self.fired = plateau_decision(lat, _budget(tr), opt, self.fired)
             if stop:
                 return [], "early_stop"
         elif opt.early_stop is not None:

@@ -143,6 +143,8 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
             sched.best[i] = min(sched.best[i], tt.best.latency_s)
     rounds: list[dict] = []
     budget = session.trials
+    for tr in runs:  # cost-aware min_share counts against a task's even share of the session's budget
+        tr.share = budget // len(runs) if budget else None
     while not session.out_of_budget():
         i = sched.next_task()
         if i is None:

@@ -93,6 +93,8 @@ class TaskRun:
         stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``,
             ``"early_stop"``: cost-aware tuning judged further trials not worth it).
         screen: the run's cost-aware state (:class:`~felixjax.cost_aware.Screen`; None when off).
+        share: the trials this run may expect when it has no budget of its own (a network's task: the
+            session's budget over its tasks); cost-aware ``min_share`` counts against it.
     """
 
     task: Task
@@ -113,6 +115,7 @@ class TaskRun:
     stats: dict = field(default_factory=lambda: {"propose_s": 0.0, "update_s": 0.0, "build_measure_s": 0.0,
                                                  "rounds": 0})
     screen: Any = None
+    share: int | None = None
 
     @property
     def history(self) -> list[TuningRecord]:

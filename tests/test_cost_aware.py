@@ -209,3 +209,18 @@ def test_min_keep_bounds_how_far_filtering_shrinks_a_round():
         CostAware(filter_p=0.1, min_keep=0)
     with pytest.raises(ValueError, match="min_share"):
         CostAware(early_stop=1e-3, stop_rule="plateau", min_share=1.5)
+
+
+def test_plateau_min_share_of_a_network_task_counts_against_its_share_of_the_session():
+    from felixjax.network_tune import scheduled_rounds
+
+    tasks = [fj.ops.matmul(64, 64, 64), fj.ops.dense(1, 256, 128)]
+    # fires as soon as it may: any 16 trials without a gain; min_share 0.5 of an even share (512 / 2)
+    ca = CostAware(early_stop=1.0, stop_rule="plateau", warmup=16, window=16, min_share=0.5, plateau=0.0,
+                   jump_weight=0.0, explore=0)
+    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, trials=512) as s:
+        runs = [s.add(t, "random", seed=0, cost_aware=ca) for t in tasks]
+        scheduled_rounds(s, runs, [1, 1], per_round=16)
+    assert [r.share for r in runs] == [256, 256]
+    stopped = [r for r in runs if r.stop_reason == "early_stop"]
+    assert stopped and all(len(r.history) >= 128 for r in stopped)
