@@ -466,7 +466,7 @@ class Relaxation:
                     rest //= p ** k
                 if rest != 1:
                     raise ValueError(f"tile {t} of {axis.name} is not a divisor of {axis.extent}")
-        x[I_UNROLL] = math.log2(min(config.unroll, max(self.space.unroll_steps)))  # larger: the same kernel
+        x[I_UNROLL] = min(math.log2(config.unroll), self._unroll_log2_max)  # larger: the same kernel
         x[I_VEC] = math.log2(config.vec)
         x[I_PAR] = config.parallel
         x[I_EXTRA:] = self._knobs.encode(config)
