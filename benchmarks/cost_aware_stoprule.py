@@ -43,13 +43,16 @@ GRID = {"early_stop": (1e-4, 3e-4, 1e-3), "window": (32, 64, 128), "min_share": 
 
 
 def load(paths: list[str]) -> list[dict]:
-    """Runs merged by (task, seed): the arms of one task and seed may come from several files."""
+    """Runs merged by (task, seed, strategy): the arms of one run may come from several files; the same
+    task and seed under two strategies are two runs (``r["strategy"]``, from the file's arguments)."""
     runs: dict[tuple, dict] = {}
     for pattern in paths:
         for path in sorted(glob.glob(pattern)) or [pattern]:
             with open(path) as f:
-                for r in json.load(f)["runs"]:
-                    runs.setdefault((r["task"], r["seed"]), {}).update(r)
+                data = json.load(f)
+            strategy = data.get("args", {}).get("strategy", "genetic")
+            for r in data["runs"]:
+                runs.setdefault((r["task"], r["seed"], strategy), {"strategy": strategy}).update(r)
     for r in runs.values():  # an untraced off arm recorded beside a traced no-filter arm: the same trials
         if "off" in r and not r["off"].get("rounds") and r.get("on:None", {}).get("lat") == r["off"]["lat"]:
             r["off"] = r["on:None"]
@@ -82,6 +85,15 @@ def simulate_observed(arm: dict, threshold: float, window: int, warmup: int = 64
     return len(lat), arm["clock"] - arm.get("screen_s", 0.0), min(lat)
 
 
+def simulate_cut(arm: dict, share: float, budget: int) -> tuple[int, float, float]:
+    """No rule: stop at the first round boundary at or past ``share`` of the budget."""
+    lat = arm["lat"]
+    for n, clock in arm["rounds"]:
+        if n >= share * budget:
+            return n, clock, min(lat[:n])
+    return len(lat), arm["clock"], min(lat)
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if math.isfinite(x) and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
@@ -94,7 +106,9 @@ def evaluate(runs: list[dict], arm: str, opt: CostAware, per_run: bool = False) 
     for r in runs:
         off = r[arm] if model_free else r["off"]  # without filtering, the same run without the rule is the arm
         off = {"lat": off["lat"], "clock": off["clock"] - off.get("screen_s", 0.0)}  # without an ensemble's time
-        if isinstance(opt, tuple):  # ("observed", T, W): the previous rule, for comparison
+        if isinstance(opt, tuple) and opt[0] == "cut":  # ("cut", share): stop at the first round past it
+            n, sec, best = simulate_cut(r[arm], opt[1], len(off["lat"]))
+        elif isinstance(opt, tuple):  # ("observed", T, W): the previous rule, for comparison
             n, sec, best = simulate_observed(r[arm], opt[1], opt[2])
         else:
             n, sec, best = simulate(r[arm], opt, len(off["lat"]), model_free)
@@ -102,7 +116,7 @@ def evaluate(runs: list[dict], arm: str, opt: CostAware, per_run: bool = False) 
         s_on, s_off = s_on + sec, s_off + off["clock"]
         ratios.append(best / min(off["lat"]))
         if per_run:
-            rows.append({"task": r["task"], "seed": r["seed"], "trials": n, "budget": len(off["lat"]),
+            rows.append({"task": r["task"], "seed": r["seed"], "strategy": r["strategy"], "trials": n, "budget": len(off["lat"]),
                          "seconds": sec, "off_seconds": off["clock"], "loss": ratios[-1] - 1})
     out = {"runs": len(runs), "trials_saved": 1 - tr_on / tr_off, "seconds_saved": 1 - s_on / s_off,
            "latency_loss": geomean(ratios) - 1, "worst": max(ratios) - 1}
@@ -185,6 +199,11 @@ def main() -> None:
             if sub:
                 prev[f"suite:{sname}"] = evaluate(sub, "off", ("observed", 0.001, 128))
                 print(f"  suite {sname:12s}: {fmt(prev[f'suite:{sname}'])}")
+    cut = {}  # the rule-free baseline: every run cut at a fixed share of its budget
+    for share in (0.375, 0.5, 0.625):
+        cut[share] = evaluate(runs, args.arm, ("cut", share))
+        print(f"fixed cut at {100 * share:.1f}% of the budget (no rule), all runs: {fmt(cut[share])}")
+    report["fixed_cut"] = cut
     folds = [("A", a, "B", b), ("B", b, "A", a)]
     for cal_name, cal, held_name, held in folds:
         if args.rule:
@@ -205,9 +224,14 @@ def main() -> None:
             if sub:
                 res[f"suite:{sname}"] = evaluate(sub, args.arm, opt)
                 print(f"  suite {sname:12s}: {fmt(res[f'suite:{sname}'])}")
+        for strategy in sorted({r["strategy"] for r in runs}):  # and on each strategy's runs (held out only)
+            sub = [r for r in held if r["strategy"] == strategy]
+            if sub and len({r["strategy"] for r in runs}) > 1:
+                res[f"held_out:{strategy}"] = evaluate(sub, args.arm, opt)
+                print(f"  held out, {strategy:9s}: {fmt(res[f'held_out:{strategy}'])}")
         for row in res["whole"]["per_run"]:
             half = "cal " if any(r["task"] == row["task"] for r in cal) else "held"
-            print(f"    [{half}] {row['task']:40s} seed {row['seed']}: trials {row['budget']} -> {row['trials']:3d}, "
+            print(f"    [{half}] {row['strategy'][:4]} {row['task']:40s} seed {row['seed']}: trials {row['budget']} -> {row['trials']:3d}, "
                   f"seconds {row['off_seconds']:5.0f} -> {row['seconds']:5.0f}, loss {100 * row['loss']:+6.2f}%")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
