@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="start the search's cost model from this pretrained checkpoint (felixjax pretrain)")
     t.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     t.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
+    t.add_argument("--early-stop", default=None, metavar="calibrated|T",
+                   help="cost-aware early stop (off by default): 'calibrated' (the plateau rule picked on held-out "
+                        "tasks: never before half the budget, then at the first round whose last 64 trials did not "
+                        "improve), or an expected gain per trial T (-log latency; the ensemble rule)")
+    t.add_argument("--filter-p", type=float, default=None, metavar="P",
+                   help="cost-aware filtering (off by default): skip candidates less likely than P to beat the best")
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
     r.add_argument("db")
@@ -199,6 +205,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.strategy not in fj.strategies():
         raise UserError(f"unknown strategy {args.strategy!r}; registered: {', '.join(fj.strategies())}")
     target = _target(args.threads, args.target)
+    args.cost_aware = _cost_aware(args.early_stop, args.filter_p)
     args.no_compare = args.no_compare or target.is_gpu  # onnxruntime runs on this CPU, not the simulated GPU
     if args.model:
         with _runner(args) as args.runner:
@@ -212,7 +219,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     with _runner(args) as runner:
         results = [fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
                            seed=args.seed, threads=args.threads, strategy_options=options, progress=not args.quiet,
-                           runner=runner) for task in tasks]
+                           runner=runner, cost_aware=args.cost_aware) for task in tasks]
+    for task, res in zip(tasks, results):
+        if res.stop_reason == "early_stop":
+            print(f"{task.name}: stopped early (cost-aware) after {len(res.history)} of {args.trials} trials")
     for task, res in zip(tasks, results):
         best = res.best
         if best is None:
@@ -230,6 +240,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if rows:
         print("\n" + _table(rows))
     return 0
+
+
+def _cost_aware(early_stop: str | None, filter_p: float | None):
+    """``--early-stop`` / ``--filter-p`` as :class:`~felixjax.cost_aware.CostAware` options (None: off)."""
+    from .cost_aware import CostAware
+
+    if early_stop is None and filter_p is None:
+        return None
+    try:
+        if early_stop == "calibrated":
+            return CostAware.calibrated(filter_p=filter_p)
+        try:
+            threshold = float(early_stop) if early_stop is not None else None
+        except ValueError:
+            raise UserError(f"--early-stop takes 'calibrated' or a number (got {early_stop!r})") from None
+        return CostAware(filter_p=filter_p, early_stop=threshold)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _against_onnxruntime(res, threads: int) -> dict:

@@ -46,7 +46,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
     res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
                      seconds=args.seconds, threads=args.threads, progress=False if quiet else _round_progress,
                      strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)),
-                     runner=getattr(args, "runner", None))
+                     runner=getattr(args, "runner", None), cost_aware=getattr(args, "cost_aware", None))
     print(res.table())
     print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
     if target.is_gpu:  # a simulated GPU has no network build to run: the tuned records are the result

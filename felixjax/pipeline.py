@@ -60,7 +60,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
               progress: bool | Callable[[dict], None] = True, strategy_options: dict | None = None,
               defaults: bool = True, renderer: Callable[[Plan], str] = render, cost_model: str | None = None,
               retime: int = 3, measurer: Callable[[Task, Target], Any] | None = None,
-              filter_p: float | None = None, early_stop: float | None = None) -> TuneResult:
+              filter_p: float | None = None, early_stop: float | None = None,
+              cost_aware: CostAware | None = None) -> TuneResult:
     """Tune one operator: rounds of propose -> build -> measure -> record -> update (``fj.tune``).
 
     Args:
@@ -88,6 +89,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         filter_p, early_stop: cost-aware tuning, off by default (:mod:`felixjax.cost_aware`): skip
             candidates less likely than ``filter_p`` to beat the best; end the run (``stop_reason``
             ``"early_stop"``) when the expected gain per trial is below ``early_stop``.
+        cost_aware: all the cost-aware options instead (say ``CostAware.calibrated()``).
 
     Returns:
         A :class:`TuneResult` with ``.best``, ``.history``, ``.source`` and ``.kernel()``.
@@ -101,7 +103,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
                        defaults=defaults,
-                       cost_aware=CostAware.of(filter_p, early_stop)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
+                       cost_aware=cost_aware or CostAware.of(filter_p, early_stop)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
         tr = session.add(task, strategy, seed=seed, trials=trials, seconds=seconds, run=run,
                          strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
         while not tr.done:

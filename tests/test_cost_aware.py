@@ -224,3 +224,30 @@ def test_plateau_min_share_of_a_network_task_counts_against_its_share_of_the_ses
     assert [r.share for r in runs] == [256, 256]
     stopped = [r for r in runs if r.stop_reason == "early_stop"]
     assert stopped and all(len(r.history) >= 128 for r in stopped)
+
+
+def test_calibrated_rule_through_fj_tune_never_stops_before_half_the_budget():
+    ca = CostAware.calibrated()
+    assert (ca.stop_rule, ca.early_stop, ca.window, ca.min_share, ca.explore, ca.filter_p) == (
+        "plateau", 1e-4, 64, 0.5, 0, None)
+    assert CostAware.calibrated(window=32).window == 32
+    res = fj.tune(TASK, strategy="random", trials=320, progress=False, retime=0, measurer=_replay, batch=32,
+                  cost_aware=ca)
+    assert len(res.history) >= 160 and res.stop_reason in ("early_stop", "trials")
+    if res.stop_reason == "early_stop":  # stopped: its last 64 trials did not improve the best
+        lat = [r.latency_s for r in res.history if r.ok]
+        assert min(lat[:-64]) <= min(lat) * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("argv, msg", [(["--early-stop", "soon"], "--early-stop takes 'calibrated' or a number"),
+                                       (["--early-stop", "-1"], "early_stop must be > 0"),
+                                       (["--filter-p", "1.5"], "filter_p must be in (0, 1)")])
+def test_cli_cost_aware_flags_reject_bad_values(argv, msg, tmp_path, capsys):
+    from felixjax.cli import main as cli
+
+    db = tmp_path / "t.db"
+    assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--no-compare", "--db", str(db),
+                *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "Traceback" not in err, err
+    assert not db.exists()  # nothing ran
