@@ -179,8 +179,9 @@ def main() -> None:
         trials_saved = 1 - sum(r["on"]["trials"] for r in rows) / sum(r["off"]["trials"] for r in rows)
         seconds_saved = 1 - sum(r["on"]["seconds"] for r in rows) / sum(r["off"]["seconds"] for r in rows)
         loss = geomean([r["latency_ratio"] for r in rows]) - 1
-    print(f"\nsuite total: {100 * trials_saved:.1f}% of trials and {100 * seconds_saved:.1f}% of seconds saved, "
-          f"final latency {100 * loss:+.2f}% (geomean of re-timed on/off; target >= 40%, >= 30%, <= +2%)")
+    if rows:  # (--suite none: a network only)
+        print(f"\nsuite total: {100 * trials_saved:.1f}% of trials and {100 * seconds_saved:.1f}% of seconds saved, "
+              f"final latency {100 * loss:+.2f}% (geomean of re-timed on/off; target >= 40%, >= 30%, <= +2%)")
     net = None
     if args.network:
         net = tune_network(args, target)

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.cost_aware_stoprule import geomean, simulate  # noqa: E402
+from benchmarks.cost_aware_stoprule import geomean, simulate
 
 # the rules held-out calibration picked on the replayed logs of session 17: on the genetic runs (both
 # halves picked it), and on the genetic + gradient runs together (both halves picked it)
@@ -114,7 +114,10 @@ def main() -> None:
     rules = {k: CostAware(stop_rule="plateau", warmup=64, **v) for k, v in json.loads(args.rules).items()}
     args.db = args.db or os.path.splitext(args.out)[0] + ".db"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-    rows = json.load(open(args.out))["rows"] if os.path.exists(args.out) else []
+    rows = []
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            rows = json.load(f)["rows"]
     done = {(r["task"], r["seed"]) for r in rows}
     tasks = suite(args.suite)
     if args.only:

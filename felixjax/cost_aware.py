@@ -72,9 +72,8 @@ class CostAware:
             the replay oracle's ``calibration`` suite: ``early_stop=0.001, stop_rule="observed",
             window=128, warmup=64`` without filtering (docs/BENCHMARKS.md; it lost 14% on the op suite).
             ``"plateau"``: :func:`plateau_decision` (the options below; no model needed). The default
-            stays ``"both"``; ``"plateau"``'s defaults (``min_share=0.5, explore=64``, with
-            ``early_stop=1e-4, window=32``) are what held-out calibration on replayed logs picked, and
-            it still missed the issue's target there (docs/BENCHMARKS.md, "Cost-aware tuning").
+            stays ``"both"``; :meth:`CostAware.calibrated` gives the plateau rule that held-out
+            calibration on replayed logs picked (docs/BENCHMARKS.md, "Cost-aware tuning").
         min_share: ``"plateau"`` never stops before this share of the run's trial budget (a network's task,
             which has none of its own: of its even share of the session's budget).
         plateau, jump_weight, improve_eps: ``"plateau"``'s patience in trials,
