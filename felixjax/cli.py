@@ -223,7 +223,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for task, res in zip(tasks, results):
         if res.stop_reason == "early_stop":
             print(f"{task.name}: stopped early (cost-aware) after {len(res.history)} of {args.trials} trials")
-    for task, res in zip(tasks, results):
         best = res.best
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
