@@ -43,7 +43,7 @@ ALIGN_FLOATS = 16  # 64-byte alignment of workspace sub-buffers
 #: sketches whose plan is finished by a lowering of their own, ``base name -> finish(plan) -> Plan``
 #: (registered by :mod:`codegen.sparse_lower`: the sparse sketch's weights compiled into the kernel)
 SKETCH_LOWERINGS: dict = {}
-SKETCH_LOWERINGS[_wg.WG_SKETCH] = _wg.finish_plan
+SKETCH_LOWERINGS[_wg.WG_SKETCH] = SKETCH_LOWERINGS[_wg.WG4_SKETCH] = _wg.finish_plan
 WS_UNIT = 4  # bytes of one workspace slot (``Buffer.ws_offset`` and ``Plan.workspace`` count slots)
 
 
@@ -235,8 +235,9 @@ class Plan:
 
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Weights in the kernel's packed layout (done once at load, not timed)."""
-        if self.space.sketch.base == _wg.WG_SKETCH:  # transformed: U = G g G^T (codegen.winograd)
-            return _wg.transform_weight(weight, _wg.schedule(self.space, self.config)["KV"])
+        if self.space.sketch.base in _wg.VARIANTS:  # transformed: U = G g G^T (codegen.winograd)
+            return _wg.transform_weight(weight, _wg.schedule(self.space, self.config)["KV"],
+                                        _wg.variant_of(self.space.sketch))
         from .ops import check_weight_range
         check_weight_range(self.space.task, weight)  # 7-bit weights: out of range would saturate vpmaddubsw
         layout = self.buffers["weight"].layout

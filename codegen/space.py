@@ -105,11 +105,11 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     Example:
         >>> from codegen.ops import conv2d
         >>> [s.name for s in sketches_for(conv2d(1, 8, 8, 8, out_channels=8))]
-        ['conv_direct', 'conv_spatial_pack', 'conv_winograd']
-        >>> [s.name for s in sketches_for(conv2d(1, 8, 9, 9, out_channels=8), Target(simd_lanes=8))]  # 7x7 out
-        ['conv_direct', 'conv_direct.pad_x8', 'conv_spatial_pack', 'conv_winograd']
-        >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))]  # 13x13
-        ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16', 'conv_winograd']
+        ['conv_direct', 'conv_spatial_pack', 'conv_winograd', 'conv_winograd4']
+        >>> [s.name for s in sketches_for(conv2d(1, 8, 9, 9, out_channels=8), Target(simd_lanes=8))][:3]  # 7x7 out
+        ['conv_direct', 'conv_direct.pad_x8', 'conv_spatial_pack']
+        >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))][:4]  # 13x13
+        ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16']
     """
     if task.sparsity:  # weights compiled into the kernel, zeros skipped (codegen.sparse): one sketch
         return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
@@ -129,6 +129,8 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
             base += (Sketch(DW_SKETCH, "x", channel),)
         if _wg.applies(task):  # Winograd F(2x2, 3x3) (codegen.winograd)
             base += (Sketch(_wg.WG_SKETCH, "k", "k"),)
+        if _wg.applies4(task):  # and F(4x4, 3x3)
+            base += (Sketch(_wg.WG4_SKETCH, "k", "k"),)
         if _flat.applies(task):  # a 1x1 conv over its flattened image, a GEMM (codegen.flat)
             base += (Sketch(_flat.FLAT_SKETCH, "x", "k"),)
         if _flat.im2col_applies(task):  # im2col + the same GEMM (codegen.flat)
@@ -139,7 +141,7 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     rows = block_rows(int(target.vector_registers), REGISTER_RESERVE)
     for s in base:
         out.append(s)
-        if s.name == _wg.WG_SKETCH:  # its tiles cover a virtual tile grid: no padded variants
+        if s.name in _wg.VARIANTS:  # its tiles cover a virtual tile grid: no padded variants
             continue
         lanes = int(target.simd_lanes)
         for padded in (padded_sketch(task, s, lanes), row_padded_sketch(task, s, rows, lanes)):
@@ -227,8 +229,8 @@ class Space:
         self.con: Contraction = self.api_con
         if self.sketch.pad:
             self.con = padded_contraction(self.api_con, dict(self.sketch.pad))
-        if self.sketch.base == _wg.WG_SKETCH:  # the 4x4 "conv" over the tile grid (codegen.winograd)
-            self.con = _wg.virtual_task(task).contraction()
+        if self.sketch.base in _wg.VARIANTS:  # the alpha x alpha "conv" over the tile grid (codegen.winograd)
+            self.con = _wg.virtual_task(task, _wg.variant_of(self.sketch)).contraction()
         self.axes = self.con.axes
         self.levels = tuple(REDUCE_LEVELS if a.reduce else SPATIAL_LEVELS for a in self.axes)
         self.vector_index = [a.name for a in self.axes].index(self.sketch.vector_axis)
@@ -417,8 +419,9 @@ def default_sketch(task: Task, target: Target) -> Sketch:
     ``conv_flat`` for float32 1x1 stride-1 unpadded convs on targets with a 6-row GEMM block (AVX2), where
     its 6 channels x 2 pixel vectors fit (:func:`_flat_default`, :mod:`codegen.flat`); on the same targets
     ``conv_im2col`` with that block for strided float32 convs, else ``conv_spatial_pack`` (:func:`_strided_default`);
-    Winograd F(2x2, 3x3) for float32 3x3 stride-1 convs with at least 6x6 output tiles, or fewer that
-    waste little (:func:`codegen.winograd.prefer_by_default`);
+    Winograd for float32 3x3 stride-1 convs with at least 6x6 output tiles, or fewer that
+    waste little (:func:`codegen.winograd.prefer_by_default`): F(4x4, 3x3) where its 4x4 tiles cover the
+    output with little waste, else F(2x2, 3x3) (:func:`codegen.winograd.default_variant`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
     (:func:`codegen.padding.row_padded_sketch`), the row-padded ``gemm_packed`` / ``conv_spatial_pack``; else
     the first one, except for non-depthwise convolutions whose
@@ -440,6 +443,8 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         >>> default_sketch(conv2d(1, 512, 7, 7, out_channels=512), Target.cpu(simd_lanes=8)).name  # 5x5 out
         'conv_spatial_pack'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=64, padding=1), Target.cpu(simd_lanes=8)).name
+        'conv_winograd4'
+        >>> default_sketch(conv2d(1, 256, 14, 14, out_channels=256, padding=1), Target.cpu(simd_lanes=8)).name
         'conv_winograd'
         >>> default_sketch(conv2d(1, 64, 56, 56, out_channels=128, kernel=1), avx2).name
         'conv_flat.pad_k132'
@@ -468,8 +473,9 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         strided = _strided_default(task, target, sketches)
         if strided is not None:
             return strided
-        if _wg.applies(task) and _wg.prefer_by_default(task, target):
-            return next(s for s in sketches if s.name == _wg.WG_SKETCH)
+        wg = _wg.default_variant(task, target)
+        if wg is not None:
+            return next(s for s in sketches if s.name == wg.sketch)
         pack = next((s for s in sketches if s.name == "conv_spatial_pack"), None)
         if pack is not None and task.dtype == "float32" and not task.sparsity:
             # output columns padded to the full-height register block (6 columns x 2 channel vectors on
@@ -602,7 +608,7 @@ def default_config(space: Space) -> Config:
         return _gemm_default(space)
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
-    own = {DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule,  # sketches with their own default
+    own = {DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule, _wg.WG4_SKETCH: _wg.default_schedule,
            _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule,
            _blocked.DW_SKETCH: _blocked.dw_default_schedule}
     if space.sketch.base in own:

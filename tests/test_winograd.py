@@ -1,4 +1,4 @@
-"""The experimental Winograd sketch (codegen.winograd): F(2x2, 3x3) against numpy, its space and errors."""
+"""The Winograd sketches (codegen.winograd): F(2x2, 3x3) and F(4x4, 3x3) against numpy, their space and errors."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,31 +22,60 @@ def _run(task, cfg):
     return c.output(), expected
 
 
+VARIANTS = pytest.mark.parametrize("v", [wg.F2, wg.F4], ids=lambda v: v.sketch)
+
+
+@VARIANTS
 @pytest.mark.parametrize("task", [
     conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1, bias=True, act="relu"),
     conv2d(2, 8, 9, 11, out_channels=24, kernel=3, padding=1, residual=True, act="relu6"),
     conv2d(1, 32, 10, 7, out_channels=32, kernel=3, padding=0, bias=True),
     conv2d(1, 8, 7, 9, out_channels=8, kernel=3, padding=2),
 ], ids=lambda t: t.name)
-def test_default_schedule_matches_numpy(task):
-    sp = Space(task, wg.WG_SKETCH, TARGET)
+def test_default_schedule_matches_numpy(task, v):
+    sp = Space(task, v.sketch, TARGET)
     out, expected = _run(task, sp.default())
     assert np.abs(out - expected).max() <= 1e-4 * np.abs(expected).max()
 
 
-def test_numpy_model_of_the_algorithm_matches_the_conv():
+@VARIANTS
+def test_numpy_model_of_the_algorithm_matches_the_conv(v):
     task = conv2d(1, 8, 9, 10, out_channels=12, kernel=3, padding=1, bias=True, act="relu")
     arrays = task.random_inputs(1)
-    np.testing.assert_allclose(wg.reference(task, arrays), task.reference(*arrays), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wg.reference(task, arrays, v), task.reference(*arrays), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("v", [wg.F2, wg.F4], ids=lambda v: v.sketch)
+def test_transforms_compute_a_1d_correlation(v):
+    """A^T [(G g) * (B^T d)] is the valid correlation of d with g (m outputs from alpha inputs)."""
+    rng = np.random.default_rng(0)
+    d, g = rng.standard_normal(v.alpha), rng.standard_normal(3)
+    np.testing.assert_allclose(v.AT @ ((v.G @ g) * (v.BT @ d)), [d[i:i + 3] @ g for i in range(v.m)], atol=1e-12)
 
 
 @settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_sampled_configs_match_numpy(seed):
+@given(seed=st.integers(0, 2**31 - 1), four=st.booleans())
+def test_sampled_configs_match_numpy(seed, four):
     task = conv2d(1, 16, 10, 14, out_channels=24, kernel=3, padding=1, bias=True)
-    sp = Space(task, wg.WG_SKETCH, TARGET)
+    sp = Space(task, wg.WG4_SKETCH if four else wg.WG_SKETCH, TARGET)
     cfg = sp.sample(np.random.default_rng(seed))
     _run(task, cfg)
+
+
+def test_f4_error_is_larger_than_f2s_and_well_within_the_float32_check():
+    """F(4x4, 3x3)'s transforms (coefficients up to 8 and 1/24) lose more bits than F(2x2, 3x3)'s: on a
+    64-channel 3x3 conv, max |error| / max |output| against a float64 conv stays below 1e-4 (the float32
+    check's rtol) but above F(2x2)'s."""
+    task = conv2d(1, 64, 20, 20, out_channels=32, kernel=3, padding=1)
+    arrays = task.random_inputs(0)  # what _run measures
+    x, w = (np.asarray(a, np.float64) for a in arrays[:2])
+    win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    exact = np.einsum("nchwij,kcij->nkhw", win, w)
+    errs = {}
+    for v in (wg.F2, wg.F4):
+        out, _ = _run(task, Space(task, v.sketch, TARGET).default())
+        errs[v.m] = np.abs(out - exact).max() / np.abs(exact).max()
+    assert errs[2] < errs[4] < 1e-4, errs
 
 
 def test_applies_only_to_3x3_stride1_ungrouped_float32():
@@ -69,13 +98,19 @@ def test_sketch_in_the_space_and_default_on_larger_grids_or_little_waste():
     for task in (small, even, large):
         assert wg.WG_SKETCH in [s.name for s in sketches_for(task, TARGET)]
         assert wg.WG_SKETCH in [s.name for s in sketches_for(task)]
-    assert default_sketch(large, TARGET).name == wg.WG_SKETCH == default_sketch(even, TARGET).name
-    assert default_sketch(small, TARGET).name != wg.WG_SKETCH
-    assert default_sketch(large, Target(simd_lanes=1)).name != wg.WG_SKETCH
+    # F(4x4) where its 4x4 tiles cover the output with little waste, F(2x2) elsewhere
+    assert default_sketch(large, TARGET).name == wg.WG4_SKETCH == default_sketch(even, TARGET).name
+    ragged = conv2d(1, 16, 14, 14, out_channels=16, kernel=3, padding=1)  # 4x4 tiles cover 16x16: 1.31x the work
+    assert wg.WG4_SKETCH in [s.name for s in sketches_for(ragged, TARGET)]
+    assert default_sketch(ragged, TARGET).name == wg.WG_SKETCH
+    assert default_sketch(small, TARGET).name not in wg.VARIANTS
+    assert default_sketch(large, Target(simd_lanes=1)).name not in wg.VARIANTS
+    assert not wg.applies4(conv2d(1, 16, 3, 3, out_channels=16, kernel=3, padding=1))  # 3x3 out: F(2x2) only
 
 
 @pytest.mark.cc
-def test_a_small_grid_splits_its_output_channels_over_threads_and_stays_exact():
+@VARIANTS
+def test_a_small_grid_splits_its_output_channels_over_threads_and_stays_exact(v):
     """A 4x4 tile grid is one block of tiles: with more threads than blocks the kernel splits the output
     channels into parts (each redoing its block's input transform); every thread count gives the same
     result as numpy."""
@@ -85,7 +120,7 @@ def test_a_small_grid_splits_its_output_channels_over_threads_and_stays_exact():
     from codegen.runtime import Kernel
 
     task = conv2d(1, 32, 8, 8, out_channels=48, kernel=3, padding=1, bias=True, act="relu")
-    space = Space(task, wg.WG_SKETCH, TARGET)
+    space = Space(task, v.sketch, TARGET)
     plan = lower(space, space.default())
     src = render(plan)
     assert "const int kp = nt <=" in src and "part * " in src

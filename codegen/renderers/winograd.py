@@ -1,6 +1,7 @@
-"""C source of the Winograd sketch (``conv_winograd``, :mod:`codegen.winograd`): F(2x2, 3x3) over blocks
-of output tiles, input transform -> 16 GEMMs (register blocks of tiles x channel vectors) -> output
-transform with the fused bias, residual and activation.
+"""C source of the Winograd sketches (``conv_winograd`` and ``conv_winograd4``, :mod:`codegen.winograd`):
+F(2x2, 3x3) or F(4x4, 3x3) over blocks of output tiles, input transform -> 16 or 36 GEMMs (register
+blocks of tiles x channel vectors) -> output transform with the fused bias, residual and activation. The
+transforms are emitted from the variant's matrices (:func:`_combo`: adds for +-1, multiplies otherwise).
 
 The plan is the standard lowering of the sketch's virtual contraction (:func:`codegen.winograd.virtual_task`);
 this renderer reads the schedule from its config (:func:`codegen.winograd.schedule`), the argument order
@@ -17,21 +18,37 @@ Example:
 """
 from __future__ import annotations
 
-from ..winograd import WG_SKETCH, geometry, schedule, workspace_floats
+from ..winograd import VARIANTS, geometry, schedule, variant_of, workspace_floats
 from .cstyle import Writer
 from .harness import standalone_c
 
 
 def is_winograd(plan) -> bool:
     """Whether ``plan`` is a plan of the Winograd sketch (rendered here)."""
-    return plan.space.sketch.base == WG_SKETCH
+    return plan.space.sketch.base in VARIANTS
+
+
+def _combo(coefs, terms) -> str:
+    """C for ``sum(c * t)`` over the non-zero coefficients: ``+-1`` as adds / subtractions, others as
+    float32 multiplies (vector operands broadcast the scalar)."""
+    out = ""
+    for c, t in zip(coefs, terms):
+        c = float(c)
+        if c == 0.0:
+            continue
+        sign = "-" if c < 0 else "+"
+        mag = abs(c)
+        term = t if mag == 1.0 else f"{mag!r}f * {t}"
+        out += (f" {sign} " if out else ("-" if sign == "-" else "")) + term
+    return out or "0.0f"
 
 
 class _Gen:
     def __init__(self, plan, name: str):
         self.plan, self.name = plan, name
         sp, cfg = plan.space, plan.config
-        self.g = geometry(sp.task)
+        self.v = variant_of(sp.sketch)
+        self.g = geometry(sp.task, self.v.m)
         self.s = schedule(sp, cfg)
         self.threads = plan.workspace // max(1, workspace_floats(sp, cfg, 1))
         self.task = sp.task
@@ -44,35 +61,36 @@ class _Gen:
         w("int omp_get_max_threads(void);")
 
     def _input_transform(self, w: Writer) -> None:
-        g, s = self.g, self.s
+        g, s, v = self.g, self.s, self.v
         H, W, PT, PL = g["H"], g["W"], g["PT"], g["PL"]
         TB, XB = s["YB"] * s["XB"], s["XB"]
-        w("/* input transform: V[e][c][t] = (B^T d B)[e] of the 4x4 patch of tile t, input channel c */")
+        A, m = v.alpha, v.m
+        w(f"/* input transform: V[e][c][t] = (B^T d B)[e] of the {A}x{A} patch of tile t, input channel c */")
         w.open(f"for (int c = 0; c < {g['C']}; ++c)")
         w(f"const float* restrict p = ip + (long)c * {H * W};")
         w(f"float* restrict vc = V + (long)c * {TB};")
         w.open(f"for (int t = 0; t < {TB}; ++t)")
-        w(f"const int iy = 2 * (ty0 + t / {XB}) - {PT}, ix = 2 * (tx0 + t % {XB}) - {PL};")
-        w("float d[4][4];")
-        w.open(f"if (iy >= 0 && iy + 4 <= {H} && ix >= 0 && ix + 4 <= {W})")
-        w("for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) d[i][j] = p[(iy + i) * " f"{W} + ix + j];")
+        w(f"const int iy = {m} * (ty0 + t / {XB}) - {PT}, ix = {m} * (tx0 + t % {XB}) - {PL};")
+        w(f"float d[{A}][{A}];")
+        w.open(f"if (iy >= 0 && iy + {A} <= {H} && ix >= 0 && ix + {A} <= {W})")
+        w(f"for (int i = 0; i < {A}; ++i) for (int j = 0; j < {A}; ++j) d[i][j] = p[(iy + i) * {W} + ix + j];")
         w.close(" else {")
         w.depth += 1
-        w("for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) {")
-        w(f"    const int y = iy + i, x = ix + j;")
+        w(f"for (int i = 0; i < {A}; ++i) for (int j = 0; j < {A}; ++j) {{")
+        w("    const int y = iy + i, x = ix + j;")
         w(f"    d[i][j] = (y >= 0 && y < {H} && x >= 0 && x < {W}) ? p[y * {W} + x] : 0.0f;")
         w("}")
         w.close()
-        w("float m[4][4];")
-        w.open("for (int j = 0; j < 4; ++j)")
-        w("m[0][j] = d[0][j] - d[2][j]; m[1][j] = d[1][j] + d[2][j];")
-        w("m[2][j] = d[2][j] - d[1][j]; m[3][j] = d[1][j] - d[3][j];")
+        w(f"float m[{A}][{A}];")
+        w.open(f"for (int j = 0; j < {A}; ++j)")
+        for i in range(A):
+            w(f"m[{i}][j] = {_combo(v.BT[i], [f'd[{k}][j]' for k in range(A)])};")
         w.close()
         stride = g["C"] * TB
-        w.open("for (int i = 0; i < 4; ++i)")
-        w(f"float* restrict vi = vc + t + (long)i * {4 * stride};")
-        w(f"vi[0] = m[i][0] - m[i][2]; vi[{stride}] = m[i][1] + m[i][2];")
-        w(f"vi[{2 * stride}] = m[i][2] - m[i][1]; vi[{3 * stride}] = m[i][1] - m[i][3];")
+        w.open(f"for (int i = 0; i < {A}; ++i)")
+        w(f"float* restrict vi = vc + t + (long)i * {A * stride};")
+        for j in range(A):
+            w(f"vi[{j * stride}] = {_combo(v.BT[j], [f'm[i][{k}]' for k in range(A)])};")
         w.close()
         w.close()
         w.close()
@@ -83,8 +101,9 @@ class _Gen:
         TB, C, NKB = YB * XB, g["C"], g["K"] // KV
         Q = KV // V
         rows = [(ry, rx) for ry in range(YR) for rx in range(XR)]
-        w(f"/* 16 GEMMs: M[e][t][k] = sum_c V[e][c][t] U[e][c][k], register block {YR * XR} tiles x {Q} vectors */")
-        w.open("for (int e = 0; e < 16; ++e)")
+        E = self.v.alpha ** 2
+        w(f"/* {E} GEMMs: M[e][t][k] = sum_c V[e][c][t] U[e][c][k], register block {YR * XR} tiles x {Q} vectors */")
+        w.open(f"for (int e = 0; e < {E}; ++e)")
         w(f"const float* restrict ue = U + ((long)e * {NKB} + kb) * {C * KV};")
         w(f"const float* restrict ve = V + (long)e * {C * TB};")
         w(f"float* restrict me = M + (long)e * {TB * KV};")
@@ -124,28 +143,31 @@ class _Gen:
         w.close()
 
     def _output_transform(self, w: Writer) -> None:
-        g, s, n, task = self.g, self.s, self.name, self.task
+        g, s, n, task, v = self.g, self.s, self.name, self.task, self.v
         V, KV, XB = s["vec"], s["KV"], s["XB"]
         TB = s["YB"] * XB
         OH, OW = g["OH"], g["OW"]
+        A, m = v.alpha, v.m
         w("/* output transform: Y = A^T M A per tile and channel vector, then bias, residual, activation */")
         w.open(f"for (int t = 0; t < {TB}; ++t)")
-        w(f"const int oy = 2 * (ty0 + t / {XB}), ox = 2 * (tx0 + t % {XB});")
+        w(f"const int oy = {m} * (ty0 + t / {XB}), ox = {m} * (tx0 + t % {XB});")
         w.open(f"for (int q = 0; q < {KV // V}; ++q)")
-        w(f"{n}_vf m[16];")
-        w(f"for (int e = 0; e < 16; ++e) m[e] = *(const {n}_vfu*)(M + ((long)e * {TB} + t) * {KV} + q * {V});")
-        w(f"{n}_vf r0[4], r1[4];")
-        w.open("for (int j = 0; j < 4; ++j)")
-        w("r0[j] = m[j] + m[4 + j] + m[8 + j]; r1[j] = m[4 + j] - m[8 + j] - m[12 + j];")
+        w(f"{n}_vf m[{A * A}];")
+        w(f"for (int e = 0; e < {A * A}; ++e) m[e] = *(const {n}_vfu*)(M + ((long)e * {TB} + t) * {KV} + q * {V});")
+        w(f"{n}_vf " + ", ".join(f"r{i}[{A}]" for i in range(m)) + ";")
+        w.open(f"for (int j = 0; j < {A}; ++j)")
+        for i in range(m):
+            w(f"r{i}[j] = {_combo(v.AT[i], [f'm[{k * A} + j]' for k in range(A)])};")
         w.close()
-        w(f"float y[4][{V}] __attribute__((aligned(64)));")
-        w(f"*({n}_vfu*)y[0] = r0[0] + r0[1] + r0[2]; *({n}_vfu*)y[1] = r0[1] - r0[2] - r0[3];")
-        w(f"*({n}_vfu*)y[2] = r1[0] + r1[1] + r1[2]; *({n}_vfu*)y[3] = r1[1] - r1[2] - r1[3];")
+        w(f"float y[{m * m}][{V}] __attribute__((aligned(64)));")
+        for i in range(m):
+            for j in range(m):
+                w(f"*({n}_vfu*)y[{i * m + j}] = {_combo(v.AT[j], [f'r{i}[{k}]' for k in range(A)])};")
         w(f"const int k0 = kb * {KV} + q * {V};")
         w.open(f"for (int l = 0; l < {V}; ++l)")
         w(f"const long plane = ((long)nimg * {g['K']} + k0 + l) * {OH * OW};")
-        w.open("for (int a = 0; a < 4; ++a)")
-        w("const int yy = oy + a / 2, xx = ox + a % 2;")
+        w.open(f"for (int a = 0; a < {m * m}; ++a)")
+        w(f"const int yy = oy + a / {m}, xx = ox + a % {m};")
         w(f"if (yy >= {OH} || xx >= {OW}) continue;")  # odd outputs / padded tile grids
         w("float v = y[a][l];")
         if task.bias:
@@ -192,7 +214,7 @@ class _Gen:
         w.open(f"for (long u = 0; u < {units}L * kp; ++u)")
         w("const int tid = " + ("omp_get_thread_num();" if s["parallel"] else "0;"))
         w(f"float* restrict V = ws + (long)tid * {per};")
-        w(f"float* restrict M = V + {16 * g['C'] * TB};")
+        w(f"float* restrict M = V + {self.v.alpha ** 2 * g['C'] * TB};")
         w("const long ub = u / kp; const int part = (int)(u % kp);")
         w(f"const int nimg = (int)(ub / {nby * nbx}), ty0 = (int)(ub / {nbx} % {nby}) * {YB}, "
           f"tx0 = (int)(ub % {nbx}) * {XB};")
@@ -217,4 +239,6 @@ def render_winograd_kernel(plan, w: Writer, *, name: str = "fj_kernel", static: 
 
 def render_winograd(plan) -> str:
     """Full source of one Winograd kernel: header, the kernel and the timing harness."""
-    return standalone_c(plan, 'Winograd kernel (conv_winograd: F(2x2, 3x3), tiles x channel vectors)', render_winograd_kernel, includes=('stddef.h',))
+    m = variant_of(plan.space.sketch).m
+    title = f"Winograd kernel ({plan.space.sketch.base}: F({m}x{m}, 3x3), tiles x channel vectors)"
+    return standalone_c(plan, title, render_winograd_kernel, includes=("stddef.h",))
