@@ -11,13 +11,21 @@ the error of each variant against a float64 direct convolution (max |error| / ma
 The shapes: ResNet-18's stride-1 3x3 convs at 224 (the rule was set on these and on the first held-out
 run), and convs from other networks not looked at while setting it.
 
-Run: ``python benchmarks/winograd_f4.py [--threads 1,2] [--rounds 5] [--shapes resnet|heldout|all]``
-(about 1 minute per thread count and shape set).
+``--networks resnet18:imagenet,vgg16:cifar10,...`` also builds whole zoo models with every task's default
+schedule under the F(2x2)-only rule (``MAX_F4_WASTE = 0``) and under the F(4x4) rule, each in NCHW and in
+the mixed layout (:func:`felixjax.pipeline.mixed_layout`, chosen per rule from its own builds), plus the
+all-NCHW8c build (no Winograd), checks each against onnxruntime and times them interleaved with it.
+
+Run: ``python benchmarks/winograd_f4.py [--threads 1,2] [--rounds 5] [--shapes resnet|heldout|all|none]
+[--networks resnet18:imagenet]`` (about 1 minute per thread count and shape set; 2-4 minutes per network
+at 224, VGG-16 224 about 8).
 """
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
+import time
 
 import numpy as np
 
@@ -67,11 +75,61 @@ def probe(name: str, task, threads: int, rounds: int, target: Target) -> dict:
     return {"name": name, "med": med, "errors": errors, "pick": pick}
 
 
+def network_times(model: str, dataset: str, threads: int, rounds: int, target: Target) -> dict[str, float]:
+    """Median ms of the default builds under each rule (``f2-*``, ``f4-*``), the NCHW8c build and onnxruntime."""
+    import felixjax as fj
+    from felixjax.ort_compare import _ort_session
+    from felixjax.ort_compare import time_interleaved as time_blocks
+    from felixjax.pipeline import build_model, mixed_layout
+    from felixjax.zoo import make_model
+
+    proto = make_model(model, dataset=dataset)
+    builds, saved = {}, wg.MAX_F4_WASTE
+    try:
+        for rule, waste in (("f2", 0.0), ("f4", saved)):
+            wg.MAX_F4_WASTE = waste
+            models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
+            b = {lay: build_model(m, target, threads=threads) for lay, m in models.items()}
+            plan, rows = mixed_layout(models, b)
+            plan = plan or {r["name"]: r["layout"] for r in rows}  # one layout everywhere
+            mixed = fj.load_onnx(proto, layout=plan)
+            builds[f"{rule}-nchw"], builds[f"{rule}-mixed"] = b["nchw"], build_model(mixed, target, threads=threads)
+            builds["nchwc"] = b["nchwc"]
+    finally:
+        wg.MAX_F4_WASTE = saved
+    sess = _ort_session(proto, threads)
+    x = np.random.default_rng(0).standard_normal(builds["nchwc"].net.input_shapes[0]).astype(np.float32)
+    name = sess.get_inputs()[0].name
+    ref = sess.run(None, {name: x})[0]
+    timers = {}
+    for key, b in builds.items():
+        b.set_threads(threads)
+        err = float(np.abs(b.run([x])[0] - ref).max() / np.abs(ref).max())
+        if not err < 1e-3:
+            raise AssertionError(f"{model} {key}: differs from onnxruntime ({err:.2e})")
+        ins, outs = b._inputs([x]), b.library.new_outputs()
+        timers[key] = (lambda n, b=b, ins=ins, outs=outs: b.library.timeit(ins, outs, n))
+
+    def ort_block(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sess.run(None, {name: x})
+        return time.perf_counter() - t0
+
+    timers["onnxruntime"] = ort_block
+    times = time_blocks(timers, rounds=rounds, min_time_s=0.3)
+    for key, b in builds.items():  # after timing too
+        if not float(np.abs(b.run([x])[0] - ref).max() / np.abs(ref).max()) < 1e-3:
+            raise AssertionError(f"{model} {key}: differs from onnxruntime after timing")
+    return {k: 1e3 * statistics.median(t) for k, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shapes", choices=("resnet", "heldout", "all"), default="all")
+    ap.add_argument("--shapes", choices=("resnet", "heldout", "all", "none"), default="all")
+    ap.add_argument("--networks", default="", help="comma-separated zoo model:dataset pairs, e.g. resnet18:imagenet")
     args = ap.parse_args()
     target = Target.cpu()
     shapes = {**(RESNET if args.shapes in ("resnet", "all") else {}),
@@ -102,6 +160,16 @@ def main() -> None:
         if ratios:
             print(f"\ngeomean default / onnxruntime over the {len(ratios)} Winograd defaults: "
                   f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x")
+        nets = [n.split(":") for n in args.networks.split(",") if n]
+        if nets:
+            print("\n| network (default builds) | F(2x2) NCHW | F(2x2) mixed | F(4x4) NCHW | F(4x4) mixed | NCHW8c "
+                  "| onnxruntime ms |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for model, dataset in nets:
+            t = network_times(model, dataset, threads, max(args.rounds, 7), target)
+            cells = " | ".join(f"{t[k]:.2f} ms ({t['onnxruntime'] / t[k]:.2f}x)"
+                               for k in ("f2-nchw", "f2-mixed", "f4-nchw", "f4-mixed", "nchwc"))
+            print(f"| {model} {dataset} | {cells} | {t['onnxruntime']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
