@@ -19,6 +19,11 @@ comparable; here the stopped run *is* the prefix of the full one.
     python benchmarks/cost_aware_hw.py --suite ops --seeds 1 --trials 512 --out results/ca_hw/ops.json
 
 Resumable per run: runs already in ``--out`` are skipped. Not run in CI (minutes per run).
+
+``--oracle`` also prints what a stopping rule could save at best on these logs: each run stopped where a
+rule that knew its future would stop it (at a multiple of ``--oracle-step`` trials, at least one step),
+trading trials saved against the geomean loss of the best latency *while tuning* (the logs' records;
+Lagrangian sweep over the trade-off), so the target can be judged against the runs themselves.
 """
 from __future__ import annotations
 
@@ -93,6 +98,29 @@ def report(rows: list[dict], name: str, total: bool = True) -> None:
           f"{100 * (max(ratios) - 1):+.2f}%)")
 
 
+def oracle(rows: list[dict], step: int = 32) -> list[tuple[float, float, list[int]]]:
+    """``(trials saved, geomean loss, stops)`` of the best per-run stopping points (perfect foresight) for a
+    sweep of trade-offs between trials saved and log-loss, losses from the best-so-far records."""
+    curves = []
+    for r in rows:
+        best, run = math.inf, []
+        for x in r["lat"]:
+            best = min(best, x if x and x > 0 else math.inf)
+            run.append(best)
+        curves.append([b / run[-1] for b in run])
+    out = []
+    for weight in (0.5, 1, 2, 4, 8, 16, 32, 1000):
+        stops, saved, loss = [], 0.0, 0.0
+        for c in curves:
+            n = len(c)
+            k = max(range(step, n + 1, step), key=lambda k: (n - k) / n - weight * math.log(c[k - 1]))
+            stops.append(k)
+            saved += (n - k) / n
+            loss += math.log(c[k - 1])
+        out.append((saved / len(curves), math.exp(loss / len(curves)) - 1, stops))
+    return out
+
+
 def main() -> None:
     from felixjax.cost_aware import CostAware
     from felixjax.suites import suite
@@ -110,6 +138,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved re-timing rounds")
     p.add_argument("--db", default=None, help="tuning database (default: beside --out)")
     p.add_argument("--out", required=True, help="JSON of the rows (written after every run; resumable)")
+    p.add_argument("--oracle", action="store_true", help="also print the perfect-foresight bound on these logs")
+    p.add_argument("--oracle-step", type=int, default=32, help="granularity of the oracle's stopping points")
     args = p.parse_args()
     rules = {k: CostAware.calibrated(**v) for k, v in json.loads(args.rules).items()}
     args.db = args.db or os.path.splitext(args.out)[0] + ".db"
@@ -134,6 +164,11 @@ def main() -> None:
                 report(rows[-1:], name, total=False)
     for name in rules:
         report(rows, name)
+    if args.oracle and rows:
+        print(f"oracle (each run stopped where its own future says, multiples of {args.oracle_step} trials; "
+              "losses of the best record while tuning):")
+        for saved, loss, stops in oracle(rows, args.oracle_step):
+            print(f"  {100 * saved:5.1f}% of trials saved at {100 * loss:+.2f}% geomean loss; stops {stops}")
 
 
 if __name__ == "__main__":
