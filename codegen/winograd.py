@@ -37,7 +37,8 @@ on 64x56x56, 7.2e-6 on 128x28x28, 1.6e-5 on 512x7x7 (``benchmarks/winograd_f4.py
 still 6-20x inside the check, but a user comparing bit for bit against a direct conv sees it.
 
 It is one of the sketches of every task it applies to (so the tuner can pick it), and the default
-sketch where :func:`prefer_by_default` says so (F(4x4) where its tiles waste little: :func:`default_variant`). Measured on the AVX2 EPYC (1 thread, untuned defaults,
+sketch where :func:`prefer_by_default` says so (F(4x4) where its tiles waste little:
+:func:`default_variant`). F(2x2) measured on the AVX2 EPYC (1 thread, untuned defaults,
 interleaved with onnxruntime at its default settings, ``benchmarks/conv_block_probe.py``, machine
 with one other job running): 1.21x onnxruntime on conv 64x56x56, 1.26x on 128x28x28, 1.30x on
 128x17x17, 1.59x on 256x14x14, 1.74x on 96x24x24, where the best direct default ran 0.64-1.02x;
@@ -79,7 +80,7 @@ AT4 = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0
                dtype=np.float64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: F2 / F4 are the only instances
 class Variant:
     """One Winograd algorithm F(m x m, 3x3): ``m x m`` output tiles from ``alpha x alpha`` input patches
     (``alpha = m + 2``), ``alpha**2`` GEMMs; its sketch name and transform matrices."""
