@@ -23,9 +23,13 @@ at 224, VGG-16 224 about 8).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
@@ -78,9 +82,10 @@ def probe(name: str, task, threads: int, rounds: int, target: Target) -> dict:
 def network_times(model: str, dataset: str, threads: int, rounds: int, target: Target) -> dict[str, float]:
     """Median ms of the default builds under each rule (``f2-*``, ``f4-*``), the NCHW8c build and onnxruntime."""
     import felixjax as fj
+    from benchmarks.networks import _mixed_plan
     from felixjax.ort_compare import _ort_session
     from felixjax.ort_compare import time_interleaved as time_blocks
-    from felixjax.pipeline import build_model, mixed_layout
+    from felixjax.pipeline import build_model
     from felixjax.zoo import make_model
 
     proto = make_model(model, dataset=dataset)
@@ -88,13 +93,10 @@ def network_times(model: str, dataset: str, threads: int, rounds: int, target: T
     try:
         for rule, waste in (("f2", 0.0), ("f4", saved)):
             wg.MAX_F4_WASTE = waste
-            models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
-            b = {lay: build_model(m, target, threads=threads) for lay, m in models.items()}
-            plan, rows = mixed_layout(models, b)
-            plan = plan or {r["name"]: r["layout"] for r in rows}  # one layout everywhere
-            mixed = fj.load_onnx(proto, layout=plan)
-            builds[f"{rule}-nchw"], builds[f"{rule}-mixed"] = b["nchw"], build_model(mixed, target, threads=threads)
-            builds["nchwc"] = b["nchwc"]
+            for layout in ("nchw", "nchwc", "mixed"):  # mixed: the plan networks.py --layout mixed builds
+                lay = _mixed_plan(proto, target, threads, None) if layout == "mixed" else layout
+                key = "nchwc" if layout == "nchwc" else f"{rule}-{layout}"  # NCHW8c has no Winograd: one build
+                builds[key] = build_model(fj.load_onnx(proto, layout=lay), target, threads=threads)
     finally:
         wg.MAX_F4_WASTE = saved
     sess = _ort_session(proto, threads)
