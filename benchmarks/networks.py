@@ -206,6 +206,7 @@ def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
     from felixjax.pipeline import mixed_layout
 
     models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
+    db = db if db and Path(db).exists() else None  # a fresh database (nothing tuned yet): the defaults
     builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
     plan, rows = mixed_layout(models, builds)
     _log("mixed layout: " + ", ".join(f"{r['name']} {r['layout']} ({r['nchw_ms']:.3f} / {r['nchwc_ms']:.3f} ms)"

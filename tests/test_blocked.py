@@ -21,6 +21,9 @@ from codegen.space import Space, default_sketch, sketches_for
 from codegen.target import Target
 
 TARGET = Target.cpu()
+# the defaults' structure asserted below is that of an AVX2 register file (8 lanes, 16 registers); an
+# AVX-512 host (16 lanes, 32 registers) runs the same code with wider blocks
+AVX2 = Target.cpu(simd_lanes=8, vector_registers=16)
 
 
 def test_layout_conversions_are_inverse_and_the_reference_is_the_plain_convs():
@@ -355,15 +358,16 @@ def test_cli_build_chooses_the_layout_by_measuring_both(tmp_path, capsys):
 
 def test_a_1x1_conv_on_a_7x7_plane_defaults_to_its_flattened_padded_twin():
     """49 pixels allow only 1 block x 7 pixels; over 50 flattened pixels the default is 4 blocks x 2
-    pixels, fewer loads per FMA; planes with an even pixel count keep the 2-D sketch."""
+    pixels, fewer loads per FMA; planes with an even pixel count keep the 2-D sketch. The register
+    block is the AVX2 one (8 lanes, 16 registers); 32-register AVX-512 targets get a wider one."""
     t77 = blocked.conv2d_nchwc(1, 160, 7, 7, out_channels=960, kernel=1, bias=True, act="relu6")
-    assert [s.name for s in sketches_for(t77, TARGET)] == [blocked.SKETCH, blocked.FLAT_SKETCH,
-                                                         "conv_nchwc_flat.pad_x50"]
-    assert default_sketch(t77, TARGET).name == "conv_nchwc_flat.pad_x50"
-    s3 = {a.name: t[-1] for a, t in zip(Space(t77, "conv_nchwc_flat.pad_x50", TARGET).axes,
-                                        Space(t77, "conv_nchwc_flat.pad_x50", TARGET).default().tiles)}
+    assert [s.name for s in sketches_for(t77, AVX2)] == [blocked.SKETCH, blocked.FLAT_SKETCH,
+                                                       "conv_nchwc_flat.pad_x50"]
+    assert default_sketch(t77, AVX2).name == "conv_nchwc_flat.pad_x50"
+    s3 = {a.name: t[-1] for a, t in zip(Space(t77, "conv_nchwc_flat.pad_x50", AVX2).axes,
+                                        Space(t77, "conv_nchwc_flat.pad_x50", AVX2).default().tiles)}
     assert (s3["k"], s3["x"]) == (4, 2)
-    assert default_sketch(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=384, kernel=1), TARGET).name == blocked.SKETCH
+    assert default_sketch(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=384, kernel=1), AVX2).name == blocked.SKETCH
     with pytest.raises(ValueError, match="1x1 convs"):
         blocked.flat_twin(blocked.conv2d_nchwc(1, 16, 7, 7, out_channels=16, kernel=3, padding=1))
 
@@ -377,9 +381,9 @@ def test_the_jax_quality_executor_names_what_it_cannot_run_in_a_blocked_graph():
         executor.check_supported(model.graph)
 
 
-def _default_tiles(task):
-    """``(space, default config, {axis: tiles})`` of a blocked task's default sketch."""
-    space = Space(task, default_sketch(task, TARGET), TARGET)
+def _default_tiles(task, target=TARGET):
+    """``(space, default config, {axis: tiles})`` of a blocked task's default sketch on ``target``."""
+    space = Space(task, default_sketch(task, target), target)
     d = space.default()
     return space, d, {a.name: t for a, t in zip(space.axes, d.tiles)}
 
@@ -421,19 +425,19 @@ def test_strided_pointwise_convs_default_to_row_major_and_match_numpy():
     """A blocked 1x1 conv at stride 2 on the generic path (:func:`blocked.strided_rows`) runs output rows
     outermost (S0, parallel, with the out blocks in as few groups as give 4 chunks per core) and every
     out block inside (S1), so each row's input is read once; stride 1 and a single output row keep the
-    out blocks outermost. The row-major default matches numpy (batch 2, residual, 2 threads, odd size)."""
-    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 64, 56, 56, out_channels=128, kernel=1, stride=2))
-    assert t["k"][0] * t["y"][0] >= 4 * TARGET.cores and t["k"][1] > 1 and t["x"][2] > 1
+    out blocks outermost (the AVX2 defaults). The row-major default matches numpy (batch 2, residual, 2 threads, odd size)."""
+    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 64, 56, 56, out_channels=128, kernel=1, stride=2), AVX2)
+    assert t["k"][0] * t["y"][0] >= 4 * AVX2.cores and t["k"][1] > 1 and t["x"][2] > 1
     assert d.parallel == [a for a in ("k", "y")].index("y") + 1
-    _, _, t = _default_tiles(blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=512, kernel=1, stride=2))
-    assert t["y"][0] == 7 and t["k"][0] * 7 >= 4 * TARGET.cores
+    _, _, t = _default_tiles(blocked.conv2d_nchwc(1, 256, 14, 14, out_channels=512, kernel=1, stride=2), AVX2)
+    assert t["y"][0] == 7 and t["k"][0] * 7 >= 4 * AVX2.cores
     for other in (blocked.conv2d_nchwc(1, 64, 2, 2, out_channels=64, kernel=1, stride=2),  # one output row
                   blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, stride=2, padding=1)):
-        space = Space(other, "conv_nchwc", TARGET)
+        space = Space(other, "conv_nchwc", AVX2)
         t = {a.name: tl for a, tl in zip(space.axes, space.default().tiles)}
         assert t["k"][1] == 1, other.name
     task = blocked.conv2d_nchwc(2, 48, 17, 17, out_channels=32, kernel=1, stride=2, bias=True, act="relu",
                                 residual=True)
-    space, d, t = _default_tiles(task)
+    space, d, t = _default_tiles(task, AVX2)
     assert t["y"][0] > 1 and t["k"][1] > 1
     _default_matches_numpy(task, space, d, seed=5)
