@@ -69,6 +69,9 @@ UNROLL_CHOICES = tuple(2 ** i for i in range(10))  # 1 .. 512: the values a conf
 MAX_UNROLL_STEP = 64
 UNROLL_STEPS = tuple(u for u in UNROLL_CHOICES if u <= MAX_UNROLL_STEP)
 REGISTER_RESERVE = 4  # vector registers left for operand loads and broadcasts
+# accumulators of the register block the defaults aim for (at most the register file's budget): 12 is
+# AVX2's 6 x 2-vector block (16 registers); benchmarks/accumulator_probe.py tries more on 32 registers
+ACCUMULATOR_CAP = 12
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class Space:
         self.vec_choices = tuple(v for v in VEC_CHOICES if v <= simd)
         self.unroll_steps = UNROLL_STEPS  # what search draws; any of UNROLL_CHOICES is valid
         self.max_accumulators = int(target.vector_registers) - REGISTER_RESERVE
+        self.default_accumulators = max(1, min(ACCUMULATOR_CAP, self.max_accumulators))  # the defaults' budget
 
     def __repr__(self) -> str:
         return f"Space({self.task.name}, {self.sketch.name})"
@@ -556,7 +560,7 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
 def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int]:
     """``S3`` tiles of a default register block and its vector width: the vector axis 1-2 vectors wide
     (2 preferred), rows from the largest other spatial axes (greedy, divisors), whichever uses more of
-    the 12-accumulator budget. Rows on the output columns ``x`` come first among equally long axes when
+    the defaults' accumulator budget (``Space.default_accumulators``). Rows on the output columns ``x`` come first among equally long axes when
     the block is vectorized over channels (``conv_spatial_pack``: contiguous broadcasts).
 
     A 7-column output (512x7x7 conv) gets 7 rows x 1 vector (7 accumulators) instead of 1 x 2."""
@@ -578,7 +582,7 @@ def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int
             v = vec
         if s3[vname] < v:
             v = max(c for c in space.vec_choices if s3[vname] % c == 0)
-        budget = max(1, min(12, space.max_accumulators) // max(1, s3[vname] // v))
+        budget = max(1, space.default_accumulators // max(1, s3[vname] // v))
         for a in others:
             if budget <= 1:
                 break

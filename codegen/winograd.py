@@ -246,7 +246,7 @@ def default_schedule(space) -> tuple:
     vec = max(v for v in space.vec_choices if ext["k"] % v == 0)
     best = None  # (accumulators, kv, xr, yr): 2 channel vectors preferred, else 1 with more tiles
     for kv in dict.fromkeys((largest(ext["k"], 2 * vec, vec), vec)):
-        budget = max(1, min(12, space.max_accumulators) // (kv // vec))
+        budget = max(1, space.default_accumulators // (kv // vec))
         for xr in (d for d in range(1, budget + 1) if ext["x"] % d == 0):
             yr = largest(ext["y"], budget // xr)
             acc = xr * yr * (kv // vec)
