@@ -135,14 +135,18 @@ def test_blocked_depthwise_reads_its_input_in_place_and_matches_numpy_at_every_e
 
 def test_default_register_block_reads_one_weight_vector_per_output_block():
     """The default's register block: output pixels x output blocks with the most FMAs per load, at most
-    12 accumulators; the lanes axis whole in S3 (one 8-lane vector)."""
-    space = Space(blocked.conv2d_nchwc(1, 160, 7, 7, out_channels=960, kernel=1), blocked.SKETCH, TARGET)
-    cfg = space.default()
-    s3 = {a.name: t[-1] for a, t in zip(space.axes, cfg.tiles)}
-    assert s3["v"] == 8 == cfg.vec and s3["k"] * s3["y"] * s3["x"] <= 12 and s3["x"] == 7
-    space = Space(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, padding=1), blocked.SKETCH, TARGET)
-    s3 = {a.name: t[-1] for a, t in zip(space.axes, space.default().tiles)}
-    assert s3["k"] == 2 and s3["k"] * s3["y"] * s3["x"] <= 12
+    12 accumulators on AVX2 (16 registers), 24 on AVX-512 (32); the lanes axis whole in S3 (one 8-lane
+    vector)."""
+    avx512 = Target.cpu(simd_lanes=16, vector_registers=32)
+    for target, cap in ((AVX2, 12), (avx512, 24)):
+        space = Space(blocked.conv2d_nchwc(1, 160, 7, 7, out_channels=960, kernel=1), blocked.SKETCH, target)
+        cfg = space.default()
+        s3 = {a.name: t[-1] for a, t in zip(space.axes, cfg.tiles)}
+        assert s3["v"] == 8 == cfg.vec and s3["k"] * s3["y"] * s3["x"] <= cap and s3["x"] == 7
+        space = Space(blocked.conv2d_nchwc(1, 64, 14, 14, out_channels=64, kernel=3, padding=1), blocked.SKETCH, target)
+        s3 = {a.name: t[-1] for a, t in zip(space.axes, space.default().tiles)}
+        assert s3["k"] * s3["y"] * s3["x"] <= cap
+        assert s3["k"] == (2 if target is AVX2 else 4)  # more accumulators: more output blocks per broadcast
 
 
 def test_relaxation_rounds_to_valid_configs_and_hard_features_equal_the_extractor():
@@ -405,7 +409,7 @@ def test_direct_convs_with_large_weights_default_to_tap_chunks_and_match_numpy()
     unrolls 64; small weights, depthwise and plain-data convs keep the whole reduction in R1 (1x1 convs
     have their own chunks, :func:`blocked._pointwise_schedule`). The
     chunked default matches numpy (batch 2, residual, 5x5, 2 threads)."""
-    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 512, 7, 7, out_channels=512, kernel=3, padding=1))
+    _, d, t = _default_tiles(blocked.conv2d_nchwc(1, 512, 7, 7, out_channels=512, kernel=3, padding=1), AVX2)
     assert t["ry"] == (3, 1) and t["rx"] == (1, 3) and t["c"] == (2, 32) and d.unroll == 64
     assert blocked.tap_chunk({"c": 64, "u": 8, "v": 8, "ry": 3, "rx": 3}, 1) == 32  # 32 x 8 x 3 x 8 x 4 B = 24 KB
     for small in (blocked.conv2d_nchwc(1, 16, 12, 12, out_channels=16, kernel=3, padding=1),  # 9 KB
