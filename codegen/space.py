@@ -404,7 +404,11 @@ def _depthwise_sketch(task: Task, target: Target, sketches: tuple[Sketch, ...]) 
         ...     stride=2, padding=1), depthwise_conv2d(1, 32, 14, 14, kernel=3, padding=1))]
         ['dw_rows', 'dw_rows.pad_x16', 'conv_spatial_pack']
     """
-    lanes = int(target.simd_lanes)
+    # in columns of at most 8: on 16-lane AVX-512 (Zen 4, 1 thread, benchmarks/conv_block_probe.py
+    # --shapes depthwise) the lanes-relative thresholds sent 28-wide planes to conv_spatial_pack at
+    # 0.4-0.5x the padded dw_rows (192x28x28: 14.3 vs 28.5 GFLOP/s) and padded 56-wide rows that the
+    # exact kernel runs 1.09-1.37x faster (8-lane tails)
+    lanes = min(int(target.simd_lanes), 8)
     width = task.contraction().axis("x").extent
     stride = tuple(task.p.get("stride", (1, 1)))
     narrow = width < lanes or (stride == (1, 1) and width < 2 * lanes)
