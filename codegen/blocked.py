@@ -321,8 +321,8 @@ def register_block(ext: dict[str, int], *, regs: int = 16, budget: int = 12,
 
 
 # accumulators of the default register block: at most the register file's budget (12 on AVX2's 16
-# registers); 24 on AVX-512's 32 (Zen 4, benchmarks/accumulator_probe.py, 1 thread, defaults 24 vs 12:
-# 4 designed-on blocked convs 0.96-1.12x, 6 held out 1.00-1.09x, geomean ~1.06x)
+# registers); 24 on AVX-512's 32 (Zen 4, benchmarks/accumulator_probe.py, defaults 24 vs 12: 4
+# designed-on blocked convs 0.96-1.12x / 1.08-1.09x at 1 / 2 threads, 6 held out 1.00-1.09x / 0.98-1.08x)
 ACCUMULATOR_CAP = 24
 
 

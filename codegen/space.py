@@ -564,8 +564,9 @@ def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
 def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int]:
     """``S3`` tiles of a default register block and its vector width: the vector axis 1-2 vectors wide
     (2 preferred), rows from the largest other spatial axes (greedy, divisors), whichever uses more of
-    the defaults' accumulator budget (``Space.default_accumulators``). Rows on the output columns ``x`` come first among equally long axes when
-    the block is vectorized over channels (``conv_spatial_pack``: contiguous broadcasts).
+    the defaults' accumulator budget (``Space.default_accumulators``). Rows on the output columns ``x``
+    come first among equally long axes when the block is vectorized over channels
+    (``conv_spatial_pack``: contiguous broadcasts).
 
     A 7-column output (512x7x7 conv) gets 7 rows x 1 vector (7 accumulators) instead of 1 x 2."""
     axes = space.axes

@@ -236,3 +236,20 @@ def test_relaxation_and_genetic_codec_see_its_knob():
     assert all(space.is_valid(c) for c in configs)
     knob = next(k for k in space.knobs if k.name == "dw_stage")
     assert knob.default_value(space) == 1 and {space.knob_value(c, knob) for c in configs} == {0, 1}
+
+
+def test_depthwise_default_thresholds_count_columns_not_avx512_lanes():
+    """The narrow-plane and padding thresholds are in columns of at most 8 (the AVX2 lanes they were set
+    with): on 16 lanes a 28-wide stride-1 plane stays on (padded) ``dw_rows`` and a 56-wide row is not
+    padded, where lanes-relative thresholds picked ``conv_spatial_pack`` (0.4-0.5x on Zen 4) and a
+    padded row (0.7x); planes under 16 columns at stride 1 keep the channel-vectorized sketch."""
+    from codegen.space import default_sketch
+
+    avx512 = Target.cpu(simd_lanes=16, vector_registers=32)
+    picks = {w: default_sketch(depthwise_conv2d(1, 64, w, w, kernel=3, padding=1), avx512).name for w in (56, 28, 20, 14, 7)}
+    assert picks == {56: DW_SKETCH, 28: f"{DW_SKETCH}.pad_x32", 20: f"{DW_SKETCH}.pad_x24", 14: "conv_spatial_pack",
+                     7: "conv_spatial_pack"}
+    for w in (56, 28, 14):  # AVX2 unchanged
+        t = depthwise_conv2d(1, 64, w, w, kernel=3, padding=1)
+        assert default_sketch(t, AVX2).name == (DW_SKETCH if w == 56 else f"{DW_SKETCH}.pad_x32" if w == 28
+                                                else "conv_spatial_pack")
