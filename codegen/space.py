@@ -568,7 +568,10 @@ def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int
     come first among equally long axes when the block is vectorized over channels
     (``conv_spatial_pack``: contiguous broadcasts).
 
-    A 7-column output (512x7x7 conv) gets 7 rows x 1 vector (7 accumulators) instead of 1 x 2."""
+    A 7-column output (512x7x7 conv) gets 7 rows x 1 vector (7 accumulators) instead of 1 x 2.
+
+    ``conv_direct`` of a convolution strided along its columns (:func:`strided_channel_rows`): one vector,
+    rows from the output channels first."""
     axes = space.axes
     vi = space.vector_index
     vname, vec_extent = axes[vi].name, axes[vi].extent
@@ -576,8 +579,12 @@ def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int
     if vname == "k":  # x before y on ties (a stable sort keeps this order)
         others = sorted(others, key=lambda a: a.name != "x")
     others = sorted(others, key=lambda a: -a.extent)
-    best = None
     widths = ((2, 1) if vec > 1 else (None,))
+    cap = space.default_accumulators
+    if vec > 1 and strided_channel_rows(space):
+        others = sorted(others, key=lambda a: a.name != space.sketch.weight_axis)
+        widths, cap = (1,), max(1, min(STRIDED_ROWS_CAP, space.max_accumulators))
+    best = None
     for j in widths:
         s3 = {a.name: 1 for a in axes}
         if j is None:
@@ -587,7 +594,7 @@ def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int
             v = vec
         if s3[vname] < v:
             v = max(c for c in space.vec_choices if s3[vname] % c == 0)
-        budget = max(1, space.default_accumulators // max(1, s3[vname] // v))
+        budget = max(1, cap // max(1, s3[vname] // v))
         for a in others:
             if budget <= 1:
                 break
@@ -598,6 +605,39 @@ def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int
         if best is None or acc > best[0]:
             best = (acc, s3, v)
     return best[1], best[2]
+
+
+#: whether ``conv_direct``'s default blocks registers over output channels when its columns are strided
+#: (:func:`strided_channel_rows`); ``benchmarks/strided_direct_probe.py`` turns it off to time the old block
+STRIDED_CHANNEL_ROWS = True
+#: the most accumulators (rows of channels) of that block, within the register file's budget (28 on
+#: AVX-512, 12 on AVX2): 24 against 12 on Zen 4, 10 held-out strided convs, 15 defaults: 1.08x / 1.07x
+#: geomean (1 / 2 threads; 0.90-1.26x)
+STRIDED_ROWS_CAP = 24
+
+
+def strided_channel_rows(space: Space) -> bool:
+    """Whether the default register block of ``space`` spans one vector of output columns by rows of
+    output channels: ``conv_direct`` (and its padded variants) of a convolution strided along its
+    columns. Each strided data vector costs two loads and a permute (:meth:`CStyleRenderer._load`) and
+    feeds one FMA per row; rows of output channels share it (one broadcast weight each), rows of output
+    rows or a second vector need their own. 3x128x128 -> 32 5x5 stride 2 on Zen 4 (AVX-512, 1 / 2
+    threads): the old default (4 output rows x 2 vectors) 13 GFLOP/s, 8 channels x 1 vector 105 / 181,
+    onnxruntime 77 / 141; on 10 strided convs not looked at, 2.87x / 2.69x the old default (geomean of
+    9 changed defaults, min 1.19x) (``benchmarks/strided_direct_probe.py``, docs/BENCHMARKS.md).
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> t = conv2d(1, 3, 128, 128, out_channels=32, kernel=5, stride=2, padding=2)
+        >>> avx512 = Target.cpu(simd_lanes=16, vector_registers=32)
+        >>> [tl[3] for tl in default_config(Space(t, "conv_direct", avx512)).tiles[2:5]]  # k y x
+        [16, 1, 16]
+        >>> [tl[3] for tl in default_config(Space(t, "conv_direct", Target.cpu(simd_lanes=8, vector_registers=16))).tiles[2:5]]
+        [8, 1, 8]
+    """
+    if not STRIDED_CHANNEL_ROWS or space.sketch.base != "conv_direct" or space.task.op != "conv2d":
+        return False
+    return tuple(space.task.p.get("stride", (1, 1)))[-1] > 1
 
 
 def _channel_panel_cap(space: Space, s3: dict[str, int], vec: int) -> int:

@@ -371,3 +371,44 @@ def test_activations_vectorize_without_libm_calls():
     out = kern(*arrays)
     assert np.isnan(out[0, :, 0, 0]).all()  # every output channel reads the NaN pixel
     assert np.isfinite(np.delete(out.reshape(32, -1), 0, axis=1)).all()
+
+
+# ---- conv_direct's default on column-strided convolutions (issue 14) --------------------------------
+
+STRIDED = [ops.conv2d(1, 3, 40, 40, out_channels=32, kernel=5, stride=2, padding=2),  # a 5x5 stem (20x20 out)
+           ops.conv2d(1, 8, 32, 32, out_channels=24, kernel=3, stride=2, padding=1, bias=True, act="relu"),
+           ops.conv2d(1, 8, 18, 18, out_channels=24, kernel=3, stride=2, padding=1),  # 9 columns: padded
+           ops.conv2d(1, 16, 32, 32, out_channels=48, kernel=1, stride=2)]
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("task", STRIDED, ids=lambda t: t.name)
+@pytest.mark.parametrize("lanes,regs", [(16, 32), (8, 16)])
+def test_strided_conv_direct_default_blocks_channels_by_one_vector(task, lanes, regs):
+    """Each strided data vector (two loads and a permute) feeds every output channel of the block: one
+    vector of columns, rows of channels only (no output rows), within the register budget; and the
+    kernel matches numpy. Stride 1 keeps the old block (rows of the largest axes)."""
+    target = Target.cpu(simd_lanes=lanes, vector_registers=regs)
+    checked = 0
+    for sk in [s for s in sketches_for(task, target) if s.base == "conv_direct"]:
+        sp = Space(task, sk, target)
+        cfg = sp.default()
+        if cfg.vec == 1:  # 9 columns: only a column-padded variant (if any) vectorizes
+            continue
+        checked += 1
+        s3 = {a.name: t[3] for a, t in zip(sp.axes, cfg.tiles) if not a.reduce}
+        assert s3["x"] == cfg.vec, (sk.name, cfg)  # one vector of output columns
+        assert s3["y"] == 1 and s3["k"] > 1, (sk.name, cfg)  # rows: output channels only
+        assert s3["k"] <= min(24, regs - 4), (sk.name, cfg)
+        plan = lower(sp, cfg)
+        b = build(render(plan))
+        assert b.status == "ok", b.error
+        arrays = task.random_inputs(seed=1)
+        ok, msg = check_output(Kernel(plan, b.lib_path, threads=2)(*arrays), task.reference(*arrays),
+                               plan.con.reduction_size)
+        assert ok, f"{sk.name} {cfg}: {msg}"
+    assert checked or task.p["w"] == 18
+    flat = ops.conv2d(1, 3, 40, 40, out_channels=32, kernel=5, padding=2)  # stride 1: unchanged rule
+    sp = Space(flat, "conv_direct", target)
+    s3 = {a.name: t[3] for a, t in zip(sp.axes, sp.default().tiles) if not a.reduce}
+    assert s3["y"] > 1, sp.default()
