@@ -12,8 +12,9 @@ which sketch ``codegen.space.default_sketch`` picks on this target.
 Shape sets: ``designed`` (the fresh suite's 5x5 stem, looked at while choosing), ``heldout`` (stems
 and downsampling convs of common networks, not looked at).
 
-Run: ``python benchmarks/strided_direct_probe.py --shapes designed|heldout [--threads 1]`` (a minute
-or two per set and thread count).
+Run: ``python benchmarks/strided_direct_probe.py --shapes designed|r18|heldout [--threads 1] [--cap N]
+[--old-cap N] [--avx2]`` (a minute or two per set and thread count; ``--old-cap`` compares two caps of
+the new block; ``--avx2`` emits 8-lane, 16-register code on this host).
 """
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def main(argv=None) -> int:
                     "(default: codegen.space.STRIDED_ROWS_CAP)")
     ap.add_argument("--old-cap", type=int, default=None, help="compare against the new rule at this cap "
                     "instead of the old block")
+    ap.add_argument("--avx2", action="store_true", help="emit AVX2 code (8 lanes, 16 registers) on this host")
     args = ap.parse_args(argv)
-    target = Target.cpu()
+    target = Target.cpu(simd_lanes=8, vector_registers=16) if args.avx2 else Target.cpu()
     print(f"{target.simd_lanes} lanes, {target.vector_registers} vector registers; {args.threads} thread(s); "
           f"shapes {args.shapes}")
     ratios, vs_ort = [], []
