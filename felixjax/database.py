@@ -596,14 +596,12 @@ class Database:
         return self._query("SELECT COALESCE(MAX(id), 0) FROM records")[0][0]
 
     def best(self, task: Task, target: Target | str, *, run: str | None = None,
-             retimed: bool = False, cold: bool = False) -> TuningRecord | None:
+             retimed: bool = False) -> TuningRecord | None:
         """The fastest correct record of a task on a target (``None`` if there is none); ``retimed``:
-        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups),
-        the warm ones, or with ``cold`` the cold-cache ones (``retime:cold:<run>``)."""
+        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups)."""
         where, args = self._where(task, target, run, ok_only=True)
         if retimed:
-            where += (" AND run LIKE 'retime:cold:%'" if cold else
-                      " AND run LIKE 'retime:%' AND run NOT LIKE 'retime:cold:%'")
+            where += " AND run LIKE 'retime:%'"
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
     def count(self, task: Task, target: Target | str, *, run: str | None = None, since: int | None = None) -> int:

@@ -2,7 +2,6 @@
 into a ``codegen.netbuild.NetSpec``, compile one C library (:class:`CompiledModel`)."""
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -175,38 +174,6 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
     return Database(db, readonly=True), True  # build only reads: works on read-only files
 
 
-def _bytes(shape: tuple[int, ...], itemsize: int = 4) -> int:
-    return itemsize * math.prod(shape)
-
-
-def weight_bound_tasks(model: Model, target: Target) -> set[str]:
-    """Keys of the tasks whose kernels run with cold weights in a built network, where timing them warm
-    (the tuning protocol: the same weights every call, in cache) misranks schedules: the model's
-    weights (each layer counted once per use) exceed the last-level cache of the cores that run it
-    (``cores x target.l3_bytes``), so no layer's weights survive until its next inference, and the
-    layer's weights outweigh its activations (input and output), so the weight stream, not the
-    activations that the previous layer just wrote, is what a cold call pays for. Empty when the
-    weights fit.
-
-    Why (session 20, Zen 4, ResNet-18 at CIFAR size, 2 threads, ~44 MB of weights): Winograd F(2x2, 3x3)
-    won the warm timing of the 4x4 512 -> 512 3x3 layer (0.318 ms against 0.346 for
-    ``conv_spatial_pack``) but its transformed weights are 16/9 of the direct ones: timed cold (caches
-    flushed before every call) 0.569 against 0.491, and inside the network 0.63 against 0.43-0.46 ms.
-
-    Example:
-        >>> import felixjax as fj
-        >>> m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
-        >>> weight_bound_tasks(m, Target.cpu())  # 4 KB of weights: they stay in cache
-        set()
-    """
-    cache = int(target.cores) * int(target.l3_bytes)
-    weights = {t.key: _bytes(t.input_shapes()[1]) for t, _ in model.tasks if len(t.input_shapes()) > 1}
-    if sum(weights.get(t.key, 0) * w for t, w in model.tasks) <= cache:
-        return set()
-    return {t.key for t, _ in model.tasks
-            if weights.get(t.key, 0) > _bytes(t.input_shapes()[0]) + _bytes(t.output_shape)}
-
-
 def default_config_for(task: Task, target: Target) -> Config:
     """The schedule an untuned build of ``task`` uses: its default sketch's default config."""
     return Space(task, default_sketch(task, target), target).default()
@@ -219,14 +186,11 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one; for a task that streams its weights in this
-    model (:func:`weight_bound_tasks`), the fastest of its cold re-timings (``retime:cold:<run>``) first.
-    A tuned record is ``stale`` where the task's
+    measurement of a noisy run is too often a lucky one. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
     measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side."""
     database, own = _open_db(db)
     want = int(threads or target.cores)
-    cold = weight_bound_tasks(model, target) if database is not None else set()
     # thread counts to look up, the one asked for first, then the nearest others
     counts = sorted(range(1, max(want, target.cores) + 1), key=lambda n: (abs(n - want), n))
     out = []
@@ -238,8 +202,7 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
             if database is not None and not (configs and task in configs):
                 for n in counts:
                     at = target.at_threads(n)
-                    rec = ((database.best(task, at, retimed=True, cold=True) if task.key in cold else None)
-                           or database.best(task, at, retimed=True) or database.best(task, at))
+                    rec = database.best(task, at, retimed=True) or database.best(task, at)
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break

@@ -10,13 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegen.measure import TimingProtocol
 from codegen.ops import Task
 from codegen.space import Config
 from codegen.target import Target
 
 from .database import TuningRecord
-from .network_build import CompiledModel, weight_bound_tasks  # noqa: F401 (re-exported)
+from .network_build import CompiledModel
 from .onnx_import import Model
 from .scheduler import TaskScheduler
 from .session import TaskRun, TuningSession
@@ -36,9 +35,6 @@ class TaskTuning:
     rounds: int = 0
     best: TuningRecord | None = None
     stop_reason: str = ""
-    #: its end-of-run re-timing ran with cold caches (:func:`weight_bound_tasks`): ``best`` is the
-    #: fastest cold call among its best configs, each sketch family's best and the default
-    cold: bool = False
 
     @property
     def latency_s(self) -> float | None:
@@ -79,8 +75,7 @@ class NetworkTuneResult:
         return {t.task: t.best.config for t in self.tasks if t.best is not None}
 
     def table(self) -> str:
-        """The summary table: per task its weight, trials, best latency, GFLOP/s and share of the total
-        (``*`` after the latency: re-timed cold, :func:`weight_bound_tasks`)."""
+        """The summary table: per task its weight, trials, best latency, GFLOP/s and share of the total."""
         total = self.estimated_latency_s or 1.0
         rows = [("task", "weight", "trials", "best ms", "GFLOP/s", "weighted ms", "share")]
         for t in self.tasks:
@@ -88,7 +83,7 @@ class NetworkTuneResult:
                 rows.append((t.task.name, str(t.weight), str(t.trials), "-", "-", "-", "-"))
                 continue
             wl = t.weight * t.best.latency_s
-            rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4f}" + ("*" if t.cold else ""),
+            rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4f}",
                          f"{t.best.gflops:.1f}", f"{wl * 1e3:.4f}", f"{100 * wl / total:.1f}%"))
         rows.append(("total (anchors)", str(sum(t.weight for t in self.tasks)), str(self.trials), "", "",
                      f"{self.estimated_latency_s * 1e3:.4f}", ""))
@@ -109,28 +104,6 @@ class NetworkTuneResult:
     def __repr__(self) -> str:
         return (f"NetworkTuneResult({self.model.name}, {len(self.tasks)} tasks, {self.trials} trials, "
                 f"estimated {self.estimated_latency_s * 1e3:.3f} ms, {self.wall_s:.0f} s)")
-
-
-#: bytes written before each cold call (at least this, or four times the cores' L3 shares): past any L3
-COLD_FLUSH_BYTES = 64 << 20
-
-
-def cold_protocol(target: Target, repeats: int = 7) -> TimingProtocol:
-    """Every call timed alone after the caches were flushed (no warm-up): how a layer whose weights
-    were evicted since its last inference runs inside a network (:func:`weight_bound_tasks`)."""
-    flush = max(COLD_FLUSH_BYTES, 4 * int(target.cores) * int(target.l3_bytes))
-    return TimingProtocol(warmup=0, min_repeat_ms=0.0, repeats=repeats, flush_cache=True, flush_bytes=flush)
-
-
-def best_per_sketch(run: TaskRun) -> list[Config]:
-    """The fastest correct config of each sketch family (padded variants apart) a run measured."""
-    best: dict[str, TuningRecord] = {}
-    for r in run.history:
-        if r.ok:
-            fam = r.config.sketch.split(".")[0]
-            if fam not in best or r.latency_s < best[fam].latency_s:
-                best[fam] = r
-    return [r.config for r in best.values()]
 
 
 def _default_strategy() -> str:

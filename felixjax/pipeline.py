@@ -37,8 +37,7 @@ from .cost_aware import CostAware
 from .database import Database
 from .errors import UnsupportedModelError
 from .network_build import CompiledModel, _as_model, choose_schedules, default_config_for, graph_to_spec
-from .network_tune import (NetworkTuneResult, _default_strategy, _round_progress, best_per_sketch, cold_protocol,
-                           scheduled_rounds, weight_bound_tasks)
+from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
 from .onnx_import import Model
 from .results import TuneResult
 from .session import TuningSession
@@ -160,10 +159,6 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         retime: at the end, time each task's ``retime`` best configs and its default schedule again,
             interleaved (twice each, outside the budget); the fastest re-timed config is the task's best
             (``res.tasks[i].best``, a ``retime:<run>`` record) and what ``build_model`` then picks.
-            Where the model's weights outgrow the cache, the layers whose weights outweigh their
-            activations (:func:`~felixjax.network_tune.weight_bound_tasks`) are re-timed with cold
-            caches instead, beside the best config of each sketch family (``res.tasks[i].cold``): in
-            the network they stream their weights from memory, which a warm timing hides.
             0: no re-timing (each task's best is its fastest measurement while tuning).
 
     Returns:
@@ -199,15 +194,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         info, rounds = scheduled_rounds(session, runs, [w for _, w in pairs], per_round=per_round, alpha=alpha,
                                         beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
         if retime > 0:                                                        # the bests and defaults, again
-            # layers whose weights a network streams from memory: re-timed cold, beside each sketch's best
-            cold = (weight_bound_tasks(model, session.target)
-                    if measurer is None and not session.target.is_gpu else set())
             for tr, tt in zip(runs, info):
                 default = default_config_for(tr.task, session.target)
-                tt.cold = tr.task.key in cold
-                extra = [default, *best_per_sketch(tr)] if tt.cold else [default]
-                rows = session.retime([tr], top=retime, extra=extra, cold=tt.cold,
-                                      protocol=cold_protocol(session.target) if tt.cold else None).get(tr.run, [])
+                rows = session.retime([tr], top=retime, extra=[default]).get(tr.run, [])
                 if rows and rows[0].ok:
                     tt.best = rows[0]
         target = session.target

@@ -57,7 +57,6 @@ from .strategies import Strategy, get_strategy
 from .strategies.base import opening_defaults
 
 RETIME_PREFIX = "retime:"  # re-timings of a run's best configs live in run "retime:<run>": no budget, no history
-RETIME_COLD_PREFIX = RETIME_PREFIX + "cold:"  # ... and cold-cache ones in "retime:cold:<run>"
 
 
 def stream(*parts: Any) -> np.random.Generator:
@@ -403,15 +402,11 @@ class TuningSession:
 
     # ---- re-timing -----------------------------------------------------------------------------
     def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 2,
-               extra: Sequence[Config] = (), protocol: TimingProtocol | None = None,
-               cold: bool = False) -> dict[str, list[TuningRecord]]:
+               extra: Sequence[Config] = ()) -> dict[str, list[TuningRecord]]:
         """Time the ``top`` best configs of each run of one task again, interleaved (A B C A B C ...),
         ``repeats`` times, with the ``extra`` configs (say the task's default schedule) beside them, and
-        store one row per config in run ``"retime:<run>"`` (no budget, no history). ``protocol``: time
-        them under this protocol instead of the session's (e.g. cold caches,
-        :func:`felixjax.network_tune.cold_protocol`; measurers other than the local one keep theirs);
-        ``cold``: store the rows in run ``"retime:cold:<run>"`` (cold-cache timings, kept apart from the
-        warm ones: :meth:`Database.best` ``cold=True``). Returns ``{run: [re-timed records, best first]}``."""
+        store one row per config in run ``"retime:<run>"`` (no budget, no history). Returns ``{run:
+        [re-timed records, best first]}``."""
         out: dict[str, list[TuningRecord]] = {}
         if top < 1 or repeats < 1 or not runs:
             return out
@@ -437,24 +432,14 @@ class TuningSession:
                 failed[cfg] = res
             return True
 
-        meas = self.measurer(task)
-        saved = getattr(meas, "protocol", None)
-        swap = protocol is not None and isinstance(meas, Measurer)
-        if swap:
-            meas.protocol = protocol
-        try:
-            for _ in range(repeats):
-                meas.measure(configs, keep)
-        finally:
-            if swap:
-                meas.protocol = saved
+        for _ in range(repeats):
+            self.measurer(task).measure(configs, keep)
         for tr in runs:
             rows = []
             for i, cfg in enumerate(picks[tr.run]):
                 res = (MeasureResult("ok", tuple(lat[cfg])) if lat[cfg] else
                        failed.get(cfg, MeasureResult("runtime_error", error="re-timing gave no result")))
-                prefix = RETIME_COLD_PREFIX if cold else RETIME_PREFIX
-                rows.append(self.db.add(TuningRecord(task, self.target_key, prefix + tr.run, i, cfg, res,
+                rows.append(self.db.add(TuningRecord(task, self.target_key, RETIME_PREFIX + tr.run, i, cfg, res,
                                                      tr.clock, self._target_json)))
             out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
         return out

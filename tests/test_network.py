@@ -395,42 +395,6 @@ def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     _close(res2.build()(x), _ort(proto, {"x": x})[0])
 
 
-def test_weight_bound_layers_are_retimed_cold_and_built_from_cold_rows(tmp_path, runner):
-    """Where the model's weights outgrow the cache (here a target with a 4 KB L3 against 12 KB of
-    weights), the layers whose weights outweigh their activations are re-timed with the caches flushed
-    before every call, beside each sketch family's best, in ``retime:cold:<run>`` rows, and the build
-    picks the fastest of those; a target whose cache holds the weights re-times warm as before."""
-    from felixjax.network_tune import cold_protocol, weight_bound_tasks
-
-    model = load_onnx(zoo.make_model("transformer_block", seq=4, dim=16, heads=2))
-    roomy, tight = fj.Target.cpu(cores=1), fj.Target.cpu(cores=1, l3_bytes=4096)
-    assert weight_bound_tasks(model, roomy) == set()
-    cold = weight_bound_tasks(model, tight)
-    assert cold == {t.key for t, _ in model.tasks}  # 1-4 KB of weights each, 0.5-1.25 KB of activations
-    proto = cold_protocol(tight)
-    assert proto.flush_cache and proto.min_repeat_ms == 0 and proto.warmup == 0 and proto.flush_bytes >= 64 << 20
-    db = str(tmp_path / "cold.db")
-    res = tune_model(model, tight, trials=3 * len(model.tasks), strategy="random", db=db, runner=runner,
-                     threads=1, trials_per_round=3, progress=False, retime=1)
-    assert all(t.cold for t in res.tasks) and "*" in res.table()
-    with Database(db) as d:
-        for t in res.tasks:
-            rows = d.records(t.task, tight, run="retime:cold:" + res.run)
-            assert rows and all(r.ok for r in rows), rows
-            assert d.records(t.task, tight, run="retime:" + res.run) == []  # no warm re-timing of it
-            families = {r.config.sketch.split(".")[0] for r in d.records(t.task, tight, run=res.run) if r.ok}
-            assert families <= {r.config.sketch.split(".")[0] for r in rows}  # each family's best re-timed
-            assert t.best.run == "retime:cold:" + res.run
-            assert t.best.latency_s == min(r.latency_s for r in rows)
-            assert d.best(t.task, tight, retimed=True, cold=True).id == t.best.id
-            assert d.best(t.task, tight, retimed=True) is None  # warm re-timings only: none
-    exe = build_model(model, tight, db=db, threads=1)
-    for sched in exe.schedules:
-        assert sched.source == "tuned" and sched.config == next(t.best.config for t in res.tasks if t.task == sched.task)
-    x = np.random.default_rng(5).standard_normal((1, 4, 16)).astype(np.float32)
-    _close(exe(x), _ort(zoo.make_model("transformer_block", seq=4, dim=16, heads=2), {"x": x})[0])
-
-
 # ---- command line --------------------------------------------------------------------------------
 
 def _bad_models(tmp_path):
