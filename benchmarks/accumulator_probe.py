@@ -37,7 +37,7 @@ from codegen.blocked import conv2d_nchwc, plain_twin  # noqa: E402
 from codegen.ops import conv2d  # noqa: E402
 from codegen.space import Space, default_config, sketches_for  # noqa: E402
 from codegen.target import Target  # noqa: E402
-from felixjax.baselines import kernel_contender, ort_contender, time_interleaved  # noqa: E402
+from felixjax.baselines import checked_medians, kernel_contender, ort_contender  # noqa: E402
 
 
 def _plain(c, h, k, kernel=3, stride=1):
@@ -112,12 +112,7 @@ def main(argv=None) -> int:
             contenders = {label: kernel_contender(task, cfg, arrays, threads=args.threads, target=target,
                                                   expected=expected, name=label) for label, cfg in configs.items()}
             contenders["onnxruntime"] = ort
-            for c in contenders.values():
-                c.check()
-            times = time_interleaved(contenders, rounds=args.rounds)
-            for c in contenders.values():
-                c.check()
-            med = {k: float(np.median(v)) for k, v in times.items()}
+            med = checked_medians(contenders, rounds=args.rounds)
             ratios.append(med["old"] / med["new"])
             print(f"{task.name:46s} {sk:28s} old {task.flops / med['old'] / 1e9:6.1f} new "
                   f"{task.flops / med['new'] / 1e9:6.1f} GFLOP/s  new/old {med['old'] / med['new']:.2f}x  "

@@ -34,7 +34,7 @@ import codegen.space as cs  # noqa: E402
 from codegen.ops import conv2d  # noqa: E402
 from codegen.space import Space, default_config, default_sketch, sketches_for  # noqa: E402
 from codegen.target import Target  # noqa: E402
-from felixjax.baselines import kernel_contender, ort_contender, time_interleaved  # noqa: E402
+from felixjax.baselines import checked_medians, kernel_contender, ort_contender  # noqa: E402
 
 
 def _conv(c, h, k, kernel, stride=2):
@@ -93,12 +93,7 @@ def main(argv=None) -> int:
             contenders[label] = kernel_contender(task, cfg, arrays, threads=args.threads, target=target,
                                                  expected=expected, name=label)
         contenders["onnxruntime"] = ort_contender(task, arrays, threads=args.threads, expected=expected)
-        for c in contenders.values():
-            c.check()
-        times = time_interleaved(contenders, rounds=args.rounds)
-        for c in contenders.values():
-            c.check()
-        med = {k: float(np.median(v)) for k, v in times.items()}
+        med = checked_medians(contenders, rounds=args.rounds)
         ort = med["onnxruntime"]
         print(f"{task.name}: onnxruntime {task.flops / ort / 1e9:.1f} GFLOP/s; default sketch "
               f"{default_sketch(task, target).name}")

@@ -60,6 +60,7 @@ __all__ = [
     "Summary",
     "applicable",
     "blas_threads",
+    "checked_medians",
     "jax_contender",
     "kernel_contender",
     "make_contenders",
@@ -673,6 +674,18 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, rounds: int
     """
     return time_blocks({name: _timer(c) for name, c in contenders.items()}, rounds=rounds, min_time_s=min_time_s,
                        warmup=warmup, max_number=max_number, pause_s=pause_s, settle=settle, event=event)
+
+
+def checked_medians(contenders: dict[str, Contender], *, rounds: int = 5, **kwargs) -> dict[str, float]:
+    """Every contender's output checked against its expected result, all timed interleaved
+    (:func:`time_interleaved`; ``kwargs`` are its options), checked again: the median seconds per call
+    of each. The probes' A/B step (a contender that went wrong while timed raises)."""
+    for c in contenders.values():
+        c.check()
+    times = time_interleaved(contenders, rounds=rounds, **kwargs)
+    for c in contenders.values():
+        c.check()
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def time_blocks(timers: dict[str, Callable[[int], float]], *, rounds: int = 5, min_time_s: float = 0.05,

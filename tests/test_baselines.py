@@ -72,6 +72,35 @@ def test_wrong_output_is_caught(inputs):
         c.check()
 
 
+def test_checked_medians_checks_before_and_after_timing(inputs):
+    """The probes' A/B step: medians of every contender; one whose output goes wrong while it is timed
+    (here: starts accumulating into its output after its first check) raises instead of being reported."""
+
+    class Drifting(baselines.Contender):
+        name = "drifting"
+
+        def __init__(self, task, arrays, expected):
+            self.task, self.threads, self.expected = task, 1, expected
+            self.arrays, self.calls, self.out = arrays, 0, None
+
+        def __call__(self):
+            self.calls += 1
+            y = self.arrays[0] @ self.arrays[1]
+            self.out = y if self.calls <= 1 else y * 2.0  # right once, wrong from then on
+
+        def output(self):
+            return self.out
+
+    arrays, expected = inputs["matmul"]
+    good = Drifting(TASKS["matmul"], arrays, expected)
+    ok = baselines.checked_medians({"numpy": baselines.numpy_contender(TASKS["matmul"], arrays, expected=expected)},
+                                   rounds=2, min_time_s=1e-3, pause_s=0.0)
+    assert set(ok) == {"numpy"} and ok["numpy"] > 0
+    with pytest.raises(AssertionError, match="wrong result"):
+        baselines.checked_medians({"drifting": good}, rounds=2, min_time_s=1e-3, pause_s=0.0)
+    assert good.calls > 2  # it passed its first check and was timed before the second caught it
+
+
 def test_onnx_model_is_valid_and_old_enough():
     onnx = pytest.importorskip("onnx")
     for name, task in TASKS.items():
