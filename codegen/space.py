@@ -622,9 +622,11 @@ def strided_channel_rows(space: Space) -> bool:
     columns. Each strided data vector costs two loads and a permute (:meth:`CStyleRenderer._load`) and
     feeds one FMA per row; rows of output channels share it (one broadcast weight each), rows of output
     rows or a second vector need their own. 3x128x128 -> 32 5x5 stride 2 on Zen 4 (AVX-512, 1 / 2
-    threads): the old default (4 output rows x 2 vectors) 13 GFLOP/s, 8 channels x 1 vector 105 / 181,
-    onnxruntime 77 / 141; on 10 strided convs not looked at, 2.87x / 2.69x the old default (geomean of
-    9 changed defaults, min 1.19x) (``benchmarks/strided_direct_probe.py``, docs/BENCHMARKS.md).
+    threads): the old default (4 output rows x 2 vectors) 13-18 / 34 GFLOP/s, 8 channels x 1 vector
+    105 / 181-190, 16 channels (:data:`STRIDED_ROWS_CAP`) 108 / 192-198, onnxruntime 77-80 / 133-141;
+    on 10 strided convs not looked at, 8 channels x 1 vector ran 2.87x / 2.69x the old default
+    (geomean of 9 changed defaults, min 1.19x) (``benchmarks/strided_direct_probe.py``,
+    docs/BENCHMARKS.md "Issue 14, session 20").
 
     Example:
         >>> from codegen.ops import conv2d
@@ -632,7 +634,8 @@ def strided_channel_rows(space: Space) -> bool:
         >>> avx512 = Target.cpu(simd_lanes=16, vector_registers=32)
         >>> [tl[3] for tl in default_config(Space(t, "conv_direct", avx512)).tiles[2:5]]  # k y x
         [16, 1, 16]
-        >>> [tl[3] for tl in default_config(Space(t, "conv_direct", Target.cpu(simd_lanes=8, vector_registers=16))).tiles[2:5]]
+        >>> avx2 = Target.cpu(simd_lanes=8, vector_registers=16)
+        >>> [tl[3] for tl in default_config(Space(t, "conv_direct", avx2)).tiles[2:5]]
         [8, 1, 8]
     """
     if not STRIDED_CHANNEL_ROWS or space.sketch.base != "conv_direct" or space.task.op != "conv2d":
