@@ -9,8 +9,11 @@ interleaved with onnxruntime at its default session options and with the best ot
 (``conv_im2col`` / ``conv_spatial_pack``), and prints GFLOP/s, new / old, the ratios to onnxruntime and
 which sketch ``codegen.space.default_sketch`` picks on this target.
 
-Shape sets: ``designed`` (the fresh suite's 5x5 stem, looked at while choosing), ``heldout`` (stems
-and downsampling convs of common networks, not looked at).
+Shape sets: ``designed`` (the fresh suite's 5x5 stem, looked at while choosing), ``r18`` (ResNet-18's
+7x7 stem, looked at for the cap), ``heldout`` (stems and downsampling convs of common networks, not
+looked at while choosing the block), ``heldout2`` (10 more, measured after everything was chosen; they
+also rejected a default-sketch rule drawn from ``heldout``: ``conv_spatial_pack`` for strided convs of
+8+ input channels on AVX-512, 0.96x geomean over the 4 picks it changed, 0.73-1.11x).
 
 Run: ``python benchmarks/strided_direct_probe.py --shapes designed|r18|heldout [--threads 1] [--cap N]
 [--old-cap N] [--avx2]`` (a minute or two per set and thread count; ``--old-cap`` compares two caps of
@@ -44,6 +47,9 @@ def _conv(c, h, k, kernel, stride=2):
 SHAPES = {
     "designed": [_conv(3, 128, 32, 5)],
     "r18": [_conv(3, 224, 64, 7)],
+    "heldout2": [_conv(24, 112, 48, 3), _conv(48, 64, 96, 3), _conv(160, 14, 320, 3), _conv(32, 28, 64, 1),
+                 _conv(512, 14, 1024, 1), _conv(8, 150, 16, 5), _conv(40, 40, 80, 5), _conv(96, 34, 192, 3),
+                 _conv(3, 160, 24, 3), _conv(3, 300, 16, 5)],
     "heldout": [_conv(3, 224, 64, 7), _conv(3, 224, 32, 3), _conv(16, 112, 32, 3), _conv(64, 56, 128, 3),
                 _conv(128, 28, 256, 3), _conv(256, 14, 512, 3), _conv(64, 56, 128, 1), _conv(96, 48, 64, 5),
                 _conv(32, 56, 64, 5), _conv(3, 96, 24, 3)],
