@@ -755,12 +755,40 @@ def _gemm_default(space: Space) -> Config:
     cores = int(getattr(space.target, "cores", 1) or 1)
     n0 = N // nc
     chunks = ext["b"] * n0
-    m0 = _largest_divisor_leq(M // mr, max(1, -(-2 * cores // chunks)))
+    m0 = _balanced_split(M // mr, chunks, cores)
     tiles = {"b": (ext["b"], 1, 1, 1), "m": (m0, 1, M // (m0 * mr), mr), "n": (n0, 1, nc // nr, nr),
              "k": (K // kc, kc)}
     cfg = Config(space.sketch.name, tuple(tiles[a.name] for a in space.axes), 3, vec, 16)
     space.validate(cfg)
     return cfg
+
+
+#: the most load imbalance (the busiest core's chunks over the mean) a default's row split accepts
+MAX_IMBALANCE = 1.05
+
+
+def _imbalance(chunks: int, cores: int) -> float:
+    return -(-chunks // cores) / (chunks / cores)
+
+
+def _balanced_split(blocks: int, chunks: int, cores: int) -> int:
+    """How many parts ``gemm_packed``'s default splits its ``blocks`` register-block rows into (a divisor),
+    so that with the ``chunks`` parallel chunks it already has there are at least 2 per core and the
+    busiest core gets at most :data:`MAX_IMBALANCE` times the mean: the fewest such parts, else the
+    split of least imbalance. (It took the largest divisor up to 2 chunks per core: a 257x96x384
+    matmul, padded to 33 blocks of 8 rows, ran 3 chunks on 2 cores, 165 GFLOP/s against 212 in 33
+    chunks, Zen 4, 2 threads; ``benchmarks/gemm_split_probe.py``.)
+
+    Example:
+        >>> _balanced_split(33, 1, 2), _balanced_split(128, 1, 2), _balanced_split(1, 1, 2)
+        (33, 4, 1)
+    """
+    want = max(1, -(-2 * cores // chunks))
+    parts = [d for d in divisors(blocks) if d >= want] or [blocks]
+    for d in parts:
+        if _imbalance(chunks * d, cores) <= MAX_IMBALANCE:
+            return d
+    return min(parts, key=lambda d: (_imbalance(chunks * d, cores), d))
 
 
 def _sparse_default(space: Space) -> Config:

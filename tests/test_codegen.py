@@ -412,3 +412,27 @@ def test_strided_conv_direct_default_blocks_channels_by_one_vector(task, lanes, 
     sp = Space(flat, "conv_direct", target)
     s3 = {a.name: t[3] for a, t in zip(sp.axes, sp.default().tiles) if not a.reduce}
     assert s3["y"] > 1, sp.default()
+
+
+def test_gemm_default_row_split_balances_the_cores():
+    """``gemm_packed``'s default splits its row blocks into a divisor giving >= 2 chunks per core with the
+    busiest core at most 5% above the mean where any divisor can (the fewest such parts), else the split
+    of least imbalance; it used to take the largest divisor up to 2 chunks per core, which left a padded
+    prime M (257 rows: 33 blocks) in 3 chunks on 2 cores, or a 129-row one serial."""
+    from codegen.space import MAX_IMBALANCE, _balanced_split, _imbalance
+
+    for cores in (1, 2, 3, 4, 8):
+        for chunks in (1, 2, 3):
+            for blocks in range(1, 70):
+                d = _balanced_split(blocks, chunks, cores)
+                assert blocks % d == 0
+                want = -(-2 * cores // chunks)
+                ok = [p for p in range(1, blocks + 1) if blocks % p == 0 and p >= want
+                      and _imbalance(chunks * p, cores) <= MAX_IMBALANCE]
+                if ok:
+                    assert d == ok[0], (blocks, chunks, cores, d)
+                else:
+                    cands = [p for p in range(1, blocks + 1) if blocks % p == 0 and p >= want] or [blocks]
+                    assert _imbalance(chunks * d, cores) == min(_imbalance(chunks * p, cores) for p in cands)
+    sp = Space(ops.matmul(257, 96, 384), "gemm_packed.pad_m264", Target.cpu(cores=2, simd_lanes=16, vector_registers=32))
+    assert sp.default().tiles[1] == (33, 1, 1, 8)  # 33 chunks of 8 rows (was 3 chunks of 11 x 8)
