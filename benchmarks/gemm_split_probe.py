@@ -12,7 +12,13 @@ ratios to onnxruntime.
 Shape sets: ``designed`` (the fresh suite's token matmul, looked at while choosing), ``heldout`` (token
 and batch shapes of common transformers, not looked at).
 
-Run: ``python benchmarks/gemm_split_probe.py --shapes designed|heldout [--threads 2]``
+``--sketch``: instead, the untuned default *sketch* of float32 matmuls on targets without AVX2's 6-row
+block: the exact ``gemm_packed`` (old) against its row-padded variant where that one's default block
+reuses loads at least 10% more (``codegen.space._gemm_padded_default``); shape sets ``sketch-designed``
+(197 and 257 rows, looked at) and ``sketch-heldout`` (prime-ish token counts, not looked at).
+
+Run: ``python benchmarks/gemm_split_probe.py --shapes designed|heldout [--threads 2]``,
+``python benchmarks/gemm_split_probe.py --sketch --shapes sketch-designed|sketch-heldout [--threads 2]``
 """
 from __future__ import annotations
 
@@ -30,12 +36,15 @@ import numpy as np  # noqa: E402
 
 import codegen.space as cs  # noqa: E402
 from codegen.ops import dense, matmul  # noqa: E402
-from codegen.space import Space, default_config, sketches_for  # noqa: E402
+from codegen.space import Space, default_config, default_sketch, sketches_for  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from felixjax.baselines import checked_medians, kernel_contender, ort_contender  # noqa: E402
 
 SHAPES = {
     "designed": [matmul(257, 96, 384)],
+    "sketch-designed": [matmul(197, 768, 768), matmul(257, 96, 384)],
+    "sketch-heldout": [matmul(31, 1024, 1024), matmul(127, 512, 512), matmul(211, 384, 384), matmul(577, 768, 768),
+                       matmul(61, 2048, 512), matmul(101, 256, 1024)],
     "heldout": [matmul(197, 768, 768), matmul(50, 768, 3072), matmul(49, 512, 2048), matmul(77, 512, 512),
                 matmul(385, 128, 512), matmul(129, 256, 256), dense(12, 1024, 1024), matmul(1000, 64, 64)],
 }
@@ -56,16 +65,52 @@ def _old():
         cs._balanced_split = saved
 
 
+@contextlib.contextmanager
+def _old_sketch():
+    saved = cs.GEMM_PADDED_DEFAULT
+    cs.GEMM_PADDED_DEFAULT = False
+    try:
+        yield
+    finally:
+        cs.GEMM_PADDED_DEFAULT = saved
+
+
+def _sketch_rows(args, target) -> list[float]:
+    """``--sketch``: the default sketch's default, old pick (the exact sketch) vs new (row-padded)."""
+    ratios = []
+    for task in SHAPES[args.shapes]:
+        with _old_sketch():
+            old = default_sketch(task, target)
+        new = default_sketch(task, target)
+        if old == new:
+            print(f"{task.name:28s} default sketch {new.name} (unchanged)")
+            continue
+        arrays = task.random_inputs(0)
+        expected = task.reference(*arrays)
+        contenders = {label: kernel_contender(task, default_config(Space(task, sk, target)), arrays,
+                                              threads=args.threads, target=target, expected=expected, name=label)
+                      for label, sk in (("old", old), ("new", new))}
+        contenders["onnxruntime"] = ort_contender(task, arrays, threads=args.threads, expected=expected)
+        med = checked_medians(contenders, rounds=args.rounds)
+        ratios.append(med["old"] / med["new"])
+        print(f"{task.name:28s} {old.name} -> {new.name}: old {task.flops / med['old'] / 1e9:6.1f} new "
+              f"{task.flops / med['new'] / 1e9:6.1f} GFLOP/s  new/old {med['old'] / med['new']:.2f}x  vs onnxruntime "
+              f"old {med['onnxruntime'] / med['old']:.2f}x new {med['onnxruntime'] / med['new']:.2f}x", flush=True)
+    return ratios
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--sketch", action="store_true", help="compare the default sketch's pick (exact vs "
+                    "row-padded gemm_packed, codegen.space._gemm_padded_default) instead of the row split")
     args = ap.parse_args(argv)
     target = Target.cpu()
     print(f"{target.cores} cores, {target.simd_lanes} lanes; {args.threads} thread(s); shapes {args.shapes}")
-    ratios = []
-    for task in SHAPES[args.shapes]:
+    ratios = _sketch_rows(args, target) if args.sketch else []
+    for task in ([] if args.sketch else SHAPES[args.shapes]):
         arrays = task.random_inputs(0)
         expected = task.reference(*arrays)
         ort = ort_contender(task, arrays, threads=args.threads, expected=expected)

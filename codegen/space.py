@@ -471,6 +471,9 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         padded = row_padded_sketch(task, sketches[0], block_rows(int(target.vector_registers), REGISTER_RESERVE))
         if padded is not None:
             return padded
+        padded = _gemm_padded_default(task, target, sketches[0])
+        if padded is not None:
+            return padded
     if _depthwise_applies(task):  # its own sketch: 1.1-2.6x conv_direct's default in a smoke run (issue 14)
         return _depthwise_sketch(task, target, sketches_for(task, target))
     if task.op == "conv2d":
@@ -520,6 +523,40 @@ def default_sketch(task: Task, target: Target) -> Sketch:
             if pack is not None and pack.vector_axis == "k":
                 return pack
     return sketches[0]
+
+
+#: whether float32 matmuls default to their row-padded ``gemm_packed`` variant where its register
+#: block reuses loads better (:func:`_gemm_padded_default`); ``benchmarks/gemm_split_probe.py
+#: --sketch`` turns it off to time the old choice
+GEMM_PADDED_DEFAULT = True
+
+
+def _gemm_block_reuse(space: Space, cfg: Config) -> float:
+    """FMAs per operand load of a ``gemm_packed`` default's register block (``mr`` rows x ``nr`` vectors:
+    ``mr * nr`` FMAs per ``mr`` broadcasts and ``nr`` vector loads)."""
+    t = dict(zip([a.name for a in space.axes], cfg.tiles))
+    mr, nr = t["m"][3], max(1, t["n"][3] // max(1, cfg.vec))
+    return mr * nr / (mr + nr)
+
+
+def _gemm_padded_default(task: Task, target: Target, exact: Sketch) -> Sketch | None:
+    """``gemm_packed``'s row-padded variant (:func:`codegen.padding.padded_sketch`: M up to a multiple of
+    8) where its default register block, discounted by the padded rows' share, reuses each load at least
+    10% more than the exact sketch's default block (:func:`_gemm_block_reuse`): a prime M (197 ViT
+    tokens, 257) gives the exact sketch 1-row blocks, 16 FMAs per 17 loads; padded, 8 rows x 2 vectors
+    do 16 per 10. On targets with AVX2's 6-row block :func:`codegen.padding.row_padded_sketch` decides
+    first. Zen 4, 2 threads: 197x768x768 97 -> 226 GFLOP/s, 257x96x384 114 -> 213
+    (``benchmarks/gemm_split_probe.py --sketch``)."""
+    if not GEMM_PADDED_DEFAULT:
+        return None
+    pads = [s for s in sketches_for(task, target) if s.base == exact.name and dict(s.pad).get("m") and len(s.pad) == 1]
+    if not pads:
+        return None
+    ex_space, pad_space = Space(task, exact, target), Space(task, pads[0], target)
+    share = task.contraction().axis("m").extent / dict(pads[0].pad)["m"]
+    gain = (_gemm_block_reuse(pad_space, default_config(pad_space)) * share
+            / _gemm_block_reuse(ex_space, default_config(ex_space)))
+    return pads[0] if gain >= 1.1 else None
 
 
 def _flat_default(task: Task, target: Target) -> Sketch | None:

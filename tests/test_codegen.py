@@ -436,3 +436,35 @@ def test_gemm_default_row_split_balances_the_cores():
                     assert _imbalance(chunks * d, cores) == min(_imbalance(chunks * p, cores) for p in cands)
     sp = Space(ops.matmul(257, 96, 384), "gemm_packed.pad_m264", Target.cpu(cores=2, simd_lanes=16, vector_registers=32))
     assert sp.default().tiles[1] == (33, 1, 1, 8)  # 33 chunks of 8 rows (was 3 chunks of 11 x 8)
+
+
+def test_matmul_default_sketch_pads_awkward_rows_where_the_block_gains():
+    """On targets without AVX2's 6-row block (AVX-512), a float32 matmul whose M leaves the exact
+    ``gemm_packed`` only 1-row register blocks (prime M) defaults to its row-padded variant (8-row
+    blocks); where the exact block already reuses loads about as well (M = 50, 77, 129: 5, 7, 3 rows),
+    or there is no padded variant (M = 512, batch-1 dense), it stays exact; AVX2 keeps its 6-row rule.
+    The padded default matches numpy."""
+    from codegen.space import _gemm_block_reuse, default_sketch
+
+    avx512, avx2 = Target.cpu(simd_lanes=16, vector_registers=32), Target.cpu(simd_lanes=8, vector_registers=16)
+    for m in (197, 257, 31, 127):
+        t = ops.matmul(m, 256, 128)
+        sk = default_sketch(t, avx512)
+        assert sk.name.startswith("gemm_packed.pad_m") and dict(sk.pad)["m"] % 8 == 0, (m, sk.name)
+        pad, ex = Space(t, sk, avx512), Space(t, "gemm_packed", avx512)
+        assert _gemm_block_reuse(pad, pad.default()) > 1.5 * _gemm_block_reuse(ex, ex.default())
+        with pytest.MonkeyPatch.context() as mp:  # AVX2: its own 6-row rule decides, as before
+            mp.setattr("codegen.space.GEMM_PADDED_DEFAULT", False)
+            before = default_sketch(t, avx2)
+        assert default_sketch(t, avx2) == before and before.name.startswith("gemm_packed.pad_m")
+    for t in (ops.matmul(50, 768, 256), ops.matmul(77, 512, 128), ops.matmul(129, 256, 256),
+              ops.matmul(512, 64, 64), ops.dense(1, 512, 100)):
+        assert default_sketch(t, avx512).name == "gemm_packed", t.name
+    t = ops.matmul(31, 64, 96, bias=True, act="relu")
+    sp = Space(t, default_sketch(t, avx512), avx512)
+    plan = lower(sp, sp.default())
+    b = build(render(plan))
+    assert b.status == "ok", b.error
+    arrays = t.random_inputs(seed=2)
+    ok, msg = check_output(Kernel(plan, b.lib_path, threads=2)(*arrays), t.reference(*arrays), plan.con.reduction_size)
+    assert ok, msg
