@@ -2,7 +2,7 @@
 
 The default split the rows into the largest divisor of the row-block count up to 2 chunks per core; on a
 padded prime M that can leave an odd chunk count (257x96x384: 33 blocks of 8 rows -> 3 chunks on 2 cores,
-one core doing two thirds). ``codegen.space._balanced_split`` now takes the fewest parts that give at
+one core doing two thirds). ``codegen.gemm_default.balanced_split`` now takes the fewest parts that give at
 least 2 chunks per core with the busiest core at most ``MAX_IMBALANCE`` (1.05) times the mean. This
 script builds, for every ``gemm_packed`` sketch (and padded variant) of each matmul / dense shape whose
 default changes, the old and the new default, checks both against numpy before and after timing, times
@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+import codegen.gemm_default as gd  # noqa: E402
 import codegen.space as cs  # noqa: E402
 from codegen.ops import dense, matmul  # noqa: E402
 from codegen.space import Space, default_config, default_sketch, sketches_for  # noqa: E402
@@ -52,17 +53,17 @@ SHAPES = {
 
 def _old_split(blocks: int, chunks: int, cores: int) -> int:
     """The previous rule: the largest divisor up to 2 chunks per core."""
-    return cs._largest_divisor_leq(blocks, max(1, -(-2 * cores // chunks)))
+    return gd.largest_divisor_leq(blocks, max(1, -(-2 * cores // chunks)))
 
 
 @contextlib.contextmanager
 def _old():
-    saved = cs._balanced_split
-    cs._balanced_split = _old_split
+    saved = gd.balanced_split
+    gd.balanced_split = _old_split
     try:
         yield
     finally:
-        cs._balanced_split = saved
+        gd.balanced_split = saved
 
 
 @contextlib.contextmanager

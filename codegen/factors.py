@@ -54,6 +54,20 @@ def divisors(n: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
+def largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
+    """The largest divisor of ``n`` that is at most ``cap`` and a multiple of ``multiple_of`` (1 if none).
+
+    Example:
+        >>> largest_divisor_leq(32, 12), largest_divisor_leq(96, 32, 16), largest_divisor_leq(7, 4)
+        (8, 32, 1)
+    """
+    best = 1
+    for d in divisors(n):
+        if d <= cap and d % multiple_of == 0:
+            best = max(best, d)
+    return best
+
+
 def count_factorizations(n: int, levels: int) -> int:
     """Number of ordered ways to write ``n`` as a product of ``levels`` positive integers."""
     return math.prod(math.comb(e + levels - 1, levels - 1) for _, e in factorize(n))

@@ -40,6 +40,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import blocked
+from .factors import largest_divisor_leq as _largest_divisor_leq
 from .flat import FLAT_SKETCH, IM2COL_SKETCH, flat_task, im2col_task
 from .ops import Access, Axis, Contraction, Task
 
@@ -64,10 +65,6 @@ def sketch_contraction(task: Task, sketch_name: str) -> Contraction:
 
 def round_up(n: int, q: int) -> int:
     return -(-int(n) // q) * q
-
-
-def _largest_divisor_leq(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 def paddable(con: Contraction, axis: str) -> bool:

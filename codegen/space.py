@@ -34,6 +34,7 @@ import numpy as np
 
 from . import blocked as _blocked
 from . import flat as _flat
+from . import gemm_default as _gemm
 from . import winograd as _wg
 from .depthwise import DW_SKETCH
 from .depthwise import applies as _depthwise_applies
@@ -45,6 +46,7 @@ from .factors import (  # noqa: F401
     factorize,
     random_factorization,
 )
+from .factors import largest_divisor_leq as _largest_divisor_leq
 from .knobs import Knob, knobs_for
 from .ops import Contraction, Task
 from .padding import (
@@ -531,18 +533,10 @@ def default_sketch(task: Task, target: Target) -> Sketch:
 GEMM_PADDED_DEFAULT = True
 
 
-def _gemm_block_reuse(space: Space, cfg: Config) -> float:
-    """FMAs per operand load of a ``gemm_packed`` default's register block (``mr`` rows x ``nr`` vectors:
-    ``mr * nr`` FMAs per ``mr`` broadcasts and ``nr`` vector loads)."""
-    t = dict(zip([a.name for a in space.axes], cfg.tiles))
-    mr, nr = t["m"][3], max(1, t["n"][3] // max(1, cfg.vec))
-    return mr * nr / (mr + nr)
-
-
 def _gemm_padded_default(task: Task, target: Target, exact: Sketch) -> Sketch | None:
     """``gemm_packed``'s row-padded variant (:func:`codegen.padding.padded_sketch`: M up to a multiple of
     8) where its default register block, discounted by the padded rows' share, reuses each load at least
-    10% more than the exact sketch's default block (:func:`_gemm_block_reuse`): a prime M (197 ViT
+    10% more than the exact sketch's default block (:func:`codegen.gemm_default.block_reuse`): a prime M (197 ViT
     tokens, 257) gives the exact sketch 1-row blocks, 16 FMAs per 17 loads; padded, 8 rows x 2 vectors
     do 16 per 10. On targets with AVX2's 6-row block :func:`codegen.padding.row_padded_sketch` decides
     first. Zen 4, 2 threads: 197x768x768 97 -> 226 GFLOP/s, 257x96x384 114 -> 213
@@ -554,8 +548,8 @@ def _gemm_padded_default(task: Task, target: Target, exact: Sketch) -> Sketch | 
         return None
     ex_space, pad_space = Space(task, exact, target), Space(task, pads[0], target)
     share = task.contraction().axis("m").extent / dict(pads[0].pad)["m"]
-    gain = (_gemm_block_reuse(pad_space, default_config(pad_space)) * share
-            / _gemm_block_reuse(ex_space, default_config(ex_space)))
+    gain = (_gemm.block_reuse(pad_space, default_config(pad_space)) * share
+            / _gemm.block_reuse(ex_space, default_config(ex_space)))
     return pads[0] if gain >= 1.1 else None
 
 
@@ -588,14 +582,6 @@ def _strided_default(task: Task, target: Target, sketches: tuple[Sketch, ...]) -
         return None
     padded = row_padded_sketch(task, Sketch(_flat.IM2COL_SKETCH, "x", "k"), rows, lanes)
     return padded if padded is not None else next((s for s in sketches if s.name == "conv_spatial_pack"), None)
-
-
-def _largest_divisor_leq(n: int, cap: int, multiple_of: int = 1) -> int:
-    best = 1
-    for d in divisors(n):
-        if d <= cap and d % multiple_of == 0:
-            best = max(best, d)
-    return best
 
 
 def _register_block_default(space: Space, vec: int) -> tuple[dict[str, int], int]:
@@ -693,12 +679,10 @@ def _channel_panel_cap(space: Space, s3: dict[str, int], vec: int) -> int:
 
 
 def default_config(space: Space) -> Config:
-    if space.sketch.base == "gemm_packed":
-        return _gemm_default(space)
     if space.sketch.base == SPARSE_SKETCH:
         return _sparse_default(space)
-    own = {DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule, _wg.WG4_SKETCH: _wg.default_schedule,
-           _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule,
+    own = {"gemm_packed": _gemm.default_schedule, DW_SKETCH: _depthwise_default, _wg.WG_SKETCH: _wg.default_schedule,
+           _wg.WG4_SKETCH: _wg.default_schedule, _blocked.SKETCH: _blocked.default_schedule, _blocked.FLAT_SKETCH: _blocked.default_schedule,
            _blocked.DW_SKETCH: _blocked.dw_default_schedule}
     if space.sketch.base in own:
         cfg = Config(space.sketch.name, *own[space.sketch.base](space))
@@ -761,71 +745,6 @@ def _flat_order(space: Space, tiles: list) -> list:
     tiles[k] = (1, 1, ext["k"] // tiles[k][3], tiles[k][3])
     tiles[x] = (ext["x"] // tiles[x][3], 1, 1, tiles[x][3])
     return tiles
-
-
-def _gemm_default(space: Space) -> Config:
-    """A GotoBLAS-like default for ``gemm_packed`` (axes ``b m n k``, vector axis ``n``).
-
-    Register block ``mr x nr`` of at most 16 accumulators (8 rows x 2 vectors where the extents allow:
-    2 vector loads and 8 broadcasts per 16 FMAs); ``kc`` (``R1``) so that the data micro-panel
-    ``mr x kc`` fills at most 2/3 of L1 (on matmul 1024, ``kc = K``: no accumulator reloads); ``nc``
-    (``S2 x S3`` of ``n``) so that the packed weight block ``kc x nc`` fills at most a quarter of L2. Nest: ``n0`` over weight blocks (``S0``), ``k0`` (``R0``), then
-    every micro-panel row ``m2`` against every column block ``n2`` of the weight block (``S2``), which
-    streams the weight block from L2 while the data micro-panel stays in L1. The outer ``b0 m0 n0``
-    loops are fused into the parallel loop, with ``m0`` split until there are 2 chunks per core.
-    """
-    ext = {a.name: a.extent for a in space.axes}
-    M, N, K = ext["m"], ext["n"], ext["k"]
-    vec = max([v for v in space.vec_choices if N % v == 0] or [1])
-    nr = _largest_divisor_leq(N, 2 * vec, vec) if vec > 1 else _largest_divisor_leq(N, 4)
-    if nr < vec:
-        vec = max(v for v in space.vec_choices if nr % v == 0)
-    ncols = max(1, nr // vec)
-    budget = max(1, min(16, space.max_accumulators))
-    mr = _largest_divisor_leq(M, max(1, budget // ncols))
-    if mr * ncols < budget // 2:  # few rows (a GEMV): widen the block so FMA chains overlap
-        ncols = _largest_divisor_leq(N // vec, max(1, budget // mr))
-        nr = ncols * vec
-    l1, l2 = int(space.target.l1d_bytes), int(space.target.l2_bytes)
-    kc = _largest_divisor_leq(K, max(16, 2 * l1 // 3 // (4 * mr)))
-    nc = nr * _largest_divisor_leq(N // nr, max(1, l2 // 4 // (4 * kc * nr)))
-    cores = int(getattr(space.target, "cores", 1) or 1)
-    n0 = N // nc
-    chunks = ext["b"] * n0
-    m0 = _balanced_split(M // mr, chunks, cores)
-    tiles = {"b": (ext["b"], 1, 1, 1), "m": (m0, 1, M // (m0 * mr), mr), "n": (n0, 1, nc // nr, nr),
-             "k": (K // kc, kc)}
-    cfg = Config(space.sketch.name, tuple(tiles[a.name] for a in space.axes), 3, vec, 16)
-    space.validate(cfg)
-    return cfg
-
-
-#: the most load imbalance (the busiest core's chunks over the mean) a default's row split accepts
-MAX_IMBALANCE = 1.05
-
-
-def _imbalance(chunks: int, cores: int) -> float:
-    return -(-chunks // cores) / (chunks / cores)
-
-
-def _balanced_split(blocks: int, chunks: int, cores: int) -> int:
-    """How many parts ``gemm_packed``'s default splits its ``blocks`` register-block rows into (a divisor),
-    so that with the ``chunks`` parallel chunks it already has there are at least 2 per core and the
-    busiest core gets at most :data:`MAX_IMBALANCE` times the mean: the fewest such parts, else the
-    split of least imbalance. (It took the largest divisor up to 2 chunks per core: a 257x96x384
-    matmul, padded to 33 blocks of 8 rows, ran 3 chunks on 2 cores, 165 GFLOP/s against 212 in 33
-    chunks, Zen 4, 2 threads; ``benchmarks/gemm_split_probe.py``.)
-
-    Example:
-        >>> _balanced_split(33, 1, 2), _balanced_split(128, 1, 2), _balanced_split(1, 1, 2)
-        (33, 4, 1)
-    """
-    want = max(1, -(-2 * cores // chunks))
-    parts = [d for d in divisors(blocks) if d >= want] or [blocks]
-    for d in parts:
-        if _imbalance(chunks * d, cores) <= MAX_IMBALANCE:
-            return d
-    return min(parts, key=lambda d: (_imbalance(chunks * d, cores), d))
 
 
 def _sparse_default(space: Space) -> Config:

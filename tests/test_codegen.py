@@ -419,7 +419,9 @@ def test_gemm_default_row_split_balances_the_cores():
     busiest core at most 5% above the mean where any divisor can (the fewest such parts), else the split
     of least imbalance; it used to take the largest divisor up to 2 chunks per core, which left a padded
     prime M (257 rows: 33 blocks) in 3 chunks on 2 cores, or a 129-row one serial."""
-    from codegen.space import MAX_IMBALANCE, _balanced_split, _imbalance
+    from codegen.gemm_default import MAX_IMBALANCE
+    from codegen.gemm_default import balanced_split as _balanced_split
+    from codegen.gemm_default import imbalance as _imbalance
 
     for cores in (1, 2, 3, 4, 8):
         for chunks in (1, 2, 3):
@@ -444,7 +446,8 @@ def test_matmul_default_sketch_pads_awkward_rows_where_the_block_gains():
     blocks); where the exact block already reuses loads about as well (M = 50, 77, 129: 5, 7, 3 rows),
     or there is no padded variant (M = 512, batch-1 dense), it stays exact; AVX2 keeps its 6-row rule.
     The padded default matches numpy."""
-    from codegen.space import _gemm_block_reuse, default_sketch
+    from codegen.gemm_default import block_reuse as _gemm_block_reuse
+    from codegen.space import default_sketch
 
     avx512, avx2 = Target.cpu(simd_lanes=16, vector_registers=32), Target.cpu(simd_lanes=8, vector_registers=16)
     for m in (197, 257, 31, 127):
