@@ -23,10 +23,10 @@ Run: ``python benchmarks/gemm_split_probe.py --shapes designed|heldout [--thread
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -56,31 +56,11 @@ def _old_split(blocks: int, chunks: int, cores: int) -> int:
     return gd.largest_divisor_leq(blocks, max(1, -(-2 * cores // chunks)))
 
 
-@contextlib.contextmanager
-def _old():
-    saved = gd.balanced_split
-    gd.balanced_split = _old_split
-    try:
-        yield
-    finally:
-        gd.balanced_split = saved
-
-
-@contextlib.contextmanager
-def _old_sketch():
-    saved = cs.GEMM_PADDED_DEFAULT
-    cs.GEMM_PADDED_DEFAULT = False
-    try:
-        yield
-    finally:
-        cs.GEMM_PADDED_DEFAULT = saved
-
-
 def _sketch_rows(args, target) -> list[float]:
     """``--sketch``: the default sketch's default, old pick (the exact sketch) vs new (row-padded)."""
     ratios = []
     for task in SHAPES[args.shapes]:
-        with _old_sketch():
+        with mock.patch.object(cs, "GEMM_PADDED_DEFAULT", False):
             old = default_sketch(task, target)
         new = default_sketch(task, target)
         if old == new:
@@ -116,7 +96,7 @@ def main(argv=None) -> int:
         expected = task.reference(*arrays)
         ort = ort_contender(task, arrays, threads=args.threads, expected=expected)
         for sk in sketches_for(task, target):
-            with _old():
+            with mock.patch.object(gd, "balanced_split", _old_split):
                 old = default_config(Space(task, sk, target))
             new = default_config(Space(task, sk, target))
             if old == new:
