@@ -528,7 +528,8 @@ def lower(space: Space, config: Config) -> Plan:
     # converts: dequantizes / requantizes int8, rounds to float16)
     # (padded sketches: always in a padded scratch, which the epilogue crops; ``out`` then describes the
     # output over the padded range, as the features count it, and ``out_api`` holds the real strides)
-    padded = bool(space.sketch.pad)
+    # (a masked padded sketch, codegen.padding.masked_tail: in place, its tail vectors stored under a mask)
+    padded = bool(space.sketch.pad) and not space.masked
     lowp = space.task.dtype != "float32"
     out = make("out", con.out, plain_layout(con.out.shape), "arg")
     buffers["out"] = out

@@ -49,6 +49,9 @@ PAD_SEP = ".pad_"  # a padded sketch's name: <sketch>.pad_<axis><extent>_...
 MAX_WASTE_VECTOR = 1.5  # padded / real extent at most, on the vector axis
 MAX_WASTE_ROWS = 1.34  # ... on the other spatial axes
 MAX_WASTE_PIXELS = 1.15  # ... on conv_flat's pixel axis, padded to two vectors
+#: sketches whose padded vector axis may run past its extent under masks (:func:`masked_tail`)
+MASKED_BASES = ("gemm_packed", FLAT_SKETCH, "conv_direct", IM2COL_SKETCH)
+MASKED_MIN_VECTORS = 4  # the data read in place under masks only where the axis spans this many vectors
 
 
 def sketch_contraction(task: Task, sketch_name: str) -> Contraction:
@@ -232,15 +235,64 @@ def parse_pad(task: Task, name: str, spec: str) -> dict[str, int]:
     return out
 
 
-def padded_contraction(con: Contraction, pad: dict[str, int]) -> Contraction:
+def _unit_innermost(acc: Access, axis: str) -> bool:
+    """Whether ``axis`` indexes only the innermost dimension of ``acc``, with coefficient 1 (other axes may
+    share that dimension: a valid convolution's ``x + rx``)."""
+    if not acc.dims:
+        return False
+    inner = {a: c for a, c in acc.dims[-1] if c}
+    outer = any(a == axis and c for dim in acc.dims[:-1] for a, c in dim)
+    return inner.get(axis) == 1 and not outer
+
+
+def masked_tail(task: Task, sketch, target) -> str:
+    """How a padded sketch's vector axis runs past its extent: ``""`` (a padded scratch, cropped by the
+    epilogue, and a zero-padded copy of the data), ``"out"`` (the output written in place, the last
+    vector of each row by a masked store; the data copied as before or not indexed by the axis) or
+    ``"data"`` (that, and the data read in place by masked loads: no copy at all).
+
+    Only the vector axis may be padded, on a CPU target, float32 (low precision keeps its scratch), for
+    the sketches the generic C renderer draws, where the output (and the data read in place) step the
+    axis with unit stride. The register block checks once whether its vectors run past the extent and
+    takes a masked copy of its body only then (``codegen.renderers.cstyle``).
+
+    Why (issue 14, Zen 4, 1 thread): the fresh suite's 1x1 conv 256x14x14 -> 1024 ran its padded
+    ``conv_flat.pad_x208`` at 105 GFLOP/s where the same kernel on an exact 208-pixel image ran at 116
+    (99% of peak): 196 / 208 of the lanes are useful (94%), and the copy in plus the cropping epilogue
+    cost another 4%.
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> from codegen.space import Sketch
+        >>> from codegen.target import Target
+        >>> t = conv2d(1, 256, 14, 14, out_channels=1024, kernel=1)
+        >>> masked_tail(t, with_pad(t, Sketch("conv_flat", "x", "k"), {"x": 208}), Target(simd_lanes=16))
+        'data'
+    """
+    if (getattr(target, "kind", "cpu") != "cpu" or task.dtype != "float32" or task.quantized or task.sparsity
+            or len(sketch.pad) != 1 or sketch.pad[0][0] != sketch.vector_axis or sketch.base not in MASKED_BASES):
+        return ""
+    v = sketch.vector_axis
+    con = sketch_contraction(task, sketch.base)
+    # short rows (14 in 16 lanes: every vector a tail) ran slower masked than copied and cropped
+    if not _unit_innermost(con.out, v) or con.axis(v).extent < MASKED_MIN_VECTORS * max(1, int(target.simd_lanes)):
+        return ""
+    if not con.data.depends_on(v) or sketch.base == IM2COL_SKETCH or any(b or a for b, a in con.pad):
+        return "out"  # the data is copied (zero-padded), or does not step the axis
+    return "data" if _unit_innermost(con.data, v) else ""
+
+
+def padded_contraction(con: Contraction, pad: dict[str, int], keep: tuple[str, ...] = ()) -> Contraction:
     """``con`` over padded extents: axes, and every access's logical shape grown to cover the padded
-    index range (the data's extra rows / columns are zero padding after its end)."""
+    index range (the data's extra rows / columns are zero padding after its end). Accesses named in
+    ``keep`` (``"data"``, ``"out"``, ``"bias"``) keep their API shapes: the kernel masks what lies beyond
+    (:func:`masked_tail`)."""
     axes = tuple(Axis(a.name, int(pad.get(a.name, a.extent)), a.reduce) for a in con.axes)
     ext = {a.name: a.extent for a in axes}
 
     def grow(acc: Access | None) -> Access | None:
-        if acc is None:
-            return None
+        if acc is None or acc.buffer in keep:
+            return acc
         shape = tuple(max(n, 1 + sum(c * (ext[a] - 1) for a, c in terms)) for n, terms in zip(acc.shape, acc.dims))
         return Access(acc.buffer, shape, acc.dims)
 

@@ -52,6 +52,7 @@ from .ops import Contraction, Task
 from .padding import (
     PAD_SEP,
     block_rows,
+    masked_tail,
     padded_contraction,
     padded_sketch,
     parse_pad,
@@ -232,8 +233,11 @@ class Space:
         #: padded extents for a padded sketch (:mod:`codegen.padding`)
         self.api_con: Contraction = sketch_contraction(task, self.sketch.name)
         self.con: Contraction = self.api_con
+        #: how the padded vector axis runs past its extent (:func:`codegen.padding.masked_tail`): "", "out", "data"
+        self.masked = masked_tail(task, self.sketch, target) if self.sketch.pad else ""
         if self.sketch.pad:
-            self.con = padded_contraction(self.api_con, dict(self.sketch.pad))
+            keep = {"": (), "out": ("out", "bias"), "data": ("data", "out", "bias")}[self.masked]
+            self.con = padded_contraction(self.api_con, dict(self.sketch.pad), keep)
         if self.sketch.base in _wg.VARIANTS:  # the alpha x alpha "conv" over the tile grid (codegen.winograd)
             self.con = _wg.virtual_task(task, _wg.variant_of(self.sketch)).contraction()
         self.axes = self.con.axes

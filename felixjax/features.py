@@ -150,8 +150,8 @@ class AccessTable(NamedTuple):
         epi_static: an epilogue runs regardless of tiles (bias, residual or activation).
         epi_ops: epilogue FLOPs per output.
         data_copy: the data input is copied (padded / blocked) inside the kernel.
-        padded: a padded sketch (:mod:`codegen.padding`): it always accumulates in a scratch (plain
-            unless the sketch blocks it) and runs the cropping epilogue.
+        padded: a padded sketch (:mod:`codegen.padding`) that accumulates in a scratch (plain unless
+            the sketch blocks it) and runs the cropping epilogue (not a masked one: ``masked_tail``).
     """
 
     kind: jax.Array
@@ -357,7 +357,7 @@ def access_table(space: Space) -> AccessTable:
     epi_ops = int(con.bias is not None) + int(task.residual) + int(task.act is not None)
     return AccessTable(**stacked, scratch_possible=jnp.float32(scratch), epi_static=jnp.float32(epi_static),
                        epi_ops=jnp.float32(epi_ops), data_copy=jnp.float32(plan.data_copy),
-                       padded=jnp.float32(bool(sk.pad)))
+                       padded=jnp.float32(bool(sk.pad) and not space.masked))
 
 
 def feature_inputs(relaxation: Relaxation | Space) -> FeatureInputs:

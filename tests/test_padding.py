@@ -90,3 +90,44 @@ def test_network_build_with_padded_schedules_matches_the_default_build():
     x = np.random.default_rng(0).standard_normal(exe.net.input_shapes[0]).astype(np.float32)
     np.testing.assert_allclose(exe(x), ref(x), rtol=1e-4, atol=1e-4)
     assert any(".pad_" in s.config.sketch for s in exe.schedules)
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("lanes,registers", [(16, 32), (8, 16), (4, 16)])
+def test_masked_tail_reads_and_writes_in_place(lanes, registers):
+    """A padded vector axis long enough (``codegen.padding.masked_tail``) runs in place: no data copy, no
+    scratch; the register block's vectors past the extent load and store under masks (AVX-512, AVX2 or
+    lane by lane), and every config matches numpy, with an epilogue and without, at 1 and 2 threads.
+    Short rows (14 pixels in 16 lanes) keep the copy and the cropping scratch."""
+    from codegen.build import build
+    from codegen.lower import lower
+    from codegen.measure import check_output
+    from codegen.renderers.c import render
+    from codegen.runtime import Kernel
+
+    target = Target(cores=2, simd_lanes=lanes, vector_registers=registers)
+    rng = np.random.default_rng(lanes)
+    for task in (ops.conv2d(1, 16, 14, 14, out_channels=24, kernel=1),
+                 ops.conv2d(1, 16, 14, 14, out_channels=24, kernel=1, bias=True, act="relu", residual=True)):
+        sk = next(s for s in sketches_for(task, target) if s.base == "conv_flat" and s.pad)
+        sp = Space(task, sk, target)
+        assert sp.masked == "data"
+        arrays = task.random_inputs(seed=3)
+        ref = task.reference(*arrays)
+        for i, threads in enumerate((1, 2, 2)):
+            cfg = sp.default() if i == 0 else sp.sample(rng)
+            plan = lower(sp, cfg)
+            assert not plan.data_copy and plan.acc == "out" and "scratch" not in plan.buffers
+            src = render(plan)
+            assert "FJ_MSTORE" in src and (plan.vec == 1 or f"FJ_MLOAD{plan.vec}(data_p" in src)
+            b = build(src)
+            assert b.status == "ok", b.error
+            kern = Kernel(plan, b.lib_path, threads=threads)
+            for _ in range(2):
+                ok, msg = check_output(kern(*arrays), ref, plan.con.reduction_size)
+                assert ok, f"{task.name} {cfg.dumps()}: {msg}"
+    short = ops.conv2d(1, 16, 14, 14, out_channels=24, kernel=1)
+    direct = next(s for s in sketches_for(short, target) if s.base == "conv_direct" and s.pad)
+    sp = Space(short, direct, target)  # rows of 14 padded to 16: fewer than MASKED_MIN_VECTORS vectors
+    plan = lower(sp, sp.default())
+    assert sp.masked == "" and plan.data_copy and plan.acc == "scratch"

@@ -22,6 +22,41 @@ from .dw_nchwc import is_dw_nchwc, render_dw_nchwc, render_dw_nchwc_kernel
 from .sparse import render_sparse, render_sparse_kernel
 from .winograd import is_winograd, render_winograd, render_winograd_kernel
 
+#: masked loads / stores of the first n lanes (the rest zero / untouched): AVX-512 mask registers, AVX2
+#: vmaskmov, else lane by lane (a GNU statement expression). Masked lanes never fault.
+MASK_MACRO = r"""#ifndef FJ_MLOAD16
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#define FJ_MLOADN(p, n, w) ({ vf fj_t_ = {0}; for (long fj_j_ = 0; fj_j_ < (long)(n) && fj_j_ < (w); ++fj_j_) \
+    fj_t_[fj_j_] = (p)[fj_j_]; fj_t_; })
+#define FJ_MSTOREN(p, n, v, w) do { for (long fj_j_ = 0; fj_j_ < (long)(n) && fj_j_ < (w); ++fj_j_) \
+    (p)[fj_j_] = (v)[fj_j_]; } while (0)
+#if defined(__AVX512F__)
+#define FJ_MASK16(n) ((__mmask16)((long)(n) >= 16 ? 0xFFFFu : ((long)(n) <= 0 ? 0u : (1u << (n)) - 1u)))
+#define FJ_MLOAD16(p, n) ((vf)_mm512_maskz_loadu_ps(FJ_MASK16(n), (p)))
+#define FJ_MSTORE16(p, n, v) _mm512_mask_storeu_ps((p), FJ_MASK16(n), (__m512)(v))
+#else
+#define FJ_MLOAD16(p, n) FJ_MLOADN(p, n, 16)
+#define FJ_MSTORE16(p, n, v) FJ_MSTOREN(p, n, v, 16)
+#endif
+#if defined(__AVX2__)
+#define FJ_MASK8(n) _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define FJ_MLOAD8(p, n) ((vf)_mm256_maskload_ps((p), FJ_MASK8(n)))
+#define FJ_MSTORE8(p, n, v) _mm256_maskstore_ps((p), FJ_MASK8(n), (__m256)(v))
+#define FJ_MASK4(n) _mm_cmpgt_epi32(_mm_set1_epi32((int)(n)), _mm_setr_epi32(0, 1, 2, 3))
+#define FJ_MLOAD4(p, n) ((vf)_mm_maskload_ps((p), FJ_MASK4(n)))
+#define FJ_MSTORE4(p, n, v) _mm_maskstore_ps((p), FJ_MASK4(n), (__m128)(v))
+#else
+#define FJ_MLOAD8(p, n) FJ_MLOADN(p, n, 8)
+#define FJ_MSTORE8(p, n, v) FJ_MSTOREN(p, n, v, 8)
+#define FJ_MLOAD4(p, n) FJ_MLOADN(p, n, 4)
+#define FJ_MSTORE4(p, n, v) FJ_MSTOREN(p, n, v, 4)
+#endif
+#define FJ_MLOAD2(p, n) FJ_MLOADN(p, n, 2)
+#define FJ_MSTORE2(p, n, v) FJ_MSTOREN(p, n, v, 2)
+#endif"""
+
 C_DIALECT = Dialect(
     name="c",
     prelude="#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n",
@@ -30,6 +65,9 @@ C_DIALECT = Dialect(
     pin_macro=("#ifndef FJ_PIN\n#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))\n"
                "#define FJ_PIN(v) __asm__(\"\" : \"+x\"(v))\n#else\n#define FJ_PIN(v) ((void)0)\n#endif\n#endif"),
     no_predictive_commoning='__attribute__((optimize("no-predictive-commoning"))) ',
+    load_masked="FJ_MLOAD{vec}({ptr}, {n})",
+    store_masked="FJ_MSTORE{vec}({ptr}, {n}, {v});",
+    mask_macro=MASK_MACRO,
     bcast8="FJ_BCAST8({ptr})",
     bcast_macro=("#ifndef FJ_BCAST8\n#if defined(__AVX__)\n#include <immintrin.h>\n"
                  "#define FJ_BCAST8(p) ((vf)_mm256_broadcast_ss(p))\n#else\n"

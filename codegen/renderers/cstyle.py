@@ -139,6 +139,12 @@ class Dialect:
     # loop (see CStyleRenderer._memory_broadcasts); bcast_macro defines it once per source. "": none
     bcast8: str = ""
     bcast_macro: str = ""
+    # the last, partial vectors of a masked padded sketch (codegen.padding.masked_tail): {n} valid lanes
+    # (any integer expression; <= 0 none, >= {vec} all) loaded (the rest zero) and stored from {ptr};
+    # mask_macro defines them once per source. "": the dialect has none (such plans are refused)
+    load_masked: str = ""  # {vec}, {ptr}, {n}
+    store_masked: str = ""  # {vec}, {ptr}, {n}, {v}
+    mask_macro: str = ""
     # loops and thread mapping
     loop: str = "for (long {var} = 0; {var} < {n}; ++{var})"  # {var}, {n}
     parallel_for: str = "#pragma omp parallel for schedule(static)"  # before the parallel loop ("": none)
@@ -358,6 +364,11 @@ class CStyleRenderer:
         if d.bcast_macro and self._memory_broadcasts(plan):
             for line in d.bcast_macro.splitlines():
                 w(line)
+        if plan.space.masked:
+            if not d.mask_macro:
+                raise ValueError(f"dialect {d.name} has no masked loads: cannot render {plan.config.sketch}")
+            for line in d.mask_macro.splitlines():
+                w(line)
         w.open(d.kernel_signature.format(qual=qual, name=name))
         if local_types and plan.vec > 1:
             self._vector_typedefs(plan, w, d.vector_typedefs_local)
@@ -568,6 +579,44 @@ class CStyleRenderer:
         for ri, row in enumerate(rows):
             for c in range(ncols):
                 w(f"{T} acc_{ri}_{c};")
+        if not plan.space.masked:
+            self._block_body(plan, w, pack, rows, rows_loops, vloop, ncols, elem_off, outer)
+        else:  # a masked padded sketch: the block's body twice, unmasked and for vectors past the extent
+            t = dict(zip([a.name for a in plan.space.axes], plan.config.tiles))[vaxis]
+            start = _affine({lp.var: math.prod(t[lp.level + 1:]) for lp in outer if lp.axis == vaxis})
+            w(f"const long vrem = {plan.space.api_con.axis(vaxis).extent}L - ({start});  /* lanes left on {vaxis} */")
+            w.open(f"if (vrem >= {max(1, ncols) * vec})")
+            self._block_body(plan, w, pack, rows, rows_loops, vloop, ncols, elem_off, outer)
+            w.close(" else {")
+            w.depth += 1
+            self._block_body(plan, w, pack, rows, rows_loops, vloop, ncols, elem_off, outer, masked=True)
+            w.close()
+        w.close()
+
+    def _block_body(self, plan: Plan, w: Writer, pack, rows, rows_loops, vloop, ncols, elem_off, outer,
+                    masked: bool = False) -> None:
+        """The register block's accumulators loaded (or zeroed), its ``R1`` loops of FMAs, its store.
+        ``masked``: the tail copy of a masked padded sketch, whose column ``c`` holds ``vrem - c * vec``
+        valid lanes: the accumulators and the in-place data are loaded, and the results stored, under masks."""
+        d = self.d
+        S = d.scalar(plan.dtypes.accumulator)
+        size = _itemsize(plan.dtypes.accumulator)
+        L, B, vec = plan.levels, plan.buffers, plan.vec
+        r0, r1 = _live(L["R0"]), _live(L["R1"])
+        acc = B[plan.acc]
+        T = d.vector_type if vec > 1 else S
+        acc_vs = acc.stride(vloop.var) if vloop is not None else 0
+
+        def lanes(col: int) -> str:
+            return f"vrem - {col * vec}" if col else "vrem"
+
+        def load(ptr: str, stride: int, col: int, mask: bool) -> str:
+            if not (masked and mask):
+                return self._load(ptr, stride, vec, size)
+            if vec == 1:
+                return f"({lanes(col)} > 0 ? {d.load_scalar.format(ptr=ptr)} : {d.zero})"
+            return d.load_masked.format(vec=vec, ptr=ptr, n=lanes(col))
+
         w.open("if (first)")
         for ri in range(len(rows)):
             for c in range(ncols):
@@ -576,7 +625,7 @@ class CStyleRenderer:
         w.depth += 1
         for ri, row in enumerate(rows):
             for c in range(ncols):
-                ld = self._load(f"{plan.acc} + acc_base + {elem_off(acc, row, c)}", acc_vs, vec, size)
+                ld = load(f"{plan.acc} + acc_base + {elem_off(acc, row, c)}", acc_vs, c, True)
                 w(f"acc_{ri}_{c} = {ld};")
         w.close()
         # operand base pointers (outer loops incl. R0)
@@ -623,17 +672,24 @@ class CStyleRenderer:
                    else d.loop.format(var=lp.var, n=lp.extent))
         self._hooks(plan, "r1_body", w, pointers, tuple(r1))
         pin = bool(d.pin) and self._pinned(plan)
-        names: dict[tuple[str, int], str] = {}
+        in_place = plan.space.masked == "data"  # the data read in place: its tail vectors under masks
+        names: dict[tuple, str] = {}
+
+        def key(op: Buffer, row: tuple[int, ...], c: int) -> tuple:
+            # a masked tail's data vector differs by column even where two offsets coincide
+            masks = masked and in_place and op.name == "data" and vloop is not None and op.stride(vloop.var)
+            return op.name, elem_off(op, row, c), c if masks else None
+
         for op in ops:
             r1off = _affine(_offset(op, r1))
             vs = op.stride(vloop.var) if vloop is not None else 0
             for row in rows:
                 for c in range(ncols):
                     off = elem_off(op, row, c)
-                    if (op.name, off) in names:
+                    if key(op, row, c) in names:
                         continue
                     nm = f"{op.name[0]}{len(names)}"
-                    names[(op.name, off)] = nm
+                    names[key(op, row, c)] = nm
                     ptr = f"{op.name}_p + {r1off} + {off}" if r1off != "0" else f"{op.name}_p + {off}"
                     if pairs:
                         w(f"const {d.madd_types[vec]} {nm} = {self._pair_operand(plan, op, r1off, off, r1[-1])};")
@@ -652,14 +708,13 @@ class CStyleRenderer:
                     elif op.dtype != plan.dtypes.accumulator:  # low precision: widening load
                         w(f"const {T} {nm} = {self._widen_load(plan, op, ptr, vs)};")
                     elif pin:  # not const: the pin claims to rewrite it
-                        w(f"{T} {nm} = {self._load(ptr, vs, vec, size)};")
+                        w(f"{T} {nm} = {load(ptr, vs, c, in_place and op.name == 'data')};")
                         w(d.pin.format(v=nm))
                     else:
-                        w(f"const {T} {nm} = {self._load(ptr, vs, vec, size)};")
+                        w(f"const {T} {nm} = {load(ptr, vs, c, in_place and op.name == 'data')};")
         for ri, row in enumerate(rows):
             for c in range(ncols):
-                a = names[("data", elem_off(ops[0], row, c))]
-                b = names[("weight", elem_off(B["weight"], row, c))]
+                a, b = names[key(ops[0], row, c)], names[key(B["weight"], row, c)]
                 dot4 = d.dot4 if plan.space.target.avx512_vnni else d.dot4_avx2
                 tmpl = {4: dot4.get(vec), 2: d.madd.get(vec)}.get(plan.pairs, d.fma)
                 w(tmpl.format(acc=f"acc_{ri}_{c}", a=a, b=b))
@@ -670,14 +725,17 @@ class CStyleRenderer:
         for ri, row in enumerate(rows):
             for c in range(ncols):
                 off = elem_off(acc, row, c)
-                if vec == 1:
+                if masked and vec == 1:
+                    w(f"if ({lanes(c)} > 0) {plan.acc}[acc_base + {off}] = acc_{ri}_{c};")
+                elif masked:
+                    w(d.store_masked.format(vec=vec, ptr=f"{plan.acc} + acc_base + {off}", n=lanes(c), v=f"acc_{ri}_{c}"))
+                elif vec == 1:
                     w(f"{plan.acc}[acc_base + {off}] = acc_{ri}_{c};")
                 elif acc_vs == 1:
                     w(d.store_unaligned.format(ptr=f"{plan.acc} + acc_base + {off}", v=f"acc_{ri}_{c}"))
                 else:
                     for j in range(vec):
                         w(f"{plan.acc}[acc_base + {off + j * acc_vs}] = {d.lane.format(v=f'acc_{ri}_{c}', j=j)};")
-        w.close()
 
     @staticmethod
     def _scalar_taps(plan: Plan) -> bool:
