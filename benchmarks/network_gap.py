@@ -13,8 +13,13 @@ A layer whose in-network time is well above its isolated time is paying for cold
 or inputs evicted by the layers before it: ResNet-18's 11 M float32 weights are 44 MB) or for thread
 start-up; the sum of the non-anchor steps is the overhead of the rest of the build.
 
+``--ort-profile``: onnxruntime's own per-node times inside its network (its profiler, at its default
+session options and the same threads; a second session, not the one timed against ours), listed next to
+ours for the convolutions in graph order (both runtimes fuse a conv's bias, activation and residual add
+into the conv node, so the k-th conv of each is the same layer), and summed by op type.
+
 Usage:
-    python benchmarks/network_gap.py --model resnet18 --db results/net_s7_t2.db --threads 2
+    python benchmarks/network_gap.py --model resnet18 --db results/net_s7_t2.db --threads 2 [--ort-profile]
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--number", type=int, default=50, help="network runs averaged by the per-step profile")
     ap.add_argument("--layout", choices=("nchw", "nchwc"), default="nchw", help="the convolutions' layout (felixjax.layout)")
+    ap.add_argument("--ort-profile", action="store_true", help="onnxruntime's per-node times next to ours")
     args = ap.parse_args(argv)
 
     target = Target.cpu()
@@ -93,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         if n.is_anchor:
             i = 1e3 * iso[n.task]
             print(f"| {n.name} | {n.task.name} | {i:.4f} | {ms:.4f} | {ms / i:.2f}x |")
+    if args.ort_profile:
+        _ort_table(proto, x, args.threads, args.number, [(n, ms) for n, ms in rows if n.is_anchor])
     print()
     print("| other step | op | in network ms |")
     print("| --- | --- | ---: |")
@@ -100,6 +108,64 @@ def main(argv: list[str] | None = None) -> int:
         if not n.is_anchor and ms > 0.002:
             print(f"| {n.name} | {n.op} | {ms:.4f} |")
     return 0
+
+
+def ort_node_times(proto, x: np.ndarray, threads: int, number: int) -> list[tuple[str, str, float]]:
+    """``(node name, op type, median ms)`` of every node onnxruntime ran, in its execution order: its
+    profiler over ``number`` runs (after 5 untimed ones) at its default session options but ``threads``."""
+    import json
+    import tempfile
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(threads)
+    so.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        feed = {sess.get_inputs()[0].name: x}
+        for _ in range(5 + number):
+            sess.run(None, feed)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    runs: dict[str, list[float]] = {}
+    ops: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            runs.setdefault(name, []).append(e["dur"] / 1e3)
+            ops[name] = e.get("args", {}).get("op_name", "?")
+    # the last `number` runs of each node (the untimed warm-up runs are profiled too)
+    return [(n, ops[n], statistics.median(v[-number:])) for n, v in runs.items()]
+
+
+def _ort_table(proto, x, threads: int, number: int, anchors: list) -> None:
+    """Print onnxruntime's per-node times next to ours: convolutions in order, then sums by op type."""
+    nodes = ort_node_times(proto, x, threads, number)
+    convs = [(n, op, ms) for n, op, ms in nodes if "Conv" in op]
+    ours = [(n, ms) for n, ms in anchors if n.task.op.startswith("conv")]
+    print()
+    print(f"onnxruntime per node (its profiler, median of {number} runs; sum {sum(ms for *_, ms in nodes):.3f} ms "
+          f"over {len(nodes)} nodes)")
+    print()
+    print("| # | our task | ours in network ms | onnxruntime node | op | onnxruntime ms | onnxruntime / ours |")
+    print("| ---: | --- | ---: | --- | --- | ---: | ---: |")
+    for i in range(max(len(convs), len(ours))):
+        a = ours[i] if i < len(ours) else None
+        b = convs[i] if i < len(convs) else None
+        mine = f"{a[1]:.4f}" if a else "-"
+        ratio = f"{b[2] / a[1]:.2f}x" if a and b and a[1] > 0 else "-"
+        print(f"| {i} | {a[0].task.name if a else '-'} | {mine} | {b[0] if b else '-'} | {b[1] if b else '-'} | "
+              f"{f'{b[2]:.4f}' if b else '-'} | {ratio} |")
+    by_op: dict[str, float] = {}
+    for _, op, ms in nodes:
+        by_op[op] = by_op.get(op, 0.0) + ms
+    print()
+    print("| onnxruntime op | ms |")
+    print("| --- | ---: |")
+    for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1]):
+        print(f"| {op} | {ms:.4f} |")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,23 @@ def prefer_by_default(task: Task, target=None) -> bool:
 #: 112x112 whose 4x4 tiles cover the output exactly, and on 17x17 (waste 1.38: 1.27x), but 0.67-0.82x on
 #: 256x14x14 (waste 1.31, 9.4 MB of transformed weights)
 MAX_F4_WASTE = 1.2
+#: the default work unit's transformed input ``V`` fits the L1d (:func:`v_budget`); False: a quarter of L2,
+#: the rule before session 21 (kept for ``benchmarks/winograd_block_probe.py``)
+V_IN_L1 = True
+
+
+def v_budget(target, variant: Variant) -> int:
+    """Bytes the default work unit's ``V`` (``alpha^2 x C x tiles`` floats) may fill: the L1d for F(4x4), a
+    quarter of L2 for F(2x2) (on 6 convs whose default is F(2x2), the L1d budget changed 4 work units and
+    ran 0.93-0.99x: not adopted there).
+
+    Why (issue 14, Zen 4, F(4x4) defaults, 1 / 2 threads, ``benchmarks/winograd_block_probe.py``): with ``V``
+    in a quarter of L2 the 64-channel 32x32 conv ran 16 tiles per unit at 78 GFLOP/s (below the direct
+    conv's 113); with ``V`` in L1, 4 tiles at 122. Over 6 designed-on 3x3 convs 1.12x / 1.09x geomean, over
+    8 held-out ones 1.14x / 1.15x (none more than 3% / 5% slower: 64x56x56, 28 -> 4 tiles)."""
+    if not V_IN_L1 or variant is not F4:
+        return int(getattr(target, "l2_bytes", 0) or 1 << 19) // 4
+    return int(getattr(target, "l1d_bytes", 0) or 1 << 15)
 MIN_F4_TILES = 4
 
 
@@ -237,7 +254,8 @@ def default_schedule(space) -> tuple:
     """``(tiles, parallel, vec, unroll)``: the register block with the most accumulators (at most 12):
     2 channel vectors where ``K`` and the tile grid allow, else 1 vector over more tiles (a 7 x 7 tile
     grid: 7 tiles x 1 vector, not 1 x 2), tiles from the columns then the rows; work units of up to 48
-    tiles whose ``V`` stays within a quarter of L2, every input channel in one pass."""
+    tiles whose ``V`` stays within the L1d (:func:`v_budget`; at least one register block), every input
+    channel in one pass."""
     ext = {a.name: a.extent for a in space.axes}
 
     def largest(n: int, cap: int, multiple: int = 1) -> int:
@@ -253,8 +271,8 @@ def default_schedule(space) -> tuple:
             if best is None or (acc, kv, xr) > (best[0], best[1], best[2]):
                 best = (acc, kv, xr, yr)
     _, kv, xr, yr = best
-    l2 = int(getattr(space.target, "l2_bytes", 0) or 1 << 19)
-    cap_tiles = max(yr * xr, (l2 // 4) // (4 * variant_of(space.sketch).alpha ** 2 * ext["c"]))
+    variant = variant_of(space.sketch)
+    cap_tiles = max(yr * xr, v_budget(space.target, variant) // (4 * variant.alpha ** 2 * ext["c"]))
     xb = xr * largest(ext["x"] // xr, max(1, min(48, cap_tiles) // (xr * yr)))
     yb = yr * largest(ext["y"] // yr, max(1, min(48, cap_tiles) // (xb * yr)))
     tiles = []
