@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-import codegen.padding as padding  # noqa: E402
+from codegen import padding  # noqa: E402
 from codegen.ops import conv2d, matmul  # noqa: E402
 from codegen.space import Space, default_config, sketches_for  # noqa: E402
 from codegen.target import Target  # noqa: E402
