@@ -131,3 +131,34 @@ def test_masked_tail_reads_and_writes_in_place(lanes, registers):
     sp = Space(short, direct, target)  # rows of 14 padded to 16: fewer than MASKED_MIN_VECTORS vectors
     plan = lower(sp, sp.default())
     assert sp.masked == "" and plan.data_copy and plan.acc == "scratch"
+
+
+@pytest.mark.cc
+def test_network_build_with_masked_schedules_matches_the_default_build():
+    """Masked padded schedules (``codegen.padding.masked_tail``) inside one network library: the mask macros
+    and the per-kernel vector types share a translation unit with the other kernels."""
+    import felixjax as fj
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w1 = helper.make_tensor("w1", TensorProto.FLOAT, (24, 16, 1, 1), rng.standard_normal(24 * 16).tolist())
+    w2 = helper.make_tensor("w2", TensorProto.FLOAT, (32, 24, 1, 1), rng.standard_normal(32 * 24).tolist())
+    b2 = helper.make_tensor("b2", TensorProto.FLOAT, (32,), rng.standard_normal(32).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1"), helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2")], "masked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16, 14, 14))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 32, 14, 14))], [w1, w2, b2])
+    model = fj.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    target = Target.cpu()
+    configs = {}
+    for task, _ in model.tasks:
+        masked = [sp for sp in spaces_for(task, target).values() if sp.masked]
+        if masked:
+            configs[task] = masked[0].default()
+    assert len(configs) == 2, "both 1x1 convs over 196 pixels have a masked padded sketch"
+    ref = fj.build_model(model, target, threads=2)
+    exe = fj.build_model(model, target, threads=2, configs=configs)
+    x = rng.standard_normal(exe.net.input_shapes[0]).astype(np.float32)
+    np.testing.assert_allclose(exe(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert sum(Space(s.task, s.config.sketch, target).masked != "" for s in exe.schedules) == 2
