@@ -49,6 +49,11 @@ ONE_BY_ONE = {  # conv_flat (codegen.flat), session 7: designed on 256x14x14 -> 
         (16, 112, 96), (384, 14, 64), (576, 14, 96), (64, 56, 64))},
 }
 
+ONE_BY_ONE_HELDOUT = {  # AVX-512's masked conv_flat default (session 21) was judged on these, not chosen on them
+    f"{c}x{h}x{h} 1x1 k{k} bias relu": conv2d(1, c, h, h, out_channels=k, kernel=1, bias=True, act="relu")
+    for c, h, k in ((96, 14, 576), (768, 17, 192), (512, 13, 64), (64, 13, 256), (256, 10, 512), (160, 14, 960))
+}
+
 STRIDED = {  # conv_im2col (codegen.flat) after its branch-free gather (session 8): stems and downsampling
     "3x128x128 5x5 s2 k32 (fresh stem)": conv2d(1, 3, 128, 128, out_channels=32, kernel=5, stride=2, padding=2),
     "3x224x224 7x7 s2 k64 (ResNet stem)": conv2d(1, 3, 224, 224, out_channels=64, kernel=7, stride=2, padding=3),
@@ -110,14 +115,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1", "strided", "strided-heldout", "depthwise",
-                                         "depthwise-heldout"), default="all",
+    ap.add_argument("--shapes", choices=("all", "suite", "fresh", "1x1", "1x1-heldout", "strided", "strided-heldout",
+                                         "depthwise", "depthwise-heldout"), default="all",
                     help="1x1: the conv_flat shapes, strided(-heldout): stems and downsampling convs, "
                          "depthwise(-heldout): depthwise convs (none of these in 'all')")
     args = ap.parse_args()
     shapes = {**(SUITE if args.shapes in ("all", "suite") else {}), **(FRESH if args.shapes in ("all", "fresh") else {})}
-    sets = {"1x1": ONE_BY_ONE, "strided": STRIDED, "strided-heldout": STRIDED_HELDOUT, "depthwise": DEPTHWISE,
-            "depthwise-heldout": DEPTHWISE_HELDOUT}
+    sets = {"1x1": ONE_BY_ONE, "1x1-heldout": ONE_BY_ONE_HELDOUT, "strided": STRIDED, "strided-heldout": STRIDED_HELDOUT,
+            "depthwise": DEPTHWISE, "depthwise-heldout": DEPTHWISE_HELDOUT}
     if args.shapes in sets:
         shapes = sets[args.shapes]
     target = Target.cpu()

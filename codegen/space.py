@@ -559,12 +559,19 @@ def _gemm_padded_default(task: Task, target: Target, exact: Sketch) -> Sketch | 
 
 def _flat_default(task: Task, target: Target) -> Sketch | None:
     """``conv_flat`` (:mod:`codegen.flat`) with its 6 x 2-vector block where a 1x1 convolution's channels
-    and pixels allow it (padded: :func:`codegen.padding.row_padded_sketch`), else None. Only on targets
-    with a 6-row GEMM block (AVX2, where it was measured: 256x14x14 -> 1024, 55 -> 74-79 GFLOP/s)."""
+    and pixels allow it (padded: :func:`codegen.padding.row_padded_sketch`), else None, on targets with a
+    6-row GEMM block (AVX2, where it was measured: 256x14x14 -> 1024, 55 -> 74-79 GFLOP/s). Elsewhere its
+    pixel-padded variant where that runs masked in place (:func:`codegen.padding.masked_tail`: pixels not a
+    multiple of the lanes, at least 4 vectors of them): on AVX-512 (1 thread, ``benchmarks/conv_block_probe.py
+    --shapes 1x1|1x1-heldout``) the fastest sketch default on all 5 such convs of the first set (1.01-1.73x
+    onnxruntime, the previous defaults 0.88-1.46x)."""
     rows, lanes = block_rows(int(target.vector_registers), REGISTER_RESERVE), int(target.simd_lanes)
-    if not rows or not _flat.applies(task):
+    if not _flat.applies(task):
         return None
     sketch = Sketch(_flat.FLAT_SKETCH, "x", "k")
+    if not rows:  # no 6-row block (AVX-512): the pixel-padded variant where it runs masked, in place
+        padded = padded_sketch(task, sketch, lanes)
+        return padded if padded is not None and masked_tail(task, padded, target) == "data" else None
     padded = row_padded_sketch(task, sketch, rows, lanes)
     if padded is not None:
         return padded

@@ -80,12 +80,17 @@ def test_the_space_tiles_the_flattened_pixels_and_padded_channels():
     assert (tiles["k"][3], tiles["x"][3], cfg.vec) == (6, 16, 8)  # the 6 x 2-vector block
 
 
-def test_default_on_avx2_where_the_block_fits_and_not_elsewhere():
+def test_default_on_avx2_where_the_block_fits_and_masked_on_avx512():
     assert default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), AVX2).name == "conv_flat.pad_k1026_x208"
     assert default_sketch(conv2d(1, 16, 112, 112, out_channels=96, kernel=1), AVX2).name == "conv_flat"
     assert default_sketch(conv2d(1, 512, 7, 7, out_channels=128, kernel=1), AVX2).name != "conv_flat"  # 49 px
-    avx512 = Target.cpu(simd_lanes=16, vector_registers=32)  # not measured there: the previous defaults
-    assert not default_sketch(conv2d(1, 256, 14, 14, out_channels=1024, kernel=1), avx512).name.startswith("conv_flat")
+    # AVX-512 (no 6-row block): the pixel-padded variant where it runs masked in place (>= 4 vectors of
+    # pixels, not a multiple of 16), else the previous defaults
+    avx512 = Target.cpu(simd_lanes=16, vector_registers=32)
+    t = conv2d(1, 256, 14, 14, out_channels=1024, kernel=1)
+    assert default_sketch(t, avx512).name == "conv_flat.pad_x208" and Space(t, "conv_flat.pad_x208", avx512).masked
+    for exact in (conv2d(1, 16, 112, 112, out_channels=96, kernel=1), conv2d(1, 512, 7, 7, out_channels=128, kernel=1)):
+        assert not default_sketch(exact, avx512).name.startswith("conv_flat")  # 12544 px: a multiple of 16; 49 px: < 4 vectors
 
 
 @pytest.mark.cc
