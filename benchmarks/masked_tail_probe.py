@@ -18,11 +18,10 @@ Run: ``python benchmarks/masked_tail_probe.py --shapes designed|heldout [--threa
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -30,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from benchmarks import shape_probe_args  # noqa: E402
 from codegen import padding  # noqa: E402
 from codegen.ops import conv2d, matmul  # noqa: E402
 from codegen.space import Space, default_config, sketches_for  # noqa: E402
@@ -47,23 +47,13 @@ SHAPES = {
 }
 
 
-@contextlib.contextmanager
 def _copying():
     """The padded sketches built the old way: a data copy and a cropping scratch."""
-    saved = padding.MASKED_BASES
-    padding.MASKED_BASES = ()
-    try:
-        yield
-    finally:
-        padding.MASKED_BASES = saved
+    return mock.patch.object(padding, "MASKED_BASES", ())
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = shape_probe_args(__doc__, SHAPES, argv)
     target = Target.cpu()
     print(f"{target.name}: {target.simd_lanes} lanes; {args.threads} thread(s); shapes {args.shapes}")
     ratios = []

@@ -18,11 +18,10 @@ Run: ``python benchmarks/winograd_block_probe.py --shapes designed|heldout|f2 [-
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -31,6 +30,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 import codegen.winograd as wg  # noqa: E402
+from benchmarks import shape_probe_args  # noqa: E402
 from codegen.ops import conv2d  # noqa: E402
 from codegen.space import Space, default_config  # noqa: E402
 from codegen.target import Target  # noqa: E402
@@ -43,22 +43,13 @@ SHAPES = {  # (channels in = out, image side)
 }
 
 
-@contextlib.contextmanager
 def _rule(in_l1: bool):
-    saved = wg.V_IN_L1
-    wg.V_IN_L1 = in_l1
-    try:
-        yield
-    finally:
-        wg.V_IN_L1 = saved
+    """The work-unit rule in force: ``V`` in the L1d (new) or in a quarter of L2 (old)."""
+    return mock.patch.object(wg, "V_IN_L1", in_l1)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", choices=sorted(SHAPES), default="designed")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = shape_probe_args(__doc__, SHAPES, argv)
     target = Target.cpu()
     print(f"{target.name}: {target.simd_lanes} lanes, L1d {target.l1d_bytes // 1024} KiB, L2 "
           f"{target.l2_bytes // 1024} KiB; {args.threads} thread(s); shapes {args.shapes}")
