@@ -43,6 +43,8 @@ from .errors import DatabaseError
 APPLICATION_ID = 0x464A4158
 #: ``PRAGMA user_version``: the schema version this code writes (0 = unmarked, written before the marker).
 SCHEMA_VERSION = 1
+#: run-name prefix of in-network schedule choices (``retime:network:<run>``, :meth:`Database.network_choice`)
+NETWORK_PREFIX = "retime:network:"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -598,11 +600,23 @@ class Database:
     def best(self, task: Task, target: Target | str, *, run: str | None = None,
              retimed: bool = False) -> TuningRecord | None:
         """The fastest correct record of a task on a target (``None`` if there is none); ``retimed``:
-        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups)."""
+        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups).
+        In-network choices (``retime:network:<run>``, :meth:`network_choice`) hold a layer's time inside
+        a network, not its kernel's: they are never compared here."""
         where, args = self._where(task, target, run, ok_only=True)
+        if run is None:
+            where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
         if retimed:
             where += " AND run LIKE 'retime:%'"
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
+
+    def network_choice(self, task: Task, target: Target | str) -> TuningRecord | None:
+        """The newest in-network choice of a task's schedule on a target (a ``retime:network:<run>`` row
+        written by :func:`felixjax.network_select.select_in_network`: the config whose layers ran fastest
+        inside a whole network, its latency the layer's time there), ``None`` if there is none."""
+        where, args = self._where(task, target, None, ok_only=True)
+        where += f" AND run LIKE '{NETWORK_PREFIX}%'"
+        return next(self._rows(where, args, order="id DESC LIMIT 1"), None)
 
     def count(self, task: Task, target: Target | str, *, run: str | None = None, since: int | None = None) -> int:
         where, args = self._where(task, target, run, since=since)

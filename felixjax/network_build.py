@@ -18,7 +18,7 @@ from codegen.space import Config, Space, default_sketch
 from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 
-from .database import Database
+from .database import NETWORK_PREFIX, Database
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
@@ -186,7 +186,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one. A tuned record is ``stale`` where the task's
+    measurement of a noisy run is too often a lucky one. An in-network choice (``retime:network:<run>``,
+    ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a whole build) comes
+    before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
     measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side."""
     database, own = _open_db(db)
@@ -202,7 +204,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
             if database is not None and not (configs and task in configs):
                 for n in counts:
                     at = target.at_threads(n)
-                    rec = database.best(task, at, retimed=True) or database.best(task, at)
+                    rec = (database.network_choice(task, at) or database.best(task, at, retimed=True)
+                           or database.best(task, at))
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break
@@ -211,6 +214,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
                 cfg, source = configs[task], "given"
             elif rec is not None:
                 cfg, source, lat = rec.config, "tuned", rec.latency_s
+                if rec.run.startswith(NETWORK_PREFIX):
+                    note = (note + "; " if note else "") + "chosen by its layers' time inside a network"
                 stale = cfg != default and all(r.config != default for r in database.records(
                     task, rec.target_key, retimes=True))
                 if stale:

@@ -60,6 +60,8 @@ class NetworkTuneResult:
     rounds: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     builder: Callable[..., Any] | None = field(default=None, repr=False, compare=False)  # pipeline.build_model
+    #: what the in-network choice measured (a ``felixjax.network_select.NetworkSelection``; ``None``: not run)
+    selection: Any = field(default=None, repr=False, compare=False)
 
     @property
     def trials(self) -> int:

@@ -3,7 +3,7 @@
     ONNX model ─① import─▶ op graph ─② fuse + dedupe─▶ Tasks
     Task + Target ─③ sketches─▶ spaces ─④ relax─▶ x ─⑤ features─▶ ─⑥ cost model─▶ score
     ─⑦ descend / evolve─▶ ─⑧ round + rank─▶ candidates ─⑨ codegen─▶ ─⑩ build + measure─▶
-    ─⑪ database─▶ ─⑫ retrain─▶ next round (task scheduler picks the task) ─▶ network build
+    ─⑪ database─▶ ─⑫ retrain─▶ next round (task scheduler picks the task) ─▶ ⑬ in-network choice ─▶ network build
 
 Stages ③–⑫ of a round live in :class:`felixjax.session.TuningSession` (the one tuning loop);
 these functions say in which order the stages run for each use.
@@ -37,6 +37,7 @@ from .cost_aware import CostAware
 from .database import Database
 from .errors import UnsupportedModelError
 from .network_build import CompiledModel, _as_model, choose_schedules, default_config_for, graph_to_spec
+from .network_select import select_in_network
 from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
 from .onnx_import import Model
 from .results import TuneResult
@@ -122,7 +123,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
                measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
                early_stop: float | None = None, cost_aware: CostAware | None = None,
-               retime: int = 3) -> NetworkTuneResult:
+               retime: int = 3, in_network: int = 3) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
     One tuning session serves every task: one strategy instance and context per task for the whole
@@ -160,6 +161,12 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             interleaved (twice each, outside the budget); the fastest re-timed config is the task's best
             (``res.tasks[i].best``, a ``retime:<run>`` record) and what ``build_model`` then picks.
             0: no re-timing (each task's best is its fastest measurement while tuning).
+        in_network: at the very end, build the network with each task's best config of its first
+            ``in_network`` sketch families, profile the builds layer by layer and give each task the
+            schedule its layers ran fastest with *inside the network*, where the kernels' caches are cold
+            (:func:`~felixjax.network_select.select_in_network`; ``res.selection`` holds what it
+            measured; kept only where the whole build gets faster, and then what ``build_model`` picks).
+            0 or 1: off; also off with a ``measurer`` (a replay has no network to time) and on GPU targets.
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -199,9 +206,18 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                 rows = session.retime([tr], top=retime, extra=[default]).get(tr.run, [])
                 if rows and rows[0].ok:
                     tt.best = rows[0]
+        selection = None
+        if in_network > 1 and measurer is None and not session.target.is_gpu:  # ⑬ schedules chosen in-network
+            selection = select_in_network(model, session.target, session.db, build_model, run=run,
+                                          key=session.target_key, threads=threads, families=in_network,
+                                          log=(lambda s: print(s, file=sys.stderr, flush=True)) if progress is True
+                                          else None)
+            picks = {c.task: c.pick.record for c in selection.changed} if selection and selection.kept else {}
+            for tt in info:
+                tt.best = picks.get(tt.task, tt.best)
         target = session.target
     result = NetworkTuneResult(model, target, run, sname, info, rounds, time.perf_counter() - start,
-                               builder=build_model)
+                               builder=build_model, selection=selection)
     if progress is True:
         print(result.table(), file=sys.stderr, flush=True)
     return result
