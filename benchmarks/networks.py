@@ -87,7 +87,7 @@ def checked_blocks(proto, builds: dict, x: np.ndarray, threads: int, name: str) 
 
 def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials_per_task: int, strategy: str,
                 db: str, seed: int, rounds: int, min_time_s: float, runner: LocalRunner,
-                layouts: tuple[str, ...] = ("nchw",)) -> dict:
+                layouts: tuple[str, ...] = ("nchw",), in_network: int = 3) -> dict:
     """Tune, build (tuned and default), check and time one zoo model against onnxruntime; with several
     ``layouts`` (``nchw``, ``nchwc``: :func:`felixjax.layout.block_channels`) each is tuned (one shared
     database: tasks the layouts share are tuned once) and built, and every build is timed in the same
@@ -114,11 +114,13 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
             continue
         t0 = time.perf_counter()
         res = tune_model(model, target, trials=budget, db=db, strategy=strategy, seed=seed, threads=threads,
-                         runner=runner, progress=lambda p: _log(
+                         runner=runner, in_network=in_network, progress=lambda p: _log(
                              f"{name} round {p['round']} {p['task'].name}: {p['task_trials']} trials, "
                              f"network est. {p['estimate_s'] * 1e3:.3f} ms, {p['trials']}/{p['budget']}"))
         stats["tune_s"] += time.perf_counter() - t0
         _log(f"{name} ({layout}): tuned in {time.perf_counter() - t0:.0f} s\n{res.table()}")
+        if res.selection is not None:
+            _log(f"{name} ({layout}): schedules chosen inside the network\n{res.selection.table()}")
         t0 = time.perf_counter()
         builds["tuned" + suffix] = res.build(threads=threads)
         builds["default" + suffix] = build_model(model, target, threads=threads)
@@ -182,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-time", type=float, default=None, help="seconds per timed block (default 0.2; quick 0.05)")
     ap.add_argument("--db", default=None, help="tuning database (default: a fresh temporary one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--in-network", type=int, default=3, metavar="K",
+                    help="tune_model's in-network choice among each task's K fastest sketch families (0: off)")
     ap.add_argument("--layout", default="nchw",
                     help="the convolutions' layout: nchw (default), nchwc (channel-blocked, felixjax.layout), "
                          "mixed (each conv in the layout it ran faster in: felixjax.pipeline.mixed_layout), "
@@ -248,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_model(name, args.dataset, target=target, threads=threads,
                                     trials_per_task=args.trials_per_task, strategy=strategy, db=db, seed=args.seed,
                                     rounds=args.rounds, min_time_s=args.min_time, runner=runner,
-                                    layouts=_layouts(args.layout)))
+                                    layouts=_layouts(args.layout), in_network=args.in_network))
     tmp.cleanup()
     elapsed = time.perf_counter() - started
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"

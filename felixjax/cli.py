@@ -85,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
                         "improve), or an expected gain per trial T (-log latency; the ensemble rule)")
     t.add_argument("--filter-p", type=float, default=None, metavar="P",
                    help="cost-aware filtering (off by default): skip candidates less likely than P to beat the best")
+    t.add_argument("--in-network", type=int, default=3, metavar="K",
+                   help="a model's tasks: after tuning, build the network with each task's best config of its K "
+                        "fastest sketch families and keep, per task, the one whose layers ran fastest inside the "
+                        "network (default 3; 0: off)")
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
     r.add_argument("db")

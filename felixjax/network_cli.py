@@ -46,8 +46,11 @@ def tune_model_cli(args: Any, target: Target) -> int:
     res = tune_model(model, target, trials=args.trials, db=args.db, strategy=args.strategy, seed=args.seed,
                      seconds=args.seconds, threads=args.threads, progress=False if quiet else _round_progress,
                      strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)),
-                     runner=getattr(args, "runner", None), cost_aware=getattr(args, "cost_aware", None))
+                     runner=getattr(args, "runner", None), cost_aware=getattr(args, "cost_aware", None),
+                     in_network=getattr(args, "in_network", 3))
     print(res.table())
+    if res.selection is not None:
+        print("\nschedules chosen inside the network:\n" + res.selection.table())
     print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
     if target.is_gpu:  # a simulated GPU has no network build to run: the tuned records are the result
         return 0
