@@ -106,6 +106,7 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
             t0 = time.perf_counter()
             builds["tuned" + suffix] = build_model(model, target, db=db, threads=threads)
             builds["default" + suffix] = build_model(model, target, threads=threads)
+            _kernel_best_build(builds, suffix, model, target, threads, db)
             stats["build_s"] += time.perf_counter() - t0
             tuned = [s for s in builds["tuned" + suffix].schedules if s.source == "tuned"]
             stats["estimate_ms"][layout] = 1e3 * sum(s.weight * (s.latency_s or 0.0) for s in tuned)
@@ -124,6 +125,7 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
         t0 = time.perf_counter()
         builds["tuned" + suffix] = res.build(threads=threads)
         builds["default" + suffix] = build_model(model, target, threads=threads)
+        _kernel_best_build(builds, suffix, model, target, threads, db)
         stats["build_s"] += time.perf_counter() - t0
         stats["trials"] += res.trials
         stats["estimate_ms"][layout] = res.estimated_latency_s * 1e3
@@ -140,6 +142,21 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
     label = f"{name} ({dataset})" + ("" if layouts[0] == "nchw" else f", {layouts[0].upper()}")
     return {"model": label, "layouts": layouts, "median_ms": med, "min_ms": best, "errors": errs, **stats,
             "estimate_ms": stats["estimate_ms"][layouts[0]]}
+
+
+def _kernel_best_build(builds: dict, suffix: str, model, target: Target, threads: int, db: str) -> None:
+    """Where the tuned build holds schedules chosen inside the network (``tune_model(in_network=...)``),
+    also build ``kernel-best``: every task with its fastest kernel alone (what it was before the choice),
+    timed in the same rounds."""
+    from felixjax.database import Database
+    from felixjax.network_select import family_candidates
+
+    if not any("inside a network" in s.note for s in builds["tuned" + suffix].schedules):
+        return
+    key = target.at_threads(threads).key
+    with Database(db, readonly=True) as d:
+        configs = {t: c[0].config for t, _ in model.tasks if (c := family_candidates(d, t, key, 1))}
+    builds["kernel-best" + suffix] = build_model(model, target, configs=configs, threads=threads)
 
 
 def render(rows: list[dict], threads: int) -> str:
@@ -163,6 +180,13 @@ def render(rows: list[dict], threads: int) -> str:
                        f"{m['tuned-' + layout]:.3f} ({b['tuned-' + layout]:.3f}) ms: "
                        f"**{m['onnxruntime'] / m['tuned-' + layout]:.2f}x** onnxruntime, "
                        f"{m['tuned'] / m['tuned-' + layout]:.2f}x the {r['layouts'][0].upper()} tuned build")
+    for r in rows:
+        for key in [k for k in r["median_ms"] if k.startswith("kernel-best")]:
+            m, b, tuned = r["median_ms"], r["min_ms"], "tuned" + key[len("kernel-best"):]
+            out.append(f"- {r['model']}: the tuned build without its schedules chosen inside the network (each task's "
+                       f"fastest kernel alone), same rounds: {m[key]:.3f} ({b[key]:.3f}) ms, "
+                       f"{m['onnxruntime'] / m[key]:.2f}x onnxruntime; the in-network choice: "
+                       f"**{m[key] / m[tuned]:.2f}x** faster")
     for r in rows:
         out.append(f"- {r['model']}: {r['tuned_tasks']}/{r['tasks']} tasks with a correct tuned kernel; both builds "
                    f"took {r['build_s']:.0f} s to compile; max |ours - onnxruntime| / max |onnxruntime|: tuned "
@@ -207,16 +231,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
     """The per-conv layout of :func:`felixjax.pipeline.mixed_layout`, from builds with ``db``'s best
     records (each task's default schedule where it has none); all-blocked or all-NCHW: that layout."""
+    import json
+
+    from felixjax.database import Database
     from felixjax.pipeline import mixed_layout
 
+    meta = f"networks.mixed_plan:{proto.graph.name}:{threads}"
+    if db and Path(db).exists():  # the plan this database was tuned in (a re-timing builds the same tasks)
+        with Database(db, readonly=True) as d:
+            if (stored := d.get_meta(meta)) is not None:
+                _log(f"mixed layout: the plan stored in {db}")
+                return json.loads(stored)
     models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
-    db = db if db and Path(db).exists() else None  # a fresh database (nothing tuned yet): the defaults
-    builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
+    fresh = not (db and Path(db).exists())  # a fresh database (nothing tuned yet): the defaults
+    builds = {lay: build_model(m, target, db=None if fresh else db, threads=threads) for lay, m in models.items()}
     plan, rows = mixed_layout(models, builds)
     _log("mixed layout: " + ", ".join(f"{r['name']} {r['layout']} ({r['nchw_ms']:.3f} / {r['nchwc_ms']:.3f} ms)"
                                       for r in rows))
     if plan is None:  # one layout everywhere
         plan = {r["name"]: r["layout"] for r in rows}
+    if db:
+        with Database(db) as d:
+            d.set_meta(meta, json.dumps(plan))
     return plan
 
 
