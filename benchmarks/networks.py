@@ -106,7 +106,8 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
             t0 = time.perf_counter()
             builds["tuned" + suffix] = build_model(model, target, db=db, threads=threads)
             builds["default" + suffix] = build_model(model, target, threads=threads)
-            _kernel_best_build(builds, suffix, model, target, threads, db)
+            if any("inside a network" in s.note for s in builds["tuned" + suffix].schedules):
+                _kernel_best_build(builds, suffix, model, target, threads, db)
             stats["build_s"] += time.perf_counter() - t0
             tuned = [s for s in builds["tuned" + suffix].schedules if s.source == "tuned"]
             stats["estimate_ms"][layout] = 1e3 * sum(s.weight * (s.latency_s or 0.0) for s in tuned)
@@ -125,7 +126,8 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
         t0 = time.perf_counter()
         builds["tuned" + suffix] = res.build(threads=threads)
         builds["default" + suffix] = build_model(model, target, threads=threads)
-        _kernel_best_build(builds, suffix, model, target, threads, db)
+        if res.selection is not None and res.selection.kept:
+            _kernel_best_build(builds, suffix, model, target, threads, db)
         stats["build_s"] += time.perf_counter() - t0
         stats["trials"] += res.trials
         stats["estimate_ms"][layout] = res.estimated_latency_s * 1e3
@@ -145,14 +147,12 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
 
 
 def _kernel_best_build(builds: dict, suffix: str, model, target: Target, threads: int, db: str) -> None:
-    """Where the tuned build holds schedules chosen inside the network (``tune_model(in_network=...)``),
+    """For a tuned build holding schedules chosen inside the network (``tune_model(in_network=...)``),
     also build ``kernel-best``: every task with its fastest kernel alone (what it was before the choice),
     timed in the same rounds."""
     from felixjax.database import Database
     from felixjax.network_select import family_candidates
 
-    if not any("inside a network" in s.note for s in builds["tuned" + suffix].schedules):
-        return
     key = target.at_threads(threads).key
     with Database(db, readonly=True) as d:
         configs = {t: c[0].config for t, _ in model.tasks if (c := family_candidates(d, t, key, 1))}
