@@ -139,10 +139,14 @@ def bench_model(name: str, dataset: str, *, target: Target, threads: int, trials
     blocks, errs = checked_blocks(proto, builds, x, threads, name)
     times = time_interleaved(blocks, rounds=rounds, min_time_s=min_time_s)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    # onnxruntime / tuned within each round (the blocks timed next to each other): robust to the host's slow
+    # episodes, which move both contenders when they last a round or more
+    paired = sorted(o / t for o, t in zip(times["onnxruntime"], times["tuned"]))
     best = {k: min(v) * 1e3 for k, v in times.items()}
     _log(f"{name}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()) + f" (medians of {rounds})")
     label = f"{name} ({dataset})" + ("" if layouts[0] == "nchw" else f", {layouts[0].upper()}")
-    return {"model": label, "layouts": layouts, "median_ms": med, "min_ms": best, "errors": errs, **stats,
+    return {"model": label, "layouts": layouts, "median_ms": med, "min_ms": best, "errors": errs, "paired": paired,
+            **stats,
             "estimate_ms": stats["estimate_ms"][layouts[0]]}
 
 
@@ -180,6 +184,10 @@ def render(rows: list[dict], threads: int) -> str:
                        f"{m['tuned-' + layout]:.3f} ({b['tuned-' + layout]:.3f}) ms: "
                        f"**{m['onnxruntime'] / m['tuned-' + layout]:.2f}x** onnxruntime, "
                        f"{m['tuned'] / m['tuned-' + layout]:.2f}x the {r['layouts'][0].upper()} tuned build")
+    for r in rows:
+        p = r["paired"]
+        out.append(f"- {r['model']}: onnxruntime / tuned within each round: median **{statistics.median(p):.2f}x** "
+                   f"({p[0]:.2f}-{p[-1]:.2f}x over {len(p)} rounds)")
     for r in rows:
         for key in [k for k in r["median_ms"] if k.startswith("kernel-best")]:
             m, b, tuned = r["median_ms"], r["min_ms"], "tuned" + key[len("kernel-best"):]
