@@ -37,6 +37,8 @@ from .onnx_import import Model
 
 #: a task leaves its best kernel only for a candidate at least this much faster inside the network
 MARGIN = 0.05
+#: candidates more than this many times slower alone than the task's best kernel are not built
+MAX_RATIO = 3.0
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,12 @@ class NetworkSelection:
         return "\n".join(lines)
 
 
-def family_candidates(db: Database, task: Task, target: Target | str, families: int) -> list[TuningRecord]:
+def family_candidates(db: Database, task: Task, target: Target | str, families: int, *,
+                      max_ratio: float = MAX_RATIO) -> list[TuningRecord]:
     """The best record of each of a task's ``families`` fastest sketch families on ``target`` (a target
-    or its key, thread count included), the
-    record ``build_model`` would pick first (the fastest end-of-run re-timing, else the fastest record)."""
+    or its key, thread count included), first the record ``build_model`` would pick (the fastest end-of-run
+    re-timing, else the fastest record); families whose best is over ``max_ratio`` times slower alone are
+    left out (a network build of a hopeless config only costs time)."""
     first = db.best(task, target, retimed=True) or db.best(task, target)
     if first is None:
         return []
@@ -124,6 +128,8 @@ def family_candidates(db: Database, task: Task, target: Target | str, families: 
     for rec in sorted((r for r in db.records(task, target, retimes=True)
                        if r.ok and not r.run.startswith(NETWORK_PREFIX)), key=lambda r: r.latency_s):
         if len(out) >= families:
+            break
+        if rec.latency_s > max_ratio * first.latency_s:
             break
         if rec.sketch not in seen and math.isfinite(rec.latency_s):
             seen.add(rec.sketch)

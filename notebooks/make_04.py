@@ -60,6 +60,17 @@ net = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, t
 print(net)
 print(net.table())
 print("rounds went to tasks:", [r["index"] for r in net.rounds])"""),
+    ("md", """## Schedules chosen inside the network
+
+Each kernel above was timed alone, its weights warm in cache. Inside the network the layers before it
+have evicted them, and a kernel that streams more bytes (a Winograd kernel's transformed weights) pays
+for it there. So `tune_model` ends by building the network with each task's best config of its first,
+second and third fastest sketch families, profiling the builds layer by layer, and giving each task the
+schedule its layers ran fastest with *in the network* (kept only when the whole build gets faster;
+`in_network=0` turns it off). What it measured, kernel alone / in the network (ms), the built schedule
+starred:"""),
+    ("code", """sel = net.selection
+print(sel.table() if sel is not None else "no task had two sketch families to choose between")"""),
     ("md", """## One C library for the whole network
 
 `build_model` takes every task's best record from the database, lowers it, renders every kernel plus a

@@ -68,6 +68,9 @@ def test_the_choice_follows_the_layers_time_in_the_network_and_is_kept_only_if_t
         for i, (cfg, lat) in enumerate(zip(fams[t], kernel)):
             db.add(TuningRecord(t, key, "random:0", i, cfg, MeasureResult("ok", (lat,))))
     sk = {t: [c.sketch for c in fams[t]] for t in (a, b)}
+    from felixjax.network_select import family_candidates
+    assert [r.sketch for r in family_candidates(db, a, key, 3)] == sk[a]
+    assert [r.sketch for r in family_candidates(db, a, key, 3, max_ratio=1.3)] == sk[a][:2]  # 1.5x alone: not built
     # inside the network: a's second family is twice as fast as its best kernel; b's is 3% faster (< margin)
     table = {(a, sk[a][0]): 3.0, (a, sk[a][1]): 1.5, (a, sk[a][2]): 2.0,
              (b, sk[b][0]): 1.0, (b, sk[b][1]): 0.97, (b, sk[b][2]): 1.4}
