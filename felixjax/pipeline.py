@@ -166,7 +166,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             schedule its layers ran fastest with *inside the network*, where the kernels' caches are cold
             (:func:`~felixjax.network_select.select_in_network`; ``res.selection`` holds what it
             measured; kept only where the whole build gets faster, and then what ``build_model`` picks).
-            0 or 1: off; also off with a ``measurer`` (a replay has no network to time) and on GPU targets.
+            0 or 1: off; also off with a ``measurer`` (a replay has no network to time), with a runner
+            that measures elsewhere (a Dask cluster's devices: the network would be timed on this machine
+            instead) and on GPU targets.
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -207,7 +209,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                 if rows and rows[0].ok:
                     tt.best = rows[0]
         selection = None
-        if in_network > 1 and measurer is None and not session.target.is_gpu:  # ⑬ schedules chosen in-network
+        here = runner is None or isinstance(runner, LocalRunner)  # kernels were timed on this machine
+        if in_network > 1 and measurer is None and here and not session.target.is_gpu:  # ⑬ chosen in-network
             selection = select_in_network(model, session.target, session.db, build_model, run=run,
                                           key=session.target_key, threads=threads, families=in_network,
                                           log=(lambda s: print(s, file=sys.stderr, flush=True)) if progress is True
