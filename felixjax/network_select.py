@@ -103,7 +103,8 @@ class NetworkSelection:
         chosen one starred; then the whole builds."""
         lines = [f"{'task':<52} candidates: sketch kernel-alone / in-network ms (* chosen)"]
         for c in self.choices:
-            cells = [f"{'*' if i == c.chosen and self.kept else ' '}{k.record.sketch} {k.kernel_s * 1e3:.3f} / "
+            built = c.chosen if self.kept else 0
+            cells = [f"{'*' if i == built else ' '}{k.record.sketch} {k.kernel_s * 1e3:.3f} / "
                      f"{k.network_s * 1e3:.3f}" for i, k in enumerate(c.candidates)]
             lines.append(f"{c.task.name[:52]:<52} " + "  ".join(cells))
         lines.append("variants (whole network, ms): " + ", ".join(f"{v * 1e3:.3f}" for v in self.variants_s))

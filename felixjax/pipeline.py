@@ -211,10 +211,13 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         selection = None
         here = runner is None or isinstance(runner, LocalRunner)  # kernels were timed on this machine
         if in_network > 1 and measurer is None and here and not session.target.is_gpu:  # ⑬ chosen in-network
-            selection = select_in_network(model, session.target, session.db, build_model, run=run,
-                                          key=session.target_key, threads=threads, families=in_network,
-                                          log=(lambda s: print(s, file=sys.stderr, flush=True)) if progress is True
-                                          else None)
+            try:
+                selection = select_in_network(model, session.target, session.db, build_model, run=run,
+                                              key=session.target_key, threads=threads, families=in_network,
+                                              log=(lambda s: print(s, file=sys.stderr, flush=True))
+                                              if progress is True else None)
+            except (RuntimeError, UnsupportedModelError) as e:  # a variant that does not build or agree
+                warnings.warn(f"in-network choice skipped, each task keeps its fastest kernel: {e}", stacklevel=2)
             picks = {c.task: c.pick.record for c in selection.changed} if selection and selection.kept else {}
             for tt in info:
                 tt.best = picks.get(tt.task, tt.best)

@@ -109,6 +109,14 @@ def test_the_choice_follows_the_layers_time_in_the_network_and_is_kept_only_if_t
     assert sel2.configs() == {a: fams[a][0], b: fams[b][0]} and "not kept" in sel2.table()
     assert db2.network_choice(a, key) is None
     assert choose_schedules(model, TARGET, db=db2, threads=1)[0].config == fams[a][0]
+    # a variant whose output differs from the best kernels' build is an error, not a choice
+    class _Wrong(_Build):
+        def run(self, x):
+            return [np.ones((1, 16, 8, 8), np.float32)]
+
+    with pytest.raises(RuntimeError, match="variant 1's output differs"):
+        select_in_network(model, TARGET, db2, lambda m, t, *, configs, threads: (
+            _Wrong if configs[a] == fams[a][1] else _Build)(m, configs, table), run="random:0", threads=1)
     # one family per task: nothing to choose between
     db3 = Database(str(tmp_path / "sel3.db"))
     db3.add(TuningRecord(a, key, "random:0", 0, fams[a][0], MeasureResult("ok", (1e-3,))))
@@ -146,3 +154,23 @@ def test_tune_model_chooses_in_the_network_and_builds_what_it_chose(tmp_path, ru
     x = np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype(np.float32)
     ref = model.run_numpy(x)
     np.testing.assert_allclose(exe(x), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@pytest.mark.cc
+def test_a_failed_in_network_choice_warns_and_keeps_every_record(tmp_path, runner, monkeypatch):
+    import felixjax as fj
+    import felixjax.pipeline as pipeline
+    from felixjax.database import Database
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("building the network failed (compile_error): boom")
+
+    monkeypatch.setattr(pipeline, "select_in_network", broken)
+    model = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    db = str(tmp_path / "w.db")
+    with pytest.warns(UserWarning, match="in-network choice skipped.*boom"):
+        res = fj.tune_model(model, trials=4, strategy="random", db=db, runner=runner, threads=1, progress=False,
+                            retime=0)
+    assert res.selection is None and res.trials == 4 and all(t.best is not None for t in res.tasks)
+    with Database(db) as d:
+        assert len(d.records()) == 4
