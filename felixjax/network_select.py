@@ -140,7 +140,7 @@ def family_candidates(db: Database, task: Task, target: Target | str, families: 
 
 def _block_number(build: CompiledModel, x: list[np.ndarray], seconds: float) -> int:
     one = build.timeit(x, number=1)
-    return max(2, min(200, int(math.ceil(seconds / max(one, 1e-6)))))
+    return max(2, min(200, math.ceil(seconds / max(one, 1e-6))))
 
 
 def _settle(build: CompiledModel, x: list[np.ndarray]) -> None:

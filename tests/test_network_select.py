@@ -33,9 +33,7 @@ class _Build:
     def __init__(self, model, configs, table, whole=1.0):
         self.model, self.configs, self.table, self.whole = model, configs, table, whole
 
-        class _Net:
-            input_shapes = [model.input_shapes["x"]]
-        self.net = _Net()
+        self.net = type("_Net", (), {"input_shapes": (model.input_shapes["x"],)})()
 
     def _ms(self):
         return [self.table[(n.task, self.configs[n.task].sketch)] if n.is_anchor else 0.01
@@ -159,7 +157,7 @@ def test_tune_model_chooses_in_the_network_and_builds_what_it_chose(tmp_path, ru
 @pytest.mark.cc
 def test_a_failed_in_network_choice_warns_and_keeps_every_record(tmp_path, runner, monkeypatch):
     import felixjax as fj
-    import felixjax.pipeline as pipeline
+    from felixjax import pipeline
     from felixjax.database import Database
 
     def broken(*args, **kwargs):
