@@ -63,12 +63,15 @@ class SearchContext:
         """The cost model's view of this task (built on first use)."""
         return self.get_scorer()
 
-    def get_scorer(self, cost_model: str | None = None):
+    def get_scorer(self, cost_model: str | None = None, *, ranker: str | None = None, ranker_data: str | None = None):
         """The scorer of this task: the session's shared one when the context has a factory, else a
-        scorer of its own (``cost_model``: a pretrained checkpoint to start that one from)."""
+        scorer of its own (``cost_model``: a pretrained checkpoint to start that one from; ``ranker``,
+        ``ranker_data``: a tree ranker for it, :func:`felixjax.model.make_ranker`)."""
         if self._scorer is None:
             if self.scorer_factory is not None:
                 self._scorer = self.scorer_factory(self)
+            elif ranker is not None or ranker_data is not None:
+                self._scorer = _model.make_scorer(self, cost_model, ranker, ranker_data)
             else:
                 args = (self,) if cost_model is None else (self, cost_model)  # make_scorer(ctx) stays valid
                 self._scorer = _model.make_scorer(*args)

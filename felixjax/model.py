@@ -80,7 +80,8 @@ class OnlineCostModel:
     #: single roofline over L3 traffic that ties most configs of a task).
     prior_kind = "roofline"
 
-    def __init__(self, target, *, seed: int = 0, hidden: int = 128, train_config=None, pretrained=None):
+    def __init__(self, target, *, seed: int = 0, hidden: int = 128, train_config=None, pretrained=None,
+                 ranker=None):
         from costmodels import MLPCostModel, RooflineModel, TrainConfig
 
         from . import jaxcache
@@ -124,7 +125,26 @@ class OnlineCostModel:
         self._lat: list[float] = []
         self._grp: list[int] = []
         self._seen: set = set()
+        self._own: dict[int, int] = {}  # rows per group
         self.updates = 0
+        # a non-differentiable ranker (felixjax.ranker.TreeRanker) that ranks candidates once fitted, while
+        # descents stay on the differentiable model; with data rows of other tasks it fits before any
+        # measurement of this session
+        self.ranker = ranker
+        if ranker is not None:
+            ranker.fit(np.zeros((0, 0), np.float32), np.zeros(0), np.zeros(0, np.int64))
+
+    #: The tree ranker ranks a task's candidates once the task has this many measurements of its own
+    #: (before that the prior or MLP do): trained on other tasks only, its first rounds were worse than
+    #: the roofline prior's on 2 of 4 ops in the measured ablation (docs/BENCHMARKS.md, session 23).
+    RANKER_MIN_OWN = 16
+
+    def ranking(self, group: int | None = None) -> bool:
+        """Whether candidates of task ``group`` (any task: ``None``) are ranked by the tree ranker
+        (set, fitted, and the task measured :attr:`RANKER_MIN_OWN` times) instead of :attr:`model`."""
+        if self.ranker is None or not self.ranker.fitted:
+            return False
+        return group is None or self._own.get(group, 0) >= self.RANKER_MIN_OWN
 
     def group_of(self, task) -> int:
         """The group id of a task (by key), assigned in order of first sight."""
@@ -158,6 +178,7 @@ class OnlineCostModel:
         self._feats.append(Features(features.access[idx], features.mask[idx], features.glob[idx]))
         self._lat += [float(latencies[i]) for i in keep]
         self._grp += [group] * len(keep)
+        self._own[group] = self._own.get(group, 0) + len(keep)
         self._seen.update((group, configs[i]) for i in keep)
         return len(keep)
 
@@ -165,7 +186,7 @@ class OnlineCostModel:
         """Fine-tune the MLP on every measurement so far and pick the better ranker."""
         from costmodels import pad_accesses, pairwise_accuracy
 
-        if len(self._lat) < self.MIN_TRAIN:
+        if not self._feats:
             return {}
         slots = max(f.access.shape[1] for f in self._feats)
         parts = [pad_accesses(f, slots) for f in self._feats]
@@ -173,6 +194,12 @@ class OnlineCostModel:
         self._feats = [feats]  # keep one concatenated block
         lat = np.asarray(self._lat)
         groups = np.asarray(self._grp, np.int64)
+        if self.ranker is not None:
+            from .ranker import flat_features
+
+            self.ranker.fit(flat_features(feats), lat, groups)
+        if len(self._lat) < self.MIN_TRAIN:
+            return {}
         m = self.mlp.update(feats, lat, groups)
         self.updates += 1
         val = self.mlp.last_val_index
@@ -206,12 +233,12 @@ class CostModelScorer:
     SAMPLE_BUDGET = OnlineCostModel.SAMPLE_BUDGET
 
     def __init__(self, spaces: dict, target=None, *, model: OnlineCostModel | None = None, seed: int = 0,
-                 hidden: int = 128, train_config=None, pretrained=None):
+                 hidden: int = 128, train_config=None, pretrained=None, ranker=None):
         if model is None:
             if target is None:
                 raise ValueError("CostModelScorer needs a target or a shared model")
             model = OnlineCostModel(target, seed=seed, hidden=hidden, train_config=train_config,
-                                    pretrained=pretrained)
+                                    pretrained=pretrained, ranker=ranker)
         self.shared = model
         self.relaxations = {name: relaxation_for(sp) for name, sp in spaces.items()}
         # GPU spaces have features of their own (felixjax.features_gpu); a session's spaces are all one kind
@@ -268,6 +295,10 @@ class CostModelScorer:
     def score(self, configs: list[Config]) -> np.ndarray:
         if not configs:
             return np.zeros(0)
+        if self.shared.ranking(self.group):
+            from .ranker import flat_features
+
+            return self.shared.ranker.predict(flat_features(self.features(configs)))
         return np.asarray(self.model.predict(self.features(configs)), np.float64)
 
     def score_x(self, sketch: str, xs: np.ndarray) -> np.ndarray:
@@ -277,6 +308,10 @@ class CostModelScorer:
         xs = np.asarray(xs, np.float32)
         if not len(xs):
             return np.zeros(0)
+        if self.shared.ranking(self.group):  # the tree ranker: features first (jitted), then the trees
+            from .ranker import flat_features
+
+            return self.shared.ranker.predict(flat_features(self.features_x(sketch, xs)))
         blend = self.differentiable
         fn = _hard_score_for(blend, self.feature_fn)
         out = []
@@ -397,11 +432,28 @@ def _soft_score_for(model, temperature: float, feature_fn=features):
     return _SOFT_SCORE[key]
 
 
-def make_scorer(ctx, cost_model: str | None = None) -> Scorer:
+def make_scorer(ctx, cost_model: str | None = None, ranker: str | None = None, ranker_data: str | None = None) -> Scorer:
     """A scorer with a model of its own, for a strategy used outside a tuning session
-    (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from)."""
+    (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from; ``ranker``,
+    ``ranker_data``: a tree ranker, :func:`make_ranker`)."""
     seed = int(ctx.rng.integers(2**31))
-    return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model)
+    return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model,
+                           ranker=make_ranker(ranker, ranker_data, seed=seed))
+
+
+def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):
+    """The ranker a strategy's ``ranker`` / ``ranker_data`` options ask for (``None``: none):
+    ``"gbdt"`` is a :class:`felixjax.ranker.TreeRanker`, trained also on the measurements in the
+    ``data`` databases (comma-separated paths) when given."""
+    if kind is None:
+        if data is not None:
+            raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
+        return None
+    from .ranker import RANKERS, TreeRanker, database_rows
+
+    if kind not in RANKERS:
+        raise ValueError(f"unknown ranker {kind!r}; available: {', '.join(RANKERS)}")
+    return TreeRanker(database_rows(data) if data else None, seed=seed)
 
 
 def load_pretrained(path: str | os.PathLike) -> MLPCostModel:

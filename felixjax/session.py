@@ -52,7 +52,7 @@ from .context import SearchContext
 from .cost_aware import CostAware, Screen
 from .database import Database, TuningRecord
 from .measurer import Measurer
-from .model import OnlineCostModel
+from .model import OnlineCostModel, make_ranker
 from .strategies import Strategy, get_strategy
 from .strategies.base import opening_defaults
 
@@ -183,6 +183,7 @@ class TuningSession:
         self.cost_aware = cost_aware
         self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
         self.models: dict[Hashable, OnlineCostModel] = {}
+        self._rankers: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data) it was made with
         self.measurers: dict[str, Any] = {}
         self.runs: list[TaskRun] = []
         self.start = time.perf_counter()
@@ -203,11 +204,19 @@ class TuningSession:
         self.close()
 
     # ---- shared parts --------------------------------------------------------------------------
-    def model(self, group: Hashable = "", *, cost_model: str | None = None) -> OnlineCostModel:
-        """The online cost model of a model group (created on first use, then shared by its tasks)."""
+    def model(self, group: Hashable = "", *, cost_model: str | None = None, ranker: str | None = None,
+              ranker_data: str | None = None) -> OnlineCostModel:
+        """The online cost model of a model group (created on first use, then shared by its tasks;
+        ``ranker``, ``ranker_data``: its tree ranker, :func:`felixjax.model.make_ranker`, which every
+        run of the group must ask for alike)."""
         if group not in self.models:
             seed = int(stream(self.seed, "model", repr(group)).integers(2**31))
-            self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model)
+            self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model,
+                                                 ranker=make_ranker(ranker, ranker_data, seed=seed))
+            self._rankers[group] = (ranker, ranker_data)
+        elif self._rankers.get(group) != (ranker, ranker_data):
+            raise ValueError(f"model group {group!r} was made with ranker {self._rankers.get(group)!r}; "
+                             f"a run asks for {(ranker, ranker_data)!r}: give it another group")
         return self.models[group]
 
     def measurer(self, task: Task):
@@ -261,7 +270,9 @@ class TuningSession:
         model_group = group
 
         def scorer_factory(ctx: SearchContext):
-            return self.model(model_group, cost_model=getattr(strat, "cost_model", None)).scorer(ctx.spaces)
+            return self.model(model_group, cost_model=getattr(strat, "cost_model", None),
+                              ranker=getattr(strat, "ranker", None),
+                              ranker_data=getattr(strat, "ranker_data", None)).scorer(ctx.spaces)
 
         ctx = SearchContext(task, self.target, spaces, stream(seed, task.key, len(history)),
                             {r.config for r in history}, list(history), scorer_factory=scorer_factory)

@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from .base import SearchContext, register
+from .base import SearchContext, check_ranker, register
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}
@@ -383,6 +383,8 @@ class GeneticSearch:
         batch_size: proposals per round (64, Ansor's ``num_measures_per_round``).
         cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
             scorer to start from (the same option as the gradient strategy's).
+        ranker, ranker_data: rank with a tree ranker once it is fitted (the same options as the
+            gradient strategy's; ``None``: the cost model ranks).
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -401,7 +403,8 @@ class GeneticSearch:
     def __init__(self, *, population: int = 2048, generations: int = 4, mutation_prob: float = 0.85,
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
-                 scorer=None, batch_size: int = 64, cost_model: str | None = None):
+                 scorer=None, batch_size: int = 64, cost_model: str | None = None, ranker: str | None = None,
+                 ranker_data: str | None = None):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -419,6 +422,7 @@ class GeneticSearch:
         self.min_unmeasured, self.max_fail = int(min_unmeasured), int(max_fail)
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
+        self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -432,7 +436,7 @@ class GeneticSearch:
         factory called once per task), else the context's (the session's shared model)."""
         arg = self._scorer_arg
         if arg is None:
-            return ctx.get_scorer(self.cost_model)
+            return ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data)
         if hasattr(arg, "score"):
             return arg
         key = ctx.task.key

@@ -34,7 +34,7 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from .base import SearchContext, fresh, register
+from .base import SearchContext, check_ranker, fresh, register
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
@@ -152,6 +152,10 @@ class GradientSearch:
         local_share: share of each batch spent on measured-neighbour moves (DGD, ICS'24): the
             model's best unmeasured ±1 neighbours of the ``local_of`` best measured configs,
             round-robin over those configs, best first. 0 (the default) turns it off.
+        ranker, ranker_data: rank candidates with a tree ranker (``"gbdt"``,
+            :class:`felixjax.ranker.TreeRanker`) once it is fitted, also trained on the measurements in
+            the ``ranker_data`` databases (comma-separated paths) when given; the descent stays on the
+            differentiable model. ``None`` (the default): the model ranks too.
         stats: record ``soft_hard_tau`` and the rounding statistics in ``last_round`` (a few
             extra model evaluations per round).
     """
@@ -165,8 +169,8 @@ class GradientSearch:
                  perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None,
                  trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
-                 local_share: float = 0.0, local_of: int = 4,
-                 stats: bool = True):
+                 local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
+                 ranker_data: str | None = None, stats: bool = True):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -175,6 +179,7 @@ class GradientSearch:
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
         self.scorer, self.cost_model = scorer, cost_model
+        self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
         self.trust_weight, self.trust_radius = float(trust_weight), float(trust_radius)
         self.acquisition, self.ucb_beta, self.ensemble_members = acquisition, float(ucb_beta), int(ensemble_members)
         self.ensemble_hidden = int(ensemble_hidden)
@@ -188,7 +193,8 @@ class GradientSearch:
     def _ensure_scorer(self, ctx: SearchContext):
         """The ``scorer`` option when given, else the context's (the session's shared model, seen
         from ``ctx.task``): never a scorer kept from another task."""
-        return self.scorer if self.scorer is not None else ctx.get_scorer(self.cost_model)
+        return self.scorer if self.scorer is not None else ctx.get_scorer(self.cost_model, ranker=self.ranker,
+                                                                          ranker_data=self.ranker_data)
 
     def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:
         """Byte keys of the integer points of every measured config, per sketch (kept incrementally)."""
