@@ -12,6 +12,8 @@ budget, seeds and opening — no default schedules measured first, so search log
 * ``..._local`` — measured-neighbour moves (a quarter of each batch: the model's best ±1 neighbours
   of the 4 best measured configs, as Dynamic Gradient Descent);
 * ``gradient_b32_trust`` — 32 per round;
+* ``gradient_gbdt`` / ``genetic_gbdt`` — candidates ranked by the tree ranker (``ranker="gbdt"``,
+  :mod:`felixjax.ranker`) also trained on ``--ranker-data`` (the calibration suite's measurements);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -47,10 +49,17 @@ from felixjax.testing import ReplayRunner  # noqa: E402
 SHORT = {"matmul512": 0, "matmul1024": 1, "conv56": 2, "conv28": 3, "conv14": 4, "dw28": 5, "dense4096": 6}
 
 
-def arms() -> list:
+#: the tree ranker's extra training rows in the ``*_gbdt`` arms: measurements of the ``calibration`` suite
+#: (disjoint from ``ops`` and ``fresh``), recorded by ``benchmarks/model_pool.py record``
+RANKER_DATA = "results/pool/calibration.db,results/pool/calibration_genetic.db"
+
+
+def arms(ranker_data: str | None = RANKER_DATA) -> list:
     def named(obj, name):
         obj.name = name
         return obj
+
+    gbdt = {"ranker": "gbdt", "ranker_data": ranker_data or None}
 
     trust = {"trust_weight": 1.0, "trust_radius": 2.0}
     return [
@@ -62,8 +71,10 @@ def arms() -> list:
         named(GradientSearch(batch_size=16, acquisition="thompson", **trust), "gradient_b16_trust_thompson"),
         named(GradientSearch(batch_size=16, local_share=0.25, **trust), "gradient_b16_trust_local"),
         named(GradientSearch(batch_size=32, **trust), "gradient_b32_trust"),
+        named(GradientSearch(**gbdt), "gradient_gbdt"),
         named(GeneticSearch(), "genetic"),
         named(GeneticSearch(batch_size=16), "genetic_b16"),
+        named(GeneticSearch(**gbdt), "genetic_gbdt"),
     ]
 
 
@@ -183,24 +194,30 @@ def _section(doc: Path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default="conv28,dw28,matmul512,dense4096", help=f"from {', '.join(SHORT)}")
+    ap.add_argument("--suite", default="ops", help="ops (with --ops) or another suite of felixjax.suites, whole")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=96)
     ap.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
     ap.add_argument("--measured", action="store_true", help="real builds and timings (1 thread, each distinct "
                     "config once per op, shared by the arms) instead of the replay oracle; compare trials only")
     ap.add_argument("--out", default="results/ablation")
+    ap.add_argument("--ranker-data", default=RANKER_DATA,
+                    help="databases (comma-separated) the *_gbdt arms' tree ranker also trains on ('' : none)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md and the curves "
                                                          "into docs/img/ablation_curves_<date>.png")
     args = ap.parse_args(argv)
-    ops = suite("ops")
-    tasks = [ops[SHORT[name]] for name in args.ops.split(",")]
-    chosen = arms()
+    if args.suite == "ops":
+        ops = suite("ops")
+        tasks = [ops[SHORT[name]] for name in args.ops.split(",")]
+    else:  # a whole other suite (e.g. "fresh", held out: judge a lever there after designing it on ops)
+        tasks = suite(args.suite)
+    chosen = arms(args.ranker_data)
     if args.arms:
         want = args.arms.split(",")
         chosen = [a for a in chosen if a.name in want]
     memo = Memo(measured=args.measured)
     # JIT warm-up on the first op, untimed and thrown away: no arm's clock pays the one-off compilations
-    warm = [a for a in arms() if a.name in ("gradient_b16_trust_ucb", "genetic_b16")]
+    warm = [a for a in arms(None) if a.name in ("gradient_b16_trust_ucb", "genetic_b16")]
     fj.compare(tasks[:1], warm, trials=48, seeds=[99], db=None, replay=True, progress=False, remeasure=0,
                defaults=False)
     t0 = time.perf_counter()
