@@ -50,8 +50,9 @@ SHORT = {"matmul512": 0, "matmul1024": 1, "conv56": 2, "conv28": 3, "conv14": 4,
 
 
 #: the tree ranker's extra training rows in the ``*_gbdt`` arms: measurements of the ``calibration`` suite
-#: (disjoint from ``ops`` and ``fresh``), recorded by ``benchmarks/model_pool.py record``
-RANKER_DATA = "results/pool/calibration.db,results/pool/calibration_genetic.db"
+#: (disjoint from ``ops`` and ``fresh``) recorded by ``benchmarks/model_pool.py record`` in session 23
+#: (databases, or ``.jsonl.gz`` exports of them as committed here)
+RANKER_DATA = "docs/data/pools_s23/calibration.jsonl.gz,docs/data/pools_s23/calibration_genetic.jsonl.gz"
 
 
 def arms(ranker_data: str | None = RANKER_DATA) -> list:
@@ -211,7 +212,12 @@ def main(argv=None) -> int:
         tasks = [ops[SHORT[name]] for name in args.ops.split(",")]
     else:  # a whole other suite (e.g. "fresh", held out: judge a lever there after designing it on ops)
         tasks = suite(args.suite)
-    chosen = arms(args.ranker_data)
+    ranker_data = args.ranker_data
+    if ranker_data and (not args.arms or "gbdt" in args.arms):
+        from benchmarks.model_pool import as_database
+
+        ranker_data = ",".join(as_database(p) for p in ranker_data.split(",") if p)
+    chosen = arms(ranker_data)
     if args.arms:
         want = args.arms.split(",")
         chosen = [a for a in chosen if a.name in want]

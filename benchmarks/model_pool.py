@@ -29,6 +29,8 @@ whole unrevealed rest, and top-10% recall on the rest.
     python benchmarks/model_pool.py record --db results/pool/ops.db --suite ops --trials 192
     python benchmarks/model_pool.py record --db results/pool/ops_genetic.db --suite ops --trials 192 --strategy genetic
     python benchmarks/model_pool.py eval --db results/pool/ops.db --budget 64 --init 16 --batch 8 --seeds 5
+    python benchmarks/model_pool.py eval --db docs/data/pools_s23/ops_genetic.jsonl.gz \
+        --db docs/data/pools_s23/calibration_genetic.jsonl.gz --seeds 3 --budget 40 --init 8 --batch 8   # session 23's pools
 """
 from __future__ import annotations
 
@@ -59,9 +61,31 @@ def record(db: str, suite_name: str, trials: int, skip: list[str], seed: int = 0
         print(f"{task.name}: {time.time() - t0:.0f} s", flush=True)
 
 
+def as_database(path: str) -> str:
+    """A database path for ``path``: itself, or a fresh file holding a ``.jsonl.gz`` export's records
+    (the committed pools, docs/data/pools_s23/)."""
+    if not path.endswith(".jsonl.gz"):
+        return path
+    import gzip
+    import os
+    import tempfile
+
+    from felixjax.database import Database, TuningRecord
+
+    out = os.path.join(tempfile.mkdtemp(prefix="fj_pool_"), os.path.basename(path)[: -len(".jsonl.gz")] + ".db")
+    with gzip.open(path, "rt") as f, Database(out) as db:
+        for line in f:
+            if line.strip():
+                db.add(TuningRecord.from_json(json.loads(line)))
+    return out
+
+
 def load_pools(db_path: str, min_records: int = 48) -> list[dict]:
-    """Per task: its distinct correctly measured configs, their latencies and hard-mode features."""
+    """Per task: its distinct correctly measured configs, their latencies and hard-mode features
+    (``db_path``: a database, or a ``.jsonl.gz`` export of one)."""
     import felixjax as fj
+
+    db_path = as_database(db_path)
     from codegen.spaces import spaces_for
     from codegen.target import Target
     from felixjax.model import CostModelScorer

@@ -11,7 +11,9 @@ model, and the session's :class:`~felixjax.model.OnlineCostModel` ranks a task's
 once they are fitted and the task has ``OnlineCostModel.RANKER_MIN_OWN`` (16) measurements of its own
 (``GradientSearch(ranker="gbdt")``, ``GeneticSearch(ranker="gbdt")``; off by default). Trained on other
 tasks alone, the trees ranked first rounds worse than the roofline prior on 2 of 4 ops (measured
-ablation, docs/BENCHMARKS.md): other tasks' rows help only beside the task's own.
+ablation, docs/BENCHMARKS.md): other tasks' rows help only beside the task's own. In the searches it did not
+pay off (same section): final kernels 3-4% faster for the genetic search on 4 ops of the op suite, none
+for the gradient search, and 7.5% / 9% slower for both on the held-out ``fresh`` suite; hence off.
 
 Targets are ``-log(latency)`` centred per task (a task's mean removed), so rows of tasks of different
 sizes share one ranking problem; the session's own rows are weighted up against ``data`` rows (other
