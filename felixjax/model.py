@@ -6,6 +6,7 @@ on arrays only (DESIGN.md), so turning records into arrays happens here, in ``fe
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -449,11 +450,11 @@ def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):
         if data is not None:
             raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
         return None
-    from .ranker import RANKERS, TreeRanker, database_rows
+    from .ranker import RANKERS, TreeRanker
 
     if kind not in RANKERS:
         raise ValueError(f"unknown ranker {kind!r}; available: {', '.join(RANKERS)}")
-    return TreeRanker(database_rows(data) if data else None, seed=seed)
+    return TreeRanker(ranker_rows(data) if data else None, seed=seed)
 
 
 def load_pretrained(path: str | os.PathLike) -> MLPCostModel:
@@ -468,3 +469,51 @@ def load_pretrained(path: str | os.PathLike) -> MLPCostModel:
     if not model.fitted:
         raise ValueError(f"{path} holds an untrained model")
     return model
+
+
+def ranker_rows(paths: str | os.PathLike | tuple, *, per_task: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` training rows from tuning databases: each task's distinct correct CPU measurements
+    (at most ``per_task``, a seeded draw), hard-mode features of the configs, targets centred per task.
+    ``paths``: one database or several (``"a.db,b.db"`` or a tuple). Cached per process."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = tuple(p for p in str(paths).split(",") if p)
+    return _ranker_rows(tuple(str(p) for p in paths), int(per_task), int(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _ranker_rows(paths: tuple[str, ...], per_task: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from codegen.spaces import spaces_for
+    from codegen.target import Target
+
+    from .database import Database
+    from .ranker import centred_targets, flat_features
+
+    X, y = [], []
+    rng = np.random.default_rng(seed)
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"ranker data: no database at {path}")
+        with Database(path, readonly=True) as db:
+            for task, target_key in db.tasks():
+                recs: dict = {}
+                for r in db.records(task=task, target=target_key):
+                    if r.ok and not r.run.startswith("retime:"):
+                        recs.setdefault(r.config, r)
+                if not recs:
+                    continue
+                first = next(iter(recs.values()))
+                target = Target.from_json(first.target) if first.target else Target.cpu()
+                if target.is_gpu:
+                    continue
+                spaces = spaces_for(task, target)
+                rows = [r for r in recs.values() if r.config.sketch in spaces]
+                if len(rows) < 8:
+                    continue
+                rows = [rows[i] for i in np.sort(rng.permutation(len(rows))[:per_task])]
+                scorer = CostModelScorer(spaces, target, seed=0)
+                X.append(flat_features(scorer.features([r.config for r in rows])))
+                lat = np.array([r.latency_s for r in rows])
+                y.append(centred_targets(lat, np.zeros(len(lat), int)))
+    if not X:
+        return np.zeros((0, 0), np.float32), np.zeros(0)
+    return np.concatenate(X), np.concatenate(y)

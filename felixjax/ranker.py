@@ -17,13 +17,10 @@ for the gradient search, and 7.5% / 9% slower for both on the held-out ``fresh``
 
 Targets are ``-log(latency)`` centred per task (a task's mean removed), so rows of tasks of different
 sizes share one ranking problem; the session's own rows are weighted up against ``data`` rows (other
-tasks' measurements from databases: a warm start, as a pretrained model is). Needs scikit-learn
+tasks' measurements from databases, :func:`felixjax.model.ranker_rows`: a warm start, as a pretrained model is). Needs scikit-learn
 (``pip install felixjax[trees]``).
 """
 from __future__ import annotations
-
-import functools
-import os
 
 import numpy as np
 
@@ -59,7 +56,7 @@ class TreeRanker:
     rows: well under a second). Higher score = predicted faster; scores compare configs of one task.
 
     Args:
-        data: ``(X, y)`` rows of other tasks (:func:`database_rows`), trained on with every fit.
+        data: ``(X, y)`` rows of other tasks (:func:`felixjax.model.ranker_rows`), trained on with every fit.
         own_weight: how much a session row counts against a ``data`` row, at least; it grows so the
             session's rows weigh at least a quarter of the data's in total.
         min_rows: fit only with at least this many session rows plus data rows.
@@ -114,51 +111,3 @@ class TreeRanker:
         if self.model is None:
             raise RuntimeError("TreeRanker.predict before a successful fit")
         return np.asarray(self.model.predict(np.asarray(X, np.float32)), np.float64)
-
-
-def database_rows(paths: str | os.PathLike | tuple, *, per_task: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(X, y)`` training rows from tuning databases: each task's distinct correct CPU measurements
-    (at most ``per_task``, a seeded draw), hard-mode features of the configs, targets centred per task.
-    ``paths``: one database or several (``"a.db,b.db"`` or a tuple). Cached per process."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = tuple(p for p in str(paths).split(",") if p)
-    return _database_rows(tuple(str(p) for p in paths), int(per_task), int(seed))
-
-
-@functools.lru_cache(maxsize=8)
-def _database_rows(paths: tuple[str, ...], per_task: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from codegen.spaces import spaces_for
-    from codegen.target import Target
-
-    from .database import Database
-    from .model import CostModelScorer
-
-    X, y = [], []
-    rng = np.random.default_rng(seed)
-    for path in paths:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"ranker data: no database at {path}")
-        with Database(path, readonly=True) as db:
-            for task, target_key in db.tasks():
-                recs: dict = {}
-                for r in db.records(task=task, target=target_key):
-                    if r.ok and not r.run.startswith("retime:"):
-                        recs.setdefault(r.config, r)
-                if not recs:
-                    continue
-                first = next(iter(recs.values()))
-                target = Target.from_json(first.target) if first.target else Target.cpu()
-                if target.is_gpu:
-                    continue
-                spaces = spaces_for(task, target)
-                rows = [r for r in recs.values() if r.config.sketch in spaces]
-                if len(rows) < 8:
-                    continue
-                rows = [rows[i] for i in np.sort(rng.permutation(len(rows))[:per_task])]
-                scorer = CostModelScorer(spaces, target, seed=0)
-                X.append(flat_features(scorer.features([r.config for r in rows])))
-                lat = np.array([r.latency_s for r in rows])
-                y.append(centred_targets(lat, np.zeros(len(lat), int)))
-    if not X:
-        return np.zeros((0, 0), np.float32), np.zeros(0)
-    return np.concatenate(X), np.concatenate(y)

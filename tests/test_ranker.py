@@ -6,8 +6,8 @@ import pytest
 import felixjax as fj
 from costmodels import kendall_tau
 from felixjax.features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES, SLOTS
-from felixjax.model import CostModelScorer, make_ranker
-from felixjax.ranker import TreeRanker, centred_targets, database_rows, flat_features
+from felixjax.model import CostModelScorer, make_ranker, ranker_rows
+from felixjax.ranker import TreeRanker, centred_targets, flat_features
 from felixjax.session import TuningSession
 from felixjax.strategies.genetic import GeneticSearch
 from felixjax.strategies.gradient import GradientSearch
@@ -71,7 +71,7 @@ def test_options_are_checked():
         make_ranker("forest")
     assert make_ranker(None) is None
     with pytest.raises(FileNotFoundError, match="no database"):
-        database_rows("/nonexistent/ranker.db")
+        ranker_rows("/nonexistent/ranker.db")
 
 
 def test_strategies_rank_with_the_trees_once_fitted(tmp_path):
@@ -103,7 +103,7 @@ def test_strategies_rank_with_the_trees_once_fitted(tmp_path):
     # it ranks the task only once the task has RANKER_MIN_OWN rows of its own
     fj.tune(fj.ops.matmul(96, 32, 64), strategy="random", trials=48, db=data, progress=False, retime=0,
             measurer=_replay, defaults=False)
-    X, y = database_rows(data)
+    X, y = ranker_rows(data)
     assert len(X) == len(y) > 0 and abs(y.mean()) < 1e-9
     with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, defaults=False) as s:
         gen = GeneticSearch(batch_size=16, population=256, generations=1, ranker="gbdt", ranker_data=data)
