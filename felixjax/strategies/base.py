@@ -17,7 +17,6 @@ from typing import Callable, Protocol, runtime_checkable
 from codegen.space import Config
 
 from ..context import SearchContext
-from ..ranker import RANKERS
 
 
 @runtime_checkable
@@ -117,13 +116,3 @@ def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
 
 
 COST_MODEL_STRATEGIES = ("gradient", "genetic")
-
-
-def check_ranker(ranker: str | None, ranker_data: str | None) -> tuple[str | None, str | None]:
-    """A strategy's ``ranker`` / ``ranker_data`` options, checked when the strategy is made (a clear
-    error then, not at its first round)."""
-    if ranker is not None and ranker not in RANKERS:
-        raise ValueError(f"unknown ranker {ranker!r}; available: {', '.join(RANKERS)}")
-    if ranker is None and ranker_data is not None:
-        raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
-    return ranker, ranker_data

@@ -52,7 +52,8 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from .base import SearchContext, check_ranker, register
+from ..context import check_ranker
+from .base import SearchContext, register
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}

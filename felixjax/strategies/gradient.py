@@ -34,7 +34,8 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from .base import SearchContext, check_ranker, fresh, register
+from ..context import check_ranker
+from .base import SearchContext, fresh, register
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
