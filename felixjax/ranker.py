@@ -5,7 +5,7 @@ search then *measures* is decided by ranking candidates. `benchmarks/model_pool.
 selection on configs measured once on real hardware: among the near-good configs a search proposes, the
 roofline prior ranked at tau 0.13 (worse than picking at random by the best-at-budget measure), the MLP at
 0.28, gradient-boosted trees on the same hard-mode features at 0.38, and the same trees also trained on
-other tasks' measurements at **0.54** (docs/BENCHMARKS.md, "Cost models on pools of real measurements").
+other tasks' measurements at **0.54** (docs/BENCHMARKS.md, "Issue 15, session 23").
 :class:`TreeRanker` is that model, as a ranker only: strategies keep descending on the differentiable
 model, and the session's :class:`~felixjax.model.OnlineCostModel` ranks a task's candidates with the trees
 once they are fitted and the task has ``OnlineCostModel.RANKER_MIN_OWN`` (16) measurements of its own
