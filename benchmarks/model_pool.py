@@ -42,6 +42,8 @@ import time
 
 import numpy as np
 
+from felixjax.ranker import flat_features
+
 OTHERS_PER_TASK = 128
 MODELS = ("random", "prior", "prior_ml", "online", "mlp", "gbdt", "gbdt_others")
 
@@ -102,19 +104,12 @@ def load_pools(db_path: str, min_records: int = 48) -> list[dict]:
                 continue
             target = Target.from_json(recs[0].target) if recs[0].target else Target.cpu()
             spaces = spaces_for(task, target)
-            configs = [c for c in recs if c.config.sketch in spaces]
-            recs = configs
+            recs = [r for r in recs if r.config.sketch in spaces]
             scorer = CostModelScorer(spaces, target, seed=0)
             configs = [r.config for r in recs]
             pools.append({"task": task, "target": target, "spaces": spaces, "configs": configs,
                           "lat": np.array([r.latency_s for r in recs]), "features": scorer.features(configs)})
     return pools
-
-
-def flat(features) -> np.ndarray:
-    """Features as one row per config for a tree model: globals, then every access slot (masked)."""
-    acc = np.asarray(features.access) * np.asarray(features.mask)[..., None]
-    return np.concatenate([np.asarray(features.glob), acc.reshape(len(acc), -1)], axis=1)
 
 
 def _take(features, idx):
@@ -137,13 +132,18 @@ class _Model:
             from felixjax.model import multilevel_prior
 
             self.ml = multilevel_prior(pool["target"])
-        if kind == "gbdt_others":
-            X, y = [], []
-            for o in others:  # at most OTHERS_PER_TASK rows of each other task (a seeded draw): fits stay seconds
-                keep = np.sort(self.rng.permutation(len(o["lat"]))[:OTHERS_PER_TASK])
-                X.append(flat(_take(o["features"], keep)))
-                y.append(-np.log(o["lat"][keep]) - np.mean(-np.log(o["lat"][keep])))
-            self.others = (np.concatenate(X), np.concatenate(y)) if X else None
+        if kind in ("gbdt", "gbdt_others"):  # felixjax's TreeRanker, fitted from the first revealed rows
+            from felixjax.ranker import TreeRanker, centred_targets
+
+            data = None
+            if kind == "gbdt_others":
+                X, y = [], []
+                for o in others:  # at most OTHERS_PER_TASK rows of each other task (a seeded draw): fits stay seconds
+                    keep = np.sort(self.rng.permutation(len(o["lat"]))[:OTHERS_PER_TASK])
+                    X.append(flat_features(_take(o["features"], keep)))
+                    y.append(centred_targets(o["lat"][keep], np.zeros(len(keep), int)))
+                data = (np.concatenate(X), np.concatenate(y)) if X else None
+            self.tree = TreeRanker(data, min_rows=1, seed=seed)
 
     def fit(self, idx: np.ndarray) -> None:
         p = self.pool
@@ -154,18 +154,7 @@ class _Model:
                                 p["lat"][np.asarray(new)])
                 self.online.fit()
         elif self.kind in ("gbdt", "gbdt_others"):
-            from sklearn.ensemble import HistGradientBoostingRegressor
-
-            X, y = flat(_take(p["features"], idx)), -np.log(p["lat"][idx])
-            w = np.ones(len(y))
-            y = y - y.mean()
-            if self.kind == "gbdt_others" and self.others is not None:
-                X = np.concatenate([X, self.others[0]])
-                w = np.concatenate([w * max(1.0, len(self.others[1]) / (4.0 * len(idx))), np.ones(len(self.others[1]))])
-                y = np.concatenate([y, self.others[1]])
-            self.tree = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
-                                                      min_samples_leaf=3, random_state=self.seed)
-            self.tree.fit(X, y, sample_weight=w)
+            self.tree.fit(flat_features(_take(p["features"], idx)), p["lat"][idx], np.zeros(len(idx), int))
 
     def predict(self) -> np.ndarray:
         p = self.pool
@@ -180,7 +169,7 @@ class _Model:
         if self.kind == "mlp":
             m = self.online.mlp if self.online.updates else self.online.prior
             return np.asarray(m.predict(p["features"]), np.float64)
-        return self.tree.predict(flat(p["features"]))
+        return self.tree.predict(flat_features(p["features"]))
 
 
 def simulate(pool: dict, others: list[dict], kind: str, seed: int, *, budget: int, init: int, batch: int,

@@ -27,6 +27,7 @@ from codegen.space import Config, Space
 from codegen.target import Target
 
 from . import model as _model
+from .ranker import check_ranker  # noqa: F401  (re-exported: strategies import only the context)
 
 
 @dataclass
@@ -76,15 +77,3 @@ class SearchContext:
                 args = (self,) if cost_model is None else (self, cost_model)  # make_scorer(ctx) stays valid
                 self._scorer = _model.make_scorer(*args)
         return self._scorer
-
-
-def check_ranker(ranker: str | None, ranker_data: str | None) -> tuple[str | None, str | None]:
-    """A strategy's ``ranker`` / ``ranker_data`` options, checked when the strategy is made (a clear
-    error then, not at its first round)."""
-    from .ranker import RANKERS
-
-    if ranker is not None and ranker not in RANKERS:
-        raise ValueError(f"unknown ranker {ranker!r}; available: {', '.join(RANKERS)}")
-    if ranker is None and ranker_data is not None:
-        raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
-    return ranker, ranker_data

@@ -446,14 +446,10 @@ def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):
     """The ranker a strategy's ``ranker`` / ``ranker_data`` options ask for (``None``: none):
     ``"gbdt"`` is a :class:`felixjax.ranker.TreeRanker`, trained also on the measurements in the
     ``data`` databases (comma-separated paths) when given."""
-    if kind is None:
-        if data is not None:
-            raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
-        return None
-    from .ranker import RANKERS, TreeRanker
+    from .ranker import TreeRanker, check_ranker
 
-    if kind not in RANKERS:
-        raise ValueError(f"unknown ranker {kind!r}; available: {', '.join(RANKERS)}")
+    if check_ranker(kind, data)[0] is None:
+        return None
     return TreeRanker(ranker_rows(data) if data else None, seed=seed)
 
 

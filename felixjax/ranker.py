@@ -32,6 +32,16 @@ from .features import SLOTS
 RANKERS = ("gbdt",)
 
 
+def check_ranker(ranker: str | None, ranker_data: str | None) -> tuple[str | None, str | None]:
+    """A strategy's ``ranker`` / ``ranker_data`` options, checked when the strategy is made (a clear
+    error then, not at its first round)."""
+    if ranker is not None and ranker not in RANKERS:
+        raise ValueError(f"unknown ranker {ranker!r}; available: {', '.join(RANKERS)}")
+    if ranker is None and ranker_data is not None:
+        raise ValueError("ranker_data without a ranker: pass ranker='gbdt' too")
+    return ranker, ranker_data
+
+
 def flat_features(features: Features) -> np.ndarray:
     """One row per config for a tree model: the global features, then every access slot's features
     (masked slots zeroed), padded to the feature set's full slot count."""
