@@ -20,6 +20,12 @@ Models (`--models`):
   Ansor and TenSet use) on the same hard-mode features, refit from scratch each round on -log latency;
 - ``gbdt_others``: the trees also trained on the other tasks' whole pools (targets centred per task; the
   task's own rows weighted up), as a model pretrained on other tasks and fine-tuned would be.
+- ``mlp_others``: the differentiable MLP pretrained on the other tasks' pools (within-task rank loss, as
+  ``felixjax pretrain`` trains it), then fine-tuned online on the task's revealed rows and always used;
+- ``online_others``: the same pretrained MLP in the tuner's :class:`OnlineCostModel` (``pretrained=``),
+  whose gate falls back to the prior where the MLP ranks the held-out rows worse;
+- ``mlp_pre`` / ``online_pre``: as the two above, starting from the checkpoint ``--cost-model`` (e.g. one
+  pretrained on the packaged dataset: ``felixjax pretrain``), as ``fj.tune(strategy_options={"cost_model": ...})``.
 
 Metrics per task and model (means over ``--seeds``): trials until a config within 5% of the pool's best
 is revealed (censored at the budget), the best revealed at the budget over the pool's best, and the
@@ -45,7 +51,10 @@ import numpy as np
 from felixjax.ranker import flat_features
 
 OTHERS_PER_TASK = 128
-MODELS = ("random", "prior", "prior_ml", "online", "mlp", "gbdt", "gbdt_others")
+MODELS = ("random", "prior", "prior_ml", "online", "mlp", "gbdt", "gbdt_others", "mlp_others", "online_others", "mlp_pre",
+          "online_pre")
+COST_MODEL: list = [None]  # --cost-model: the checkpoint the *_pre models start from
+_PRETRAINED: dict = {}  # (task key, seed) -> path of an MLP pretrained on the other pools (reused across seeds)
 
 
 def record(db: str, suite_name: str, trials: int, skip: list[str], seed: int = 0, strategy: str = "random") -> None:
@@ -128,6 +137,16 @@ class _Model:
             from felixjax.model import OnlineCostModel
 
             self.online = OnlineCostModel(pool["target"], seed=seed)
+        if kind in ("mlp_others", "online_others"):
+            from felixjax.model import OnlineCostModel
+
+            self.online = OnlineCostModel(pool["target"], seed=seed, pretrained=pretrained_on(others, pool, seed=0))
+        if kind in ("mlp_pre", "online_pre"):
+            from felixjax.model import OnlineCostModel
+
+            if COST_MODEL[0] is None:
+                raise SystemExit(f"model {kind} needs --cost-model")
+            self.online = OnlineCostModel(pool["target"], seed=seed, pretrained=COST_MODEL[0])
         if kind == "prior_ml":
             from felixjax.model import multilevel_prior
 
@@ -147,7 +166,7 @@ class _Model:
 
     def fit(self, idx: np.ndarray) -> None:
         p = self.pool
-        if self.kind in ("online", "mlp"):
+        if self.kind in ("online", "mlp", "mlp_others", "online_others", "mlp_pre", "online_pre"):
             new = [i for i in idx if (0, p["configs"][i]) not in self.online._seen]
             if new:
                 self.online.add(0, [p["configs"][i] for i in new], _take(p["features"], np.asarray(new)),
@@ -164,12 +183,41 @@ class _Model:
             return np.asarray(self.online.prior.predict(p["features"]), np.float64)
         if self.kind == "prior_ml":
             return np.asarray(self.ml.predict(p["features"]), np.float64)
-        if self.kind == "online":
+        if self.kind in ("online", "online_others", "online_pre"):
             return np.asarray(self.online.model.predict(p["features"]), np.float64)
-        if self.kind == "mlp":
-            m = self.online.mlp if self.online.updates else self.online.prior
+        if self.kind in ("mlp", "mlp_others", "mlp_pre"):
+            m = self.online.mlp if self.online.updates or self.kind != "mlp" else self.online.prior
             return np.asarray(m.predict(p["features"]), np.float64)
         return self.tree.predict(flat_features(p["features"]))
+
+
+def pretrained_on(others: list[dict], pool: dict, seed: int = 0) -> str:
+    """A checkpoint of the tuner's MLP pretrained on the other pools' rows (all of them, groups per task,
+    the budget ``felixjax pretrain`` uses), cached per target pool: each simulation loads a fresh copy."""
+    key = (pool["task"].key, seed)
+    if key not in _PRETRAINED:
+        import os
+        import tempfile
+
+        from costmodels import Features, MLPCostModel, TrainConfig, pad_accesses
+        from felixjax.features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
+
+        slots = max(o["features"].access.shape[1] for o in others)
+        parts = [pad_accesses(o["features"], slots) for o in others]
+        feats = Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("access", "mask", "glob")))
+        lat = np.concatenate([o["lat"] for o in others])
+        groups = np.concatenate([np.full(len(o["lat"]), i, np.int64) for i, o in enumerate(others)])
+        model = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=128, seed=seed,
+                             config=TrainConfig(sample_budget=200_000, max_epochs=200))
+        t0 = time.time()
+        fit = model.update(feats, lat, groups)
+        path = os.path.join(tempfile.mkdtemp(prefix="fj_pool_pre_"), "mlp.npz")
+        model.save(path)
+        print(f"  [pretrained for {pool['task'].name} on {len(others)} other pools, {len(lat)} rows: "
+              f"val pairwise {fit.get('val_pairwise_accuracy', float('nan')):.3f}, {time.time() - t0:.0f}s]",
+              flush=True)
+        _PRETRAINED[key] = path
+    return _PRETRAINED[key]
 
 
 def simulate(pool: dict, others: list[dict], kind: str, seed: int, *, budget: int, init: int, batch: int,
@@ -284,6 +332,7 @@ def main(argv=None) -> int:
     e.add_argument("--first", choices=("random", "prior"), default="random",
                    help="the first --init configs: random, or the tuner's prior's top ones")
     e.add_argument("--out", help="write the rows as JSON here")
+    e.add_argument("--cost-model", help="a pretrained MLP checkpoint for the mlp_pre / online_pre models")
     args = p.parse_args(argv)
     if args.cmd == "record":
         record(args.db, args.suite, args.trials, [s for s in args.skip.split(",") if s], args.seed, args.strategy)
@@ -292,6 +341,7 @@ def main(argv=None) -> int:
     unknown = set(models) - set(MODELS)
     if unknown:
         p.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    COST_MODEL[0] = args.cost_model
     pools = [pool for db in args.db for pool in load_pools(db)]
     rows = evaluate(pools, models, args.seeds, budget=args.budget, init=args.init, batch=args.batch,
                     first=args.first)

@@ -76,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-compare", action="store_true", help="skip timing onnxruntime next to the best kernel")
     t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
     t.add_argument("--cost-model", default=None, metavar="NPZ",
-                   help="start the search's cost model from this pretrained checkpoint (felixjax pretrain)")
+                   help="start the search's cost model from this pretrained checkpoint (felixjax pretrain); "
+                        "'packaged': the one shipped with felixjax (the default on CPU targets, 'auto'); 'none': "
+                        "none, the roofline prior first")
     t.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     t.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
     t.add_argument("--early-stop", default=None, metavar="calibrated|T",
@@ -114,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
 
     pt = add("pretrain", "pretrain the MLP cost model on the measurements of tuning databases (other tasks), "
                          "holding whole tasks out to measure transfer")
-    pt.add_argument("db", nargs="+", help="tuning databases to learn from")
+    pt.add_argument("db", nargs="+", help="tuning databases to learn from (or .jsonl.gz datasets such as the packaged "
+                                          "felixjax/data/pretrain_cpu.jsonl.gz)")
     pt.add_argument("-o", "--output", required=True, metavar="NPZ", help="checkpoint to write (and NPZ.json report)")
     pt.add_argument("--exclude", action="append", default=[], metavar="TASK",
                     help="task name to leave out, e.g. one a comparison will tune (repeatable)")
@@ -288,8 +291,9 @@ def _tune_model(args: argparse.Namespace, target) -> int:
 def _cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
     from .strategies.base import cost_model_options
 
-    if cost_model is not None and not os.path.exists(cost_model):
-        raise UserError(f"{cost_model}: no such cost-model checkpoint (make one with felixjax pretrain)")
+    if cost_model not in (None, "packaged", "auto", "none") and not os.path.exists(cost_model):
+        raise UserError(f"{cost_model}: no such cost-model checkpoint (make one with felixjax pretrain, or use "
+                        "'packaged': the model shipped with felixjax)")
     try:
         return cost_model_options(strategy, cost_model)
     except ValueError as e:

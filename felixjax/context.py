@@ -64,9 +64,10 @@ class SearchContext:
         """The cost model's view of this task (built on first use)."""
         return self.get_scorer()
 
-    def get_scorer(self, cost_model: str | None = None, *, ranker: str | None = None, ranker_data: str | None = None):
+    def get_scorer(self, cost_model: str | None = "auto", *, ranker: str | None = None, ranker_data: str | None = None):
         """The scorer of this task: the session's shared one when the context has a factory, else a
-        scorer of its own (``cost_model``: a pretrained checkpoint to start that one from; ``ranker``,
+        scorer of its own (``cost_model``: a pretrained checkpoint to start that one from, ``"auto"`` the
+        packaged one on CPU targets, ``None`` none; ``ranker``,
         ``ranker_data``: a tree ranker for it, :func:`felixjax.model.make_ranker`)."""
         if self._scorer is None:
             if self.scorer_factory is not None:
@@ -74,6 +75,6 @@ class SearchContext:
             elif ranker is not None or ranker_data is not None:
                 self._scorer = _model.make_scorer(self, cost_model, ranker, ranker_data)
             else:
-                args = (self,) if cost_model is None else (self, cost_model)  # make_scorer(ctx) stays valid
+                args = (self,) if cost_model == "auto" else (self, cost_model)  # make_scorer(ctx) stays valid
                 self._scorer = _model.make_scorer(*args)
         return self._scorer

@@ -111,6 +111,7 @@ class OnlineCostModel:
                                            efficiency_cols=(g("vec_utilization"), g("balance"),
                                                             g("register_utilization")), softness=0.1)
         cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
+        pretrained = resolve_cost_model(pretrained, target)
         if pretrained is None:
             self.mlp = MLPCostModel(n_access, n_glob, hidden=hidden, seed=seed, config=cfg)
             self.pretrained = None
@@ -433,9 +434,10 @@ def _soft_score_for(model, temperature: float, feature_fn=features):
     return _SOFT_SCORE[key]
 
 
-def make_scorer(ctx, cost_model: str | None = None, ranker: str | None = None, ranker_data: str | None = None) -> Scorer:
+def make_scorer(ctx, cost_model: str | None = "auto", ranker: str | None = None, ranker_data: str | None = None) -> Scorer:
     """A scorer with a model of its own, for a strategy used outside a tuning session
-    (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from; ``ranker``,
+    (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from, ``"auto"``:
+    :func:`resolve_cost_model`; ``ranker``,
     ``ranker_data``: a tree ranker, :func:`make_ranker`)."""
     seed = int(ctx.rng.integers(2**31))
     return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model,
@@ -453,9 +455,36 @@ def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):
     return TreeRanker(ranker_rows(data) if data else None, seed=seed)
 
 
+def resolve_cost_model(cost_model, target):
+    """What a ``cost_model`` option means on ``target``: ``"auto"`` (the strategies' default) is the
+    packaged model (``"packaged"``) on a CPU target when it is installed, else none (the roofline prior
+    ranks until the online MLP beats it); anything else is returned as given.
+
+    Example:
+        >>> import felixjax as fj
+        >>> resolve_cost_model("auto", fj.Target.cuda_sim("a100")) is None
+        True
+        >>> resolve_cost_model("my.npz", fj.Target.cpu())
+        'my.npz'
+    """
+    if not (isinstance(cost_model, str) and cost_model == "auto"):
+        return cost_model
+    if getattr(target, "is_gpu", False) or not PACKAGED_MODEL.exists():
+        return None
+    return "packaged"
+
+
+#: The MLP pretrained on the packaged dataset (``benchmarks/make_pretrain_dataset.py --model-only``), which
+#: ``cost_model="packaged"`` names.
+PACKAGED_MODEL = Path(__file__).resolve().parent / "data" / "pretrain_cpu.npz"
+
+
 def load_pretrained(path: str | os.PathLike) -> MLPCostModel:
     """The MLP of a checkpoint written by :func:`felixjax.pretrain.pretrain`, checked against this
-    feature set (a clear ``ValueError`` for a file that is not such a checkpoint)."""
+    feature set (a clear ``ValueError`` for a file that is not such a checkpoint); ``"packaged"`` is the
+    model shipped with felixjax (:data:`PACKAGED_MODEL`)."""
+    if str(path) == "packaged":
+        path = PACKAGED_MODEL
     if not Path(path).exists():
         raise FileNotFoundError(f"no cost-model checkpoint at {path} (make one with `felixjax pretrain`)")
     model = MLPCostModel.load(path)

@@ -69,7 +69,8 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     fastest measurement), featurized in hard mode.
 
     Args:
-        dbs: database paths (``fj.Database`` files).
+        dbs: database paths (``fj.Database`` files), or dataset files in the packaged format
+            (``.jsonl.gz``, :func:`packaged_database`).
         exclude: task names (``Task.name``) to leave out, e.g. the tasks a comparison will tune, so
             the pretrained model has never seen their measurements.
         min_records: tasks with fewer distinct measured configs are skipped.
@@ -89,6 +90,8 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     for path in dbs:
         if not Path(path).exists():
             raise FileNotFoundError(f"no tuning database at {path}")
+        if str(path).endswith(".jsonl.gz"):  # a dataset file (the packaged one's format): loaded into a temporary database
+            path, _ = packaged_database(path)
         with Database(path, readonly=True) as db:
             for task, target_key in db.tasks():
                 if task.name in excluded:

@@ -39,3 +39,68 @@ def test_packaged_format_round_trips(tmp_path):
     assert back.config == cfg and back.task.key == task.key and back.latency_s == pytest.approx(1.5e-4)
     with pytest.raises(FileNotFoundError, match="make_pretrain_dataset"):
         packaged_database(tmp_path / "missing.jsonl.gz")
+
+
+# ---- the shipped files themselves (generated on the development machine, see their provenance) ----------
+
+from felixjax.model import PACKAGED_MODEL, load_pretrained  # noqa: E402
+from felixjax.pretrain import PACKAGED, load_dataset  # noqa: E402
+
+
+def _packaged_rows():
+    with gzip.open(PACKAGED, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_the_packaged_dataset_is_shipped_with_its_provenance():
+    rows = _packaged_rows()
+    prov = rows[0]["provenance"]
+    assert prov["disjoint_from"] == ["ops", "fresh"] and prov["machine"] and prov["commit"]
+    assert PACKAGED.stat().st_size <= 5 * 1024 * 1024
+    recs = [TuningRecord.from_json(r) for r in rows[1:]]
+    assert recs and all(r.ok for r in recs)
+    held = {t.key for name in ("ops", "fresh") for t in suite(name)}
+    keys = {r.task.key for r in recs}
+    assert not keys & held and keys <= {parse_spec(s).key for s in SHAPES}
+
+
+def test_the_packaged_model_ranks_its_data_and_starts_a_search():
+    """The shipped checkpoint matches this feature set and ranks configs of its own dataset well above
+    chance (it fails after a feature change that the checkpoint was not retrained for:
+    ``python benchmarks/make_pretrain_dataset.py --model-only``)."""
+    import numpy as np
+
+    from costmodels import Features, pairwise_accuracy
+
+    model = load_pretrained("packaged")
+    assert load_pretrained(PACKAGED_MODEL).n_updates == model.n_updates and model.fitted
+    report = json.loads(open(str(PACKAGED_MODEL) + ".json").read())
+    assert report["transfer_check"]["heldout_mlp_pairwise"] > report["transfer_check"]["heldout_prior_pairwise"]
+    data = load_dataset([PACKAGED])
+    rows = data.rows(list(data.tasks)[:3])  # three tasks: featurizing all of them takes longer
+    f = data.features
+    sub = Features(f.access[rows], f.mask[rows], f.glob[rows])
+    mlp = pairwise_accuracy(model.predict(sub), data.latencies[rows], data.groups[rows])
+    prior = pairwise_accuracy(data.prior[rows], data.latencies[rows], data.groups[rows])
+    assert mlp > 0.75 and mlp > prior, (mlp, prior)
+    task = fj.ops.matmul(96, 64, 32)
+    cmp = fj.compare([task], ["gradient"], trials=16, seeds=[0], db=None, replay=True, progress=False, remeasure=0,
+                     strategy_options={"gradient": {"cost_model": "packaged", "batch_size": 8, "starts": 8,
+                                                    "steps": 4}}, defaults=False)
+    (history,) = cmp.histories.values()
+    assert len(history) == 16 and all(r.ok for r in history) and np.isfinite([r.latency_s for r in history]).all()
+
+
+def test_pretrain_reads_dataset_files(tmp_path):
+    task = parse_spec(SHAPES[-1])
+    target = fj.Target.cpu()
+    path = tmp_path / "d.jsonl.gz"
+    rng = __import__("numpy").random.default_rng(0)
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps({"provenance": {"commit": "abc"}}) + "\n")
+        for sp in spaces_for(task, target).values():
+            for i, c in enumerate(dict.fromkeys(sp.sample(rng) for _ in range(12))):
+                rec = TuningRecord(task, target.key, "random:0", i, c, MeasureResult("ok", (1e-4 * (1 + i),)), 1.0)
+                f.write(json.dumps(rec.to_json()) + "\n")
+    data = load_dataset([path], min_records=4)
+    assert data.tasks == (task.name,) and len(data) >= 12

@@ -106,13 +106,14 @@ def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
 
 
 def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
-    """``strategy_options`` that start a learned strategy from a pretrained cost model (None: none)."""
+    """``strategy_options`` that start a learned strategy from a pretrained cost model (``None``: the
+    strategy's default, ``"auto"``; ``"none"``: no pretrained model, the roofline prior first)."""
     if cost_model is None:
         return None
     if strategy not in COST_MODEL_STRATEGIES:
         raise ValueError(f"--cost-model needs a strategy with a cost model ({', '.join(COST_MODEL_STRATEGIES)}), "
                          f"not {strategy!r}")
-    return {"cost_model": cost_model}
+    return {"cost_model": None if cost_model == "none" else cost_model}
 
 
 COST_MODEL_STRATEGIES = ("gradient", "genetic")

@@ -382,8 +382,8 @@ class GeneticSearch:
             ``None`` uses the context's scorer (in a tuning session, the model every task of the
             run shares).
         batch_size: proposals per round (64, Ansor's ``num_measures_per_round``).
-        cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
-            scorer to start from (the same option as the gradient strategy's).
+        cost_model: a pretrained MLP checkpoint for the default scorer to start from (the same
+            option and default, ``"auto"``, as the gradient strategy's: equal equipment).
         ranker, ranker_data: rank with a tree ranker once it is fitted (the same options as the
             gradient strategy's; ``None``: the cost model ranks).
 
@@ -404,7 +404,7 @@ class GeneticSearch:
     def __init__(self, *, population: int = 2048, generations: int = 4, mutation_prob: float = 0.85,
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
-                 scorer=None, batch_size: int = 64, cost_model: str | None = None, ranker: str | None = None,
+                 scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
                  ranker_data: str | None = None):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}

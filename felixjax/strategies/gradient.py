@@ -138,8 +138,10 @@ class GradientSearch:
         scorer: a :class:`~felixjax.model.CostModelScorer`-like object (``relaxations``, ``inputs``,
             ``differentiable``, ``soft_score``, ``score_x``/``score``, ``update``) used for every
             task; default: the context's scorer (the session's shared model, seen from the task).
-        cost_model: path of a pretrained MLP checkpoint (``felixjax pretrain``) for the default
-            scorer to start from, instead of the roofline prior.
+        cost_model: a pretrained MLP checkpoint (``felixjax pretrain``) for the default scorer to
+            start from; ``"auto"`` (default): the model shipped with felixjax (``"packaged"``, pretrained
+            on the packaged dataset of CIFAR-size layers) on CPU targets; ``None``: none (the roofline
+            prior ranks until the online MLP beats it on held-out measurements).
         trust_weight, trust_radius: a trust region around the best measured points of the sketch
             (issue 15's exploration lever): the descent pays ``trust_weight · max(0, d² − radius²)``
             for a squared distance ``d²`` (in exponent units) to the nearest of them, so it does not
@@ -167,7 +169,7 @@ class GradientSearch:
 
     def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
                  harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
-                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = None,
+                 perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = "auto",
                  trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
