@@ -112,6 +112,25 @@ cmp3 = fj.compare(tasks, ["gradient", "genetic"], trials=budget(64, 16), seeds=1
                   strategy_options={"gradient": {**budget({"starts": 64, "steps": 32}, {"starts": 16, "steps": 8}),
                                                  **pre}, "genetic": pre})
 display(Markdown(cmp3.table()))"""),
+    ("md", """## The model shipped with felixjax
+
+Both strategies above already started from a pretrained model: the one shipped as package data
+(`felixjax/data/pretrain_cpu.npz`, the default `cost_model="auto"` on CPU targets), trained on 4800 real
+measurements of 25 CIFAR-size layers (`felixjax/data/pretrain_cpu.jsonl.gz`). It learned real hardware, not
+this notebook's synthetic oracle; the online model falls back to the roofline prior wherever the MLP ranks
+the task's held-out measurements worse. Its provenance and transfer check (whole tasks held out):"""),
+    ("code", """import json
+
+from felixjax.model import PACKAGED_MODEL
+
+shipped = json.loads(Path(str(PACKAGED_MODEL) + ".json").read_text())
+print("data:", shipped["data"], "-", shipped["data_provenance"]["date_utc"], shipped["data_provenance"]["machine"][0])
+check = shipped["transfer_check"]
+print(f"held-out tasks {check['heldout_tasks']}: pairwise accuracy MLP {check['heldout_mlp_pairwise']:.3f}, "
+      f"roofline prior {check['heldout_prior_pairwise']:.3f}")
+cmp4 = fj.compare(tasks, ["genetic"], trials=budget(64, 16), seeds=1, db=None, replay=True, progress=False,
+                  strategy_options={"genetic": {"cost_model": None}})   # the prior first, as before session 24
+display(Markdown(cmp4.table()))"""),
     ("md", """## On hardware
 
 The same comparison with real, checked, timed C kernels, on the operator suite of the benchmark

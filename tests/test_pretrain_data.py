@@ -11,7 +11,8 @@ from codegen.measure import MeasureResult
 from codegen.ops import parse_spec
 from codegen.spaces import spaces_for
 from felixjax.database import TuningRecord
-from felixjax.pretrain import packaged_database
+from felixjax.model import PACKAGED_MODEL, load_pretrained
+from felixjax.pretrain import PACKAGED, load_dataset, packaged_database
 from felixjax.suites import SUITES, suite
 
 
@@ -43,8 +44,6 @@ def test_packaged_format_round_trips(tmp_path):
 
 # ---- the shipped files themselves (generated on the development machine, see their provenance) ----------
 
-from felixjax.model import PACKAGED_MODEL, load_pretrained  # noqa: E402
-from felixjax.pretrain import PACKAGED, load_dataset  # noqa: E402
 
 
 def _packaged_rows():
@@ -74,7 +73,7 @@ def test_the_packaged_model_ranks_its_data_and_starts_a_search():
 
     model = load_pretrained("packaged")
     assert load_pretrained(PACKAGED_MODEL).n_updates == model.n_updates and model.fitted
-    report = json.loads(open(str(PACKAGED_MODEL) + ".json").read())
+    report = json.loads(PACKAGED_MODEL.with_name(PACKAGED_MODEL.name + ".json").read_text())
     assert report["transfer_check"]["heldout_mlp_pairwise"] > report["transfer_check"]["heldout_prior_pairwise"]
     data = load_dataset([PACKAGED])
     rows = data.rows(list(data.tasks)[:3])  # three tasks: featurizing all of them takes longer
@@ -95,7 +94,9 @@ def test_pretrain_reads_dataset_files(tmp_path):
     task = parse_spec(SHAPES[-1])
     target = fj.Target.cpu()
     path = tmp_path / "d.jsonl.gz"
-    rng = __import__("numpy").random.default_rng(0)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
     with gzip.open(path, "wt") as f:
         f.write(json.dumps({"provenance": {"commit": "abc"}}) + "\n")
         for sp in spaces_for(task, target).values():
