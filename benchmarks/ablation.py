@@ -18,6 +18,7 @@ budget, seeds and opening — no default schedules measured first, so search log
   packaged dataset (``cost_model="packaged"``: CIFAR-size layers, disjoint from ``ops`` and ``fresh``; the
   strategies' default since session 24, ``"auto"``); every other arm starts from the roofline prior
   (``cost_model=None``), as all arms did before; ``gradient_pre_trust``: with the trust region too;
+  ``gradient_pre_local``: half of each batch from measured-neighbour moves, ranked by the pretrained model;
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -82,6 +83,7 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(**none, **gbdt), "gradient_gbdt"),
         named(GradientSearch(cost_model="packaged"), "gradient_pre"),
         named(GradientSearch(cost_model="packaged", **trust), "gradient_pre_trust"),
+        named(GradientSearch(cost_model="packaged", local_share=0.5), "gradient_pre_local"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

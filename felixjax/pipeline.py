@@ -83,7 +83,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         defaults: measure every sketch's hand-written default schedule in the first round, before
             the strategy's proposals (see :func:`~felixjax.strategies.base.opening_defaults`).
         renderer: plan -> source (a testing hook: tests plant crashing kernels through it).
-        cost_model: a pretrained cost-model checkpoint (``felixjax pretrain``) to start from.
+        cost_model: a pretrained cost-model checkpoint (``felixjax pretrain``) to start from (``None``:
+            the strategy's own option, by default ``"auto"``: the model shipped with felixjax on CPUs).
         retime: re-time this many of the best configs at the end, interleaved (``res.best`` is the
             re-timed figure; 0: no re-timing).
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
@@ -151,7 +152,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         include_defaults: measure every sketch's default schedule first, so the tuned build never
             loses to the default build.
         alpha, beta, window: the scheduler's constants (Ansor's defaults).
-        cost_model: a pretrained cost-model checkpoint to start the shared model from.
+        cost_model: a pretrained cost-model checkpoint to start the shared model from (``None``: the
+            strategy's own option, by default the model shipped with felixjax on CPUs).
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
         filter_p, early_stop: cost-aware tuning as for :func:`tune_task`; a task stopped early
             gives its share of the budget to the other tasks (``res.tasks[i].stop_reason`` says so).

@@ -151,7 +151,8 @@ class TuningSession:
         target_key: the key records are stored under (default ``target.at_threads(threads).key``: one
             per thread count; replays use their own).
         threads, protocol, renderer: how kernels are run, timed and rendered.
-        cost_model: a pretrained MLP checkpoint every model group starts from.
+        cost_model: a pretrained MLP checkpoint every model group starts from (``None``: each group
+            starts from its first strategy's ``cost_model`` option, ``"auto"`` by default).
         seed: seeds the cost models (runs seed their own streams).
         trials, seconds: the session's budget over all runs (``None``: runs' own budgets only).
         progress: print progress lines to stderr, or a callable receiving progress dicts.
