@@ -199,12 +199,10 @@ def pretrained_on(others: list[dict], pool: dict, seed: int = 0) -> str:
         import os
         import tempfile
 
-        from costmodels import Features, MLPCostModel, TrainConfig, pad_accesses
+        from costmodels import MLPCostModel, TrainConfig, concat_features
         from felixjax.features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 
-        slots = max(o["features"].access.shape[1] for o in others)
-        parts = [pad_accesses(o["features"], slots) for o in others]
-        feats = Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("access", "mask", "glob")))
+        feats = concat_features([o["features"] for o in others])
         lat = np.concatenate([o["lat"] for o in others])
         groups = np.concatenate([np.full(len(o["lat"]), i, np.int64) for i, o in enumerate(others)])
         model = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=128, seed=seed,

@@ -20,6 +20,7 @@ from costmodels.base import (
     CostModel,
     Features,
     as_numpy_features,
+    concat_features,
     holdout_mask,
     kendall_tau,
     neg_log_latency,
@@ -27,8 +28,8 @@ from costmodels.base import (
     pairwise_accuracy,
     ranking_metrics,
 )
-from costmodels.loading import load_model
 from costmodels.ensemble import EnsembleCostModel
+from costmodels.loading import load_model
 from costmodels.mlp import MLPCostModel, SegmentSumMLP, TrainConfig
 from costmodels.roofline import RooflineModel
 
@@ -41,6 +42,7 @@ __all__ = [
     "SegmentSumMLP",
     "TrainConfig",
     "as_numpy_features",
+    "concat_features",
     "holdout_mask",
     "kendall_tau",
     "load_model",

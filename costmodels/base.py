@@ -135,6 +135,20 @@ def pad_accesses(features: Features, num_slots: int) -> Features:
     return Features(access, mask, features.glob)
 
 
+def concat_features(parts: "list[Features]") -> Features:
+    """Concatenates numpy ``Features`` along the batch axis, padding each to the widest access axis.
+
+    Example:
+        >>> a = Features(np.ones((2, 3, 4)), np.ones((2, 3)), np.zeros((2, 1)))
+        >>> b = Features(np.ones((1, 5, 4)), np.ones((1, 5)), np.zeros((1, 1)))
+        >>> concat_features([a, b]).access.shape
+        (3, 5, 4)
+    """
+    slots = max(f.access.shape[1] for f in parts)
+    parts = [pad_accesses(f, slots) for f in parts]
+    return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("access", "mask", "glob")))
+
+
 def pad_batch(features: Features, size: int) -> Features:
     """Pads numpy ``Features`` along the batch axis with zero programs up to ``size``.
 

@@ -186,13 +186,11 @@ class OnlineCostModel:
 
     def fit(self) -> dict:
         """Fine-tune the MLP on every measurement so far and pick the better ranker."""
-        from costmodels import pad_accesses, pairwise_accuracy
+        from costmodels import concat_features, pairwise_accuracy
 
         if not self._feats:
             return {}
-        slots = max(f.access.shape[1] for f in self._feats)
-        parts = [pad_accesses(f, slots) for f in self._feats]
-        feats = Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
+        feats = concat_features(self._feats)
         self._feats = [feats]  # keep one concatenated block
         lat = np.asarray(self._lat)
         groups = np.asarray(self._grp, np.int64)

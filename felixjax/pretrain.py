@@ -80,7 +80,7 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
 
     from codegen.space import Space, sketches_for
     from codegen.target import Target
-    from costmodels import pad_accesses
+    from costmodels import concat_features
 
     from .database import Database
 
@@ -122,10 +122,7 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     if not names:
         raise ValueError(f"no task with >= {min_records} correctly measured configs in {list(map(str, dbs))}"
                          + (f" (excluded: {sorted(excluded)})" if excluded else ""))
-    slots = max(f.access.shape[1] for f in feats)
-    feats = [pad_accesses(f, slots) for f in feats]
-    features = Features(*(np.concatenate([getattr(f, k) for f in feats]) for k in ("access", "mask", "glob")))
-    return PretrainData(features, np.concatenate(lats), np.concatenate(groups), np.concatenate(priors),
+    return PretrainData(concat_features(feats), np.concatenate(lats), np.concatenate(groups), np.concatenate(priors),
                         tuple(names))
 
 
