@@ -168,7 +168,10 @@ class DaskRunner:
 
     def _scatter(self, a: Any, attempts: int = 6) -> Any:
         """``client.scatter(a)`` to every worker; a worker that vanishes mid-broadcast (a measuring
-        worker restarted by its nanny after a crashing kernel) is waited out, not fatal."""
+        worker restarted by its nanny after a crashing kernel) is waited out, not fatal: the client sees
+        a closed comm or a timeout (``OSError``), or the scheduler's own ``KeyError`` for the worker it
+        removed while replicating to it (CI, stop 38: ``Scheduler.replicate`` looked up the address of
+        the measuring worker killed a moment before)."""
         for attempt in range(attempts):
             try:
                 # hash=False: a content-hashed key is shared by every runner on the cluster, and a new
@@ -176,7 +179,7 @@ class DaskRunner:
                 # gathering the key from each other for 19 minutes (test_dask under pytest-xdist, load 3);
                 # unique keys avoid the race, and ``_scattered`` already sends each array once
                 return self._scatter_once(a)
-            except OSError:  # distributed's CommClosedError and TimeoutError are OSErrors
+            except (OSError, KeyError):  # distributed's CommClosedError and TimeoutError are OSErrors
                 if self.client.status != "running" or attempt == attempts - 1:
                     raise
                 time.sleep(0.5 * (attempt + 1))

@@ -213,3 +213,24 @@ def test_tune_model_and_compare_take_a_dask_runner(client):
     cmp = fj.compare([TASK], ["random"], trials=8, seeds=1, db=None, progress=False, runner=runner)
     [hist] = cmp.histories.values()
     assert len(hist) == 8 and {r.status for r in hist} <= {"ok", "wrong_result"}
+
+
+def test_a_broadcast_racing_with_a_worker_removal_is_retried(client, monkeypatch):
+    # the scheduler's replicate can look up a worker it removed a moment before (a KeyError from the
+    # scheduler, CI stop 38) or the comm can close (an OSError): both are retried, anything else is not
+    runner = DaskRunner(client, builds="device")
+    real, raised = runner._scatter_once, []
+
+    def flaky(a, errors=[KeyError("tcp://127.0.0.1:1"), OSError("comm closed")]):
+        if errors:
+            raised.append(errors.pop(0))
+            raise raised[-1]
+        return real(a)
+
+    monkeypatch.setattr(runner, "_scatter_once", flaky)
+    fut = runner._scatter(np.arange(4.0))
+    assert [type(e) for e in raised] == [KeyError, OSError]
+    np.testing.assert_array_equal(fut.result(), np.arange(4.0))
+    monkeypatch.setattr(runner, "_scatter_once", lambda a: (_ for _ in ()).throw(ValueError("bad")))
+    with pytest.raises(ValueError):
+        runner._scatter(np.arange(4.0))
