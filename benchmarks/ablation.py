@@ -19,6 +19,12 @@ budget, seeds and opening — no default schedules measured first, so search log
   strategies' default since session 24, ``"auto"``); every other arm starts from the roofline prior
   (``cost_model=None``), as all arms did before; ``gradient_pre_trust``: with the trust region too;
   ``gradient_pre_local``: half of each batch from measured-neighbour moves, ranked by the pretrained model;
+  ``gradient_pre_lr05``: a tenth of the learning rate (0.05: the descents barely leave their starts, a probe
+  of whether descending on the pretrained model hurts); ``gradient_pre_lcb``: pessimistic acquisition
+  (score − std of the run's ensemble, ``ucb_beta=-1``: prefer candidates the members agree on);
+  ``gradient_pre_pess1`` / ``_pess3``: descent and ranking on score − 1 (3) x the disagreement of the
+  ensemble pretrained on the packaged dataset (``pessimism``: stay where the pretraining data reach);
+  ``genetic_pre_pess1``: the genetic search ranking by the same pessimistic score (equal equipment);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -84,10 +90,15 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(cost_model="packaged"), "gradient_pre"),
         named(GradientSearch(cost_model="packaged", **trust), "gradient_pre_trust"),
         named(GradientSearch(cost_model="packaged", local_share=0.5), "gradient_pre_local"),
+        named(GradientSearch(cost_model="packaged", lr=0.05), "gradient_pre_lr05"),
+        named(GradientSearch(cost_model="packaged", acquisition="ucb", ucb_beta=-1.0), "gradient_pre_lcb"),
+        named(GradientSearch(cost_model="packaged", pessimism=1.0), "gradient_pre_pess1"),
+        named(GradientSearch(cost_model="packaged", pessimism=3.0), "gradient_pre_pess3"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
         named(GeneticSearch(cost_model="packaged"), "genetic_pre"),
+        named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),
     ]
 
 

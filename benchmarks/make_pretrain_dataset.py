@@ -16,7 +16,9 @@ the MLP ranks worse.
 
 The shipped cost model, ``felixjax/data/pretrain_cpu.npz`` (``cost_model="packaged"``), is the tuner's MLP
 pretrained on that file (``--model-only`` retrains it from the file in seconds, e.g. after a feature change:
-seed 0, every task; a report with whole tasks held out is written next to it as ``pretrain_cpu.npz.json``).
+seed 0, every task; a report with whole tasks held out is written next to it as ``pretrain_cpu.npz.json``),
+and ``pretrain_cpu_ens.npz`` an ensemble of 4 smaller MLPs trained on it, whose disagreement marks configs
+the data do not cover (the gradient strategy's ``pessimism`` option).
 Generating the data also trains the model.
 
 Never run in CI, and only on a quiet machine (hours at the default settings): timings taken while
@@ -51,6 +53,10 @@ from felixjax.suites import SUITES, suite  # noqa: E402
 
 OUT = ROOT / "felixjax" / "data" / "pretrain_cpu.jsonl.gz"
 MODEL_OUT = ROOT / "felixjax" / "data" / "pretrain_cpu.npz"
+ENSEMBLE_OUT = ROOT / "felixjax" / "data" / "pretrain_cpu_ens.npz"
+#: the shipped ensemble: 4 narrower MLPs (seeds 0-3, bootstrap resamples): their disagreement, not their
+#: mean, is what the gradient strategy's ``pessimism`` uses, so they are smaller than the tuner's model
+ENSEMBLE = {"members": 4, "hidden": 64}
 MAX_BYTES = 5 * 1024 * 1024
 # CIFAR-size layers (ResNet-20/56-style stages at 32/16/8, MobileNet-style depthwise + pointwise,
 # dense heads, small matmuls). Checked disjoint from the evaluation suites at start-up.
@@ -112,16 +118,17 @@ def provenance(argv, target, protocol, threads: int, trials: int) -> dict:
     }}
 
 
-def train_model(data: Path, out: Path) -> dict:
-    """Pretrain the tuner's MLP on a dataset file and save it to ``out``; the report (written as
-    ``out.json``) also holds a transfer check: the same training with a fifth of the tasks held out
-    whole, their within-task pairwise accuracy next to the roofline prior's."""
+def train_model(data: Path, out: Path, **kw) -> dict:
+    """Pretrain the tuner's MLP (``kw``: ``members``, ``hidden`` for the ensemble) on a dataset file and
+    save it to ``out``; the report (written as ``out.json``) also holds a transfer check: the same
+    training with a fifth of the tasks held out whole, their within-task pairwise accuracy next to the
+    roofline prior's."""
     from felixjax.pretrain import packaged_database, pretrain
 
     tmp = Path(tempfile.mkdtemp())
     db, prov = packaged_database(data, tmp / "data.db")
-    held = pretrain([db], tmp / "heldout.npz", holdout=0.2, seed=0)
-    report = pretrain([db], out, holdout=0.0, seed=0)
+    held = pretrain([db], tmp / "heldout.npz", holdout=0.2, seed=0, **kw)
+    report = pretrain([db], out, holdout=0.0, seed=0, **kw)
     report.update({"data": str(data.relative_to(ROOT)) if data.is_relative_to(ROOT) else str(data),
                    "data_provenance": prov, "databases": [], "checkpoint": out.name,
                    "transfer_check": {k: held[k] for k in ("train_tasks", "heldout_tasks", "heldout_mlp_pairwise",
@@ -146,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.model_only:
         train_model(args.out or OUT, MODEL_OUT)
+        train_model(args.out or OUT, ENSEMBLE_OUT, **ENSEMBLE)
         return 0
     if args.quick and args.out is None:
         ap.error("--quick writes a throwaway file: give --out")
@@ -177,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     if out == OUT:
         train_model(out, MODEL_OUT)
+        train_model(out, ENSEMBLE_OUT, **ENSEMBLE)
     return 0
 
 

@@ -78,3 +78,34 @@ class SearchContext:
                 args = (self,) if cost_model == "auto" else (self, cost_model)  # make_scorer(ctx) stays valid
                 self._scorer = _model.make_scorer(*args)
         return self._scorer
+
+
+def pessimistic(scorer, ensemble: str = "packaged", beta: float = 1.0):
+    """The scorer's differentiable model minus ``beta`` times the disagreement of a pretrained
+    ensemble (:class:`felixjax.model.Pessimistic`; ``ensemble``: ``"packaged"`` or a checkpoint of
+    ``felixjax.pretrain.pretrain(..., members=K)``). CPU features only."""
+    if getattr(scorer, "gpu", False):
+        raise ValueError("pessimism needs an ensemble over CPU features; GPU targets have none")
+    return _model.Pessimistic(scorer.differentiable, _model.load_ensemble(ensemble), beta)
+
+
+class PessimisticScorer:
+    """A scorer whose :meth:`score` is the wrapped scorer's model minus ``beta`` times a pretrained
+    ensemble's disagreement (the genetic strategy's ``pessimism``: the same penalty the gradient
+    strategy descends on, applied where the genetic search ranks). Everything else is the wrapped
+    scorer's (``update`` feeds the shared model as before)."""
+
+    def __init__(self, scorer, ensemble: str = "packaged", beta: float = 1.0):
+        if getattr(scorer, "gpu", False):
+            raise ValueError("pessimism needs an ensemble over CPU features; GPU targets have none")
+        self._scorer, self._ens, self.beta = scorer, _model.load_ensemble(ensemble), float(beta)
+
+    def score(self, configs: list) -> np.ndarray:
+        if not configs:
+            return np.zeros(0)
+        feats = self._scorer.features(configs)
+        _, std = self._ens.predict_with_std(feats)
+        return np.asarray(self._scorer.model.predict(feats), np.float64) - self.beta * np.asarray(std, np.float64)
+
+    def __getattr__(self, name: str):
+        return getattr(self._scorer, name)

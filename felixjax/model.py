@@ -301,28 +301,31 @@ class CostModelScorer:
             return self.shared.ranker.predict(flat_features(self.features(configs)))
         return np.asarray(self.model.predict(self.features(configs)), np.float64)
 
-    def score_x(self, sketch: str, xs: np.ndarray) -> np.ndarray:
+    def score_x(self, sketch: str, xs: np.ndarray, model=None) -> np.ndarray:
         """Scores of integer points ``[B, N_X]`` of one sketch (no :class:`Config` objects built):
         hard features and the active model in one jitted call per padded chunk, compiled once per
-        process for every task and sketch (the model enters as parameters of a :class:`Blend`)."""
+        process for every task and sketch (the model enters as parameters of a :class:`Blend`).
+        ``model``: another pure model over the same features instead (e.g. a :class:`Pessimistic`)."""
         xs = np.asarray(xs, np.float32)
         if not len(xs):
             return np.zeros(0)
-        if self.shared.ranking(self.group):  # the tree ranker: features first (jitted), then the trees
+        if model is None and self.shared.ranking(self.group):  # the tree ranker: features (jitted), then trees
             from .ranker import flat_features
 
             return self.shared.ranker.predict(flat_features(self.features_x(sketch, xs)))
-        blend = self.differentiable
+        blend = model if model is not None else self.differentiable
         fn = _hard_score_for(blend, self.feature_fn)
         out = []
         for pad, n in self._padded(xs):
             out.append(np.asarray(fn(blend.params, self.inputs[sketch], jnp.asarray(pad)))[:n])
         return np.concatenate(out).astype(np.float64)
 
-    def soft_score(self, temperature: float):
+    def soft_score(self, temperature: float, model=None):
         """``fn(params, inputs, x) -> predicted score`` on soft features of one relaxed point: the
-        differentiable objective of the gradient strategy (pure; compiled once per model kind)."""
-        return _soft_score_for(self.differentiable, float(temperature), self.feature_fn)
+        differentiable objective of the gradient strategy (pure; compiled once per model kind);
+        ``model`` as in :meth:`score_x`."""
+        return _soft_score_for(model if model is not None else self.differentiable, float(temperature),
+                               self.feature_fn)
 
     def update(self, records: list) -> None:
         """Feed this task's new correct measurements to the shared model and fine-tune it."""
@@ -475,6 +478,60 @@ def resolve_cost_model(cost_model, target):
 #: The MLP pretrained on the packaged dataset (``benchmarks/make_pretrain_dataset.py --model-only``), which
 #: ``cost_model="packaged"`` names.
 PACKAGED_MODEL = Path(__file__).resolve().parent / "data" / "pretrain_cpu.npz"
+
+
+#: An ensemble of 4 MLPs pretrained on the same dataset (bootstrap resamples, own seeds): where they
+#: disagree the data do not reach (``pessimism="packaged"`` in the gradient strategy).
+PACKAGED_ENSEMBLE = Path(__file__).resolve().parent / "data" / "pretrain_cpu_ens.npz"
+
+
+def load_ensemble(path: str | os.PathLike):
+    """The :class:`~costmodels.ensemble.EnsembleCostModel` of a checkpoint (``felixjax.pretrain.pretrain``
+    with ``members > 1``); ``"packaged"``: :data:`PACKAGED_ENSEMBLE`. Cached per path (read-only use)."""
+    path = PACKAGED_ENSEMBLE if str(path) == "packaged" else Path(path)
+    key = str(Path(path).resolve())
+    if key not in _ENSEMBLES:
+        from costmodels import EnsembleCostModel
+
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no ensemble checkpoint at {path} (make one with felixjax.pretrain.pretrain(..., "
+                                    "members=4))")
+        ens = EnsembleCostModel.load(path)
+        first = ens.members[0]
+        if (first.n_access_features, first.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
+            raise ValueError(f"{path} was trained on another feature set: pretrain again")
+        _ENSEMBLES[key] = ens
+    return _ENSEMBLES[key]
+
+
+_ENSEMBLES: dict = {}
+
+
+class Pessimistic:
+    """``base − beta · std(members)``: a model's score minus the disagreement of an ensemble, so
+    a descent (or a ranking) that optimizes it stays where the ensemble's data reach instead of
+    chasing the model where it extrapolates (conservative model-based optimization). Pure
+    ``apply(params, features)`` over ``params = {"base", "ens", "beta"}``; compiled once per kind.
+
+    Example:
+        >>> import numpy as np
+        >>> from costmodels import EnsembleCostModel, Features, RooflineModel
+        >>> base = RooflineModel(flops_col=0, bytes_col=1, peak_flops=1e9, bandwidth=1e9)
+        >>> p = Pessimistic(base, EnsembleCostModel(3, 2, num_members=2, hidden=8), beta=1.0)
+        >>> f = Features(np.ones((4, 2, 3)), np.ones((4, 2)), np.ones((4, 2)))
+        >>> bool((p.apply(p.params, f) < base.apply(base.params, f)).all())
+        True
+    """
+
+    def __init__(self, base, ensemble, beta: float):
+        self._base, self._ens = base, ensemble
+        self.base_key = model_key(base)
+        self.members, self.member_hidden = len(ensemble.members), ensemble.members[0].hidden
+        self.params = {"base": base.params, "ens": ensemble.params, "beta": np.float32(beta)}
+
+    def apply(self, params, features):
+        _, std = self._ens.apply_with_std(params["ens"], features)
+        return self._base.apply(params["base"], features) - params["beta"] * std
 
 
 def load_pretrained(path: str | os.PathLike) -> MLPCostModel:

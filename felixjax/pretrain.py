@@ -133,7 +133,7 @@ def _take(data: PretrainData, rows: np.ndarray) -> tuple[Features, np.ndarray, n
 
 def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclude: Iterable[str] = (),
              holdout: float = 0.2, seed: int = 0, hidden: int = 128, sample_budget: int = 200_000,
-             max_epochs: int = 200, min_records: int = 16, progress: bool = False) -> dict:
+             max_epochs: int = 200, min_records: int = 16, progress: bool = False, members: int = 1) -> dict:
     """Trains the MLP on the measurements of many tasks and saves it to ``out`` (``.npz``).
 
     Args:
@@ -148,13 +148,17 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
         max_epochs: epoch cap.
         min_records: tasks with fewer distinct measured configs are skipped.
         progress: print per-task lines.
+        members: 1 (the default): one MLP, the tuner's cost model. More: an
+            :class:`~costmodels.ensemble.EnsembleCostModel` of that many MLPs (own seeds, bootstrap
+            resamples of the rows), whose disagreement says where the data do not reach (the gradient
+            strategy's ``pessimism`` reads it); the held-out check scores the members' mean.
 
     Returns:
         The report (also written as JSON): tasks trained on and held out, rows, seconds, the
         held-out tasks' mean within-task pairwise accuracy of the MLP and of the roofline prior
         (``nan`` without held-out tasks) and per held-out task.
     """
-    from costmodels import MLPCostModel, TrainConfig, pairwise_accuracy
+    from costmodels import EnsembleCostModel, MLPCostModel, TrainConfig, pairwise_accuracy
 
     from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 
@@ -162,7 +166,11 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     data = load_dataset(dbs, exclude=exclude, min_records=min_records, progress=progress)
     train_tasks, held_tasks = split_tasks(list(data.tasks), holdout=holdout, seed=seed)
     cfg = TrainConfig(sample_budget=sample_budget, max_epochs=max_epochs)
-    model = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
+    if members > 1:
+        model = EnsembleCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, num_members=members, hidden=hidden,
+                                  seed=seed, config=cfg)
+    else:
+        model = MLPCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, hidden=hidden, seed=seed, config=cfg)
     f, lat, groups = _take(data, data.rows(train_tasks))
     fit = model.update(f, lat, groups)
     per_task = {}
@@ -177,7 +185,7 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
 
     report = {"checkpoint": str(out), "databases": [str(p) for p in dbs], "excluded": sorted(set(exclude)),
               "train_tasks": sorted(train_tasks), "heldout_tasks": sorted(held_tasks), "rows": len(data),
-              "train_rows": int(len(lat)), "seed": seed, "hidden": hidden,
+              "train_rows": int(len(lat)), "seed": seed, "hidden": hidden, "members": members,
               "fit": {k: float(v) for k, v in fit.items()},
               "heldout_mlp_pairwise": mean("mlp_pairwise"), "heldout_prior_pairwise": mean("prior_pairwise"),
               "heldout": per_task, "seconds": time.perf_counter() - t0}

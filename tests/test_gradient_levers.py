@@ -1,5 +1,6 @@
 """Issue 15's levers of the gradient search, on the replay oracle: ensemble acquisition (UCB /
 Thompson), measured-neighbour moves, and the per-round soft-vs-hard and rounding statistics."""
+import jax
 import numpy as np
 import pytest
 
@@ -50,3 +51,39 @@ def test_levers_on_the_replay_oracle():
         assert 0.0 <= st["left_basin"] <= 1.0 and np.isfinite(st["rounding_loss"]) and st["trajectories"] > 0
         # nan when the hard scores tie (the roofline prior ranks the first rounds and ties on good configs)
         assert np.isnan(st["soft_hard_tau"]) or -1.0 <= st["soft_hard_tau"] <= 1.0
+
+
+def test_pessimism_is_score_minus_beta_times_the_ensembles_std():
+    from felixjax.context import pessimistic
+    from felixjax.model import load_ensemble
+
+    task = fj.ops.matmul(64, 48, 32)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(task, GradientSearch(batch_size=8), seed=0, trials=8)
+        scorer = run.ctx.scorer
+        name, rel = next(iter(scorer.relaxations.items()))
+        xs = rel.round_points(np.asarray(rel.sample_x(jax.random.PRNGKey(0), 32)))[0]
+        plain = scorer.score_x(name, xs)
+        pess = scorer.score_x(name, xs, model=pessimistic(scorer, "packaged", 2.0))
+        _, std = load_ensemble("packaged").predict_with_std(scorer.features_x(name, xs))
+        np.testing.assert_allclose(pess, plain - 2.0 * std, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="pessimism"):
+        GradientSearch(pessimism=-1.0)
+
+
+def test_pessimism_keeps_the_proposals_where_the_pretrained_ensemble_agrees():
+    from felixjax.model import load_ensemble
+
+    task = fj.ops.matmul(64, 48, 32)
+    spread = {}
+    for beta in (0.0, 3.0):
+        g = GradientSearch(batch_size=16, starts=32, pessimism=beta)
+        with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                           defaults=False) as s:
+            run = s.add(task, g, seed=0, trials=32)
+            s.step(run)
+            picks = g.propose(run.ctx, 16)
+            _, std = load_ensemble("packaged").predict_with_std(g._ensure_scorer(run.ctx).features(picks))
+            spread[beta] = float(np.mean(std))
+    assert spread[3.0] < 0.75 * spread[0.0], spread

@@ -105,3 +105,27 @@ def test_pretrain_reads_dataset_files(tmp_path):
                 f.write(json.dumps(rec.to_json()) + "\n")
     data = load_dataset([path], min_records=4)
     assert data.tasks == (task.name,) and len(data) >= 12
+
+
+def test_the_packaged_ensemble_loads_and_its_members_disagree_off_the_data():
+    """The shipped ensemble (``pessimism``'s uncertainty) matches this feature set, its members rank
+    held-out tasks above the prior (its own transfer check), and they agree more on configs of
+    their dataset than on the same tasks' configs scrambled knob by knob."""
+    import numpy as np
+
+    from costmodels import Features
+    from felixjax.model import PACKAGED_ENSEMBLE, load_ensemble
+
+    ens = load_ensemble("packaged")
+    assert len(ens.members) == 4 and load_ensemble(PACKAGED_ENSEMBLE) is ens
+    report = json.loads(PACKAGED_ENSEMBLE.with_name(PACKAGED_ENSEMBLE.name + ".json").read_text())
+    assert report["members"] == 4
+    assert report["transfer_check"]["heldout_mlp_pairwise"] > report["transfer_check"]["heldout_prior_pairwise"]
+    data = load_dataset([PACKAGED])
+    rows = data.rows(list(data.tasks)[:2])
+    f = data.features
+    _, std_data = ens.predict_with_std(Features(f.access[rows], f.mask[rows], f.glob[rows]))
+    rng = np.random.default_rng(0)
+    g = f.glob[rows] * np.exp(rng.normal(scale=1.0, size=f.glob[rows].shape))  # features no config of the data has
+    _, std_off = ens.predict_with_std(Features(f.access[rows], f.mask[rows], g))
+    assert np.median(std_off) > 2 * np.median(std_data), (np.median(std_off), np.median(std_data))

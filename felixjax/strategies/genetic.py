@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from ..context import check_ranker
+from ..context import PessimisticScorer, check_ranker
 from .base import SearchContext, register
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
@@ -386,6 +386,9 @@ class GeneticSearch:
             option and default, ``"auto"``, as the gradient strategy's: equal equipment).
         ranker, ranker_data: rank with a tree ranker once it is fitted (the same options as the
             gradient strategy's; ``None``: the cost model ranks).
+        pessimism, pessimism_model: rank by the model's score minus ``pessimism`` times a pretrained
+            ensemble's disagreement (the gradient strategy's option of the same name, applied where
+            this search ranks: equal equipment). 0 (the default) turns it off.
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -405,7 +408,7 @@ class GeneticSearch:
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
                  scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
-                 ranker_data: str | None = None):
+                 ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged"):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -424,6 +427,9 @@ class GeneticSearch:
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
+        if pessimism < 0:
+            raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
+        self.pessimism, self.pessimism_model = float(pessimism), pessimism_model
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -437,7 +443,8 @@ class GeneticSearch:
         factory called once per task), else the context's (the session's shared model)."""
         arg = self._scorer_arg
         if arg is None:
-            return ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data)
+            scorer = ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data)
+            return PessimisticScorer(scorer, self.pessimism_model, self.pessimism) if self.pessimism else scorer
         if hasattr(arg, "score"):
             return arg
         key = ctx.task.key
