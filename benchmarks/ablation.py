@@ -25,6 +25,7 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_pess1`` / ``_pess3``: descent and ranking on score − 1 (3) x the disagreement of the
   ensemble pretrained on the packaged dataset (``pessimism``: stay where the pretraining data reach);
   ``genetic_pre_pess1``: the genetic search ranking by the same pessimistic score (equal equipment);
+  ``gradient_pre_hedge`` / ``genetic_pre_hedge``: half of the starts and picks pessimistic (beta 1), half plain;
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -94,11 +95,13 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(cost_model="packaged", acquisition="ucb", ucb_beta=-1.0), "gradient_pre_lcb"),
         named(GradientSearch(cost_model="packaged", pessimism=1.0), "gradient_pre_pess1"),
         named(GradientSearch(cost_model="packaged", pessimism=3.0), "gradient_pre_pess3"),
+        named(GradientSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "gradient_pre_hedge"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
         named(GeneticSearch(cost_model="packaged"), "genetic_pre"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),
+        named(GeneticSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "genetic_pre_hedge"),
     ]
 
 

@@ -87,3 +87,32 @@ def test_pessimism_keeps_the_proposals_where_the_pretrained_ensemble_agrees():
             _, std = load_ensemble("packaged").predict_with_std(g._ensure_scorer(run.ctx).features(picks))
             spread[beta] = float(np.mean(std))
     assert spread[3.0] < 0.75 * spread[0.0], spread
+
+
+def test_interleave_keeps_the_share_in_every_prefix():
+    from felixjax.strategies.base import interleave
+
+    a, b = list(range(10)), list(range(9, -1, -1))
+    assert interleave(a, b, 0.5, 6) == [0, 9, 1, 8, 2, 7]
+    assert interleave(a, b, 1.0, 3) == [0, 1, 2] and interleave(a, b, 0.25, 4) == [9, 0, 8, 7]
+    assert sorted(interleave(a, b, 0.5, 20)) == a  # no repeats, stops when both are used up
+    assert interleave([1, 2], [2, 1], 0.5, 2) == [1, 2]
+
+
+def test_the_pessimism_hedge_descends_and_ranks_on_both_objectives():
+    from felixjax.strategies.genetic import GeneticSearch
+
+    task = fj.ops.matmul(64, 48, 32)
+    g = GradientSearch(batch_size=16, starts=16, pessimism=1.0, pessimism_share=0.5)
+    gen = GeneticSearch(batch_size=16, population=256, generations=1, pessimism=1.0, pessimism_share=0.5)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(task, g, seed=0, trials=16)
+        s.step(run)
+        assert [o is None for _, _, o in g._ends] == [False, True] * g.warmup_passes  # both objectives
+        assert all(len(x0) == 8 for x0, _, _ in g._ends)
+        other = s.add(task, gen, seed=1, trials=16)
+        picks = gen.propose(other.ctx, 16)
+        assert len(set(picks)) == 16 and not set(picks) & other.ctx.measured
+    with pytest.raises(ValueError, match="pessimism_share"):
+        GradientSearch(pessimism=1.0, pessimism_share=0.0)

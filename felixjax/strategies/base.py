@@ -117,3 +117,31 @@ def cost_model_options(strategy: str, cost_model: str | None) -> dict | None:
 
 
 COST_MODEL_STRATEGIES = ("gradient", "genetic")
+
+
+def interleave(first, second, share: float, k: int) -> list:
+    """Up to ``k`` distinct items from two rankings of the same items, best first: a ``share`` of
+    them taken in ``first``'s order and the rest in ``second``'s, alternating so that every prefix
+    keeps that share (the pessimism hedge of both learned strategies).
+
+    Example:
+        >>> interleave([1, 2, 3, 4], [4, 3, 2, 1], 0.5, 4)
+        [1, 4, 2, 3]
+    """
+    orders, out, seen, pos = (list(first), list(second)), [], set(), [0, 0]
+    taken = 0
+    while len(out) < k:
+        side = 0 if taken < round(share * (len(out) + 1)) else 1
+        while pos[side] < len(orders[side]) and orders[side][pos[side]] in seen:
+            pos[side] += 1
+        if pos[side] == len(orders[side]):
+            side = 1 - side
+            while pos[side] < len(orders[side]) and orders[side][pos[side]] in seen:
+                pos[side] += 1
+            if pos[side] == len(orders[side]):
+                break
+        item = orders[side][pos[side]]
+        seen.add(item)
+        out.append(item)
+        taken += side == 0
+    return out

@@ -53,7 +53,7 @@ from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
 from ..context import PessimisticScorer, check_ranker
-from .base import SearchContext, register
+from .base import SearchContext, interleave, register
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}
@@ -388,7 +388,10 @@ class GeneticSearch:
             gradient strategy's; ``None``: the cost model ranks).
         pessimism, pessimism_model: rank by the model's score minus ``pessimism`` times a pretrained
             ensemble's disagreement (the gradient strategy's option of the same name, applied where
-            this search ranks: equal equipment). 0 (the default) turns it off.
+            this search ranks: equal equipment). 0 (the default) turns it off. ``pessimism_share``
+            below 1: the population evolves on the plain score and that share of the picks is the
+            pessimistic score's best among the plain score's ``8 · n`` best, interleaved with the
+            plain order (the gradient strategy's hedge).
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -408,7 +411,8 @@ class GeneticSearch:
                  measured_ratio: float = 0.2, eps_greedy: float = 0.05,
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
                  scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
-                 ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged"):
+                 ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged",
+                 pessimism_share: float = 1.0):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -429,7 +433,10 @@ class GeneticSearch:
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
         if pessimism < 0:
             raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
+        if not 0.0 < pessimism_share <= 1.0:
+            raise ValueError(f"pessimism_share must be in (0, 1] (got {pessimism_share})")
         self.pessimism, self.pessimism_model = float(pessimism), pessimism_model
+        self.pessimism_share = float(pessimism_share)
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -444,7 +451,8 @@ class GeneticSearch:
         arg = self._scorer_arg
         if arg is None:
             scorer = ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data)
-            return PessimisticScorer(scorer, self.pessimism_model, self.pessimism) if self.pessimism else scorer
+            full = self.pessimism and self.pessimism_share >= 1.0
+            return PessimisticScorer(scorer, self.pessimism_model, self.pessimism) if full else scorer
         if hasattr(arg, "score"):
             return arg
         key = ctx.task.key
@@ -490,7 +498,14 @@ class GeneticSearch:
 
         # 3. the best 2n unmeasured, of which n - int(eps n) are proposed, plus int(eps n) random samples
         t = time.perf_counter()
-        ranked = sorted(heap, key=heap.__getitem__, reverse=True)[: 2 * n]
+        order = sorted(heap, key=heap.__getitem__, reverse=True)
+        ranked = order[: 2 * n]
+        if self.pessimism and self.pessimism_share < 1.0 and heap:  # the hedge: some picks pessimistic
+            short = order[: 8 * n]
+            pess = PessimisticScorer(scorer, self.pessimism_model, self.pessimism).score(
+                codec.decode_many(codec.rows(short)))
+            by_pess = [short[i] for i in np.argsort(-pess, kind="stable")]
+            ranked = interleave(by_pess, short, self.pessimism_share, 2 * n)
         n_rand = int(self.eps_greedy * n)
         good = ranked[: n - n_rand]
         taken = set(good)

@@ -35,7 +35,7 @@ from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
 from ..context import check_ranker
-from .base import SearchContext, fresh, register
+from .base import SearchContext, fresh, interleave, register
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
@@ -165,6 +165,9 @@ class GradientSearch:
             of a pretrained ensemble (``pessimism_model``; ``"packaged"``: 4 MLPs trained on the
             packaged dataset, CPU targets): the descent stays where the pretraining data reach
             instead of ending where the model extrapolates. 0 (the default) turns it off.
+        pessimism_share: with ``pessimism``, the share of the starts that descend on the pessimistic
+            objective and of the picks ranked by it; the rest descend on, and are ranked by, the plain
+            score (a hedge between the two; 1, the default: all pessimistic).
     """
 
     MIN_ENSEMBLE = 24
@@ -178,7 +181,7 @@ class GradientSearch:
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
-                 pessimism_model: str = "packaged"):
+                 pessimism_model: str = "packaged", pessimism_share: float = 1.0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -194,7 +197,10 @@ class GradientSearch:
         self.local_share, self.local_of, self.stats = float(local_share), int(local_of), bool(stats)
         if pessimism < 0:
             raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
+        if not 0.0 < pessimism_share <= 1.0:
+            raise ValueError(f"pessimism_share must be in (0, 1] (got {pessimism_share})")
         self.pessimism, self.pessimism_model = float(pessimism), pessimism_model
+        self.pessimism_share = float(pessimism_share)
         self._ensemble = None
         self._ensemble_rows = 0
         self.last_round: dict = {}
@@ -215,6 +221,24 @@ class GradientSearch:
         from ..context import pessimistic
 
         return pessimistic(scorer, self.pessimism_model, self.pessimism)
+
+    def _split(self, scorer) -> list[tuple]:
+        """``(objective, starts)`` of each descent of a pass: all ``starts`` on one objective, or with
+        ``0 < pessimism_share < 1`` that share of them on the pessimistic one and the rest on the plain."""
+        obj = self._objective(scorer)
+        if obj is None or self.pessimism_share >= 1.0:
+            return [(obj, self.starts)]
+        n_pess = min(self.starts - 1, max(1, int(round(self.pessimism_share * self.starts))))
+        return [(obj, n_pess), (None, self.starts - n_pess)]
+
+    def _pick(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, plain: np.ndarray | None,
+              sketch: list, k: int) -> np.ndarray:
+        """``k`` pool rows: :meth:`_acquire`'s, or with a ``pessimism_share`` below 1 that share of them
+        in the pessimistic score's order and the rest in the plain score's, interleaved, no repeats."""
+        if plain is None:
+            return self._acquire(ctx, scorer, xs, scores, sketch, k)
+        return np.asarray(interleave(np.argsort(-scores, kind="stable").tolist(),
+                                     np.argsort(-plain, kind="stable").tolist(), self.pessimism_share, k), np.int64)
 
     def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:
         """Byte keys of the integer points of every measured config, per sketch (kept incrementally)."""
@@ -243,24 +267,25 @@ class GradientSearch:
     def _descend(self, ctx: SearchContext, scorer, name: str, rel) -> np.ndarray:
         """Every harvested iterate ``[H, N_X]`` of this round's descents on one sketch (a sketch with
         no measurement yet gets ``warmup_passes`` passes; each pass is the same compiled shape)."""
-        obj = self._objective(scorer)
-        model = obj if obj is not None else scorer.differentiable
-        run = _descent_for(scorer.soft_score(self.temperature, obj), rel, self.steps)
         keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
         if keep[-1] != self.steps - 1:
             keep.append(self.steps - 1)
         measured = any(r.config.sketch == name for r in ctx.history)
         out = []
         self._ends = []  # (starts, final iterates) of every pass: the rounding statistics
-        for _ in range(1 if measured else max(1, self.warmup_passes)):
-            x0 = self._starts(ctx, rel, self.starts)
+        passes = [(obj, n) for _ in range(1 if measured else max(1, self.warmup_passes))
+                  for obj, n in self._split(scorer)]
+        for obj, n_starts in passes:
+            model = obj if obj is not None else scorer.differentiable
+            run = _descent_for(scorer.soft_score(self.temperature, obj), rel, self.steps)
+            x0 = self._starts(ctx, rel, n_starts)
             anchors, mask = self._anchors(ctx, rel, name, x0.shape[-1])
             trust = jnp.asarray([self.trust_weight if mask.any() else 0.0, self.trust_radius], jnp.float32)
             arrays = getattr(rel, "descent_arrays", rel.arrays)  # a GPU relaxation's penalty reads its limits too
             traj = np.asarray(run(model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr,
                                   anchors, mask, trust))
             out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
-            self._ends.append((x0, traj[-1]))
+            self._ends.append((x0, traj[-1], obj))
         return np.concatenate(out)
 
     @staticmethod
@@ -275,9 +300,11 @@ class GradientSearch:
             mask[: len(xs)] = 1.0
         return jnp.asarray(anchors), jnp.asarray(mask)
 
-    def _score(self, scorer, name: str, rel, pts: np.ndarray) -> np.ndarray:
+    def _score(self, scorer, name: str, rel, pts: np.ndarray, plain: bool = False) -> np.ndarray:
+        """Hard-feature scores of integer points: the objective's (pessimistic with ``pessimism``),
+        or the scorer's own with ``plain``."""
         if hasattr(scorer, "score_x"):
-            obj = self._objective(scorer)
+            obj = None if plain else self._objective(scorer)
             return scorer.score_x(name, pts) if obj is None else scorer.score_x(name, pts, model=obj)
         return np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
 
@@ -287,16 +314,16 @@ class GradientSearch:
         score the end point loses to rounding, one model, soft features), ``left_basin`` counts
         trajectories whose rounded end point scores (hard) below their rounded start (rounding
         undid the descent)."""
-        obj = self._objective(scorer)
-        fn = scorer.soft_score(self.temperature, obj)
-        params, inputs = (obj if obj is not None else scorer.differentiable).params, scorer.inputs[name]
-        for x0, xt in self._ends:
+        inputs = scorer.inputs[name]
+        for x0, xt, obj in self._ends:
+            fn = scorer.soft_score(self.temperature, obj)
+            params = (obj if obj is not None else scorer.differentiable).params
             u_t, i_t = rel.round_points(xt)
             u_0, i_0 = rel.round_points(x0)
             soft_end = _soft_scores(fn, params, inputs, xt)
             soft_round = _soft_scores(fn, params, inputs, u_t)[i_t]
-            hard_end = self._score(scorer, name, rel, u_t)[i_t]
-            hard_start = self._score(scorer, name, rel, u_0)[i_0]
+            hard_end = self._score(scorer, name, rel, u_t, plain=obj is None)[i_t]
+            hard_start = self._score(scorer, name, rel, u_0, plain=obj is None)[i_0]
             ok = np.isfinite(soft_end) & np.isfinite(soft_round)
             stats["rounding_loss"] += float(np.sum((soft_end - soft_round)[ok]))
             stats["left_basin"] += int(np.sum(hard_end < hard_start - 1e-9))
@@ -347,7 +374,8 @@ class GradientSearch:
         :class:`Config` objects are built only for what is proposed."""
         scorer = self._ensure_scorer(ctx)
         keys = self._measured_keys(ctx, scorer.relaxations)
-        pool_x, pool_s, pool_sketch = [], [], []
+        pool_x, pool_s, pool_p, pool_sketch = [], [], [], []
+        hedge = bool(self.pessimism) and self.pessimism_share < 1.0
         stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0,
                  "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
         for name, rel in scorer.relaxations.items():
@@ -361,15 +389,22 @@ class GradientSearch:
             if not len(uniq):
                 continue
             scores = self._score(scorer, name, rel, uniq)
-            nb = rel.neighbours_x(uniq[np.argsort(-scores, kind="stable")[: self.neighbours_of]])
+            plain = self._score(scorer, name, rel, uniq, plain=True) if hedge else None
+            best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
+            if hedge:  # the neighbourhoods of both orders' best
+                best = np.unique(np.concatenate([best, np.argsort(-plain, kind="stable")[: self.neighbours_of]]))
+            nb = rel.neighbours_x(uniq[best])
             if len(nb):
                 have = keys[name] | {_key(x) for x in uniq}
                 nb = nb[[_key(x) not in have for x in nb]]
             if len(nb):
                 stats["neighbours"] += len(nb)
                 uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, self._score(scorer, name, rel, nb)])
+                if hedge:
+                    plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
             pool_x.append(uniq)
             pool_s.append(scores)
+            pool_p.append(plain)
             pool_sketch += [name] * len(uniq)
         if stats["trajectories"]:
             stats["rounding_loss"] /= stats["trajectories"]
@@ -379,7 +414,8 @@ class GradientSearch:
         picks: list = []
         if pool_x:
             xs, scores = np.concatenate(pool_x), np.concatenate(pool_s)
-            top = self._acquire(ctx, scorer, xs, scores, pool_sketch, n - n_rand - len(local))
+            top = self._pick(ctx, scorer, xs, scores, np.concatenate(pool_p) if hedge else None, pool_sketch,
+                             n - n_rand - len(local))
             config_of = {}
             for name in set(pool_sketch[i] for i in top):
                 rows = [i for i in top if pool_sketch[i] == name]
