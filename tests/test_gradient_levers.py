@@ -94,7 +94,7 @@ def test_interleave_keeps_the_share_in_every_prefix():
 
     a, b = list(range(10)), list(range(9, -1, -1))
     assert interleave(a, b, 0.5, 6) == [0, 9, 1, 8, 2, 7]
-    assert interleave(a, b, 1.0, 3) == [0, 1, 2] and interleave(a, b, 0.25, 4) == [9, 0, 8, 7]
+    assert interleave(a, b, 1.0, 3) == [0, 1, 2] and interleave(a, b, 0.25, 4) == [0, 9, 8, 7]
     assert sorted(interleave(a, b, 0.5, 20)) == a  # no repeats, stops when both are used up
     assert interleave([1, 2], [2, 1], 0.5, 2) == [1, 2]
 

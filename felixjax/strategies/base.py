@@ -131,7 +131,7 @@ def interleave(first, second, share: float, k: int) -> list:
     orders, out, seen, pos = (list(first), list(second)), [], set(), [0, 0]
     taken = 0
     while len(out) < k:
-        side = 0 if taken < round(share * (len(out) + 1)) else 1
+        side = 0 if taken < share * (len(out) + 1) - 1e-9 else 1  # ``first`` opens
         while pos[side] < len(orders[side]) and orders[side][pos[side]] in seen:
             pos[side] += 1
         if pos[side] == len(orders[side]):
