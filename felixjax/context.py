@@ -80,6 +80,15 @@ class SearchContext:
         return self._scorer
 
 
+def check_pessimism(pessimism: float, share: float = 1.0) -> tuple[float, float]:
+    """The learned strategies' ``pessimism`` (>= 0) and ``pessimism_share`` (in (0, 1]), checked."""
+    if pessimism < 0:
+        raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"pessimism_share must be in (0, 1] (got {share})")
+    return float(pessimism), float(share)
+
+
 def pessimistic(scorer, ensemble: str = "packaged", beta: float = 1.0):
     """The scorer's differentiable model minus ``beta`` times the disagreement of a pretrained
     ensemble (:class:`felixjax.model.Pessimistic`; ``ensemble``: ``"packaged"`` or a checkpoint of

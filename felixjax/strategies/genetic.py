@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from ..context import PessimisticScorer, check_ranker
+from ..context import PessimisticScorer, check_pessimism, check_ranker
 from .base import SearchContext, interleave, register
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
@@ -431,12 +431,8 @@ class GeneticSearch:
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
-        if pessimism < 0:
-            raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
-        if not 0.0 < pessimism_share <= 1.0:
-            raise ValueError(f"pessimism_share must be in (0, 1] (got {pessimism_share})")
-        self.pessimism, self.pessimism_model = float(pessimism), pessimism_model
-        self.pessimism_share = float(pessimism_share)
+        self.pessimism, self.pessimism_share = check_pessimism(pessimism, pessimism_share)
+        self.pessimism_model = pessimism_model
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,

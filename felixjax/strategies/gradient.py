@@ -34,7 +34,7 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import check_ranker
+from ..context import check_pessimism, check_ranker, pessimistic
 from .base import SearchContext, fresh, interleave, register
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
@@ -195,12 +195,8 @@ class GradientSearch:
         self.acquisition, self.ucb_beta, self.ensemble_members = acquisition, float(ucb_beta), int(ensemble_members)
         self.ensemble_hidden = int(ensemble_hidden)
         self.local_share, self.local_of, self.stats = float(local_share), int(local_of), bool(stats)
-        if pessimism < 0:
-            raise ValueError(f"pessimism must be >= 0 (got {pessimism})")
-        if not 0.0 < pessimism_share <= 1.0:
-            raise ValueError(f"pessimism_share must be in (0, 1] (got {pessimism_share})")
-        self.pessimism, self.pessimism_model = float(pessimism), pessimism_model
-        self.pessimism_share = float(pessimism_share)
+        self.pessimism, self.pessimism_share = check_pessimism(pessimism, pessimism_share)
+        self.pessimism_model = pessimism_model
         self._ensemble = None
         self._ensemble_rows = 0
         self.last_round: dict = {}
@@ -218,8 +214,6 @@ class GradientSearch:
         :class:`~felixjax.model.Pessimistic` wrapper around it (``None`` means the scorer's own)."""
         if not self.pessimism:
             return None
-        from ..context import pessimistic
-
         return pessimistic(scorer, self.pessimism_model, self.pessimism)
 
     def _split(self, scorer) -> list[tuple]:
