@@ -220,8 +220,9 @@ def test_a_broadcast_racing_with_a_worker_removal_is_retried(client, monkeypatch
     # scheduler, CI stop 38) or the comm can close (an OSError): both are retried, anything else is not
     runner = DaskRunner(client, builds="device")
     real, raised = runner._scatter_once, []
+    errors = [KeyError("tcp://127.0.0.1:1"), OSError("comm closed")]
 
-    def flaky(a, errors=[KeyError("tcp://127.0.0.1:1"), OSError("comm closed")]):
+    def flaky(a):
         if errors:
             raised.append(errors.pop(0))
             raise raised[-1]
