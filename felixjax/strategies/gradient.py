@@ -15,7 +15,8 @@ Issue 15's levers, all off by default: a trust region around the measured best (
 an acquisition over a small ensemble fitted on the run's measurements (``acquisition="ucb"`` or
 ``"thompson"``); measured-neighbour moves (``local_share``: a share of each batch spent on the
 model's best ±1 neighbours of the best *measured* points, as Dynamic Gradient Descent descends in
-tile space on measurements); the batch size. Every round records in ``last_round`` how the soft
+tile space on measurements); pessimism (``pessimism``, ``pessimism_share``: descend on and rank by
+the score minus a pretrained ensemble's disagreement); the batch size. Every round records in ``last_round`` how the soft
 objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
 rounding costs (``rounding_loss``, ``left_basin``).
 
@@ -266,7 +267,7 @@ class GradientSearch:
             keep.append(self.steps - 1)
         measured = any(r.config.sketch == name for r in ctx.history)
         out = []
-        self._ends = []  # (starts, final iterates) of every pass: the rounding statistics
+        self._ends = []  # (starts, final iterates, objective) of every descent: the rounding statistics
         passes = [(obj, n) for _ in range(1 if measured else max(1, self.warmup_passes))
                   for obj, n in self._split(scorer)]
         for obj, n_starts in passes:
