@@ -93,9 +93,13 @@ def pessimistic(scorer, ensemble: str = "packaged", beta: float = 1.0):
     """The scorer's differentiable model minus ``beta`` times the disagreement of a pretrained
     ensemble (:class:`felixjax.model.Pessimistic`; ``ensemble``: ``"packaged"`` or a checkpoint of
     ``felixjax.pretrain.pretrain(..., members=K)``). CPU features only."""
+    return _model.Pessimistic(scorer.differentiable, _ensemble_for(scorer, ensemble), beta)
+
+
+def _ensemble_for(scorer, ensemble: str):
     if getattr(scorer, "gpu", False):
         raise ValueError("pessimism needs an ensemble over CPU features; GPU targets have none")
-    return _model.Pessimistic(scorer.differentiable, _model.load_ensemble(ensemble), beta)
+    return _model.load_ensemble(ensemble)
 
 
 class PessimisticScorer:
@@ -105,9 +109,7 @@ class PessimisticScorer:
     scorer's (``update`` feeds the shared model as before)."""
 
     def __init__(self, scorer, ensemble: str = "packaged", beta: float = 1.0):
-        if getattr(scorer, "gpu", False):
-            raise ValueError("pessimism needs an ensemble over CPU features; GPU targets have none")
-        self._scorer, self._ens, self.beta = scorer, _model.load_ensemble(ensemble), float(beta)
+        self._scorer, self._ens, self.beta = scorer, _ensemble_for(scorer, ensemble), float(beta)
 
     def score(self, configs: list) -> np.ndarray:
         if not configs:

@@ -128,20 +128,12 @@ def interleave(first, second, share: float, k: int) -> list:
         >>> interleave([1, 2, 3, 4], [4, 3, 2, 1], 0.5, 4)
         [1, 4, 2, 3]
     """
-    orders, out, seen, pos = (list(first), list(second)), [], set(), [0, 0]
-    taken = 0
-    while len(out) < k:
+    orders, out, seen, pos, taken = (list(first), list(second)), [], set(), [0, 0], 0
+    for _ in range(min(k, len(orders[0]))):
         side = 0 if taken < share * (len(out) + 1) - 1e-9 else 1  # ``first`` opens
-        while pos[side] < len(orders[side]) and orders[side][pos[side]] in seen:
+        while orders[side][pos[side]] in seen:  # both hold every item: one not yet taken is left
             pos[side] += 1
-        if pos[side] == len(orders[side]):
-            side = 1 - side
-            while pos[side] < len(orders[side]) and orders[side][pos[side]] in seen:
-                pos[side] += 1
-            if pos[side] == len(orders[side]):
-                break
-        item = orders[side][pos[side]]
-        seen.add(item)
-        out.append(item)
+        seen.add(orders[side][pos[side]])
+        out.append(orders[side][pos[side]])
         taken += side == 0
     return out
