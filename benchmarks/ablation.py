@@ -26,6 +26,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   ensemble pretrained on the packaged dataset (``pessimism``: stay where the pretraining data reach);
   ``genetic_pre_pess1``: the genetic search ranking by the same pessimistic score (equal equipment);
   ``gradient_pre_hedge`` / ``genetic_pre_hedge``: half of the starts and picks pessimistic (beta 1), half plain;
+  ``gradient_pre_evo``: the descents' points ranked in one pool with the best mutants a genetic population of
+  2048 (Ansor's) breeds from the measured configs under the same model (``evolve=2048``: the pool holds what
+  ``genetic_pre`` picks from, plus the descents'); ``gradient_pre_evo_pess1``: that pool, pessimistic (beta 1);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -96,6 +99,8 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(cost_model="packaged", pessimism=1.0), "gradient_pre_pess1"),
         named(GradientSearch(cost_model="packaged", pessimism=3.0), "gradient_pre_pess3"),
         named(GradientSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "gradient_pre_hedge"),
+        named(GradientSearch(cost_model="packaged", evolve=2048), "gradient_pre_evo"),
+        named(GradientSearch(cost_model="packaged", evolve=2048, pessimism=1.0), "gradient_pre_evo_pess1"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
@@ -157,10 +162,11 @@ class _MemoRunner:
 
 def search_stats(cmp) -> list[str]:
     """Per arm: model ranking quality per round, soft-vs-hard agreement and rounding statistics."""
-    lines = ["| arm | rank tau (model, next round) | top-25% recall | soft/hard tau | left basin | rounding loss |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [("| arm | rank tau (model, next round) | top-25% recall | soft/hard tau | left basin | rounding loss "
+              "| picks only evolution found |"),
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for arm in cmp.strategies:
-        rank, recall, sh, basin, loss = [], [], [], [], []
+        rank, recall, sh, basin, loss, evolved = [], [], [], [], [], []
         for (task, s, seed), st in cmp.stats.items():
             if s != arm:
                 continue
@@ -168,6 +174,8 @@ def search_stats(cmp) -> list[str]:
             recall += [r["top_k_recall"] for r in st.get("ranking", [])]
             for r in st.get("search", []):
                 sh.append(r.get("soft_hard_tau", math.nan))
+                if "evolved" in r and r.get("proposed"):
+                    evolved.append(r["evolved"] / r["proposed"])
                 if r.get("trajectories"):
                     basin.append(r["left_basin"])
                     loss.append(r["rounding_loss"])
@@ -176,7 +184,8 @@ def search_stats(cmp) -> list[str]:
             xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
             return f"{sum(xs) / len(xs):.3f}" if xs else "—"
 
-        lines.append(f"| {arm} | {mean(rank)} | {mean(recall)} | {mean(sh)} | {mean(basin)} | {mean(loss)} |")
+        lines.append(f"| {arm} | {mean(rank)} | {mean(recall)} | {mean(sh)} | {mean(basin)} | {mean(loss)} "
+                     f"| {mean(evolved)} |")
     return lines
 
 

@@ -116,3 +116,22 @@ def test_the_pessimism_hedge_descends_and_ranks_on_both_objectives():
         assert len(set(picks)) == 16 and not set(picks) & other.ctx.measured
     with pytest.raises(ValueError, match="pessimism_share"):
         GradientSearch(pessimism=1.0, pessimism_share=0.0)
+
+
+def test_the_evolutionary_pool_is_ranked_with_the_descents():
+    task = fj.ops.matmul(64, 48, 32)
+    g = GradientSearch(batch_size=16, starts=8, evolve=256)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(task, g, seed=0, trials=16)
+        s.step(run)
+        picks = g.propose(run.ctx, 16)
+        bred = g._breeder[1].last_round
+        assert bred["seeds"]  # the breeder started from this run's measured configs
+        assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+        # the picks only evolution found are among the breeder's best, and some made the batch
+        assert 0 < g.last_round["evolved"] <= 16
+        only_bred = [p for p in picks if p in set(bred["good"])]
+        assert len(only_bred) >= g.last_round["evolved"]
+    with pytest.raises(ValueError, match="evolve"):
+        GradientSearch(evolve=-1)

@@ -16,7 +16,9 @@ an acquisition over a small ensemble fitted on the run's measurements (``acquisi
 ``"thompson"``); measured-neighbour moves (``local_share``: a share of each batch spent on the
 model's best ±1 neighbours of the best *measured* points, as Dynamic Gradient Descent descends in
 tile space on measurements); pessimism (``pessimism``, ``pessimism_share``: descend on and rank by
-the score minus a pretrained ensemble's disagreement); the batch size. Every round records in ``last_round`` how the soft
+the score minus a pretrained ensemble's disagreement); an evolutionary pool (``evolve``: the
+model's best mutants of the measured configs, bred as the genetic search breeds them, ranked in one
+pool with the descents' points); the batch size. Every round records in ``last_round`` how the soft
 objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
 rounding costs (``rounding_loss``, ``left_basin``).
 
@@ -37,6 +39,7 @@ from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
 from ..context import check_pessimism, check_ranker, pessimistic
 from .base import SearchContext, fresh, interleave, register
+from .genetic import GeneticSearch
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
@@ -169,6 +172,12 @@ class GradientSearch:
         pessimism_share: with ``pessimism``, the share of the starts that descend on the pessimistic
             objective and of the picks ranked by it; the rest descend on, and are ranked by, the plain
             score (a hedge between the two; 1, the default: all pessimistic).
+        evolve: population of an evolutionary pool bred every round (the genetic search's operators:
+            the best measured configs seed it, 4 generations of mutation under the same model); its
+            best ``batch_size`` unmeasured configs join the descents' rounded points and are ranked
+            with them by the same objective, so the batch takes whichever the model prefers
+            (``last_round["evolved"]`` counts the picks that only evolution found). 0 (the default)
+            turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -182,7 +191,7 @@ class GradientSearch:
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
-                 pessimism_model: str = "packaged", pessimism_share: float = 1.0):
+                 pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -198,6 +207,10 @@ class GradientSearch:
         self.local_share, self.local_of, self.stats = float(local_share), int(local_of), bool(stats)
         self.pessimism, self.pessimism_share = check_pessimism(pessimism, pessimism_share)
         self.pessimism_model = pessimism_model
+        if evolve < 0:
+            raise ValueError(f"evolve must be >= 0 (got {evolve})")
+        self.evolve = int(evolve)
+        self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
         self._ensemble_rows = 0
         self.last_round: dict = {}
@@ -349,6 +362,26 @@ class GradientSearch:
                     out.append(q[depth])
         return out
 
+    def _evolved(self, ctx: SearchContext, scorer, keys: dict, n: int) -> dict[str, np.ndarray]:
+        """The ``evolve`` pool: the best ``n`` unmeasured configs a :class:`GeneticSearch` of population
+        ``evolve`` breeds from the measured configs under the same model, as integer points per sketch."""
+        if not self.evolve:
+            return {}
+        if self._breeder[0] is not scorer:  # one breeder per scorer (its codec is cached per task)
+            self._breeder = (scorer, GeneticSearch(population=self.evolve, eps_greedy=0.0, scorer=scorer))
+        rows: dict[str, list] = {}
+        for cfg in self._breeder[1].propose(ctx, n):
+            rel = scorer.relaxations.get(cfg.sketch)
+            if rel is None:
+                continue
+            try:
+                x = rel.to_x(cfg)
+            except ValueError:  # a config the relaxation cannot express
+                continue
+            if _key(x) not in keys[cfg.sketch]:
+                rows.setdefault(cfg.sketch, []).append(x)
+        return {name: np.stack(xs).astype(np.float32) for name, xs in rows.items()}
+
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
                  k: int) -> np.ndarray:
         """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
@@ -373,6 +406,8 @@ class GradientSearch:
         hedge = bool(self.pessimism) and self.pessimism_share < 1.0
         stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0,
                  "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
+        bred = self._evolved(ctx, scorer, keys, n)
+        bred_keys = set()
         for name, rel in scorer.relaxations.items():
             pts = self._descend(ctx, scorer, name, rel)
             if self.stats:
@@ -381,6 +416,11 @@ class GradientSearch:
             uniq, _ = rel.round_points(pts)
             uniq = uniq[[_key(x) not in keys[name] for x in uniq]] if keys[name] else uniq
             stats["rounded"] += len(uniq)
+            if name in bred:  # the evolutionary pool's points the descents did not reach
+                have = {_key(x) for x in uniq}
+                extra = bred[name][[_key(x) not in have for x in bred[name]]]
+                bred_keys |= {(name, _key(x)) for x in extra}
+                uniq = np.concatenate([uniq, extra]) if len(uniq) else extra
             if not len(uniq):
                 continue
             scores = self._score(scorer, name, rel, uniq)
@@ -424,6 +464,8 @@ class GradientSearch:
                     stats.setdefault("soft_hard_tau", []).append(
                         (len(rows), kendall_tau(soft, np.exp(-scores[rows]))))
             picks = [config_of[i] for i in top]
+            if self.evolve:
+                stats["evolved"] = sum((pool_sketch[i], _key(xs[i])) in bred_keys for i in top)
         if "soft_hard_tau" in stats:  # weighted over sketches by their picks
             parts = [(w, t) for w, t in stats["soft_hard_tau"] if np.isfinite(t)]
             stats["soft_hard_tau"] = (sum(w * t for w, t in parts) / sum(w for w, _ in parts)) if parts else np.nan
