@@ -48,6 +48,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -273,11 +274,15 @@ def main(argv=None) -> int:
         if memo.local is not None:
             memo.local.close()
     minutes = (time.perf_counter() - t0) / 60
+    if args.measured:  # the comparison saw a replay-like runner factory: its latencies and seconds were measured
+        cmp = dataclasses.replace(cmp, replay=False)
+        if args.out:
+            cmp.save(args.out)  # table.md and curves.png labelled as measured
     text = cmp.table()
-    if args.measured:  # the comparison saw a replay-like runner factory; say what it really was
-        text = text.replace("replay (synthetic oracle, simulated seconds)",
-                            "measured (real builds and timings, 1 thread; each distinct config measured once per op "
-                            "and shared by the arms: a memo hit costs an arm no seconds; builds from an empty cache)")
+    if args.measured:
+        text = text.replace("latencies: measured", "latencies: measured (real builds and timings, 1 thread; each "
+                            "distinct config measured once per op and shared by the arms: a memo hit costs an arm "
+                            "no seconds; builds from an empty cache)")
     text = text + "\n\nSearch statistics (means over runs and rounds):\n\n" + "\n".join(search_stats(cmp))
     print(text)
     print(proposal_medians(Path(args.out) / "cmp.csv"))
