@@ -131,7 +131,8 @@ def test_the_evolutionary_pool_is_ranked_with_the_descents():
         assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
         # the picks only evolution found are among the breeder's best, and some made the batch
         assert 0 < g.last_round["evolved"] <= 16
-        only_bred = [p for p in picks if p in set(bred["good"])]
+        good = set(bred["good"])
+        only_bred = [p for p in picks if p in good]
         assert len(only_bred) >= g.last_round["evolved"]
     with pytest.raises(ValueError, match="evolve"):
         GradientSearch(evolve=-1)

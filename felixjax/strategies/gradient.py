@@ -362,9 +362,10 @@ class GradientSearch:
                     out.append(q[depth])
         return out
 
-    def _evolved(self, ctx: SearchContext, scorer, keys: dict, n: int) -> dict[str, np.ndarray]:
+    def _evolved(self, ctx: SearchContext, scorer, n: int) -> dict[str, np.ndarray]:
         """The ``evolve`` pool: the best ``n`` unmeasured configs a :class:`GeneticSearch` of population
-        ``evolve`` breeds from the measured configs under the same model, as integer points per sketch."""
+        ``evolve`` breeds from the measured configs under the same model (it proposes none of those), as
+        integer points per sketch."""
         if not self.evolve:
             return {}
         if self._breeder[0] is not scorer:  # one breeder per scorer (its codec is cached per task)
@@ -378,8 +379,7 @@ class GradientSearch:
                 x = rel.to_x(cfg)
             except ValueError:  # a config the relaxation cannot express
                 continue
-            if _key(x) not in keys[cfg.sketch]:
-                rows.setdefault(cfg.sketch, []).append(x)
+            rows.setdefault(cfg.sketch, []).append(x)
         return {name: np.stack(xs).astype(np.float32) for name, xs in rows.items()}
 
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
@@ -406,7 +406,7 @@ class GradientSearch:
         hedge = bool(self.pessimism) and self.pessimism_share < 1.0
         stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0,
                  "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
-        bred = self._evolved(ctx, scorer, keys, n)
+        bred = self._evolved(ctx, scorer, n)
         bred_keys = set()
         for name, rel in scorer.relaxations.items():
             pts = self._descend(ctx, scorer, name, rel)
