@@ -237,12 +237,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
-    """The per-conv layout of :func:`felixjax.pipeline.mixed_layout`, from builds with ``db``'s best
-    records (each task's default schedule where it has none); all-blocked or all-NCHW: that layout."""
+    """The layout :func:`felixjax.choose_layout` measures fastest as a whole build (NCHW, NCHW8c, the
+    per-conv plans of :func:`felixjax.pipeline.mixed_layout` and :func:`~felixjax.pipeline.fastest_plan`),
+    with ``db``'s best records (each task's default schedule where it has none), as a per-conv mapping;
+    stored in ``db`` so that a re-timing builds the same tasks."""
     import json
 
     from felixjax.database import Database
-    from felixjax.pipeline import mixed_layout
 
     meta = f"networks.mixed_plan:{proto.graph.name}:{threads}"
     if db and Path(db).exists():  # the plan this database was tuned in (a re-timing builds the same tasks)
@@ -250,14 +251,13 @@ def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
             if (stored := d.get_meta(meta)) is not None:
                 _log(f"mixed layout: the plan stored in {db}")
                 return json.loads(stored)
-    models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
     fresh = not (db and Path(db).exists())  # a fresh database (nothing tuned yet): the defaults
-    builds = {lay: build_model(m, target, db=None if fresh else db, threads=threads) for lay, m in models.items()}
-    plan, rows = mixed_layout(models, builds)
-    _log("mixed layout: " + ", ".join(f"{r['name']} {r['layout']} ({r['nchw_ms']:.3f} / {r['nchwc_ms']:.3f} ms)"
-                                      for r in rows))
-    if plan is None:  # one layout everywhere
-        plan = {r["name"]: r["layout"] for r in rows}
+    plan, times = fj.choose_layout(proto, target, threads=threads, db=None if fresh else db)
+    _log("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items()) + ": "
+         + (plan if isinstance(plan, str) else "{" + ", ".join(f"{k}: {v}" for k, v in plan.items()) + "}"))
+    if isinstance(plan, str):  # one layout everywhere
+        plan = {n.name: plan for n in fj.load_onnx(proto, layout="nchwc").graph.nodes
+                if n.is_anchor and n.task.op == "conv2d_nchwc"}
     if db:
         with Database(db) as d:
             d.set_meta(meta, json.dumps(plan))

@@ -81,7 +81,7 @@ def test_mixed_layout_keeps_a_conv_nchw_only_where_it_pays_for_its_conversions()
     import math
 
     import felixjax as fj
-    from felixjax.pipeline import mixed_layout
+    from felixjax.pipeline import fastest_plan, mixed_layout
 
     proto = _mobilenet()
     models = {lay: fj.load_onnx(proto, layout=lay) for lay in ("nchw", "nchwc")}
@@ -107,6 +107,9 @@ def test_mixed_layout_keeps_a_conv_nchw_only_where_it_pays_for_its_conversions()
     row = {r["name"]: r for r in rows}
     assert row[b]["layout"] == "nchwc" and row[b]["nchw_ms"] < row[b]["nchwc_ms"]
     assert row[c]["switch_ms"] == pytest.approx(switch(c))
+    # the plan that ignores conversions (choose_layout times it as a whole build too): b joins a
+    assert fastest_plan(rows) == {a: "nchw", b: "nchw"}
+    assert fastest_plan([{**r, "nchw_ms": 0.0} for r in rows]) is None  # all NCHW: no mix
     # every conv faster blocked, or every one faster NCHW: no mixed layout to build
     assert mixed_layout(models, {"nchw": _Profiled(models["nchw"].graph, {n.name: 3.0 for n in convs}),
                                  "nchwc": builds["nchwc"]}, rounds=1)[0] is None
