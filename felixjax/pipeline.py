@@ -290,8 +290,9 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     faster in; the first plan over-charges runs of NCHW convs, which convert only at their ends). The
     builds are timed in C, interleaved over ``rounds`` rounds of ``number`` runs; the smallest median
     wins. Returns ``(layout, {"nchw" | "nchwc" | "mixed" | "mixed-fastest": median seconds per run})``,
-    ``layout`` a name or, where a mixed build won, its ``{conv node name: layout}`` mapping (:func:`~felixjax.load_onnx` takes either); a model with
-    no convolution that can be blocked returns ``("nchw", {})`` without building anything.
+    ``layout`` a name or, where a mixed build won, its ``{conv node name: layout}`` mapping
+    (:func:`~felixjax.load_onnx` takes either); a model with no convolution that can be blocked returns
+    ``("nchw", {})`` without building anything.
 
     ``model`` is anything :func:`~felixjax.load_onnx` reads (not an imported :class:`Model`: the layout is
     chosen at import); ``load_options`` go to it (``input_shapes=``, ``input_values=``).
