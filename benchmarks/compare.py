@@ -40,6 +40,7 @@ Usage:
     python benchmarks/compare.py --strategies gradient,genetic,random --budget-min 240 --write
     python benchmarks/compare.py --replay --write           # synthetic oracle, its own section
     python benchmarks/compare.py --ops matmul1024,conv28 --seeds 2 --trials 256 --threads 1
+    python benchmarks/compare.py --ops ops,fresh --defaults both --out results/headline15 --summarize  # so far
 """
 from __future__ import annotations
 
@@ -234,6 +235,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None,
                     help="trials of an untimed replayed run per strategy first, so JIT compilation is not charged "
                          "to whichever run comes first (0: off; default 64; quick 24)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="measure nothing: the table of the ops whose runs have all finished in --out's cmp.db "
+                         "(a long comparison stopped part-way; the same command without it resumes)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
@@ -275,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -> int:
     """One whole comparison (every op), with or without the defaults measured first."""
+    if args.summarize:
+        return summarize(args, defaults)
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
     deadline = started + 60.0 * args.budget_min
@@ -372,6 +378,28 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
         _log(f"wrote {args.doc} and {img}")
     print(text)
     _log(f"outputs in {args.out}; {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def summarize(args: argparse.Namespace, defaults: bool) -> int:
+    """``--summarize``: what the finished ops of a stopped comparison say (``fj.compare``'s
+    ``from_database``), printed; nothing is measured or written."""
+    from felixjax.compare import from_database
+
+    path = args.out / "cmp.db"
+    if not path.exists():
+        _log(f"{_rel(path)}: no such database (nothing measured yet in this mode)")
+        return 1
+    order = sorted(pick_ops(args.ops).values(), key=lambda t: t.flops)
+    cmp, waiting = from_database(path, order, args.strategies, range(args.seeds), args.trials, threads=args.threads,
+                                 defaults=defaults, reference=args.reference)
+    head = (f"Partial comparison from `{_rel(path)}` ({'with' if defaults else 'without'} the defaults measured "
+            f"first): {0 if cmp is None else len(cmp.tasks)} of {len(order)} op(s) finished"
+            + (f"; not yet: {', '.join(waiting)}" if waiting else "") + ".")
+    if cmp is None:
+        print(head)
+        return 1
+    print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
     return 0
 
 

@@ -535,6 +535,52 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     return result
 
 
+def from_database(db: str | os.PathLike | Database, tasks, strategies: Iterable[str], seeds: Iterable[int],
+                  trials: int, *, target: Target | None = None, threads: int | None = None,
+                  defaults: bool = True, reference: bool = True,
+                  replay: bool = False) -> tuple[Comparison | None, list[str]]:
+    """The :class:`Comparison` a :func:`compare` run left in ``db``, measuring nothing: for a long
+    comparison stopped part-way (it resumes from ``db``), what the finished tasks say so far. A task
+    counts when every run of it (each strategy x seed, and with ``reference`` each reference run) has its
+    final re-timing (``retime:<run>`` rows, written only after every run of the task ended); the others
+    are returned by name. ``strategies`` by name; ``target`` / ``threads`` / ``defaults`` as given to
+    :func:`compare`, ``replay`` true for a replayed one. Returns ``(comparison or None when no task is finished, unfinished task names)``."""
+    task_list = _as_tasks(tasks)
+    strategies, seeds = list(strategies), list(seeds)
+    target = target or Target.cpu()
+    key = "replay:" + target.key if replay else target.at_threads(threads).key  # as compare() stores them
+    own = not isinstance(db, Database)
+    database = Database(db, readonly=True) if own else db
+    done, waiting = [], []
+    histories, references, remeasured = {}, {}, {}
+    try:
+        for t in task_list:
+            runs = {}
+            for name in strategies:
+                for seed in seeds:
+                    for label in (name, REFERENCE_PREFIX + name) if reference else (name,):
+                        rows = database.records(t, key, run=f"{label}:{seed}")
+                        again = database.records(t, key, run=f"retime:{label}:{seed}")
+                        if not rows or not again:
+                            break
+                        res = again[-1].result
+                        runs[(t.name, label, seed)] = (rows, list(res.latencies) if res.ok else [math.inf])
+            if len(runs) != len(strategies) * len(seeds) * (2 if reference else 1):
+                waiting.append(t.name)
+                continue
+            done.append(t)
+            for k, (rows, lat) in runs.items():
+                (references if k[1].startswith(REFERENCE_PREFIX) else histories)[k] = rows
+                remeasured[k] = lat
+    finally:
+        if own:
+            database.close()
+    if not done:
+        return None, waiting
+    return Comparison(done, strategies, seeds, trials, None, histories, remeasured, replay, references,
+                      _openings(done, target) if defaults else {}), waiting
+
+
 def _openings(tasks: list[Task], target: Target) -> dict[str, frozenset]:
     """Per task, the hand-written default of every sketch (what ``defaults=True`` measures first)."""
     out = {}

@@ -118,9 +118,10 @@ onnxruntime runs a CNN's convolutions in the channel-blocked NCHW8c layout from 
 `Reblock` step converts back where an NCHW op reads one. Which layout is faster depends on the network
 (depthwise convs gain the most; ResNet's 3x3 convs run Winograd in NCHW), so `choose_layout` builds both
 with default schedules and times them; it also profiles both builds step by step and, where some convs ran
-faster in each, builds a mix (each conv in its faster layout, `felixjax.pipeline.mixed_layout`) and times
-that too. A mixed layout comes back as a mapping `{conv name: "nchw"}` that `load_onnx(..., layout=...)`
-takes."""),
+faster in each, builds two mixes and times them too: each conv NCHW where that pays for a conversion on
+each side (`felixjax.pipeline.mixed_layout`), and each conv in the layout it ran faster in, conversions not
+charged (`felixjax.pipeline.fastest_plan`: a run of NCHW convs converts only at its ends). A mixed layout
+comes back as a mapping `{conv name: "nchw"}` that `load_onnx(..., layout=...)` takes."""),
     ("code", """mb = fj.zoo.save("mobilenet_v2", work / "mobilenet_v2.onnx", dataset="cifar10")
 layout, times = fj.choose_layout(mb, threads=1, rounds=3, number=3)
 print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, "->",

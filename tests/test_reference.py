@@ -6,7 +6,7 @@ import pytest
 
 import felixjax as fj
 from codegen.measure import MeasureResult
-from felixjax.compare import REFERENCE_PREFIX, Comparison
+from felixjax.compare import REFERENCE_PREFIX, Comparison, from_database
 from felixjax.database import TuningRecord
 from felixjax.strategies.genetic import GeneticSearch
 
@@ -45,6 +45,25 @@ def test_reference_runs_are_reserved_longer_and_retimed_with_the_finals(tmp_path
     with pytest.raises(ValueError, match="reserved"):
         fj.compare([TASK], [lambda: _named(small_genetic(), "reference:x")], trials=8, seeds=1, db=None,
                    replay=True, progress=False)
+
+
+def test_a_stopped_comparison_is_summarized_from_its_database(tmp_path):
+    """``from_database`` rebuilds what ``compare`` returned from the records it left, for the tasks whose
+    runs all finished (their final re-timings are stored); a task with a missing run waits."""
+    db = str(tmp_path / "c.db")
+    kw = dict(trials=12, seeds=2, replay=True, progress=False, remeasure=2, defaults=True, reference=True)
+    cmp = fj.compare([TASK], [small_genetic, "random"], db=db, **kw)
+    other = fj.ops.matmul(32, 32, 32)  # never run
+    got, waiting = from_database(db, [TASK, other], ["genetic", "random"], [0, 1], 12, replay=True)
+    assert waiting == [other.name] and [t.name for t in got.tasks] == [TASK.name]
+    assert _histories(got) == _histories(cmp) and got.remeasured == cmp.remeasured
+    assert {k: len(v) for k, v in got.references.items()} == {k: len(v) for k, v in cmp.references.items()}
+    assert got.openings == cmp.openings and got.rows() == cmp.rows()
+    # a seed that never ran, or no reference where one ran: nothing is finished / the runs still match
+    assert from_database(db, [TASK], ["genetic", "random"], [0, 1, 2], 12, replay=True) == (None, [TASK.name])
+    bare, _ = from_database(db, [TASK], ["genetic"], [0], 12, replay=True, reference=False)
+    assert not bare.references
+    assert _histories(bare) == {k: v for k, v in _histories(cmp).items() if k[1:] == ("genetic", 0)}
 
 
 def _named(obj, name):
