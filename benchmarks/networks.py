@@ -236,11 +236,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
+def _mixed_plan(proto, target: Target, threads: int, db: str) -> str | dict[str, str]:
     """The layout :func:`felixjax.choose_layout` measures fastest as a whole build (NCHW, NCHW8c, the
     per-conv plans of :func:`felixjax.pipeline.mixed_layout` and :func:`~felixjax.pipeline.fastest_plan`),
-    with ``db``'s best records (each task's default schedule where it has none), as a per-conv mapping;
-    stored in ``db`` so that a re-timing builds the same tasks."""
+    with ``db``'s best records (each task's default schedule where it has none): a layout name or a per-conv
+    mapping, as ``load_onnx(layout=...)`` takes; stored in ``db`` so that a re-timing builds the same tasks."""
     import json
 
     from felixjax.database import Database
@@ -255,9 +255,6 @@ def _mixed_plan(proto, target: Target, threads: int, db: str) -> dict[str, str]:
     plan, times = fj.choose_layout(proto, target, threads=threads, db=None if fresh else db)
     _log("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items()) + ": "
          + (plan if isinstance(plan, str) else "{" + ", ".join(f"{k}: {v}" for k, v in plan.items()) + "}"))
-    if isinstance(plan, str):  # one layout everywhere
-        plan = {n.name: plan for n in fj.load_onnx(proto, layout="nchwc").graph.nodes
-                if n.is_anchor and n.task.op == "conv2d_nchwc"}
     if db:
         with Database(db) as d:
             d.set_meta(meta, json.dumps(plan))

@@ -544,7 +544,8 @@ def from_database(db: str | os.PathLike | Database, tasks, strategies: Iterable[
     counts when every run of it (each strategy x seed, and with ``reference`` each reference run) has its
     final re-timing (``retime:<run>`` rows, written only after every run of the task ended); the others
     are returned by name. ``strategies`` by name; ``target`` / ``threads`` / ``defaults`` as given to
-    :func:`compare`, ``replay`` true for a replayed one. Returns ``(comparison or None when no task is finished, unfinished task names)``."""
+    :func:`compare`, ``replay`` true for a replayed one. Returns ``(comparison, or None when no task is
+    finished; the unfinished tasks' names)``."""
     task_list = _as_tasks(tasks)
     strategies, seeds = list(strategies), list(seeds)
     target = target or Target.cpu()
