@@ -236,8 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="trials of an untimed replayed run per strategy first, so JIT compilation is not charged "
                          "to whichever run comes first (0: off; default 64; quick 24)")
     ap.add_argument("--summarize", action="store_true",
-                    help="measure nothing: the table of the ops whose runs have all finished in --out's cmp.db "
-                         "(a long comparison stopped part-way; the same command without it resumes)")
+                    help="measure nothing: the table of the ops whose runs have all finished in --out's cmp.db, "
+                         "and their curves in <out>/curves_partial.png (a long comparison stopped part-way; the "
+                         "same command without it resumes)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
@@ -400,6 +401,7 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
         print(head)
         return 1
     print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
+    _log(f"convergence curves of the finished ops: {_rel(Path(cmp.plot(args.out / 'curves_partial.png')))}")
     return 0
 
 
