@@ -40,7 +40,7 @@ from codegen.spaces import spaces_for
 from codegen.target import Target
 
 from .database import Database, TuningRecord
-from .session import TaskRun, TuningSession
+from .session import RETIME_PREFIX, TaskRun, TuningSession
 from .strategies import Strategy, get_strategy, registered
 from .suites import SUITES, suite
 from .testing import ReplayRunner
@@ -513,6 +513,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
                     for t in task_list for seed in seed_list for name, make in ref_factories]
         openings = _openings(task_list, target) if defaults else {}
         runs_all = runs + ref_runs
+        settled = {(r.task.key, r.run) for r in runs_all if r.done}  # finished in an earlier, resumed call
         # interleave: always advance the run that used the smallest share of its budget (ties: in order)
         while True:
             active = [r for r in runs_all if not r.done]
@@ -523,9 +524,9 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             if progress:
                 b = run.best()
                 best = f"{b.latency_s * 1e3:.4f} ms" if b else "-"
-                print(f"[compare] {run.task.name} {run.run}: round {run.rounds} {len(run.history)}/{trials} trials "
+                print(f"[compare] {run.task.name} {run.run}: round {run.rounds} {len(run.history)}/{run.trials} trials "
                       f"{run.clock:.1f} s  best {best}", file=sys.stderr, flush=True)
-        remeasured = _remeasure(session, runs_all, remeasure, progress)
+        remeasured = _remeasure(session, runs_all, remeasure, progress, settled)
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
                             replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
@@ -596,9 +597,12 @@ def _openings(tasks: list[Task], target: Target) -> dict[str, frozenset]:
     return out
 
 
-def _remeasure(session: TuningSession, runs: list[TaskRun], repeats: int, progress: bool) -> dict:
+def _remeasure(session: TuningSession, runs: list[TaskRun], repeats: int, progress: bool,
+               settled: set[tuple[str, str]] = frozenset()) -> dict:
     """Time the final best of every run of a task again, interleaved (A B C A B C ...), ``repeats``
-    times; the re-timings are stored as ``retime:<run>`` rows (no budget, no history)."""
+    times; the re-timings are stored as ``retime:<run>`` rows (no budget, no history). A task whose runs
+    were all ``settled`` (finished before a resumed call) and re-timed then keeps those re-timings: timing
+    them again would only add a second, later sample of the same finals."""
     out: dict[tuple[str, str, int], list[float]] = {}
     if repeats < 1:
         return out
@@ -606,12 +610,18 @@ def _remeasure(session: TuningSession, runs: list[TaskRun], repeats: int, progre
     for r in runs:
         by_task.setdefault(r.task.key, []).append(r)
     for task_runs in by_task.values():
-        rows = session.retime(task_runs, top=1, repeats=repeats)
+        earlier = {}
+        if all((r.task.key, r.run) in settled for r in task_runs):
+            earlier = {r.run: session.db.records(r.task, session.target_key, run=RETIME_PREFIX + r.run)[-1:]
+                       for r in task_runs}
+        kept = bool(earlier) and all(earlier.values())
+        rows = earlier if kept else session.retime(task_runs, top=1, repeats=repeats)
         for r in task_runs:
             if rows.get(r.run):
                 res = rows[r.run][0].result
                 out[(r.task.name, r.label, r.seed)] = list(res.latencies) if res.ok else [math.inf]
         if progress:
-            print(f"[compare] {task_runs[0].task.name}: re-measured the final best of {len(task_runs)} run(s) "
-                  f"x {repeats}, interleaved", file=sys.stderr, flush=True)
+            what = "kept the earlier re-timing of" if kept else f"re-measured x {repeats}, interleaved,"
+            print(f"[compare] {task_runs[0].task.name}: {what} the final best of {len(task_runs)} run(s)",
+                  file=sys.stderr, flush=True)
     return out

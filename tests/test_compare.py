@@ -211,3 +211,28 @@ def test_tiny_real_compare(runner, tmp_path):
     assert all(len(v) == 3 and all(x > 0 for x in v) for v in cmp.remeasured.values())
     assert not cmp.replay and "measured" in cmp.table()
     assert fj.Database(tmp_path / "real.db").runs() == ["genetic:0", "random:0"]
+
+
+def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
+    # resuming a long comparison must neither measure its finished runs again nor re-time their finals (a
+    # second, later sample would replace the one taken beside the other runs when they ended)
+    replays = []
+
+    def factory(task, target):
+        replays.append(ReplayRunner(SyntheticOracle(task, target)))
+        return replays[-1]
+
+    db = str(tmp_path / "r.db")
+    kw = dict(trials=12, db=db, replay=factory, progress=False, remeasure=2)
+    first = fj.compare(TASKS[:1], ["random"], seeds=2, **kw)
+    retimes = lambda: [r.run for r in fj.Database(db).records(retimes=True) if r.run.startswith("retime:")]  # noqa: E731
+    assert sorted(retimes()) == ["retime:random:0", "retime:random:1"]
+    replays.clear()
+    again = fj.compare(TASKS[:1], ["random"], seeds=2, **kw)
+    assert sum(len(r.calls) for r in replays) == 0
+    assert again.remeasured == first.remeasured and sorted(retimes()) == ["retime:random:0", "retime:random:1"]
+    # a new run of the task (a third seed): every run of it is re-timed again, together
+    third = fj.compare(TASKS[:1], ["random"], seeds=3, **kw)
+    assert sorted(retimes()) == ["retime:random:0", "retime:random:0", "retime:random:1", "retime:random:1",
+                                 "retime:random:2"]
+    assert set(third.remeasured) == {(TASKS[0].name, "random", s) for s in range(3)}
