@@ -223,9 +223,12 @@ def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
         return replays[-1]
 
     db = str(tmp_path / "r.db")
-    kw = dict(trials=12, db=db, replay=factory, progress=False, remeasure=2)
+    kw = {"trials": 12, "db": db, "replay": factory, "progress": False, "remeasure": 2}
     first = fj.compare(TASKS[:1], ["random"], seeds=2, **kw)
-    retimes = lambda: [r.run for r in fj.Database(db).records(retimes=True) if r.run.startswith("retime:")]  # noqa: E731
+
+    def retimes():
+        return [r.run for r in fj.Database(db).records(retimes=True) if r.run.startswith("retime:")]
+
     assert sorted(retimes()) == ["retime:random:0", "retime:random:1"]
     replays.clear()
     again = fj.compare(TASKS[:1], ["random"], seeds=2, **kw)
