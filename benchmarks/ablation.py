@@ -29,6 +29,10 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_evo``: the descents' points ranked in one pool with the best mutants a genetic population of
   2048 (Ansor's) breeds from the measured configs under the same model (``evolve=2048``: the pool holds what
   ``genetic_pre`` picks from, plus the descents'); ``gradient_pre_evo_pess1``: that pool, pessimistic (beta 1);
+  ``gradient_pre_res``: the model corrected by a Gaussian process over the run's own measurements
+  (``residual=True``, :mod:`felixjax.strategies.residual`: descent on the calibrated score plus the GP's
+  mean, ranking by both); ``gradient_pre_res_ucb``: ranking by the GP's mean + 1 std; ``gradient_pre_b32`` /
+  ``gradient_pre_res_b32``: 32 per round, without and with the GP (more rounds for it to learn from);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -102,6 +106,10 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "gradient_pre_hedge"),
         named(GradientSearch(cost_model="packaged", evolve=2048), "gradient_pre_evo"),
         named(GradientSearch(cost_model="packaged", evolve=2048, pessimism=1.0), "gradient_pre_evo_pess1"),
+        named(GradientSearch(cost_model="packaged", residual=True), "gradient_pre_res"),
+        named(GradientSearch(cost_model="packaged", residual=True, residual_beta=1.0), "gradient_pre_res_ucb"),
+        named(GradientSearch(cost_model="packaged", batch_size=32), "gradient_pre_b32"),
+        named(GradientSearch(cost_model="packaged", residual=True, batch_size=32), "gradient_pre_res_b32"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
@@ -230,7 +238,8 @@ def _section(doc: Path) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default="conv28,dw28,matmul512,dense4096", help=f"from {', '.join(SHORT)}")
+    ap.add_argument("--ops", default="conv28,dw28,matmul512,dense4096",
+                    help=f"from {', '.join(SHORT)}, or op specs as benchmarks/kernels.py --ops takes them")
     ap.add_argument("--suite", default="ops", help="ops (with --ops) or another suite of felixjax.suites, whole")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=96)
@@ -238,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", action="store_true", help="real builds and timings (1 thread, each distinct "
                     "config once per op, shared by the arms) instead of the replay oracle; compare trials only")
     ap.add_argument("--out", default="results/ablation")
+    ap.add_argument("--db", default=None, help="also record every measurement (configs included) in this database "
+                    "(default: none; the CSV under --out holds latencies only)")
     ap.add_argument("--ranker-data", default=RANKER_DATA,
                     help="databases (comma-separated) the *_gbdt arms' tree ranker also trains on ('' : none)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md and the curves "
@@ -245,7 +256,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.suite == "ops":
         ops = suite("ops")
-        tasks = [ops[SHORT[name]] for name in args.ops.split(",")]
+        from benchmarks.kernels import select_ops
+
+        names = [n.strip() for n in args.ops.split(",") if n.strip()]
+        tasks = [ops[SHORT[n]] if n in SHORT else next(iter(select_ops(n).values())) for n in names]
     else:  # a whole other suite (e.g. "fresh", held out: judge a lever there after designing it on ops)
         tasks = suite(args.suite)
     ranker_data = args.ranker_data
@@ -268,7 +282,7 @@ def main(argv=None) -> int:
                defaults=False)
     t0 = time.perf_counter()
     try:
-        cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=args.seeds, db=None, replay=memo, out=args.out,
+        cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=args.seeds, db=args.db, replay=memo, out=args.out,
                          progress=True, remeasure=0, defaults=False)
     finally:
         if memo.local is not None:

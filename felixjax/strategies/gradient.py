@@ -40,6 +40,7 @@ from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 from ..context import check_pessimism, check_ranker, pessimistic
 from .base import SearchContext, fresh, interleave, register
 from .genetic import GeneticSearch
+from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
 
 GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
 
@@ -69,6 +70,7 @@ def _key(x: np.ndarray) -> bytes:
 
 
 ANCHORS = 16  # measured points a trust region is built around (padded with masked rows: one compilation)
+RESIDUAL_ROWS = 256  # measured points per sketch the residual GP keeps, best first (padded: one compilation)
 
 
 def _descent_for(score_fn, rel, steps: int):
@@ -89,18 +91,20 @@ def trust_penalty(x, anchors, mask, radius):
 
 
 def _descent(score_fn, penalty, project, steps: int):
-    """``jit(params, inputs, rs, x0 [S, N_X], lr, anchors [A, N_X], mask [A], trust) -> iterates
-    [steps, S, N_X]``: Adam on ``-score_fn(params, inputs, x)`` (plus ``trust = (weight, radius)`` times
-    the trust-region penalty around the anchors) and the constraint penalty, projected after every
-    step. The model, the task's feature inputs and the relaxed space are arguments, so one
+    """``jit(params, inputs, rs, x0 [S, N_X], lr, anchors [A, N_X], mask [A], trust, slope, gp) ->
+    iterates [steps, S, N_X]``: Adam on ``-(slope · score_fn(params, inputs, x) + gp_mean(x, *gp))``
+    (the residual GP's mean: 0 where there is none; plus ``trust = (weight, radius)`` times the
+    trust-region penalty around the anchors) and the constraint penalty, projected after every step.
+    The model, the task's feature inputs, the relaxed space and the GP are arguments, so one
     compilation serves every task and round."""
 
-    def run(params, inputs, rs, x0, lr, anchors, mask, trust):
+    def run(params, inputs, rs, x0, lr, anchors, mask, trust, slope, gp):
         sched = optax.piecewise_constant_schedule(lr, {int(0.3 * steps): 0.2})
         opt = optax.adam(sched)
 
         def objective(p, i, x):
-            return -score_fn(p, i, x) + trust[0] * trust_penalty(x, anchors, mask, trust[1])
+            return (-(slope * score_fn(p, i, x) + gp_mean(x, *gp))
+                    + trust[0] * trust_penalty(x, anchors, mask, trust[1]))
 
         g_obj_fn = jax.vmap(jax.grad(objective, argnums=2), in_axes=(None, None, 0))
         g_pen_fn = jax.vmap(jax.grad(lambda x: penalty(rs, x)))
@@ -178,6 +182,12 @@ class GradientSearch:
             with them by the same objective, so the batch takes whichever the model prefers
             (``last_round["evolved"]`` counts the picks that only evolution found). 0 (the default)
             turns it off.
+        residual: correct the model with a Gaussian process over this run's measurements
+            (:mod:`felixjax.strategies.residual`): the measured ``-log(latency)`` is fitted as a
+            calibrated score plus a GP in the relaxed integer space (per sketch, once it has
+            ``MIN_POINTS`` measurements); the descent follows score and GP mean together, and the
+            candidates are ranked by both plus ``residual_beta`` · the GP's std. Off by default.
+        residual_beta: the GP std's weight in the ranking (an upper confidence bound; 0: its mean).
     """
 
     MIN_ENSEMBLE = 24
@@ -191,7 +201,8 @@ class GradientSearch:
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
-                 pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0):
+                 pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
+                 residual: bool = False, residual_beta: float = 0.0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -210,6 +221,8 @@ class GradientSearch:
         if evolve < 0:
             raise ValueError(f"evolve must be >= 0 (got {evolve})")
         self.evolve = int(evolve)
+        self.residual, self.residual_beta = bool(residual), float(residual_beta)
+        self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
         self._ensemble_rows = 0
@@ -290,8 +303,10 @@ class GradientSearch:
             anchors, mask = self._anchors(ctx, rel, name, x0.shape[-1])
             trust = jnp.asarray([self.trust_weight if mask.any() else 0.0, self.trust_radius], jnp.float32)
             arrays = getattr(rel, "descent_arrays", rel.arrays)  # a GPU relaxation's penalty reads its limits too
+            slope, fits = self._residuals[0], self._residuals[2]
+            gp = fits[name].arrays() if name in fits else empty_arrays(x0.shape[-1], RESIDUAL_ROWS)
             traj = np.asarray(run(model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr,
-                                  anchors, mask, trust))
+                                  anchors, mask, trust, jnp.float32(slope), gp))
             out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
             self._ends.append((x0, traj[-1], obj))
         return np.concatenate(out)
@@ -315,6 +330,42 @@ class GradientSearch:
             obj = None if plain else self._objective(scorer)
             return scorer.score_x(name, pts) if obj is None else scorer.score_x(name, pts, model=obj)
         return np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
+
+    def _fit_residuals(self, ctx: SearchContext, scorer) -> None:
+        """This round's calibration ``(a, b)`` of the objective's scores against the measured
+        ``-log(latency)`` of every correct measurement of the task, and a residual GP per sketch with
+        ``MIN_POINTS`` of them (the best :data:`RESIDUAL_ROWS` kept); nothing with ``residual`` off."""
+        self._residuals = (1.0, 0.0, {})
+        if not self.residual:
+            return
+        by_sketch: dict[str, list] = {}
+        for r in ctx.history:
+            if r.ok and r.config.sketch in scorer.relaxations and r.latency_s > 0:
+                by_sketch.setdefault(r.config.sketch, []).append(r)
+        xs, ss, ys = {}, {}, {}
+        for name, recs in by_sketch.items():
+            recs = sorted(recs, key=lambda r: r.latency_s)
+            rel = scorer.relaxations[name]
+            xs[name] = np.stack([rel.to_x(r.config) for r in recs]).astype(np.float32)
+            ss[name] = self._score(scorer, name, rel, xs[name])
+            ys[name] = -np.log([r.latency_s for r in recs])
+        if sum(len(v) for v in ys.values()) < MIN_POINTS:
+            return
+        a, b = calibrate(np.concatenate(list(ss.values())), np.concatenate(list(ys.values())))
+        fits = {name: fit_residual(xs[name], ys[name] - a * ss[name] - b, rows=RESIDUAL_ROWS)
+                for name in xs if len(xs[name]) >= MIN_POINTS}
+        self._residuals = (a, b, fits)
+
+    def _corrected(self, name: str, pts: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """Scores of integer points corrected by this round's residual GP (unchanged with ``residual`` off):
+        ``a · score + b + mean + residual_beta · std`` (``-log(latency)`` units)."""
+        if not self.residual or not len(pts):
+            return scores
+        a, b, fits = self._residuals
+        if name not in fits:
+            return a * scores + b
+        mu, sd = fits[name].predict(pts)
+        return a * scores + b + mu + self.residual_beta * sd
 
     def _round_stats(self, scorer, name: str, rel, stats: dict) -> None:
         """What rounding does to this round's trajectories of one sketch (in model-score units):
@@ -408,6 +459,9 @@ class GradientSearch:
                  "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
         bred = self._evolved(ctx, scorer, n)
         bred_keys = set()
+        self._fit_residuals(ctx, scorer)
+        if self.residual:
+            stats.update(residual_slope=self._residuals[0], residual_fits=len(self._residuals[2]))
         for name, rel in scorer.relaxations.items():
             pts = self._descend(ctx, scorer, name, rel)
             if self.stats:
@@ -423,7 +477,7 @@ class GradientSearch:
                 uniq = np.concatenate([uniq, extra]) if len(uniq) else extra
             if not len(uniq):
                 continue
-            scores = self._score(scorer, name, rel, uniq)
+            scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))
             plain = self._score(scorer, name, rel, uniq, plain=True) if hedge else None
             best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
             if hedge:  # the neighbourhoods of both orders' best
@@ -434,7 +488,8 @@ class GradientSearch:
                 nb = nb[[_key(x) not in have for x in nb]]
             if len(nb):
                 stats["neighbours"] += len(nb)
-                uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, self._score(scorer, name, rel, nb)])
+                nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
+                uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, nb_scores])
                 if hedge:
                     plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
             pool_x.append(uniq)
