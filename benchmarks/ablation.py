@@ -33,6 +33,7 @@ budget, seeds and opening — no default schedules measured first, so search log
   (``residual=True``, :mod:`felixjax.strategies.residual`: descent on the calibrated score plus the GP's
   mean, ranking by both); ``gradient_pre_res_ucb``: ranking by the GP's mean + 1 std; ``gradient_pre_b32`` /
   ``gradient_pre_res_b32``: 32 per round, without and with the GP (more rounds for it to learn from);
+  ``gradient_pre_resdesc_b32``: the GP steering the descent only, the model alone ranking (32 per round);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -110,6 +111,8 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GradientSearch(cost_model="packaged", residual=True, residual_beta=1.0), "gradient_pre_res_ucb"),
         named(GradientSearch(cost_model="packaged", batch_size=32), "gradient_pre_b32"),
         named(GradientSearch(cost_model="packaged", residual=True, batch_size=32), "gradient_pre_res_b32"),
+        named(GradientSearch(cost_model="packaged", residual=True, residual_rank=False, batch_size=32),
+              "gradient_pre_resdesc_b32"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

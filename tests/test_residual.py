@@ -10,7 +10,13 @@ import felixjax as fj
 from costmodels import kendall_tau
 from felixjax.session import TuningSession
 from felixjax.strategies.gradient import RESIDUAL_ROWS, GradientSearch
-from felixjax.strategies.residual import ResidualFit, calibrate, empty_arrays, fit_residual, gp_mean
+from felixjax.strategies.residual import (
+    ResidualFit,
+    calibrate,
+    empty_arrays,
+    fit_residual,
+    gp_mean,
+)
 from felixjax.testing import ReplayRunner
 
 

@@ -188,6 +188,8 @@ class GradientSearch:
             ``MIN_POINTS`` measurements); the descent follows score and GP mean together, and the
             candidates are ranked by both plus ``residual_beta`` · the GP's std. Off by default.
         residual_beta: the GP std's weight in the ranking (an upper confidence bound; 0: its mean).
+        residual_rank: with ``residual``, rank by the corrected score (the default); ``False``: the GP
+            steers the descent only and the model alone ranks the candidates.
     """
 
     MIN_ENSEMBLE = 24
@@ -202,7 +204,7 @@ class GradientSearch:
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
-                 residual: bool = False, residual_beta: float = 0.0):
+                 residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -221,7 +223,7 @@ class GradientSearch:
         if evolve < 0:
             raise ValueError(f"evolve must be >= 0 (got {evolve})")
         self.evolve = int(evolve)
-        self.residual, self.residual_beta = bool(residual), float(residual_beta)
+        self.residual, self.residual_beta, self.residual_rank = bool(residual), float(residual_beta), bool(residual_rank)
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
@@ -357,9 +359,10 @@ class GradientSearch:
         self._residuals = (a, b, fits)
 
     def _corrected(self, name: str, pts: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        """Scores of integer points corrected by this round's residual GP (unchanged with ``residual`` off):
+        """Scores of integer points corrected by this round's residual GP (unchanged with ``residual`` or
+        ``residual_rank`` off):
         ``a · score + b + mean + residual_beta · std`` (``-log(latency)`` units)."""
-        if not self.residual or not len(pts):
+        if not self.residual or not self.residual_rank or not len(pts):
             return scores
         a, b, fits = self._residuals
         if name not in fits:

@@ -101,10 +101,11 @@ def _log_marginal(chol: np.ndarray, r: np.ndarray) -> tuple[float, np.ndarray]:
     return float(-0.5 * r @ a - np.sum(np.log(np.diag(chol)))), a
 
 
-def fit_residual(xs: np.ndarray, resid: np.ndarray, *, rows: int) -> ResidualFit:
+def fit_residual(xs: np.ndarray, resid: np.ndarray, *, rows: int, lengthscales=LENGTHSCALES,
+                 noises=NOISES) -> ResidualFit:
     """Fit the GP to residuals ``resid`` at integer points ``xs`` (at most ``rows`` of them are kept by
-    the caller's order: give the best measured first). Length scale and noise share: the grid's best
-    log marginal likelihood."""
+    the caller's order: give the best measured first). Length scale and noise share: the best log
+    marginal likelihood over the grid ``lengthscales`` x ``noises``."""
     xs = np.asarray(xs, np.float64)[:rows]
     r = np.asarray(resid, np.float64)[:rows]
     n, d = xs.shape
@@ -113,9 +114,9 @@ def fit_residual(xs: np.ndarray, resid: np.ndarray, *, rows: int) -> ResidualFit
     signal = max(float(rc.var()), 1e-4)
     d2 = np.sum((xs[:, None, :] - xs[None, :, :]) ** 2, axis=-1)
     best = None
-    for ell in LENGTHSCALES:
+    for ell in lengthscales:
         base = signal * np.exp(-0.5 * d2 / ell ** 2)
-        for noise in NOISES:
+        for noise in noises:
             chol = np.linalg.cholesky(base + (noise * signal + 1e-8) * np.eye(n))
             lml, alpha = _log_marginal(chol, rc)
             if best is None or lml > best[0]:
