@@ -155,7 +155,8 @@ are drawn (start ○, end ×); they start on the slice, the other 56 uniformly i
 The right panel is the predicted score alone. Starts beyond the solid line (a register block larger
 than the accumulator budget) are infeasible: the penalty pushes them back inside and their score
 *drops* to the best feasible value nearby; feasible starts climb."""),
-    ("code", """from felixjax.strategies.gradient import ANCHORS, _descent_for
+    ("code", """from felixjax.strategies.gradient import ANCHORS, RESIDUAL_ROWS, _descent_for
+from felixjax.strategies.residual import empty_arrays
 
 STARTS, STEPS = 64, 32  # the tuning run below uses the same sizes, so the descent compiles once
 rng = np.random.default_rng(0)
@@ -163,9 +164,11 @@ x0 = np.array(rel.sample_x(jax.random.PRNGKey(0), STARTS), np.float32)
 shown = 8
 x0[:shown] = base
 x0[:shown, I], x0[:shown, J] = rng.uniform(0.0, 8.0, shown), rng.uniform(0.0, 8.0, shown)
-# run(params, inputs, relaxed space, x0, lr, trust-region anchors, their mask, (weight, radius)) -> [steps, starts, N_X]
+# run(params, inputs, relaxed space, x0, lr, trust-region anchors, their mask, (weight, radius), the score's
+#     weight, the residual GP) -> [steps, starts, N_X]
 descent = _descent_for(scorer.soft_score(1.0), rel, STEPS)
-no_trust = (jnp.zeros((ANCHORS, x0.shape[1])), jnp.zeros(ANCHORS), jnp.zeros(2))  # the trust region is off
+no_trust = (jnp.zeros((ANCHORS, x0.shape[1])), jnp.zeros(ANCHORS), jnp.zeros(2),  # the trust region is off,
+            jnp.float32(1.0), empty_arrays(x0.shape[1], RESIDUAL_ROWS))  # the model alone (no residual GP)
 t = time.perf_counter()
 traj = np.asarray(descent(model.params, inputs, rel.arrays, jnp.asarray(x0, jnp.float32), 0.5, *no_trust))
 print(f"descent: {STARTS} starts x {STEPS} steps in {time.perf_counter() - t:.2f} s (compilation included)")
