@@ -14,6 +14,10 @@ search can descend on ``a · score + f`` — on the model and on the measurement
 has measured at once (the measured-neighbour descent of DGD, ICS'24, through a differentiable
 interpolant instead of ±1 moves) — and rank its candidates by ``a · score + b + f + β · std(f)``.
 
+Off by default (``GradientSearch(residual=True)`` turns it on): measured in three ablations and offline
+(docs/BENCHMARKS.md, "Issue 15, session 30"), it did not make the gradient search beat the genetic search
+on shapes it was not designed on, and it ranks a round's candidates worse than the fine-tuned model alone.
+
 Example:
     >>> import numpy as np
     >>> xs = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0], [2.0, 2.0], [0.0, 2.0],
@@ -73,7 +77,7 @@ class ResidualFit:
         n = int(self.mask.sum())
         k = self._kernel(pts)  # [P, n]
         mu = self.mean + k @ self.alpha[:n]
-        v = np.linalg.solve(self.chol, k.T)  # triangular solve, [n, P]
+        v = np.linalg.solve(self.chol, k.T)  # L⁻¹ kᵀ, [n, P] (n <= a few hundred)
         var = np.maximum(self.signal - np.sum(v * v, axis=0), 0.0)
         return mu, np.sqrt(var)
 
