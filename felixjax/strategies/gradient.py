@@ -127,6 +127,27 @@ def _descent(score_fn, penalty, project, steps: int):
     return jax.jit(run)
 
 
+def spread_picks(order: np.ndarray, xs: np.ndarray, sketch: list, k: int, radius: float) -> np.ndarray:
+    """The first ``k`` of ``order`` (pool rows, best first) that lie farther than ``radius`` (L1, integer
+    points ``xs``) from every earlier pick of their sketch; when those run out, the skipped rows in
+    ``order``. ``radius`` 0: ``order[:k]``."""
+    if radius <= 0 or k <= 0:
+        return order[:k]
+    picked: list = []
+    near: list = []
+    by_sketch: dict = {}  # sketch -> the picked rows' points
+    for i in order:
+        if len(picked) >= k:
+            break
+        pts = by_sketch.get(sketch[i])
+        if pts and np.abs(np.asarray(pts) - xs[i]).sum(axis=1).min() <= radius:
+            near.append(i)
+            continue
+        picked.append(i)
+        by_sketch.setdefault(sketch[i], []).append(xs[i])
+    return np.asarray(picked + near[: k - len(picked)], np.int64)
+
+
 @register("gradient")
 class GradientSearch:
     """Multi-start Adam on the relaxed space through the cost model; see module docstring.
@@ -190,6 +211,10 @@ class GradientSearch:
         residual_beta: the GP std's weight in the ranking (an upper confidence bound; 0: its mean).
         residual_rank: with ``residual``, rank by the corrected score (the default); ``False``: the GP
             steers the descent only and the model alone ranks the candidates.
+        spread: the picks of a round keep this L1 distance apart in the relaxed integer space (per
+            sketch; 2 is one move of :meth:`~felixjax.relax.Relaxation.neighbours_x`): in score order, a
+            candidate within ``spread`` of one already picked waits until the distinct ones run out, so
+            one region the model over-rates does not take the whole batch. 0 (the default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -204,7 +229,8 @@ class GradientSearch:
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
-                 residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True):
+                 residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
+                 spread: float = 0.0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -224,6 +250,9 @@ class GradientSearch:
             raise ValueError(f"evolve must be >= 0 (got {evolve})")
         self.evolve = int(evolve)
         self.residual, self.residual_beta, self.residual_rank = bool(residual), float(residual_beta), bool(residual_rank)
+        if spread < 0:
+            raise ValueError(f"spread must be >= 0 (got {spread})")
+        self.spread = float(spread)
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
@@ -441,7 +470,7 @@ class GradientSearch:
         """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
         order = np.argsort(-scores, kind="stable")
         if self.acquisition == "mean" or self._ensemble is None or k <= 0:
-            return order[:k]
+            return spread_picks(order, xs, sketch, k, self.spread)
         short = order[: max(8 * k, 64)]
         members = np.zeros((self.ensemble_members, len(short)))
         for name in set(sketch[i] for i in short):
