@@ -1,5 +1,8 @@
 """Issue 15's levers of the gradient search, on the replay oracle: ensemble acquisition (UCB /
-Thompson), measured-neighbour moves, and the per-round soft-vs-hard and rounding statistics."""
+Thompson), measured-neighbour moves, the evolutionary pool, the spread of a round's picks, and the per-round
+soft-vs-hard and rounding statistics."""
+import itertools
+
 import jax
 import numpy as np
 import pytest
@@ -7,7 +10,7 @@ import pytest
 import felixjax as fj
 from costmodels.ensemble import acquire
 from felixjax.session import TuningSession
-from felixjax.strategies.gradient import GradientSearch
+from felixjax.strategies.gradient import GradientSearch, spread_picks
 from felixjax.testing import ReplayRunner
 
 
@@ -118,21 +121,53 @@ def test_the_pessimism_hedge_descends_and_ranks_on_both_objectives():
         GradientSearch(pessimism=1.0, pessimism_share=0.0)
 
 
-def test_the_evolutionary_pool_is_ranked_with_the_descents():
-    task = fj.ops.matmul(64, 48, 32)
-    g = GradientSearch(batch_size=16, starts=8, evolve=256)
+def _second_round(g: GradientSearch, trials: int = 16):
+    """One measured round of ``g`` on a small matmul (replay oracle), then its next proposals: (run, picks)."""
     with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
                        defaults=False) as s:
-        run = s.add(task, g, seed=0, trials=16)
+        run = s.add(fj.ops.matmul(64, 48, 32), g, seed=0, trials=trials)
         s.step(run)
-        picks = g.propose(run.ctx, 16)
-        bred = g._breeder[1].last_round
-        assert bred["seeds"]  # the breeder started from this run's measured configs
-        assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
-        # the picks only evolution found are among the breeder's best, and some made the batch
-        assert 0 < g.last_round["evolved"] <= 16
-        good = set(bred["good"])
-        only_bred = [p for p in picks if p in good]
-        assert len(only_bred) >= g.last_round["evolved"]
+        return run, g.propose(run.ctx, 16)
+
+
+def test_the_evolutionary_pool_is_ranked_with_the_descents():
+    g = GradientSearch(batch_size=16, starts=8, evolve=256)
+    run, picks = _second_round(g)
+    bred = g._breeder[1].last_round
+    assert bred["seeds"]  # the breeder started from this run's measured configs
+    assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+    # the picks only evolution found are among the breeder's best, and some made the batch
+    assert 0 < g.last_round["evolved"] <= 16
+    good = set(bred["good"])
+    only_bred = [p for p in picks if p in good]
+    assert len(only_bred) >= g.last_round["evolved"]
     with pytest.raises(ValueError, match="evolve"):
         GradientSearch(evolve=-1)
+
+
+def test_spread_picks_skips_near_points_and_refills_from_them():
+    xs = np.array([[0, 0], [0, 1], [5, 5], [1, 1], [9, 0], [5, 6]], np.float32)
+    order = np.arange(6)
+    sketch = ["a"] * 6
+    assert spread_picks(order, xs, sketch, 3, 0).tolist() == [0, 1, 2]  # off: the top k
+    assert spread_picks(order, xs, sketch, 3, 2).tolist() == [0, 2, 4]  # 1, 3 within 2 of 0; 5 of 2
+    # too few distinct points: the skipped ones follow, in score order
+    assert spread_picks(order, xs, sketch, 5, 2).tolist() == [0, 2, 4, 1, 3]
+    # distance counts within a sketch only
+    assert spread_picks(order, xs, ["a", "b"] * 3, 3, 2).tolist() == [0, 1, 2]
+
+
+def test_the_spread_lever_keeps_a_rounds_picks_apart():
+    g = GradientSearch(batch_size=16, starts=8, spread=2.0)
+    run, picks = _second_round(g, trials=32)
+    assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+    rels = g._ensure_scorer(run.ctx).relaxations
+    model = [c for c in picks if c.sketch in rels][: 16 - g.last_round["random"]]
+    assert len(model) >= 12 and g.last_round["candidates"] > 4 * len(model)  # a pool far larger than the batch
+    # the model's picks: pairwise more than one move apart
+    for a, b in itertools.combinations(model, 2):
+        if a.sketch == b.sketch:
+            d = np.abs(rels[a.sketch].to_x(a) - rels[b.sketch].to_x(b)).sum()
+            assert d > 2.0, (a, b)
+    with pytest.raises(ValueError, match="spread"):
+        GradientSearch(spread=-1)
