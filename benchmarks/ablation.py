@@ -36,7 +36,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_resdesc_b32``: the GP steering the descent only, the model alone ranking (32 per round);
   ``genetic_pre_b32``: the genetic search at 32 per round (the equal-batch partner of ``gradient_pre_b32``);
   ``gradient_pre_b32_spread`` / ``_spread4``: 32 per round, the picks kept more than one (two) moves apart
-  (``spread=2`` / ``4``: one over-rated region does not take the whole batch);
+  (``spread=2`` / ``4``: one over-rated region does not take the whole batch); ``genetic_pre_b32_spread4``: the
+  genetic search's picks kept apart the same way (equal equipment);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -123,6 +124,7 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
         named(GeneticSearch(cost_model="packaged"), "genetic_pre"),
         named(GeneticSearch(cost_model="packaged", batch_size=32), "genetic_pre_b32"),
+        named(GeneticSearch(cost_model="packaged", batch_size=32, spread=4.0), "genetic_pre_b32_spread4"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "genetic_pre_hedge"),
     ]

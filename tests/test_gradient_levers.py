@@ -10,6 +10,7 @@ import pytest
 import felixjax as fj
 from costmodels.ensemble import acquire
 from felixjax.session import TuningSession
+from felixjax.strategies.genetic import GeneticSearch
 from felixjax.strategies.gradient import GradientSearch, spread_picks
 from felixjax.testing import ReplayRunner
 
@@ -103,8 +104,6 @@ def test_interleave_keeps_the_share_in_every_prefix():
 
 
 def test_the_pessimism_hedge_descends_and_ranks_on_both_objectives():
-    from felixjax.strategies.genetic import GeneticSearch
-
     task = fj.ops.matmul(64, 48, 32)
     g = GradientSearch(batch_size=16, starts=16, pessimism=1.0, pessimism_share=0.5)
     gen = GeneticSearch(batch_size=16, population=256, generations=1, pessimism=1.0, pessimism_share=0.5)
@@ -158,16 +157,23 @@ def test_spread_picks_skips_near_points_and_refills_from_them():
 
 
 def test_the_spread_lever_keeps_a_rounds_picks_apart():
-    g = GradientSearch(batch_size=16, starts=8, spread=2.0)
-    run, picks = _second_round(g, trials=32)
-    assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
-    rels = g._ensure_scorer(run.ctx).relaxations
-    model = [c for c in picks if c.sketch in rels][: 16 - g.last_round["random"]]
-    assert len(model) >= 12 and g.last_round["candidates"] > 4 * len(model)  # a pool far larger than the batch
-    # the model's picks: pairwise more than one move apart
-    for a, b in itertools.combinations(model, 2):
-        if a.sketch == b.sketch:
-            d = np.abs(rels[a.sketch].to_x(a) - rels[b.sketch].to_x(b)).sum()
-            assert d > 2.0, (a, b)
-    with pytest.raises(ValueError, match="spread"):
-        GradientSearch(spread=-1)
+    for g in (GradientSearch(batch_size=16, starts=8, spread=2.0),
+              GeneticSearch(batch_size=16, population=256, generations=2, spread=2.0)):
+        run, picks = _second_round(g, trials=32)
+        assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+        if isinstance(g, GradientSearch):
+            rels = g._ensure_scorer(run.ctx).relaxations
+            model = [c for c in picks if c.sketch in rels][: 16 - g.last_round["random"]]
+            assert g.last_round["candidates"] > 4 * len(model)  # a pool far larger than the batch
+        else:
+            rels, model = g.scorer(run.ctx).relaxations, g.last_round["good"]
+            assert len(g.last_round["heap"]) == 32  # 2n kept apart, from the heap's best 8n
+        assert len(model) >= 12
+        # the model's picks: pairwise more than one move apart
+        for a, b in itertools.combinations(model, 2):
+            if a.sketch == b.sketch:
+                d = np.abs(rels[a.sketch].to_x(a) - rels[b.sketch].to_x(b)).sum()
+                assert d > 2.0, (type(g).__name__, a, b)
+    for cls in (GradientSearch, GeneticSearch):
+        with pytest.raises(ValueError, match="spread"):
+            cls(spread=-1)

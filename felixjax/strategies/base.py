@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
+
 from codegen.space import Config
 
 from ..context import SearchContext
@@ -137,3 +139,24 @@ def interleave(first, second, share: float, k: int) -> list:
         out.append(orders[side][pos[side]])
         taken += side == 0
     return out
+
+
+def spread_picks(order: np.ndarray, xs: np.ndarray, sketch: list, k: int, radius: float) -> np.ndarray:
+    """The first ``k`` of ``order`` (pool rows, best first) that lie farther than ``radius`` (L1, integer
+    points ``xs``) from every earlier pick of their sketch; when those run out, the skipped rows in
+    ``order``. ``radius`` 0: ``order[:k]``."""
+    if radius <= 0 or k <= 0:
+        return order[:k]
+    picked: list = []
+    near: list = []
+    by_sketch: dict = {}  # sketch -> the picked rows' points
+    for i in order:
+        if len(picked) >= k:
+            break
+        pts = by_sketch.get(sketch[i])
+        if pts and np.abs(np.asarray(pts) - xs[i]).sum(axis=1).min() <= radius:
+            near.append(i)
+            continue
+        picked.append(i)
+        by_sketch.setdefault(sketch[i], []).append(xs[i])
+    return np.asarray(picked + near[: k - len(picked)], np.int64)

@@ -53,7 +53,7 @@ from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
 from ..context import PessimisticScorer, check_pessimism, check_ranker
-from .base import SearchContext, interleave, register
+from .base import SearchContext, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}
@@ -392,6 +392,9 @@ class GeneticSearch:
             below 1: the population evolves on the plain score and that share of the picks is the
             pessimistic score's best among the plain score's ``8 · n`` best, interleaved with the
             plain order (the gradient strategy's hedge).
+        spread: the picks of a round keep this L1 distance apart in the relaxed integer space of their
+            sketch (the gradient strategy's option of the same name, applied to the best ``8 · n`` of the
+            heap: equal equipment; needs a scorer with ``relaxations``). 0 (the default) turns it off.
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -412,7 +415,7 @@ class GeneticSearch:
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
                  scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
                  ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged",
-                 pessimism_share: float = 1.0):
+                 pessimism_share: float = 1.0, spread: float = 0.0):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -433,6 +436,9 @@ class GeneticSearch:
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
         self.pessimism, self.pessimism_share = check_pessimism(pessimism, pessimism_share)
         self.pessimism_model = pessimism_model
+        if spread < 0:
+            raise ValueError(f"spread must be >= 0 (got {spread})")
+        self.spread = float(spread)
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -495,13 +501,16 @@ class GeneticSearch:
         # 3. the best 2n unmeasured, of which n - int(eps n) are proposed, plus int(eps n) random samples
         t = time.perf_counter()
         order = sorted(heap, key=heap.__getitem__, reverse=True)
-        ranked = order[: 2 * n]
+        deep = 8 * n if self.spread else 2 * n  # spread picks from a longer list
+        ranked = order[:deep]
         if self.pessimism and self.pessimism_share < 1.0 and heap:  # the hedge: some picks pessimistic
             short = order[: 8 * n]
             pess = PessimisticScorer(scorer, self.pessimism_model, self.pessimism).score(
                 codec.decode_many(codec.rows(short)))
             by_pess = [short[i] for i in np.argsort(-pess, kind="stable")]
-            ranked = interleave(by_pess, short, self.pessimism_share, 2 * n)
+            ranked = interleave(by_pess, short, self.pessimism_share, deep)
+        if self.spread and ranked:
+            ranked = self._spread_out(scorer, codec, ranked, 2 * n)
         n_rand = int(self.eps_greedy * n)
         good = ranked[: n - n_rand]
         taken = set(good)
@@ -534,6 +543,19 @@ class GeneticSearch:
         self.scorer(ctx).update(records)
 
     # ---- pieces (public for tests) -------------------------------------------------------------
+    def _spread_out(self, scorer, codec: Codec, keys: list, k: int) -> list:
+        """``k`` of ``keys`` (best first) kept ``spread`` apart by :func:`spread_picks` in the relaxed
+        integer space of the scorer's relaxations (a config of a sketch without one counts as far from all)."""
+        rels = getattr(scorer, "relaxations", None) or {}
+        cfgs = codec.decode_many(codec.rows(keys))
+        xs = [rels[c.sketch].to_x(c) if c.sketch in rels else None for c in cfgs]
+        width = next((len(x) for x in xs if x is not None), 0)
+        if not width:
+            return keys[:k]
+        pts = np.stack([x if x is not None else np.zeros(width) for x in xs])
+        tags = [c.sketch if x is not None else f"\0{i}" for i, (c, x) in enumerate(zip(cfgs, xs))]
+        return [keys[i] for i in spread_picks(np.arange(len(keys)), pts, tags, k, self.spread)]
+
     def _measured_seeds(self, ctx: SearchContext, codec: Codec) -> list[Config]:
         best: dict[Config, float] = {}
         for r in ctx.history:

@@ -38,7 +38,7 @@ from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
 from ..context import check_pessimism, check_ranker, pessimistic
-from .base import SearchContext, fresh, interleave, register
+from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
 
@@ -125,27 +125,6 @@ def _descent(score_fn, penalty, project, steps: int):
         return traj
 
     return jax.jit(run)
-
-
-def spread_picks(order: np.ndarray, xs: np.ndarray, sketch: list, k: int, radius: float) -> np.ndarray:
-    """The first ``k`` of ``order`` (pool rows, best first) that lie farther than ``radius`` (L1, integer
-    points ``xs``) from every earlier pick of their sketch; when those run out, the skipped rows in
-    ``order``. ``radius`` 0: ``order[:k]``."""
-    if radius <= 0 or k <= 0:
-        return order[:k]
-    picked: list = []
-    near: list = []
-    by_sketch: dict = {}  # sketch -> the picked rows' points
-    for i in order:
-        if len(picked) >= k:
-            break
-        pts = by_sketch.get(sketch[i])
-        if pts and np.abs(np.asarray(pts) - xs[i]).sum(axis=1).min() <= radius:
-            near.append(i)
-            continue
-        picked.append(i)
-        by_sketch.setdefault(sketch[i], []).append(xs[i])
-    return np.asarray(picked + near[: k - len(picked)], np.int64)
 
 
 @register("gradient")
