@@ -314,7 +314,8 @@ class GradientSearch:
             trust = jnp.asarray([self.trust_weight if mask.any() else 0.0, self.trust_radius], jnp.float32)
             arrays = getattr(rel, "descent_arrays", rel.arrays)  # a GPU relaxation's penalty reads its limits too
             slope, fits = self._residuals[0], self._residuals[2]
-            gp = fits[name].arrays() if name in fits else empty_arrays(x0.shape[-1], RESIDUAL_ROWS)
+            # no GP: zero rows with the lever off (no kernel sum per step), padded rows with it on (one compilation)
+            gp = fits[name].arrays() if name in fits else empty_arrays(x0.shape[-1], RESIDUAL_ROWS * self.residual)
             traj = np.asarray(run(model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr,
                                   anchors, mask, trust, jnp.float32(slope), gp))
             out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
