@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--suite", default=None, help="a named operator suite: ops (see felixjax/suites.py)")
     c.add_argument("--op", action="append", default=[], metavar="SPEC", help="operator spec (repeatable)")
     c.add_argument("--strategies", default=None,
-                   help="comma-separated strategy names (default: the registered ones of gradient,genetic,random)")
+                   help="comma-separated strategy names (default: the registered ones of gradient,genetic,random); "
+                        "NAME@N runs that strategy at N candidates per round (genetic@32 next to genetic)")
     c.add_argument("--seeds", type=int, default=3, help="seeds per strategy and operator (default 3)")
     c.add_argument("--trials", type=int, default=512, help="trial budget of every run (default 512)")
     c.add_argument("--seconds", type=float, default=None, help="seconds budget of every run (whichever ends first)")
@@ -353,9 +354,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.seeds < 1:
         raise UserError(f"--trials and --seeds must be >= 1 (got {args.trials}, {args.seeds})")
     names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies else None
-    for name in names or []:
-        if name not in fj.strategies():
-            raise UserError(f"unknown strategy {name!r}; registered: {', '.join(fj.strategies())}")
+    for name in names or []:  # "genetic@32": a registered strategy at 32 candidates per round
+        base, _, batch = name.partition("@")
+        if base not in fj.strategies():
+            raise UserError(f"unknown strategy {base!r}; registered: {', '.join(fj.strategies())}")
+        if "@" in name and not (batch.isdigit() and int(batch) >= 1):
+            raise UserError(f"strategy {name!r}: the batch after '@' must be a positive integer")
     try:
         tasks = [args.suite] if args.suite else [fj.ops.parse_spec(s) for s in args.op]
     except ValueError as e:
@@ -365,7 +369,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from .strategies.base import COST_MODEL_STRATEGIES
 
         options = {n: _cost_model_options(n, args.cost_model)
-                   for n in (names or fj.strategies()) if n in COST_MODEL_STRATEGIES}
+                   for n in {n.partition("@")[0] for n in names or fj.strategies()} if n in COST_MODEL_STRATEGIES}
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)

@@ -395,8 +395,19 @@ def _as_tasks(tasks) -> list[Task]:
 def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
     """(name, fresh-instance factory): runs never share a strategy's state."""
     if isinstance(s, str):
-        get_strategy(s, **options.get(s, {}))  # fail early on an unknown name
-        return s, lambda: get_strategy(s, **options.get(s, {}))
+        base, _, batch = s.partition("@")  # "genetic@32": the registered strategy at 32 candidates per round
+        kw = {**options.get(base, {}), **options.get(s, {})}
+        if batch:
+            if not batch.isdigit() or int(batch) < 1:
+                raise ValueError(f"strategy {s!r}: the batch after '@' must be a positive integer")
+            kw["batch_size"] = int(batch)
+        get_strategy(base, **kw)  # fail early on an unknown name or option
+
+        def make():
+            st = get_strategy(base, **kw)
+            st.name = s
+            return st
+        return s, make
     if not isinstance(s, type) and isinstance(s, Strategy):
         return s.name, lambda: copy.deepcopy(s)
     if callable(s):
@@ -429,7 +440,9 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     Args:
         tasks: tasks, op specs (``"matmul:m=512,n=512,k=512"``) or suite names (``"ops"``).
         strategies: names, strategy objects (deep-copied per run) or zero-argument factories;
-            default: every registered one of ``gradient``, ``genetic``, ``random``.
+            default: every registered one of ``gradient``, ``genetic``, ``random``. A name may end in
+            ``@N``: that strategy at ``N`` candidates per round, under that name (``"genetic@32"``
+            next to ``"genetic"``: the genetic search at the gradient search's batch and at Ansor's 64).
         trials: budget of every run in trials (a trial is a candidate sent to the builder).
         seconds: budget of every run in its own seconds (whichever ends first).
         seeds: number of seeds (0, 1, ...) or the seeds themselves.

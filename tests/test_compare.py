@@ -185,11 +185,27 @@ def test_cli_compare_replay(tmp_path, capsys):
     (["compare", "--op", "matmul:m=4", "--out", "x"], "needs n="),
     (["compare", "--op", "matmul:m=4,n=4,k=4", "--strategies", "annealing", "--out", "x"], "unknown strategy"),
     (["compare", "--op", "matmul:m=4,n=4,k=4", "--trials", "0", "--out", "x"], "must be >= 1"),
+    (["compare", "--op", "matmul:m=4,n=4,k=4", "--strategies", "genetic@0", "--out", "x"], "positive integer"),
+    (["compare", "--op", "matmul:m=4,n=4,k=4", "--strategies", "annealing@8", "--out", "x"], "unknown strategy"),
 ])
 def test_cli_compare_bad_input_is_one_line_exit_2(argv, msg, capsys):
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_strategy_at_another_batch_runs_beside_itself_under_its_own_name(tmp_path, capsys):
+    # "genetic@8" is the genetic search at 8 candidates per round, compared next to "genetic" (16 here)
+    cmp = fj.compare(TASKS[:1], ["genetic", "genetic@8"], trials=16, seeds=1, db=str(tmp_path / "b.db"),
+                     replay=True, progress=True, remeasure=0, defaults=False,
+                     strategy_options={"genetic": {"population": 128, "batch_size": 16}})
+    assert cmp.strategies == ["genetic", "genetic@8"]
+    assert {r.run for r in fj.Database(tmp_path / "b.db").records()} >= {"genetic:0", "genetic@8:0"}
+    err = capsys.readouterr().err  # one progress line per round: 16 trials are 1 round of 16, or 2 of 8
+    assert " genetic:0: round 1 16/16 " in err and " genetic:0: round 2 " not in err
+    assert " genetic@8:0: round 1 8/16 " in err and " genetic@8:0: round 2 16/16 " in err
+    with pytest.raises(ValueError, match="positive integer"):
+        fj.compare(TASKS[:1], ["genetic@x"], trials=4, seeds=1, db=None, replay=True, progress=False)
 
 
 def test_suite_ops_is_the_op_suite():
