@@ -4,7 +4,8 @@ search fewer measurements to 95% of the best, next to the genetic search given t
 Arms (each a strategy object with its own name, all through ``fj.compare`` with the same replay,
 budget, seeds and opening — no default schedules measured first, so search logic alone counts):
 
-* ``gradient`` — the defaults (64 per round);
+* ``gradient`` — the defaults until session 31 (64 per round, no spread; every gradient arm is pinned to them
+  unless it names its own: the strategy's defaults since session 32 are ``gradient_pre_b32_spread4``'s);
 * ``gradient_b16`` — 16 candidates per round (more rounds to learn from);
 * ``gradient_trust`` — the trust region around the best measured points (weight 1, radius 2);
 * ``gradient_b16_trust`` — both (the base the next arms add one lever to);
@@ -87,38 +88,41 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         obj.name = name
         return obj
 
+    def grad(**kw):  # the gradient arms as measured before session 32: 64 per round, spread 0 unless set
+        return GradientSearch(**{"batch_size": 64, "spread": 0.0, **kw})
+
     gbdt = {"ranker": "gbdt", "ranker_data": ranker_data or None}
 
     none = {"cost_model": None}  # every arm but the *_pre ones starts from the roofline prior, as before session 24
     trust = {"trust_weight": 1.0, "trust_radius": 2.0}
     return [
-        named(GradientSearch(**none), "gradient"),
-        named(GradientSearch(**none, batch_size=16), "gradient_b16"),
-        named(GradientSearch(**none, **trust), "gradient_trust"),
-        named(GradientSearch(**none, batch_size=16, **trust), "gradient_b16_trust"),
-        named(GradientSearch(**none, batch_size=16, acquisition="ucb", **trust), "gradient_b16_trust_ucb"),
-        named(GradientSearch(**none, batch_size=16, acquisition="thompson", **trust), "gradient_b16_trust_thompson"),
-        named(GradientSearch(**none, batch_size=16, local_share=0.25, **trust), "gradient_b16_trust_local"),
-        named(GradientSearch(**none, batch_size=32, **trust), "gradient_b32_trust"),
-        named(GradientSearch(**none, **gbdt), "gradient_gbdt"),
-        named(GradientSearch(cost_model="packaged"), "gradient_pre"),
-        named(GradientSearch(cost_model="packaged", **trust), "gradient_pre_trust"),
-        named(GradientSearch(cost_model="packaged", local_share=0.5), "gradient_pre_local"),
-        named(GradientSearch(cost_model="packaged", lr=0.05), "gradient_pre_lr05"),
-        named(GradientSearch(cost_model="packaged", acquisition="ucb", ucb_beta=-1.0), "gradient_pre_lcb"),
-        named(GradientSearch(cost_model="packaged", pessimism=1.0), "gradient_pre_pess1"),
-        named(GradientSearch(cost_model="packaged", pessimism=3.0), "gradient_pre_pess3"),
-        named(GradientSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "gradient_pre_hedge"),
-        named(GradientSearch(cost_model="packaged", evolve=2048), "gradient_pre_evo"),
-        named(GradientSearch(cost_model="packaged", evolve=2048, pessimism=1.0), "gradient_pre_evo_pess1"),
-        named(GradientSearch(cost_model="packaged", residual=True), "gradient_pre_res"),
-        named(GradientSearch(cost_model="packaged", residual=True, residual_beta=1.0), "gradient_pre_res_ucb"),
-        named(GradientSearch(cost_model="packaged", batch_size=32), "gradient_pre_b32"),
-        named(GradientSearch(cost_model="packaged", residual=True, batch_size=32), "gradient_pre_res_b32"),
-        named(GradientSearch(cost_model="packaged", residual=True, residual_rank=False, batch_size=32),
+        named(grad(**none), "gradient"),
+        named(grad(**none, batch_size=16), "gradient_b16"),
+        named(grad(**none, **trust), "gradient_trust"),
+        named(grad(**none, batch_size=16, **trust), "gradient_b16_trust"),
+        named(grad(**none, batch_size=16, acquisition="ucb", **trust), "gradient_b16_trust_ucb"),
+        named(grad(**none, batch_size=16, acquisition="thompson", **trust), "gradient_b16_trust_thompson"),
+        named(grad(**none, batch_size=16, local_share=0.25, **trust), "gradient_b16_trust_local"),
+        named(grad(**none, batch_size=32, **trust), "gradient_b32_trust"),
+        named(grad(**none, **gbdt), "gradient_gbdt"),
+        named(grad(cost_model="packaged"), "gradient_pre"),
+        named(grad(cost_model="packaged", **trust), "gradient_pre_trust"),
+        named(grad(cost_model="packaged", local_share=0.5), "gradient_pre_local"),
+        named(grad(cost_model="packaged", lr=0.05), "gradient_pre_lr05"),
+        named(grad(cost_model="packaged", acquisition="ucb", ucb_beta=-1.0), "gradient_pre_lcb"),
+        named(grad(cost_model="packaged", pessimism=1.0), "gradient_pre_pess1"),
+        named(grad(cost_model="packaged", pessimism=3.0), "gradient_pre_pess3"),
+        named(grad(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "gradient_pre_hedge"),
+        named(grad(cost_model="packaged", evolve=2048), "gradient_pre_evo"),
+        named(grad(cost_model="packaged", evolve=2048, pessimism=1.0), "gradient_pre_evo_pess1"),
+        named(grad(cost_model="packaged", residual=True), "gradient_pre_res"),
+        named(grad(cost_model="packaged", residual=True, residual_beta=1.0), "gradient_pre_res_ucb"),
+        named(grad(cost_model="packaged", batch_size=32), "gradient_pre_b32"),
+        named(grad(cost_model="packaged", residual=True, batch_size=32), "gradient_pre_res_b32"),
+        named(grad(cost_model="packaged", residual=True, residual_rank=False, batch_size=32),
               "gradient_pre_resdesc_b32"),
-        named(GradientSearch(cost_model="packaged", batch_size=32, spread=2.0), "gradient_pre_b32_spread"),
-        named(GradientSearch(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
+        named(grad(cost_model="packaged", batch_size=32, spread=2.0), "gradient_pre_b32_spread"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

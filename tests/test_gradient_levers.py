@@ -157,8 +157,10 @@ def test_spread_picks_skips_near_points_and_refills_from_them():
 
 
 def test_the_spread_lever_keeps_a_rounds_picks_apart():
-    for g in (GradientSearch(batch_size=16, starts=8, spread=2.0),
-              GeneticSearch(batch_size=16, population=256, generations=2, spread=2.0)):
+    # spread 2 given to both searches, and the gradient search's default (spread 4 since session 32)
+    for g, r in ((GradientSearch(batch_size=16, starts=8, spread=2.0), 2.0),
+                 (GeneticSearch(batch_size=16, population=256, generations=2, spread=2.0), 2.0),
+                 (GradientSearch(batch_size=16, starts=8), 4.0)):
         run, picks = _second_round(g, trials=32)
         assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
         if isinstance(g, GradientSearch):
@@ -169,11 +171,11 @@ def test_the_spread_lever_keeps_a_rounds_picks_apart():
             rels, model = g.scorer(run.ctx).relaxations, g.last_round["good"]
             assert len(g.last_round["heap"]) == 32  # 2n kept apart, from the heap's best 8n
         assert len(model) >= 12
-        # the model's picks: pairwise more than one move apart
+        # the model's picks: pairwise more than r apart (r = 2: one move)
         for a, b in itertools.combinations(model, 2):
             if a.sketch == b.sketch:
                 d = np.abs(rels[a.sketch].to_x(a) - rels[b.sketch].to_x(b)).sum()
-                assert d > 2.0, (type(g).__name__, a, b)
+                assert d > r, (type(g).__name__, r, a, b)
     for cls in (GradientSearch, GeneticSearch):
         with pytest.raises(ValueError, match="spread"):
             cls(spread=-1)

@@ -139,7 +139,9 @@ class GradientSearch:
         harvest_every: keep every k-th iterate of each trajectory (plus the last).
         neighbours_of: the ±1 integer neighbourhood of this many best rounded points is scored too.
         eps_greedy: share of random picks among the proposals.
-        batch_size: candidates per round (64, as Ansor and Felix's paper runs measure).
+        batch_size: candidates per round (32; Ansor and Felix's paper runs measure 64: at 32 the model is
+            refitted twice as often, and the final kernels came out faster on three held-out suites,
+            docs/BENCHMARKS.md, issue 15 sessions 30-32).
         perturbed_share: share of the starts drawn around the best measured configs of the sketch.
         warmup_passes: descent passes on a sketch's first round (Felix descends longer on its
             warm-up round); later rounds run one pass of ``starts``.
@@ -193,7 +195,8 @@ class GradientSearch:
         spread: the picks of a round keep this L1 distance apart in the relaxed integer space (per
             sketch; 2 is one move of :meth:`~felixjax.relax.Relaxation.neighbours_x`): in score order, a
             candidate within ``spread`` of one already picked waits until the distinct ones run out, so
-            one region the model over-rates does not take the whole batch. 0 (the default) turns it off.
+            one region the model over-rates does not take the whole batch. 4 (the default, two moves); 0
+            turns it off (the picks are the top scores, as before session 32).
     """
 
     MIN_ENSEMBLE = 24
@@ -201,7 +204,7 @@ class GradientSearch:
     name = "gradient"
 
     def __init__(self, *, starts: int = 64, steps: int = 32, lr: float = 0.5, temperature: float = 1.0,
-                 harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 64,
+                 harvest_every: int = 2, neighbours_of: int = 8, eps_greedy: float = 0.05, batch_size: int = 32,
                  perturbed_share: float = 0.5, warmup_passes: int = 2, scorer=None, cost_model: str | None = "auto",
                  trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
@@ -209,7 +212,7 @@ class GradientSearch:
                  ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
-                 spread: float = 0.0):
+                 spread: float = 4.0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
