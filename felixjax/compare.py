@@ -397,15 +397,14 @@ def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
     if isinstance(s, str):
         base, _, batch = s.partition("@")  # "genetic@32": the registered strategy at 32 candidates per round
         kw = {**options.get(base, {}), **options.get(s, {})}
-        if batch:
-            if not batch.isdigit() or int(batch) < 1:
-                raise ValueError(f"strategy {s!r}: the batch after '@' must be a positive integer")
-            kw["batch_size"] = int(batch)
+        if batch and not (batch.isdigit() and int(batch) >= 1):
+            raise ValueError(f"strategy {s!r}: the batch after '@' must be a positive integer")
         get_strategy(base, **kw)  # fail early on an unknown name or option
 
         def make():
             st = get_strategy(base, **kw)
-            st.name = s
+            if batch:  # the tuner asks every strategy for batch_size candidates per round
+                st.name, st.batch_size = s, int(batch)
             return st
         return s, make
     if not isinstance(s, type) and isinstance(s, Strategy):

@@ -196,14 +196,15 @@ def test_cli_compare_bad_input_is_one_line_exit_2(argv, msg, capsys):
 
 def test_a_strategy_at_another_batch_runs_beside_itself_under_its_own_name(tmp_path, capsys):
     # "genetic@8" is the genetic search at 8 candidates per round, compared next to "genetic" (16 here)
-    cmp = fj.compare(TASKS[:1], ["genetic", "genetic@8"], trials=16, seeds=1, db=str(tmp_path / "b.db"),
+    cmp = fj.compare(TASKS[:1], ["genetic", "genetic@8", "random@4"], trials=16, seeds=1, db=str(tmp_path / "b.db"),
                      replay=True, progress=True, remeasure=0, defaults=False,
                      strategy_options={"genetic": {"population": 128, "batch_size": 16}})
-    assert cmp.strategies == ["genetic", "genetic@8"]
+    assert cmp.strategies == ["genetic", "genetic@8", "random@4"]
     assert {r.run for r in fj.Database(tmp_path / "b.db").records()} >= {"genetic:0", "genetic@8:0"}
     err = capsys.readouterr().err  # one progress line per round: 16 trials are 1 round of 16, or 2 of 8
     assert " genetic:0: round 1 16/16 " in err and " genetic:0: round 2 " not in err
     assert " genetic@8:0: round 1 8/16 " in err and " genetic@8:0: round 2 16/16 " in err
+    assert " random@4:0: round 4 16/16 " in err  # random search has no batch option: the attribute is set
     with pytest.raises(ValueError, match="positive integer"):
         fj.compare(TASKS[:1], ["genetic@x"], trials=4, seeds=1, db=None, replay=True, progress=False)
 
