@@ -343,6 +343,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     import felixjax as fj
+
+    from .compare import split_name
     from .suites import SUITES
 
     if args.suite and args.op:
@@ -355,11 +357,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"--trials and --seeds must be >= 1 (got {args.trials}, {args.seeds})")
     names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies else None
     for name in names or []:  # "genetic@32": a registered strategy at 32 candidates per round
-        base, _, batch = name.partition("@")
+        try:
+            base, _ = split_name(name)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         if base not in fj.strategies():
             raise UserError(f"unknown strategy {base!r}; registered: {', '.join(fj.strategies())}")
-        if "@" in name and not (batch.isdigit() and int(batch) >= 1):
-            raise UserError(f"strategy {name!r}: the batch after '@' must be a positive integer")
     try:
         tasks = [args.suite] if args.suite else [fj.ops.parse_spec(s) for s in args.op]
     except ValueError as e:
@@ -369,7 +372,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from .strategies.base import COST_MODEL_STRATEGIES
 
         options = {n: _cost_model_options(n, args.cost_model)
-                   for n in {n.partition("@")[0] for n in names or fj.strategies()} if n in COST_MODEL_STRATEGIES}
+                   for n in {split_name(n)[0] for n in names or fj.strategies()} if n in COST_MODEL_STRATEGIES}
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)

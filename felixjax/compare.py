@@ -392,19 +392,26 @@ def _as_tasks(tasks) -> list[Task]:
     return out
 
 
+def split_name(name: str) -> tuple[str, int | None]:
+    """``"genetic@32"`` -> ``("genetic", 32)`` (the registered strategy at 32 candidates per round);
+    ``"genetic"`` -> ``("genetic", None)``. Raises ``ValueError`` on a batch that is not a positive integer."""
+    base, at, batch = name.partition("@")
+    if at and not (batch.isdigit() and int(batch) >= 1):
+        raise ValueError(f"strategy {name!r}: the batch after '@' must be a positive integer")
+    return base, int(batch) if at else None
+
+
 def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
     """(name, fresh-instance factory): runs never share a strategy's state."""
     if isinstance(s, str):
-        base, _, batch = s.partition("@")  # "genetic@32": the registered strategy at 32 candidates per round
+        base, batch = split_name(s)
         kw = {**options.get(base, {}), **options.get(s, {})}
-        if batch and not (batch.isdigit() and int(batch) >= 1):
-            raise ValueError(f"strategy {s!r}: the batch after '@' must be a positive integer")
         get_strategy(base, **kw)  # fail early on an unknown name or option
 
         def make():
             st = get_strategy(base, **kw)
             if batch:  # the tuner asks every strategy for batch_size candidates per round
-                st.name, st.batch_size = s, int(batch)
+                st.name, st.batch_size = s, batch
             return st
         return s, make
     if not isinstance(s, type) and isinstance(s, Strategy):
