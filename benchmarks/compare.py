@@ -244,6 +244,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="compiled-kernel cache of the measured runs (default <out>/build, fresh with a fresh --out): "
                          "a shared cache left by earlier runs would hand some runs free compiles of kernels they "
                          "happen to repeat, and their seconds would not be comparable")
+    ap.add_argument("--shared-cache", action="store_true",
+                    help="one build cache for every run (the protocol before session 33): a run proposing a kernel "
+                         "another run compiled earlier gets it free; by default every run compiles into its own "
+                         "cache under <build cache>/runs, so its seconds include every compile of its proposals")
     ap.add_argument("--warmup", type=int, default=None,
                     help="trials of an untimed replayed run per strategy first, so JIT compilation is not charged "
                          "to whichever run comes first (0: off; default 64; quick 24)")
@@ -307,7 +311,8 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
     units = len(args.strategies) * len(seeds) * (1 + REFERENCE_FACTOR * args.reference)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.replay:
-        # codegen.build reads $FELIXJAX_CACHE at every build: every run of this benchmark pays its own compiles
+        # codegen.build reads $FELIXJAX_CACHE at every build (the re-timings'); the runs compile into caches of their
+        # own under it (fj.compare's run_caches) unless --shared-cache: every run pays every compile of its proposals
         os.environ["FELIXJAX_CACHE"] = str(args.build_cache or args.out / "build")
     db = fj.Database(str(args.out / "cmp.db"))
     parts: list[Comparison] = []
@@ -342,7 +347,9 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
                                     replay=True if args.replay else None, progress=not args.quiet,
                                     protocol=None if args.replay else args.protocol, remeasure=args.remeasure,
                                     strategy_options=args.options, defaults=defaults,
-                                    reference=args.reference, reference_factor=REFERENCE_FACTOR))
+                                    reference=args.reference, reference_factor=REFERENCE_FACTOR,
+                                    run_caches=None if args.replay or args.shared_cache
+                                    else Path(os.environ["FELIXJAX_CACHE"]) / "runs"))
     finally:
         db.close()
     if not parts:
@@ -364,8 +371,9 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
               + ("latencies from the synthetic oracle, 0.3 s simulated per trial" if args.replay else
                  f"kernels at {args.threads} thread(s), timing protocol while tuning {args.protocol}; each run's "
                  f"final best re-timed {args.remeasure}x interleaved; compiled kernels cached in "
-                 f"{_rel(Path(os.environ['FELIXJAX_CACHE']))}, empty at the start of a fresh run (every compile "
-                 f"is on the runs' clocks)")
+                 f"{_rel(Path(os.environ['FELIXJAX_CACHE']))}, empty at the start of a fresh run, "
+                 + ("one cache shared by the runs (a kernel another run compiled is free)" if args.shared_cache
+                    else "one cache per run (every compile of a run's proposals is on its clock)"))
               + (f"; strategy options {args.options}" if args.options else "; strategy defaults")
               + ("; every run measures the hand-written default schedules first" if defaults else
                  "; runs start from scratch (no hand-written default measured)")

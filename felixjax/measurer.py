@@ -10,6 +10,7 @@ instead, and yields one result per request in order (builds and measurements pla
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable
 
 import numpy as np
@@ -30,8 +31,9 @@ class Measurer:
 
     def __init__(self, task: Task, target: Target, runner: LocalRunner, *, threads: int | None = None,
                  protocol: TimingProtocol | None = None, build_workers: int = 2, input_seed: int = 0,
-                 renderer: Callable[[Plan], str] = render):
+                 renderer: Callable[[Plan], str] = render, cache_dir: str | os.PathLike | None = None):
         self.task, self.target, self.runner = task, target, runner
+        self.cache_dir = cache_dir  # compiled-kernel cache (None: codegen.build's default); a session may set it per run
         self.renderer = renderer
         self.threads = int(threads or target.cores)
         self.protocol = protocol
@@ -70,7 +72,8 @@ class Measurer:
             return
         # a runner of the codegen.run.Runner protocol decides where builds happen; a bare LocalRunner builds here
         builds = (self.runner.build(sources) if isinstance(self.runner, Runner)
-                  else build_many(sources, workers=self.build_workers))
+                  else build_many(sources, workers=self.build_workers,
+                                  **({} if self.cache_dir is None else {"cache_dir": self.cache_dir})))
         for cfg, plan, b in zip(configs, plans, builds):
             if not on_result(cfg, self.runner.run(self._request(plan), build=b)):
                 return

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable, Hashable
 
@@ -159,6 +162,9 @@ class TuningSession:
         defaults: measure every sketch's hand-written default schedule in a run's first round.
         cost_aware: cold-candidate filtering and early stop for every run
             (:class:`~felixjax.cost_aware.CostAware`; ``None``: off); ``add(cost_aware=...)`` overrides it.
+        run_caches: a folder: every run compiles into a build cache of its own under it (``<folder>/<run>``),
+            so no run is handed, free, a kernel another run of the session compiled (comparisons that
+            charge each run its seconds); ``None`` (the default): the measurers' cache, shared.
     """
 
     def __init__(self, target: Target | None = None, *, db: str | Database | None = None,
@@ -167,7 +173,7 @@ class TuningSession:
                  renderer: Callable[[Plan], str] = render, cost_model: str | None = None, seed: int = 0,
                  trials: int | None = None, seconds: float | None = None,
                  progress: bool | Callable[[dict], None] = True, defaults: bool = True,
-                 cost_aware: CostAware | None = None):
+                 cost_aware: CostAware | None = None, run_caches: str | os.PathLike | None = None):
         self.target = target or Target.cpu()
         # records at another thread count than the target's cores go under that count's key
         self.target_key = target_key or self.target.at_threads(threads).key
@@ -182,6 +188,7 @@ class TuningSession:
         self.trials, self.seconds = trials, seconds
         self.defaults = defaults
         self.cost_aware = cost_aware
+        self.run_caches = None if run_caches is None else Path(run_caches)
         self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
         self.models: dict[Hashable, OnlineCostModel] = {}
         self._rankers: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data) it was made with
@@ -356,8 +363,11 @@ class TuningSession:
             self._event(tr, "measured", in_round=len(new), round_size=len(cands), clock=clock)
             return not (tr.out_of_budget(clock) or self.out_of_budget())
 
+        measurer = self.measurer(tr.task)
+        if self.run_caches is not None and hasattr(measurer, "cache_dir"):
+            measurer.cache_dir = self.run_caches / re.sub(r"[^A-Za-z0-9_.@=-]", "_", tr.run)
         try:
-            self.measurer(tr.task).measure(cands, record)
+            measurer.measure(cands, record)
         finally:
             release = getattr(self.db, "release", None)
             if release is not None:

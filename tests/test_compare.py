@@ -256,3 +256,49 @@ def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
     assert sorted(retimes()) == ["retime:random:0", "retime:random:0", "retime:random:1", "retime:random:1",
                                  "retime:random:2"]
     assert set(third.remeasured) == {(TASKS[0].name, "random", s) for s in range(3)}
+
+
+class _CacheSpy:
+    """A replay measurer with a ``cache_dir`` attribute, recording the folder each batch was measured with."""
+
+    def __init__(self, task, target, seen):
+        self.inner, self.seen, self.cache_dir = ReplayRunner.from_oracle(task, target), seen, None
+
+    def measure(self, configs, on_result):
+        self.seen.append(self.cache_dir)
+        return self.inner.measure(configs, on_result)
+
+
+def test_run_caches_give_every_run_a_build_cache_of_its_own(tmp_path):
+    # session 33: with one shared build cache, a run proposing a kernel another run had compiled got it free;
+    # with run_caches every batch of a run is built in that run's own folder (reference runs too)
+    seen = []
+    cmp = fj.compare(TASKS[:1], ["genetic@8", "random"], trials=16, seeds=2, db=None, progress=False, remeasure=0,
+                     replay=lambda t, tg: _CacheSpy(t, tg, seen), reference=True, run_caches=tmp_path / "runs")
+    runs = {f"{s}_{seed}" for s in cmp.strategies for seed in (0, 1)}
+    folders = {p.name for p in seen}
+    assert {p.parent for p in seen} == {tmp_path / "runs"}
+    assert folders == runs | {f"reference_{r}" for r in runs}
+    # without it the measurer keeps its own (here: none) for every run
+    seen.clear()
+    fj.compare(TASKS[:1], ["random"], trials=8, seeds=1, db=None, progress=False, remeasure=0,
+               replay=lambda t, tg: _CacheSpy(t, tg, seen))
+    assert seen and set(seen) == {None}
+
+
+@pytest.mark.cc
+def test_the_measurer_builds_into_its_cache_dir(tmp_path):
+    from felixjax.measurer import Measurer
+
+    class NoRun:  # the build is what is checked: no kernel is run
+        def run(self, request, build):
+            return MeasureResult("ok", (1e-3,), build_s=build.seconds)
+
+    task = fj.ops.matmul(16, 16, 16)
+    m = Measurer(task, TARGET, NoRun(), cache_dir=tmp_path / "a")
+    cfgs = [next(iter(Space(task, sk, TARGET).default() for sk in sketches_for(task)))]
+    m.measure(cfgs, lambda c, r: True)
+    m.cache_dir = tmp_path / "b"
+    m.measure(cfgs, lambda c, r: True)
+    for d in ("a", "b"):  # the same kernel compiled once into each folder
+        assert len(list((tmp_path / d).glob("*.so"))) == 1
