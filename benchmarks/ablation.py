@@ -88,8 +88,9 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         obj.name = name
         return obj
 
-    def grad(**kw):  # the gradient arms as measured before session 32: 64 per round, spread 0 unless set
-        return GradientSearch(**{"batch_size": 64, "spread": 0.0, **kw})
+    def grad(**kw):  # the gradient arms as measured before session 32: 64 per round, spread 0 unless set;
+        # with the per-round statistics this report reads (the strategy's default since session 33 leaves them off)
+        return GradientSearch(**{"batch_size": 64, "spread": 0.0, "stats": True, **kw})
 
     gbdt = {"ranker": "gbdt", "ranker_data": ranker_data or None}
 

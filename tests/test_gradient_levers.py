@@ -32,7 +32,8 @@ def test_acquire_mean_ucb_thompson():
 def test_levers_on_the_replay_oracle():
     task = fj.ops.matmul(64, 48, 32)
     # the ensemble as wide as the shared model (128): its training compiles once for both
-    g = GradientSearch(batch_size=16, acquisition="ucb", local_share=0.25, local_of=2, ensemble_hidden=128)
+    g = GradientSearch(batch_size=16, acquisition="ucb", local_share=0.25, local_of=2, ensemble_hidden=128,
+                       stats=True)
     g.MIN_ENSEMBLE = 8  # fit the ensemble after the first round already (one round less to pay for)
     with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
                        defaults=False) as s:
@@ -179,3 +180,13 @@ def test_the_spread_lever_keeps_a_rounds_picks_apart():
     for cls in (GradientSearch, GeneticSearch):
         with pytest.raises(ValueError, match="spread"):
             cls(spread=-1)
+
+
+def test_the_round_statistics_change_no_pick():
+    # stats (off by default since session 33) only reports: with it on, both rounds propose the same configs
+    on, off = GradientSearch(batch_size=16, starts=8, stats=True), GradientSearch(batch_size=16, starts=8)
+    (run_on, picks_on), (run_off, picks_off) = _second_round(on), _second_round(off)
+    assert [r.config for r in run_on.history] == [r.config for r in run_off.history]
+    assert picks_on == picks_off
+    assert "soft_hard_tau" in on.last_round and "rounding_loss" in on.last_round
+    assert "soft_hard_tau" not in off.last_round and off.last_round["trajectories"] == 0

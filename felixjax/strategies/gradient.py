@@ -169,8 +169,9 @@ class GradientSearch:
             :class:`felixjax.ranker.TreeRanker`) once it is fitted, also trained on the measurements in
             the ``ranker_data`` databases (comma-separated paths) when given; the descent stays on the
             differentiable model. ``None`` (the default): the model ranks too.
-        stats: record ``soft_hard_tau`` and the rounding statistics in ``last_round`` (a few
-            extra model evaluations per round).
+        stats: record ``soft_hard_tau`` and the rounding statistics in ``last_round`` (issue 15's
+            diagnostics: a few extra model evaluations per round, on the run's clock; the picks are the
+            same either way). Off by default since session 33; ``benchmarks/ablation.py`` turns it on.
         pessimism: descend on, and rank by, ``score − pessimism · std`` with ``std`` the disagreement
             of a pretrained ensemble (``pessimism_model``; ``"packaged"``: 4 MLPs trained on the
             packaged dataset, CPU targets): the descent stays where the pretraining data reach
@@ -209,7 +210,7 @@ class GradientSearch:
                  trust_weight: float = 0.0, trust_radius: float = 2.0, acquisition: str = "mean",
                  ucb_beta: float = 1.0, ensemble_members: int = 4, ensemble_hidden: int = 64,
                  local_share: float = 0.0, local_of: int = 4, ranker: str | None = None,
-                 ranker_data: str | None = None, stats: bool = True, pessimism: float = 0.0,
+                 ranker_data: str | None = None, stats: bool = False, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0):

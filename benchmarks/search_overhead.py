@@ -1,0 +1,124 @@
+"""Where a search spends its own seconds: propose and update per round, gradient next to genetic.
+
+Issue 15's seconds-to-95% ratio charges each strategy its wall clock, so the search's own work (descents,
+rounding, scoring the pool, statistics, the cost model's refit) counts beside building and timing
+kernels. This script runs the strategies on the replay oracle (:class:`felixjax.testing.SyntheticOracle`,
+no kernels built, so what is left is the search's own time), interleaved per round as ``fj.compare``
+runs them, after an untimed warm-up that pays the JIT compilations, and reports per strategy the mean
+seconds per round spent in ``propose`` and in ``update`` (the session's ``TaskRun.stats``).
+
+With ``--profile`` it also profiles the gradient search's ``propose`` (cProfile, cumulative seconds
+per round of its parts: the descents, rounding, scoring the pool, the ±1 neighbourhood, the rounding
+statistics and the soft/hard tau of the picks).
+
+    python benchmarks/search_overhead.py                                   # fresh suite, 2 seeds x 128
+    python benchmarks/search_overhead.py --ops 'matmul:m=257;n=96;k=384' --seeds 1 --profile
+    python benchmarks/search_overhead.py --strategies gradient,gradient_stats,genetic@32
+
+``gradient_stats`` is the gradient search with its per-round statistics on (``stats=True``, the default
+until session 33); the picks are the same with them on or off (tested in tests/test_gradient_levers.py),
+so any difference in seconds is the statistics' cost. Timings on a busy machine are noisy: compare the
+rows of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import felixjax as fj  # noqa: E402
+from codegen.ops import parse_spec  # noqa: E402
+from felixjax.compare import split_name  # noqa: E402
+from felixjax.strategies.genetic import GeneticSearch  # noqa: E402
+from felixjax.strategies.gradient import GradientSearch  # noqa: E402
+from felixjax.suites import SUITES, suite  # noqa: E402
+
+#: the gradient search's parts that ``--profile`` reports (function name in gradient.py / relax.py / model.py)
+PARTS = {
+    "descents (jitted Adam)": "_descend",
+    "rounding (round_points)": "round_points",
+    "scoring (hard features + MLP)": "_score",
+    "±1 neighbourhood": "neighbours_x",
+    "rounding statistics": "_round_stats",
+    "soft scores (statistics)": "_soft_scores",
+    "spread picks": "spread_picks",
+}
+
+
+def strategy(name: str):
+    """A strategy object for a name: ``gradient_stats`` (the gradient search with ``stats=True``) or a
+    registered name, ``NAME@N`` at N per round."""
+    if name == "gradient_stats":
+        st = GradientSearch(stats=True)
+        st.name = name
+        return st
+    base, batch = split_name(name)
+    st = {"gradient": GradientSearch, "genetic": GeneticSearch}[base]()
+    if batch:
+        st.batch_size = batch
+    st.name = name
+    return st
+
+
+def parts(profile: cProfile.Profile) -> dict[str, float]:
+    """Cumulative seconds of each of :data:`PARTS` in a profile (a part called from another counts in
+    both: the rounding statistics call rounding and scoring too)."""
+    st = pstats.Stats(profile)
+    out = {}
+    for label, fn in PARTS.items():
+        out[label] = sum(v[3] for k, v in st.stats.items() if k[2] == fn)
+    out["propose (all)"] = sum(v[3] for k, v in st.stats.items()
+                               if k[2] == "propose" and k[0].endswith("gradient.py"))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", default="fresh", help="suite names or op specs (';' between an op's fields), comma-separated (default fresh)")
+    ap.add_argument("--strategies", default="gradient,gradient_stats,genetic@32",
+                    help="comma-separated: gradient, gradient_stats, genetic, NAME@N")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--trials", type=int, default=128)
+    ap.add_argument("--profile", action="store_true", help="profile the gradient search's propose by part")
+    args = ap.parse_args(argv)
+    tasks = [t for spec in args.ops.split(",") for t in (suite(spec) if spec in SUITES
+                                                         else [parse_spec(spec.replace(";", ","))])]
+    names = args.strategies.split(",")
+    # JIT warm-up, untimed: every strategy once on the first op
+    fj.compare(tasks[:1], [strategy(n) for n in names], trials=64, seeds=[99], db=None, replay=True,
+               progress=False, remeasure=0, defaults=False)
+    prof = cProfile.Profile() if args.profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    cmp = fj.compare(tasks, [strategy(n) for n in names], trials=args.trials, seeds=args.seeds, db=None,
+                     replay=True, progress=False, remeasure=0, defaults=False)
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    print(f"replay oracle, {len(tasks)} ops x {args.seeds} seeds x {args.trials} trials, no defaults first; "
+          f"{wall:.0f} s in all\n")
+    print("| strategy | rounds | propose s / round | update s / round | propose + update s / run |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for n in names:
+        runs = [s for (_, label, _), s in cmp.stats.items() if label == n]
+        rounds = sum(s["rounds"] for s in runs)
+        prop = sum(s["propose_s"] for s in runs)
+        upd = sum(s["update_s"] for s in runs)
+        print(f"| {n} | {rounds} | {prop / rounds:.3f} | {upd / rounds:.3f} | {(prop + upd) / len(runs):.2f} |")
+    if prof:
+        rounds = sum(s["rounds"] for (_, label, _), s in cmp.stats.items() if label.startswith("gradient"))
+        print(f"\ngradient searches' propose by part (cumulative seconds per round, {rounds} rounds; "
+              f"a part inside another counts in both):\n")
+        for label, sec in parts(prof).items():
+            print(f"- {label}: {sec / max(rounds, 1):.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
