@@ -33,8 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felixjax as fj  # noqa: E402
 from codegen.ops import parse_spec  # noqa: E402
-from felixjax.compare import split_name  # noqa: E402
-from felixjax.strategies.genetic import GeneticSearch  # noqa: E402
 from felixjax.strategies.gradient import GradientSearch  # noqa: E402
 from felixjax.suites import SUITES, suite  # noqa: E402
 
@@ -51,16 +49,11 @@ PARTS = {
 
 
 def strategy(name: str):
-    """A strategy object for a name: ``gradient_stats`` (the gradient search with ``stats=True``) or a
-    registered name, ``NAME@N`` at N per round."""
-    if name == "gradient_stats":
-        st = GradientSearch(stats=True)
-        st.name = name
-        return st
-    base, batch = split_name(name)
-    st = {"gradient": GradientSearch, "genetic": GeneticSearch}[base]()
-    if batch:
-        st.batch_size = batch
+    """What ``fj.compare`` is given for a name: ``gradient_stats`` becomes the gradient search with
+    ``stats=True``; any other name (``NAME@N`` too) is passed as it is."""
+    if name != "gradient_stats":
+        return name
+    st = GradientSearch(stats=True)
     st.name = name
     return st
 

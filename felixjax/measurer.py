@@ -72,8 +72,7 @@ class Measurer:
             return
         # a runner of the codegen.run.Runner protocol decides where builds happen; a bare LocalRunner builds here
         builds = (self.runner.build(sources) if isinstance(self.runner, Runner)
-                  else build_many(sources, workers=self.build_workers,
-                                  **({} if self.cache_dir is None else {"cache_dir": self.cache_dir})))
+                  else build_many(sources, workers=self.build_workers, cache_dir=self.cache_dir))
         for cfg, plan, b in zip(configs, plans, builds):
             if not on_result(cfg, self.runner.run(self._request(plan), build=b)):
                 return
