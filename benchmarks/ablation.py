@@ -124,6 +124,7 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
               "gradient_pre_resdesc_b32"),
         named(grad(cost_model="packaged", batch_size=32, spread=2.0), "gradient_pre_b32_spread"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, spread_from=1), "gradient_pre_b32_spread4_from1"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

@@ -127,6 +127,7 @@ def _second_round(g: GradientSearch, trials: int = 16):
                        defaults=False) as s:
         run = s.add(fj.ops.matmul(64, 48, 32), g, seed=0, trials=trials)
         s.step(run)
+        run.ctx.round = run.rounds  # as the session's next step sets it
         return run, g.propose(run.ctx, 16)
 
 
@@ -180,6 +181,23 @@ def test_the_spread_lever_keeps_a_rounds_picks_apart():
     for cls in (GradientSearch, GeneticSearch):
         with pytest.raises(ValueError, match="spread"):
             cls(spread=-1)
+
+
+def test_spread_from_leaves_the_earlier_rounds_unspread():
+    # spread_from=1: the first round takes the top scores (as spread 0), the next keeps its picks apart
+    late, plain = GradientSearch(batch_size=16, starts=8, spread_from=1), GradientSearch(batch_size=16, starts=8, spread=0)
+    (run_late, picks_late), (run_plain, _) = _second_round(late, trials=32), _second_round(plain, trials=32)
+    assert [r.config for r in run_late.history] == [r.config for r in run_plain.history]
+    early = GradientSearch(batch_size=16, starts=8)
+    run_early, _ = _second_round(early, trials=32)
+    assert [r.config for r in run_early.history] != [r.config for r in run_late.history]  # spread in round 0
+    rels = late._ensure_scorer(run_late.ctx).relaxations
+    model = [c for c in picks_late if c.sketch in rels][: 16 - late.last_round["random"]]
+    for a, b in itertools.combinations(model, 2):
+        if a.sketch == b.sketch:
+            assert np.abs(rels[a.sketch].to_x(a) - rels[b.sketch].to_x(b)).sum() > 4.0, (a, b)
+    with pytest.raises(ValueError, match="spread_from"):
+        GradientSearch(spread_from=-1)
 
 
 def test_the_round_statistics_change_no_pick():

@@ -198,6 +198,8 @@ class GradientSearch:
             candidate within ``spread`` of one already picked waits until the distinct ones run out, so
             one region the model over-rates does not take the whole batch. 4 (the default, two moves); 0
             turns it off (the picks are the top scores, as before session 32).
+        spread_from: the first round (0-based, counted in the run's rounds) whose picks are kept
+            ``spread`` apart; earlier rounds take the top scores. 0 (the default): every round.
     """
 
     MIN_ENSEMBLE = 24
@@ -213,7 +215,7 @@ class GradientSearch:
                  ranker_data: str | None = None, stats: bool = False, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
-                 spread: float = 4.0):
+                 spread: float = 4.0, spread_from: int = 0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -236,6 +238,9 @@ class GradientSearch:
         if spread < 0:
             raise ValueError(f"spread must be >= 0 (got {spread})")
         self.spread = float(spread)
+        if spread_from < 0:
+            raise ValueError(f"spread_from must be >= 0 (got {spread_from})")
+        self.spread_from = int(spread_from)
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
@@ -454,7 +459,7 @@ class GradientSearch:
         """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
         order = np.argsort(-scores, kind="stable")
         if self.acquisition == "mean" or self._ensemble is None or k <= 0:
-            return spread_picks(order, xs, sketch, k, self.spread)
+            return spread_picks(order, xs, sketch, k, self.spread if ctx.round >= self.spread_from else 0.0)
         short = order[: max(8 * k, 64)]
         members = np.zeros((self.ensemble_members, len(short)))
         for name in set(sketch[i] for i in short):
