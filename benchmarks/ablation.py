@@ -38,7 +38,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``genetic_pre_b32``: the genetic search at 32 per round (the equal-batch partner of ``gradient_pre_b32``);
   ``gradient_pre_b32_spread`` / ``_spread4``: 32 per round, the picks kept more than one (two) moves apart
   (``spread=2`` / ``4``: one over-rated region does not take the whole batch); ``genetic_pre_b32_spread4``: the
-  genetic search's picks kept apart the same way (equal equipment);
+  genetic search's picks kept apart the same way (equal equipment); ``gradient_pre_b32_spread4_from1``: spread 4
+  from the second round on, the first round's picks the top scores (``spread_from=1``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct

@@ -199,7 +199,8 @@ class GradientSearch:
             one region the model over-rates does not take the whole batch. 4 (the default, two moves); 0
             turns it off (the picks are the top scores, as before session 32).
         spread_from: the first round (0-based, counted in the run's rounds) whose picks are kept
-            ``spread`` apart; earlier rounds take the top scores. 0 (the default): every round.
+            ``spread`` apart; earlier rounds take the top scores. 0 (the default): every round (1 needed
+            1.96x the trials to 95% on 4 ops of the op suite: docs/BENCHMARKS.md, issue 15 session 34).
     """
 
     MIN_ENSEMBLE = 24
