@@ -103,8 +103,8 @@ def _gmean(xs) -> float:
 
 
 def summary(rows: list[dict], base: str = "gradient") -> list[str]:
-    out = ["| strategy | runs | mean hits in first batch | runs with a hit | trials to 95% (geomean, runs hit in batch 1) "
-           "| random order would give | mean tau (model, within batch) | model's top-1 / best (geomean) |",
+    out = [("| strategy | runs | mean hits in first batch | runs with a hit | trials to 95% (geomean, runs hit in batch 1) "
+            "| random order would give | mean tau (model, within batch) | model's top-1 / best (geomean) |"),
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by = defaultdict(list)
     for r in rows:
