@@ -139,14 +139,17 @@ def summary(rows: list[dict], base: str = "gradient") -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", required=True, action="append", help="a comparison database (read only); repeatable")
+    ap.add_argument("--db", required=True, action="append",
+                    help="a comparison database (read only) or a .jsonl.gz export of one; repeatable")
     ap.add_argument("--batch", type=int, default=32, help="the first batch's size (the runs' trials per round)")
     ap.add_argument("--base", default="gradient", help="the strategy the ratios divide by")
     ap.add_argument("--rows", help="also write every run's row to this CSV")
     args = ap.parse_args(argv)
+    from benchmarks.model_pool import as_database
+
     rows = []
     for path in args.db:
-        rows += run_rows(Database(path, readonly=True), args.batch)
+        rows += run_rows(Database(as_database(path), readonly=True), args.batch)
     if args.rows:
         with open(args.rows, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
