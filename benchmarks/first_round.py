@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from codegen.spaces import spaces_for  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from costmodels import kendall_tau  # noqa: E402
+from felixjax.compare import REACH  # noqa: E402
 from felixjax.context import SearchContext  # noqa: E402
 from felixjax.database import Database  # noqa: E402
 
@@ -79,7 +80,7 @@ def run_rows(db: Database, batch: int) -> list[dict]:
         opening = opening_of(runs)
         target = Target.from_json(records[0].target)
         scorer = SearchContext(task, target, spaces_for(task, target), np.random.default_rng(0)).get_scorer("packaged")
-        cutoff = best / 0.95
+        cutoff = best / REACH  # the comparison's bar
         for run, recs in sorted(runs.items()):
             n_open = sum(1 for r in recs[: len(opening)] if r.config in opening)
             first = [r for r in recs[n_open: n_open + batch] if r.ok and r.latency_s > 0]
