@@ -92,7 +92,7 @@ def run_rows(db: Database, batch: int) -> list[dict]:
                 "task": task.name, "strategy": strategy, "seed": seed, "opening": n_open,
                 "first": first_hit(recs, cutoff), "hits": hits, "batch": len(first),
                 "random": n_open + (batch + 1) / (hits + 1) if hits else None,
-                "tau": kendall_tau(scores, -lat) if len(first) > 2 else float("nan"),
+                "tau": kendall_tau(scores, lat) if len(first) > 2 else float("nan"),
                 "top1": float(lat[int(np.argmax(scores))] / best) if len(first) else float("nan"),
             })
     return rows

@@ -4,8 +4,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import kendalltau
 
 import felixjax as fj
+from codegen.spaces import spaces_for
+from codegen.target import Target
+from felixjax.context import SearchContext
 from felixjax.database import Database
 from felixjax.strategies.genetic import GeneticSearch
 
@@ -36,6 +40,12 @@ def test_first_round_counts_match_the_records(tmp_path):
         assert row["hits"] == int((lat[len(opening): len(opening) + 8] <= best / 0.95).sum())
         assert (row["random"] is None) == (row["hits"] == 0)
         assert row["top1"] >= 1.0
+        batch = [r for r in recs[len(opening): len(opening) + 8] if r.ok]
+        target = Target.from_json(recs[0].target)
+        scorer = SearchContext(TASK, target, spaces_for(TASK, target), np.random.default_rng(0)).get_scorer("packaged")
+        speed = -np.array([r.latency_s for r in batch])
+        expected = kendalltau(np.asarray(scorer.score([r.config for r in batch])), speed).statistic  # tau-b vs speed
+        assert np.isclose(row["tau"], expected, equal_nan=True)
     table = first_round.summary(rows, base="random")
     assert any(line.startswith("| genetic | 2 |") for line in table)
 
