@@ -40,6 +40,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   (``spread=2`` / ``4``: one over-rated region does not take the whole batch); ``genetic_pre_b32_spread4``: the
   genetic search's picks kept apart the same way (equal equipment); ``gradient_pre_b32_spread4_from1``: spread 4
   from the second round on, the first round's picks the top scores (``spread_from=1``);
+  ``gradient_pre_b32_spread4_flat``: the default ranking by the score averaged half-and-half with its ±1
+  neighbourhood's mean (``flat=0.5``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -126,6 +128,7 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(grad(cost_model="packaged", batch_size=32, spread=2.0), "gradient_pre_b32_spread"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, spread_from=1), "gradient_pre_b32_spread4_from1"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5), "gradient_pre_b32_spread4_flat"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

@@ -208,3 +208,27 @@ def test_the_round_statistics_change_no_pick():
     assert picks_on == picks_off
     assert "soft_hard_tau" in on.last_round and "rounding_loss" in on.last_round
     assert "soft_hard_tau" not in off.last_round and off.last_round["trajectories"] == 0
+
+
+def test_flat_ranks_by_the_score_averaged_over_the_neighbourhood():
+    g = GradientSearch(batch_size=16, starts=8, flat=0.5)
+    run, picks = _second_round(g)
+    assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+    assert 0 <= g.last_round["flat_changed"] <= 16
+    # on a pool of valid points: the best 64 re-scored, each against its neighbours' scores via configs
+    scorer = g._ensure_scorer(run.ctx)
+    rec = next(r for r in run.history if r.config.sketch in scorer.relaxations)
+    name, rel = rec.config.sketch, scorer.relaxations[rec.config.sketch]
+    xs = rel.neighbours_x(rel.neighbours_x(rel.to_x(rec.config)[None]))  # points two moves away
+    assert len(xs) > 64
+    scores = scorer.score_x(name, xs)
+    out = g._flattened(scorer, xs, scores, [name] * len(xs), 2)  # k = 2: the best max(8 * 2, 64) rows
+    top = np.argsort(-scores, kind="stable")[:64]
+    rest = np.setdiff1d(np.arange(len(xs)), top)
+    for i in top[:8]:
+        nb = np.asarray(scorer.score(rel.configs_from_x(rel.neighbours_x(xs[i: i + 1]))))
+        assert np.isclose(out[i], 0.5 * scores[i] + 0.5 * nb.mean(), rtol=1e-4, atol=1e-4)
+    assert out[rest].max() < out[top].min()
+    assert np.argsort(-out[rest], kind="stable").tolist() == np.argsort(-scores[rest], kind="stable").tolist()
+    with pytest.raises(ValueError, match="flat"):
+        GradientSearch(flat=1.5)

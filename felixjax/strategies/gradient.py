@@ -70,6 +70,7 @@ def _key(x: np.ndarray) -> bytes:
 
 
 ANCHORS = 16  # measured points a trust region is built around (padded with masked rows: one compilation)
+FLAT_TOP = 8  # with ``flat``, this many candidates per pick are re-scored over their neighbourhoods
 RESIDUAL_ROWS = 256  # measured points per sketch the residual GP keeps, best first (padded: one compilation)
 
 
@@ -201,6 +202,11 @@ class GradientSearch:
         spread_from: the first round (0-based, counted in the run's rounds) whose picks are kept
             ``spread`` apart; earlier rounds take the top scores. 0 (the default): every round (1 needed
             1.96x the trials to 95% on 4 ops of the op suite: docs/BENCHMARKS.md, issue 15 session 34).
+        flat: rank by a score smoothed over the ±1 neighbourhood: the ``FLAT_TOP · k`` best candidates
+            by score are re-scored as ``(1 − flat) · score + flat · mean(score of their valid
+            neighbours)`` before the picks (the rest rank below them), so a broad region the model rates
+            well wins over a sharp peak it may over-rate (an evolutionary population's selection favours
+            such regions). 0 (the default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -216,7 +222,7 @@ class GradientSearch:
                  ranker_data: str | None = None, stats: bool = False, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
-                 spread: float = 4.0, spread_from: int = 0):
+                 spread: float = 4.0, spread_from: int = 0, flat: float = 0.0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -242,6 +248,9 @@ class GradientSearch:
         if spread_from < 0:
             raise ValueError(f"spread_from must be >= 0 (got {spread_from})")
         self.spread_from = int(spread_from)
+        if not 0.0 <= flat <= 1.0:
+            raise ValueError(f"flat must be in [0, 1] (got {flat})")
+        self.flat = float(flat)
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
@@ -455,6 +464,26 @@ class GradientSearch:
             rows.setdefault(cfg.sketch, []).append(x)
         return {name: np.stack(xs).astype(np.float32) for name, xs in rows.items()}
 
+    def _flattened(self, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list, k: int) -> np.ndarray:
+        """``scores`` with the ``FLAT_TOP · k`` best re-scored over their ±1 neighbourhoods (``flat``; the
+        other rows are put below them, in their order)."""
+        top = np.argsort(-scores, kind="stable")[: max(FLAT_TOP * k, 64)]
+        out = scores - (scores.max() - scores.min() + 1.0) * 2.0  # every unsmoothed row below every smoothed one
+        for name in sorted(set(sketch[i] for i in top)):
+            rows = [i for i in top if sketch[i] == name]
+            rel = scorer.relaxations[name]
+            nbs = [rel.neighbours_x(xs[i: i + 1]) for i in rows]
+            sizes = np.array([len(nb) for nb in nbs])
+            if not sizes.sum():
+                out[rows] = scores[rows]
+                continue
+            nb_scores = self._corrected(name, np.concatenate(nbs), self._score(scorer, name, rel, np.concatenate(nbs)))
+            ends = np.cumsum(sizes)
+            means = np.array([nb_scores[e - m: e].mean() if m else scores[i]
+                              for i, e, m in zip(rows, ends, sizes)])
+            out[rows] = (1.0 - self.flat) * scores[rows] + self.flat * means
+        return out
+
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
                  k: int) -> np.ndarray:
         """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
@@ -526,6 +555,11 @@ class GradientSearch:
         picks: list = []
         if pool_x:
             xs, scores = np.concatenate(pool_x), np.concatenate(pool_s)
+            if self.flat:
+                k = n - n_rand - len(local)
+                plain_top = set(np.argsort(-scores, kind="stable")[:k].tolist())
+                scores = self._flattened(scorer, xs, scores, pool_sketch, k)
+                stats["flat_changed"] = len(set(np.argsort(-scores, kind="stable")[:k].tolist()) - plain_top)
             top = self._pick(ctx, scorer, xs, scores, np.concatenate(pool_p) if hedge else None, pool_sketch,
                              n - n_rand - len(local))
             config_of = {}
