@@ -15,17 +15,22 @@ from felixjax.testing import (
 )
 
 TASK = fj.ops.matmul(64, 64, 64)
-ORACLE = SyntheticOracle(TASK)
+# the synthetic oracle's latencies depend on the target's caches and lanes, and these tests' verdicts on one
+# seed's path: every oracle and session here uses one fixed target (a Zen 4 core; nothing is compiled), not the
+# host's (on a Zen 5 host, 48 KiB of L1d, seed 0 of the early-stop test ran to its budget)
+TARGET = fj.Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_fp16=False, avx512_vnni=True,
+                       l1d_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=4 << 20)
+ORACLE = SyntheticOracle(TASK, TARGET)
 
 
 def _replay(task, target):
-    return ReplayRunner(SyntheticOracle(task))
+    return ReplayRunner(SyntheticOracle(task, TARGET))
 
 
 def _run(trials, cost_aware=None, seed=0, strategy="genetic"):
     opts = {"scorer": OracleScorer(ORACLE, noise=0.3, seed=seed), "population": 256, "generations": 2,
             "batch_size": 16, "min_unmeasured": 16} if strategy == "genetic" else None
-    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, seed=seed) as s:
+    with TuningSession(TARGET, measurer=_replay, progress=False, seed=seed) as s:
         tr = s.add(TASK, strategy, seed=seed, trials=trials, strategy_options=opts, cost_aware=cost_aware)
         while not tr.done:
             s.step(tr)
@@ -37,7 +42,7 @@ def _oracle_uncertainty():
 
 
 def test_off_by_default():
-    res = fj.tune(TASK, strategy="random", trials=8, progress=False, retime=0, measurer=_replay)
+    res = fj.tune(TASK, TARGET, strategy="random", trials=8, progress=False, retime=0, measurer=_replay)
     assert "filtered" not in res.stats and res.stop_reason == "trials"
     assert CostAware.of() is None and CostAware.of(filter_p=0.1).enabled
 
@@ -59,7 +64,7 @@ def test_early_stop_saves_trials_and_says_why():
     assert len(on.history) < 0.8 * len(off.history)
     assert on.best().latency_s <= 1.10 * off.best().latency_s
     # the result of fj.tune reports it too
-    res = fj.tune(TASK, strategy="genetic", trials=256, progress=False, retime=0, measurer=_replay,
+    res = fj.tune(TASK, TARGET, strategy="genetic", trials=256, progress=False, retime=0, measurer=_replay,
                   strategy_options={"scorer": OracleScorer(ORACLE, noise=0.3), "population": 256, "generations": 2,
                                     "batch_size": 16, "min_unmeasured": 16},
                   filter_p=None, early_stop=None)
@@ -102,7 +107,7 @@ def test_a_task_stopped_early_gives_its_budget_to_the_others():
     tasks = [fj.ops.matmul(64, 64, 64), fj.ops.dense(1, 256, 128)]
     ca = CostAware(filter_p=0.1, early_stop=0.002, warmup=16, patience=2, window=16,
                    uncertainty=lambda: OracleUncertainty(noise=0.02, std=0.02))
-    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, trials=200) as s:
+    with TuningSession(TARGET, measurer=_replay, progress=False, trials=200) as s:
         # cost-aware on the first task only (a per-run option): it stops, the scheduler gives the rest
         # of the session's budget to the second
         runs = [s.add(tasks[0], "random", seed=0, cost_aware=ca), s.add(tasks[1], "random", seed=0)]
@@ -218,7 +223,7 @@ def test_plateau_min_share_of_a_network_task_counts_against_its_share_of_the_ses
     # fires as soon as it may: any 16 trials without a gain; min_share 0.5 of an even share (512 / 2)
     ca = CostAware(early_stop=1.0, stop_rule="plateau", warmup=16, window=16, min_share=0.5, plateau=0.0,
                    jump_weight=0.0, explore=0)
-    with TuningSession(fj.Target.cpu(), measurer=_replay, progress=False, trials=512) as s:
+    with TuningSession(TARGET, measurer=_replay, progress=False, trials=512) as s:
         runs = [s.add(t, "random", seed=0, cost_aware=ca) for t in tasks]
         scheduled_rounds(s, runs, [1, 1], per_round=16)
     assert [r.share for r in runs] == [256, 256]
@@ -231,7 +236,7 @@ def test_calibrated_rule_through_fj_tune_never_stops_before_half_the_budget():
     assert (ca.stop_rule, ca.early_stop, ca.window, ca.min_share, ca.explore, ca.filter_p) == (
         "plateau", 1e-4, 64, 0.5, 0, None)
     assert CostAware.calibrated(window=32).window == 32
-    res = fj.tune(TASK, strategy="random", trials=320, progress=False, retime=0, measurer=_replay, batch=32,
+    res = fj.tune(TASK, TARGET, strategy="random", trials=320, progress=False, retime=0, measurer=_replay, batch=32,
                   cost_aware=ca)
     assert len(res.history) >= 160 and res.stop_reason in ("early_stop", "trials")
     if res.stop_reason == "early_stop":  # stopped: its last 64 trials did not improve the best
