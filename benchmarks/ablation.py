@@ -40,8 +40,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   (``spread=2`` / ``4``: one over-rated region does not take the whole batch); ``genetic_pre_b32_spread4``: the
   genetic search's picks kept apart the same way (equal equipment); ``gradient_pre_b32_spread4_from1``: spread 4
   from the second round on, the first round's picks the top scores (``spread_from=1``);
-  ``gradient_pre_b32_spread4_flat``: the default ranking by the score averaged half-and-half with its ±1
-  neighbourhood's mean (``flat=0.5``);
+  ``gradient_pre_b32_spread4_flat``: the ranking by the score averaged half-and-half with its ±1
+  neighbourhood's mean (``flat=0.5``; the gradient search's defaults since session 35; every other arm has
+  ``flat=0``, as before);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -93,7 +94,7 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
 
     def grad(**kw):  # the gradient arms as measured before session 32: 64 per round, spread 0 unless set;
         # with the per-round statistics this report reads (the strategy's default since session 33 leaves them off)
-        return GradientSearch(**{"batch_size": 64, "spread": 0.0, "stats": True, **kw})
+        return GradientSearch(**{"batch_size": 64, "spread": 0.0, "flat": 0.0, "stats": True, **kw})
 
     gbdt = {"ranker": "gbdt", "ranker_data": ranker_data or None}
 

@@ -14,6 +14,7 @@ statistics and the soft/hard tau of the picks).
     python benchmarks/search_overhead.py                                   # fresh suite, 2 seeds x 128
     python benchmarks/search_overhead.py --ops 'matmul:m=257;n=96;k=384' --seeds 1 --profile
     python benchmarks/search_overhead.py --strategies gradient,gradient_stats,genetic@32
+    python benchmarks/search_overhead.py --strategies gradient,gradient_noflat,genetic@32 --seeds 1 --trials 96
 
 ``gradient_stats`` is the gradient search with its per-round statistics on (``stats=True``, the default
 until session 33); the picks are the same with them on or off (tested in tests/test_gradient_levers.py),
@@ -45,15 +46,19 @@ PARTS = {
     "rounding statistics": "_round_stats",
     "soft scores (statistics)": "_soft_scores",
     "spread picks": "spread_picks",
+    "flat (neighbourhood means)": "_flattened",
 }
+
+
+VARIANTS = {"gradient_stats": {"stats": True}, "gradient_noflat": {"flat": 0.0}}
 
 
 def strategy(name: str):
     """What ``fj.compare`` is given for a name: ``gradient_stats`` becomes the gradient search with
-    ``stats=True``; any other name (``NAME@N`` too) is passed as it is."""
-    if name != "gradient_stats":
+    ``stats=True``, ``gradient_noflat`` with ``flat=0`` (the default before session 35); any other name (``NAME@N`` too) is passed as it is."""
+    if name not in VARIANTS:
         return name
-    st = GradientSearch(stats=True)
+    st = GradientSearch(**VARIANTS[name])
     st.name = name
     return st
 
@@ -74,7 +79,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default="fresh", help="suite names or op specs (';' between an op's fields), comma-separated (default fresh)")
     ap.add_argument("--strategies", default="gradient,gradient_stats,genetic@32",
-                    help="comma-separated: gradient, gradient_stats, genetic, NAME@N")
+                    help="comma-separated: gradient, gradient_stats, gradient_noflat, genetic, NAME@N")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="profile the gradient search's propose by part")

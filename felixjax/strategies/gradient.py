@@ -8,10 +8,12 @@ One round, per sketch:
    on the hardware constraints whose gradient is rescaled to 5× the objective's (Felix's balance);
 3. harvest: iterates of every trajectory are rounded (projection, largest-remainder floor, repair),
    deduplicated against the run's measurements, and the ±1 neighbourhood of the best few is added;
-4. rank: every candidate is scored by the model on exact (hard-mode) features; the top ``k`` are
-   proposed, plus an ε share (5%) of random valid configs for exploration.
+4. rank: every candidate is scored by the model on exact (hard-mode) features, the best ``8k`` again
+   as half their score and half their ±1 neighbourhood's mean score (``flat``: a broad region the model
+   rates well over a sharp peak); the top ``k``, kept two moves apart (``spread``), are proposed, plus
+   an ε share (5%) of random valid configs for exploration.
 
-Issue 15's levers, all off by default: a trust region around the measured best (``trust_weight``);
+Issue 15's other levers, all off by default: a trust region around the measured best (``trust_weight``);
 an acquisition over a small ensemble fitted on the run's measurements (``acquisition="ucb"`` or
 ``"thompson"``); measured-neighbour moves (``local_share``: a share of each batch spent on the
 model's best ±1 neighbours of the best *measured* points, as Dynamic Gradient Descent descends in
@@ -206,7 +208,9 @@ class GradientSearch:
             by score are re-scored as ``(1 − flat) · score + flat · mean(score of their valid
             neighbours)`` before the picks (the rest rank below them), so a broad region the model rates
             well wins over a sharp peak it may over-rate (an evolutionary population's selection favours
-            such regions). 0 (the default) turns it off.
+            such regions). 0.5 (the default since session 35: in two measured ablations, 4 op-suite ops and
+            the 6 ``fresh`` ops, 0.88x and 0.50x the trials to 95% of ``flat=0``, final latency 0.978x and
+            1.018x; docs/BENCHMARKS.md, issue 15 session 35); 0 turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -222,7 +226,7 @@ class GradientSearch:
                  ranker_data: str | None = None, stats: bool = False, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
-                 spread: float = 4.0, spread_from: int = 0, flat: float = 0.0):
+                 spread: float = 4.0, spread_from: int = 0, flat: float = 0.5):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -469,7 +473,7 @@ class GradientSearch:
         other rows are put below them, in their order)."""
         top = np.argsort(-scores, kind="stable")[: max(FLAT_TOP * k, 64)]
         out = scores - (scores.max() - scores.min() + 1.0) * 2.0  # every unsmoothed row below every smoothed one
-        for name in sorted(set(sketch[i] for i in top)):
+        for name in sorted({sketch[i] for i in top}):
             rows = [i for i in top if sketch[i] == name]
             rel = scorer.relaxations[name]
             nbs = [rel.neighbours_x(xs[i: i + 1]) for i in rows]
