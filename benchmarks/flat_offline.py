@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=32, help="picks per scoring (default 32: a round)")
     args = ap.parse_args(argv)
     rows = task_rows(Database(as_database(args.db), readonly=True), args.k)
-    print(f"| task | pool (hits) | " + " | ".join(f"{s}: top / spread hits, tau" for s in SCORINGS) + " |")
+    print("| task | pool (hits) | " + " | ".join(f"{s}: top / spread hits, tau" for s in SCORINGS) + " |")
     print("|---|---:|" + "---:|" * len(SCORINGS))
     for task in dict.fromkeys(r["task"] for r in rows):
         rs = {r["scoring"]: r for r in rows if r["task"] == task}
