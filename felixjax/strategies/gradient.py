@@ -472,7 +472,7 @@ class GradientSearch:
         """``scores`` with the ``FLAT_TOP · k`` best re-scored over their ±1 neighbourhoods (``flat``; the
         other rows are put below them, in their order)."""
         top = np.argsort(-scores, kind="stable")[: max(FLAT_TOP * k, 64)]
-        out = scores - (scores.max() - scores.min() + 1.0) * 2.0  # every unsmoothed row below every smoothed one
+        out = scores.copy()
         for name in sorted({sketch[i] for i in top}):
             rows = [i for i in top if sketch[i] == name]
             rel = scorer.relaxations[name]
@@ -486,6 +486,10 @@ class GradientSearch:
             means = np.array([nb_scores[e - m: e].mean() if m else scores[i]
                               for i, e, m in zip(rows, ends, sizes)])
             out[rows] = (1.0 - self.flat) * scores[rows] + self.flat * means
+        rest = np.ones(len(scores), bool)
+        rest[top] = False
+        if rest.any():  # every unsmoothed row below every smoothed one, in its order
+            out[rest] = scores[rest] - scores[rest].max() + out[top].min() - 1.0
         return out
 
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
