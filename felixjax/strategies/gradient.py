@@ -478,8 +478,7 @@ class GradientSearch:
             rel = scorer.relaxations[name]
             nbs = [rel.neighbours_x(xs[i: i + 1]) for i in rows]
             sizes = np.array([len(nb) for nb in nbs])
-            if not sizes.sum():
-                out[rows] = scores[rows]
+            if not sizes.sum():  # no valid neighbour anywhere: these rows keep their scores
                 continue
             nb_scores = self._corrected(name, np.concatenate(nbs), self._score(scorer, name, rel, np.concatenate(nbs)))
             ends = np.cumsum(sizes)
