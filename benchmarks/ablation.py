@@ -42,7 +42,13 @@ budget, seeds and opening — no default schedules measured first, so search log
   from the second round on, the first round's picks the top scores (``spread_from=1``);
   ``gradient_pre_b32_spread4_flat``: the ranking by the score averaged half-and-half with its ±1
   neighbourhood's mean (``flat=0.5``; the gradient search's defaults since session 35; every other arm has
-  ``flat=0``, as before);
+  ``flat=0``, as before); ``gradient_host_NAME`` / ``genetic_host_b32_NAME``: ``gradient_pre_b32_spread4_flat`` /
+  ``genetic_pre_b32`` started from the checkpoint NAME of ``--host-models NAME=PATH,...``, e.g. a model
+  pretrained on measurements of this host's CPU; ``gradient_pre_judge`` / ``_judge1``: the default gradient search
+  (``gradient_pre_b32_spread4_flat``) ranking its candidates by half its model's score, half the judge's (all the
+  judge's): a second MLP pretrained on the second machine's dataset, fine-tuned online too, that the descent never
+  optimized against (``judge="judge"``, :class:`felixjax.context.Judge`); ``genetic_pre_b32_judge``: the genetic
+  search's best ``8n`` re-ranked the same way (equal equipment);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -87,7 +93,7 @@ SHORT = {"matmul512": 0, "matmul1024": 1, "conv56": 2, "conv28": 3, "conv14": 4,
 RANKER_DATA = "docs/data/pools_s23/calibration.jsonl.gz,docs/data/pools_s23/calibration_genetic.jsonl.gz"
 
 
-def arms(ranker_data: str | None = RANKER_DATA) -> list:
+def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None) -> list:
     def named(obj, name):
         obj.name = name
         return obj
@@ -130,15 +136,21 @@ def arms(ranker_data: str | None = RANKER_DATA) -> list:
         named(grad(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, spread_from=1), "gradient_pre_b32_spread4_from1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5), "gradient_pre_b32_spread4_flat"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge"), "gradient_pre_judge"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge", judge_weight=1.0),
+              "gradient_pre_judge1"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
         named(GeneticSearch(cost_model="packaged"), "genetic_pre"),
         named(GeneticSearch(cost_model="packaged", batch_size=32), "genetic_pre_b32"),
         named(GeneticSearch(cost_model="packaged", batch_size=32, spread=4.0), "genetic_pre_b32_spread4"),
+        named(GeneticSearch(cost_model="packaged", batch_size=32, judge="judge"), "genetic_pre_b32_judge"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "genetic_pre_hedge"),
-    ]
+    ] + [arm for name, path in (host_models or {}).items() for arm in (
+        named(grad(cost_model=path, batch_size=32, spread=4.0, flat=0.5), f"gradient_host_{name}"),
+        named(GeneticSearch(cost_model=path, batch_size=32), f"genetic_host_b32_{name}"))]
 
 
 class Memo:
@@ -271,6 +283,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/ablation")
     ap.add_argument("--db", default=None, help="also record every measurement (configs included) in this database "
                     "(default: none; the CSV under --out holds latencies only)")
+    ap.add_argument("--host-models", default="",
+                    help="NAME=CHECKPOINT,... : adds arms gradient_host_NAME and genetic_host_b32_NAME started "
+                         "from each (e.g. a model pretrained on this host's CPU)")
     ap.add_argument("--ranker-data", default=RANKER_DATA,
                     help="databases (comma-separated) the *_gbdt arms' tree ranker also trains on ('' : none)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md and the curves "
@@ -289,9 +304,13 @@ def main(argv=None) -> int:
         from benchmarks.model_pool import as_database
 
         ranker_data = ",".join(as_database(p) for p in ranker_data.split(",") if p)
-    chosen = arms(ranker_data)
+    hosts = dict(spec.partition("=")[::2] for spec in args.host_models.split(",") if spec)
+    chosen = arms(ranker_data, hosts)
     if args.arms:
         want = args.arms.split(",")
+        unknown = sorted(set(want) - {a.name for a in chosen})
+        if unknown:
+            ap.error(f"unknown arms {unknown} (the *_host_NAME arms need --host-models NAME=PATH)")
         chosen = [a for a in chosen if a.name in want]
     if args.measured and "FELIXJAX_CACHE" not in os.environ:
         # an empty build cache: every arm's clock pays its own compiles (kernels an earlier run compiled would be

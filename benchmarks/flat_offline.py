@@ -64,19 +64,30 @@ def smoothed(scorer, configs: list) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return np.stack(xs), out
 
 
-def task_rows(db: Database, k: int) -> list[dict]:
-    rows = []
+def task_pools(db: Database):
+    """``(task, target, configs, latency)`` per task of ``db``: every distinct correctly measured config and
+    its median latency (``retime:*`` runs left out)."""
     for task, _ in db.tasks():
         lat: dict = defaultdict(list)
         records = [r for r in db.records(task) if r.ok and r.latency_s > 0 and not r.run.startswith("retime:")]
         for r in records:
             lat[r.config].append(r.latency_s)
-        configs = list(lat)
-        latency = np.array([np.median(lat[c]) for c in configs])
+        if records:
+            yield task, Target.from_json(records[0].target), list(lat), np.array([np.median(v) for v in lat.values()])
+
+
+def pool_scorer(task, target, cost_model: str = "packaged"):
+    """The scorer a search of ``task`` starts from with ``cost_model`` (before any measurement)."""
+    return SearchContext(task, target, spaces_for(task, target), np.random.default_rng(0)).get_scorer(cost_model)
+
+
+def task_rows(db: Database, k: int) -> list[dict]:
+    rows = []
+    for task, target, configs, latency in task_pools(db):
+        scorer = pool_scorer(task, target)
+        keep = [c.sketch in scorer.relaxations for c in configs]
+        configs, latency = [c for c, ok in zip(configs, keep) if ok], latency[np.array(keep)]
         hit = latency <= latency.min() / REACH
-        target = Target.from_json(records[0].target)
-        scorer = SearchContext(task, target, spaces_for(task, target), np.random.default_rng(0)).get_scorer("packaged")
-        configs = [c for c in configs if c.sketch in scorer.relaxations]
         xs, scores = smoothed(scorer, configs)
         sketch = [c.sketch for c in configs]
         for name, s in scores.items():

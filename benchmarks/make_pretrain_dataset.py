@@ -21,13 +21,18 @@ and ``pretrain_cpu_ens.npz`` an ensemble of 4 smaller MLPs trained on it, whose 
 the data do not cover (the gradient strategy's ``pessimism`` option).
 Generating the data also trains the model.
 
+The same shapes measured on a second machine (``--out felixjax/data/pretrain_cpu_b.jsonl.gz``, session 36: a
+Zen 5 EPYC, the first file a Zen 4) train ``pretrain_cpu_judge.npz``, a model whose errors are its own: the
+learned strategies' ``judge="judge"`` re-scores with it what their first model chose.
+
 Never run in CI, and only on a quiet machine (hours at the default settings): timings taken while
 other jobs share the cores teach the model noise. ``--quick`` (2 shapes, 8 trials, to a temporary
 file) is the smoke test.
 
 Usage:
     python benchmarks/make_pretrain_dataset.py                 # the package data (hours; a quiet machine)
-    python benchmarks/make_pretrain_dataset.py --model-only                    # retrain the shipped model (seconds)
+    python benchmarks/make_pretrain_dataset.py --model-only                    # retrain the shipped models (seconds)
+    python benchmarks/make_pretrain_dataset.py --out felixjax/data/pretrain_cpu_b.jsonl.gz   # another machine's data
     python benchmarks/make_pretrain_dataset.py --quick --out /tmp/pretrain_smoke.jsonl.gz
 """
 from __future__ import annotations
@@ -54,6 +59,10 @@ from felixjax.suites import SUITES, suite  # noqa: E402
 OUT = ROOT / "felixjax" / "data" / "pretrain_cpu.jsonl.gz"
 MODEL_OUT = ROOT / "felixjax" / "data" / "pretrain_cpu.npz"
 ENSEMBLE_OUT = ROOT / "felixjax" / "data" / "pretrain_cpu_ens.npz"
+#: the second machine's dataset (the same shapes and protocol, measured on another CPU: session 36's Zen 5) and
+#: the MLP pretrained on it alone, the learned strategies' ``judge="judge"`` (errors independent of the first's)
+JUDGE_DATA = ROOT / "felixjax" / "data" / "pretrain_cpu_b.jsonl.gz"
+JUDGE_OUT = ROOT / "felixjax" / "data" / "pretrain_cpu_judge.npz"
 #: the shipped ensemble: 4 narrower MLPs (seeds 0-3, bootstrap resamples): their disagreement, not their
 #: mean, is what the gradient strategy's ``pessimism`` uses, so they are smaller than the tuner's model
 ENSEMBLE = {"members": 4, "hidden": 64}
@@ -154,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_only:
         train_model(args.out or OUT, MODEL_OUT)
         train_model(args.out or OUT, ENSEMBLE_OUT, **ENSEMBLE)
+        if args.out is None and JUDGE_DATA.exists():
+            train_model(JUDGE_DATA, JUDGE_OUT)
         return 0
     if args.quick and args.out is None:
         ap.error("--quick writes a throwaway file: give --out")
@@ -186,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if out == OUT:
         train_model(out, MODEL_OUT)
         train_model(out, ENSEMBLE_OUT, **ENSEMBLE)
+    elif out.resolve() == JUDGE_DATA:
+        train_model(out, JUDGE_OUT)
     return 0
 
 

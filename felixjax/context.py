@@ -120,3 +120,47 @@ class PessimisticScorer:
 
     def __getattr__(self, name: str):
         return getattr(self._scorer, name)
+
+
+class Judge:
+    """A second cost model that re-scores what the first one chose (the ``judge`` option of both learned
+    strategies). A search measures the configs its model scores highest, and among those the model's
+    errors are biased upwards (the optimizer's curse: a descent or an evolution ends where the model
+    over-rates); a model with errors of its own (another checkpoint, e.g. pretrained on another
+    machine's measurements) is not biased on them. Candidates are generated on the first model and
+    ranked by ``(1 − weight) · first + weight · judge``; the judge is a model of its own for the task
+    (:func:`felixjax.model.make_scorer`), fine-tuned on the run's measurements as the first is.
+
+    ``cost_model``: the judge's pretrained checkpoint (``"judge"``: the second one shipped with
+    felixjax, :data:`felixjax.model.PACKAGED_JUDGE`)."""
+
+    def __init__(self, ctx: SearchContext, cost_model: str, weight: float):
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"judge_weight must be in (0, 1] (got {weight})")
+        self.weight = float(weight)
+        self.scorer = _model.make_scorer(ctx, _model.resolve_judge(cost_model))
+        self.update(ctx.history)  # a resumed run's measurements
+
+    def update(self, records: list) -> None:
+        self.scorer.update([r for r in records if r.ok])
+
+    def blend_x(self, sketch: str, xs: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """The blended scores of integer points ``xs`` of one sketch, ``scores`` being the first model's."""
+        if not len(xs):
+            return scores
+        return (1.0 - self.weight) * np.asarray(scores, np.float64) + self.weight * self.scorer.score_x(sketch, xs)
+
+    def blend(self, configs: list, scores: np.ndarray) -> np.ndarray:
+        """The blended scores of ``configs`` (any sketches), ``scores`` being the first model's."""
+        if not configs:
+            return np.asarray(scores, np.float64)
+        return (1.0 - self.weight) * np.asarray(scores, np.float64) + self.weight * self.scorer.score(configs)
+
+
+def judge_for(judges: dict, ctx: SearchContext, cost_model: str | None, weight: float) -> Judge | None:
+    """The :class:`Judge` of a run (one per context, kept in ``judges``), or ``None`` without ``cost_model``."""
+    if cost_model is None:
+        return None
+    if id(ctx) not in judges or judges[id(ctx)][0] is not ctx:
+        judges[id(ctx)] = (ctx, Judge(ctx, cost_model, weight))
+    return judges[id(ctx)][1]

@@ -485,6 +485,21 @@ PACKAGED_MODEL = Path(__file__).resolve().parent / "data" / "pretrain_cpu.npz"
 PACKAGED_ENSEMBLE = Path(__file__).resolve().parent / "data" / "pretrain_cpu_ens.npz"
 
 
+#: A second MLP, pretrained on a dataset of another machine (``felixjax/data/pretrain_cpu_b.jsonl.gz``) whose
+#: errors are its own: the ``judge="judge"`` option of the learned strategies (:class:`felixjax.context.Judge`).
+PACKAGED_JUDGE = Path(__file__).resolve().parent / "data" / "pretrain_cpu_judge.npz"
+
+
+def resolve_judge(cost_model: str | os.PathLike) -> str:
+    """The checkpoint a ``judge`` option names: ``"judge"`` is :data:`PACKAGED_JUDGE`, else the path itself
+    (a clear error when it does not exist)."""
+    path = PACKAGED_JUDGE if str(cost_model) == "judge" else Path(cost_model)
+    if not path.exists():
+        raise FileNotFoundError(f"no judge checkpoint at {path} (the shipped one is made by "
+                                "benchmarks/make_pretrain_dataset.py --model-only; or pass a `felixjax pretrain` checkpoint)")
+    return str(path)
+
+
 def load_ensemble(path: str | os.PathLike):
     """The :class:`~costmodels.ensemble.EnsembleCostModel` of a checkpoint (``felixjax.pretrain.pretrain``
     with ``members > 1``); ``"packaged"``: :data:`PACKAGED_ENSEMBLE`. Cached per path (read-only use)."""

@@ -733,11 +733,11 @@ class Relaxation:
             self._move_deltas = np.stack(rows)
         return self._move_deltas
 
-    def neighbours_x(self, x: np.ndarray) -> np.ndarray:
-        """The valid one-step neighbours ``[K, N_X]`` (unique, sorted) of integer points ``[M, N_X]``:
-        the moves of :meth:`neighbours` applied to every row at once, invalid results dropped."""
-        x = np.asarray(x, np.float32).reshape(-1, N_X)
-        cands = [(x[:, None, :] + self._moves()[None]).reshape(-1, N_X)]
+    def _steps_x(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every one-step move of every row of ``x [M, N_X]`` (valid or not) and the row it came from."""
+        moves = self._moves()
+        cands = [(x[:, None, :] + moves[None]).reshape(-1, N_X)]
+        rows = [np.repeat(np.arange(len(x)), len(moves))]
         idx = np.searchsorted(self._vec_log2, np.rint(x[:, I_VEC]))
         for step in (-1, 1):  # vec: the next allowed width down / up (1 <-> 4 is one step)
             j = idx + step
@@ -745,14 +745,46 @@ class Relaxation:
             y = x[ok].copy()
             y[:, I_VEC] = self._vec_log2[j[ok]]
             cands.append(y)
-        cands += self._knobs.steps(x, I_EXTRA)  # declared knobs: the next point down / up
-        cands = np.concatenate(cands)
+            rows.append(np.flatnonzero(ok))
+        for y, r in self._knobs.steps(x, I_EXTRA):  # declared knobs: the next point down / up
+            cands.append(y)
+            rows.append(r)
+        return np.concatenate(cands), np.concatenate(rows)
+
+    def neighbours_x(self, x: np.ndarray) -> np.ndarray:
+        """The valid one-step neighbours ``[K, N_X]`` (unique, sorted) of integer points ``[M, N_X]``:
+        the moves of :meth:`neighbours` applied to every row at once, invalid results (and the rows
+        themselves) dropped."""
+        x = np.asarray(x, np.float32).reshape(-1, N_X)
+        cands, _ = self._steps_x(x)
         cands = cands[self.valid_x(cands)]
         if not len(cands):
             return np.zeros((0, N_X), np.float32)
         out = np.unique(cands, axis=0)
         keep = ~(out[:, None, :] == x[None, :, :]).all(-1).any(-1)
         return out[keep]
+
+    def neighbours_by_row(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's own valid one-step neighbours, for many rows in one call: points ``[K, N_X]``
+        and the row ``[K]`` of ``x`` each belongs to, grouped by row in order; row ``i``'s points are
+        exactly ``neighbours_x(x[i:i+1])`` (a point next to two rows is listed under both).
+
+        Example:
+            >>> from codegen.ops import matmul
+            >>> from codegen.target import Target
+            >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target()))
+            >>> x = rel.neighbours_x(rel.to_x(rel.space.default())[None])[:3]
+            >>> pts, row = rel.neighbours_by_row(x)
+            >>> all(np.array_equal(pts[row == i], rel.neighbours_x(x[i:i + 1])) for i in range(3))
+            True
+        """
+        x = np.asarray(x, np.float32).reshape(-1, N_X)
+        cands, rows = self._steps_x(x)
+        ok = self.valid_x(cands) & ~(cands == x[rows]).all(-1)
+        if not ok.any():
+            return np.zeros((0, N_X), np.float32), np.zeros(0, np.int64)
+        keyed = np.unique(np.concatenate([rows[ok, None].astype(np.float32), cands[ok]], axis=1), axis=0)
+        return keyed[:, 1:], keyed[:, 0].astype(np.int64)
 
 
 _constraints_jit = jax.jit(constraints)

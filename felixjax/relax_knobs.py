@@ -130,9 +130,9 @@ class KnobCoder:
             return [()] * len(xe)
         return [tuple((name, v[i]) for name, v, d in cols if v[i] != d) for i in range(len(xe))]
 
-    def steps(self, x: np.ndarray, offset: int) -> list[np.ndarray]:
+    def steps(self, x: np.ndarray, offset: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Copies of integer points ``x [B, N_X]`` with one knob moved to its next point down or up
-        (``x[:, offset + slot]`` is the knob's coordinate)."""
+        (``x[:, offset + slot]`` is the knob's coordinate), each with the rows of ``x`` it came from."""
         out = []
         for _, s in self.knobs:
             p = self.points[s]
@@ -142,5 +142,5 @@ class KnobCoder:
                 ok = (j >= 0) & (j < len(p))
                 y = x[ok].copy()
                 y[:, offset + s] = p[j[ok]]
-                out.append(y)
+                out.append((y, np.flatnonzero(ok)))
         return out

@@ -232,3 +232,46 @@ def test_flat_ranks_by_the_score_averaged_over_the_neighbourhood():
     assert np.argsort(-out[rest], kind="stable").tolist() == np.argsort(-scores[rest], kind="stable").tolist()
     with pytest.raises(ValueError, match="flat"):
         GradientSearch(flat=1.5)
+
+
+def test_the_judge_ranks_by_the_blend_and_learns_from_the_run():
+    """``judge``: hard scores are ``(1 - w) · first + w · judge``, the judge a model of its own for the run,
+    fine-tuned on the run's measurements; the descent's objective (``plain``) stays the first model's."""
+    from felixjax.model import PACKAGED_JUDGE, resolve_judge
+
+    assert resolve_judge("judge") == str(PACKAGED_JUDGE)
+    g = GradientSearch(batch_size=16, starts=8, judge="judge", judge_weight=0.25)
+    run, picks = _second_round(g)
+    assert len(set(picks)) == 16 and not set(picks) & run.ctx.measured
+    ctx_, judge = g._judges[id(run.ctx)]
+    assert ctx_ is run.ctx and g._judge is judge
+    assert judge.scorer.shared is not g._ensure_scorer(run.ctx).shared  # a model of its own
+    assert judge.scorer.shared.samples == len({r.config for r in run.history if r.ok})  # the first round's
+    scorer = g._ensure_scorer(run.ctx)
+    rec = run.history[0]
+    rel = scorer.relaxations[rec.config.sketch]
+    pts = rel.neighbours_x(rel.to_x(rec.config)[None])
+    first = g._score(scorer, rec.config.sketch, rel, pts, plain=True)
+    np.testing.assert_allclose(first, scorer.score_x(rec.config.sketch, pts))
+    np.testing.assert_allclose(g._score(scorer, rec.config.sketch, rel, pts),
+                               0.75 * first + 0.25 * judge.scorer.score_x(rec.config.sketch, pts), rtol=1e-6)
+    assert not np.allclose(judge.scorer.score_x(rec.config.sketch, pts), first)  # another model
+    with pytest.raises(ValueError, match="judge_weight"):
+        GradientSearch(judge="judge", judge_weight=0.0)
+    with pytest.raises(FileNotFoundError, match="judge checkpoint"):
+        resolve_judge("/nonexistent/judge.npz")
+
+
+def test_the_genetic_judge_reranks_the_best_of_the_heap():
+    g = GeneticSearch(batch_size=16, population=256, judge="judge", eps_greedy=0.0)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(fj.ops.matmul(64, 48, 32), g, seed=0, trials=16)
+        s.step(run)
+        picks = g.propose(run.ctx, 16)
+    judge = g._judges[id(run.ctx)][1]
+    assert judge.scorer.shared.samples == len({r.config for r in run.history if r.ok})
+    first, cfgs = zip(*g.last_round["heap"])  # the best 2n, in the order the picks were taken
+    blended = judge.blend(list(cfgs), np.array(first))
+    assert (np.diff(blended) <= 1e-9).all() and list(cfgs[:16]) == picks
+    assert not (np.diff(first) <= 0).all()  # the judge reordered what the first model ranked

@@ -65,6 +65,31 @@ def test_dataset_rows_features_and_exclusion(oracle_db):
         load_dataset([oracle_db.parent / "missing.db"])
 
 
+def test_a_task_measured_on_two_machines_is_two_groups(oracle_db, tmp_path):
+    """Datasets of two CPUs (say the packaged one and this host's) train one model: each machine's
+    measurements of a task stay one group of their own (ranked against each other only, features from
+    their own target), never merged config by config; holding a task out holds it out on both."""
+    import dataclasses
+
+    other = dataclasses.replace(TARGET, name="other cpu", l1d_bytes=2048, l2_bytes=16384)  # small: other fits
+    assert other.key != TARGET.key
+    path = tmp_path / "two.db"
+    with fj.Database(path) as db, fj.Database(oracle_db, readonly=True) as src:
+        for rec in src.records(task=TASKS[0], target=TARGET.key):
+            db.add(rec)
+            db.add(dataclasses.replace(rec, target_key=other.key, target=other.to_json(), id=None,
+                                       result=MeasureResult("ok", (1e-8 / rec.latency_s,))))  # the reverse order there
+    data = load_dataset([path])
+    assert data.tasks == (TASKS[0].name, TASKS[0].name) and set(np.unique(data.groups)) == {0, 1}
+    first, second = (np.flatnonzero(data.groups == g) for g in (0, 1))
+    assert len(first) == len(second) == len(data) // 2
+    lat = {tuple(data.features.glob[i]): data.latencies[i] for i in first}
+    assert not all(tuple(data.features.glob[i]) in lat for i in second)  # the other machine's caches: other features
+    assert len(data.rows([TASKS[0].name])) == len(data)
+    rep = pretrain([path, oracle_db], tmp_path / "m.npz", holdout=0.25, seed=0, max_epochs=2)
+    assert sorted(rep["train_tasks"] + rep["heldout_tasks"]) == sorted(t.name for t in TASKS)
+
+
 def test_pretrain_report_and_checkpoint(checkpoint, oracle_db):
     out, rep = checkpoint
     assert len(rep["heldout_tasks"]) == 1 and len(rep["train_tasks"]) == 3

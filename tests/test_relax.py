@@ -347,6 +347,23 @@ def test_vectorized_neighbours_and_validity_equal_the_space(name):
     assert rel.valid_x(xs).all()
 
 
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_neighbours_by_row_are_each_rows_own_neighbours(name):
+    """One call for many rows (the gradient search's ``flat`` ranking) lists exactly what one call per
+    row does, under the row it belongs to; a point next to two rows appears under both."""
+    sp, rel = SPACES[name], RELAX[name]
+    x0 = rel.to_x(sp.default())[None]
+    xs = np.concatenate([x0, rel.neighbours_x(x0)[:6], np.stack([rel.to_x(c) for c in
+                                                                 sp.sample_many(np.random.default_rng(8), 5)])])
+    pts, row = rel.neighbours_by_row(xs)
+    assert pts.shape == (len(row), N_X) and (np.diff(row) >= 0).all()
+    for i in range(len(xs)):
+        np.testing.assert_array_equal(pts[row == i], rel.neighbours_x(xs[i: i + 1]))
+    assert len(np.unique(pts, axis=0)) < len(pts)  # the default is listed under each of its neighbours
+    none, rows = rel.neighbours_by_row(np.zeros((0, N_X), np.float32))
+    assert none.shape == (0, N_X) and rows.shape == (0,)
+
+
 def test_unroll_above_the_top_step_builds_the_top_steps_kernel():
     """Valid unroll values above ``MAX_UNROLL_STEP`` (records of older versions) build, featurize and
     encode like the top step; search draws only the steps (benchmarks/unroll_probe.py: gcc took up to

@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from ..context import PessimisticScorer, check_pessimism, check_ranker
+from ..context import PessimisticScorer, check_pessimism, check_ranker, judge_for
 from .base import SearchContext, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
@@ -395,6 +395,10 @@ class GeneticSearch:
         spread: the picks of a round keep this L1 distance apart in the relaxed integer space of their
             sketch (the gradient strategy's option of the same name, applied to the best ``8 · n`` of the
             heap: equal equipment; needs a scorer with ``relaxations``). 0 (the default) turns it off.
+        judge, judge_weight: the best ``8 · n`` of the heap re-ranked by ``(1 − judge_weight) · score +
+            judge_weight · judge's score``, the judge a second pretrained model fine-tuned on the run's
+            measurements (the gradient strategy's option of the same name: equal equipment;
+            :class:`felixjax.context.Judge`). ``None`` (the default) turns it off.
 
     Attributes:
         stats: cumulative seconds per phase (``sample_s``, ``evolve_s``, ``score_s``, ``pick_s``,
@@ -415,7 +419,8 @@ class GeneticSearch:
                  mutation_weights: dict[str, float] | None = None, min_unmeasured: int = 50, max_fail: int = 10,
                  scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
                  ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged",
-                 pessimism_share: float = 1.0, spread: float = 0.0):
+                 pessimism_share: float = 1.0, spread: float = 0.0, judge: str | None = None,
+                 judge_weight: float = 0.5):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -439,6 +444,10 @@ class GeneticSearch:
         if spread < 0:
             raise ValueError(f"spread must be >= 0 (got {spread})")
         self.spread = float(spread)
+        if judge is not None and not 0.0 < judge_weight <= 1.0:
+            raise ValueError(f"judge_weight must be in (0, 1] (got {judge_weight})")
+        self.judge, self.judge_weight = judge, float(judge_weight)
+        self._judges: dict = {}  # id(context) -> (context, Judge)
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
@@ -501,6 +510,11 @@ class GeneticSearch:
         # 3. the best 2n unmeasured, of which n - int(eps n) are proposed, plus int(eps n) random samples
         t = time.perf_counter()
         order = sorted(heap, key=heap.__getitem__, reverse=True)
+        judge = judge_for(self._judges, ctx, self.judge, self.judge_weight)
+        if judge is not None and order:  # the best 8n re-ranked by the blend with the judge's scores
+            short = order[: 8 * n]
+            judged = judge.blend(codec.decode_many(codec.rows(short)), np.array([heap[k] for k in short]))
+            order = [short[i] for i in np.argsort(-judged, kind="stable")] + order[8 * n:]
         deep = 8 * n if self.spread else 2 * n  # spread picks from a longer list
         ranked = order[:deep]
         if self.pessimism and self.pessimism_share < 1.0 and heap:  # the hedge: some picks pessimistic
@@ -541,6 +555,8 @@ class GeneticSearch:
 
     def update(self, ctx: SearchContext, records: list) -> None:
         self.scorer(ctx).update(records)
+        if self.judge is not None:
+            judge_for(self._judges, ctx, self.judge, self.judge_weight).update(records)
 
     # ---- pieces (public for tests) -------------------------------------------------------------
     def _spread_out(self, scorer, codec: Codec, keys: list, k: int) -> list:

@@ -39,7 +39,7 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import check_pessimism, check_ranker, pessimistic
+from ..context import check_pessimism, check_ranker, judge_for, pessimistic
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
@@ -211,6 +211,12 @@ class GradientSearch:
             such regions). 0.5 (the default since session 35: in two measured ablations, 4 op-suite ops and
             the 6 ``fresh`` ops, 0.88x and 0.50x the trials to 95% of ``flat=0``, final latency 0.978x and
             1.018x; docs/BENCHMARKS.md, issue 15 session 35); 0 turns it off.
+        judge, judge_weight: rank the candidates by ``(1 − judge_weight) · score + judge_weight · judge's
+            score``, the judge a second model (a pretrained checkpoint; ``"judge"``: the one shipped with
+            felixjax, pretrained on another machine's measurements) fine-tuned on the run's measurements
+            too, that the descent never optimized against (:class:`felixjax.context.Judge`: the model is
+            over-rating exactly where descents end). The descent stays on the first model. ``None`` (the
+            default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -226,7 +232,8 @@ class GradientSearch:
                  ranker_data: str | None = None, stats: bool = False, pessimism: float = 0.0,
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
-                 spread: float = 4.0, spread_from: int = 0, flat: float = 0.5):
+                 spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
+                 judge_weight: float = 0.5):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -255,6 +262,11 @@ class GradientSearch:
         if not 0.0 <= flat <= 1.0:
             raise ValueError(f"flat must be in [0, 1] (got {flat})")
         self.flat = float(flat)
+        if judge is not None and not 0.0 < judge_weight <= 1.0:
+            raise ValueError(f"judge_weight must be in (0, 1] (got {judge_weight})")
+        self.judge, self.judge_weight = judge, float(judge_weight)
+        self._judges: dict = {}  # id(context) -> (context, Judge)
+        self._judge = None  # this round's
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
         self._breeder: tuple = (None, None)  # (scorer, the GeneticSearch breeding under it)
         self._ensemble = None
@@ -362,8 +374,10 @@ class GradientSearch:
         or the scorer's own with ``plain``."""
         if hasattr(scorer, "score_x"):
             obj = None if plain else self._objective(scorer)
-            return scorer.score_x(name, pts) if obj is None else scorer.score_x(name, pts, model=obj)
-        return np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
+            s = scorer.score_x(name, pts) if obj is None else scorer.score_x(name, pts, model=obj)
+        else:
+            s = np.asarray(scorer.score(rel.configs_from_x(pts)), np.float64)
+        return s if plain or self._judge is None else self._judge.blend_x(name, pts, s)
 
     def _fit_residuals(self, ctx: SearchContext, scorer) -> None:
         """This round's calibration ``(a, b)`` of the objective's scores against the measured
@@ -476,14 +490,14 @@ class GradientSearch:
         for name in sorted({sketch[i] for i in top}):
             rows = [i for i in top if sketch[i] == name]
             rel = scorer.relaxations[name]
-            nbs = [rel.neighbours_x(xs[i: i + 1]) for i in rows]
-            sizes = np.array([len(nb) for nb in nbs])
-            if not sizes.sum():  # no valid neighbour anywhere: these rows keep their scores
+            nb, owner = rel.neighbours_by_row(xs[rows])
+            if not len(nb):  # no valid neighbour anywhere: these rows keep their scores
                 continue
-            nb_scores = self._corrected(name, np.concatenate(nbs), self._score(scorer, name, rel, np.concatenate(nbs)))
-            ends = np.cumsum(sizes)
-            means = np.array([nb_scores[e - m: e].mean() if m else scores[i]
-                              for i, e, m in zip(rows, ends, sizes)])
+            uniq, inv = np.unique(nb, axis=0, return_inverse=True)  # neighbours shared by close rows scored once
+            nb_scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))[inv.reshape(-1)]
+            count = np.bincount(owner, minlength=len(rows))
+            total = np.bincount(owner, weights=nb_scores, minlength=len(rows))
+            means = np.where(count > 0, total / np.maximum(count, 1), scores[rows])
             out[rows] = (1.0 - self.flat) * scores[rows] + self.flat * means
         rest = np.ones(len(scores), bool)
         rest[top] = False
@@ -510,6 +524,7 @@ class GradientSearch:
         ``neighbours_of`` per sketch, rank everything by the model; all on integer-point arrays, so
         :class:`Config` objects are built only for what is proposed."""
         scorer = self._ensure_scorer(ctx)
+        self._judge = judge_for(self._judges, ctx, self.judge, self.judge_weight)
         keys = self._measured_keys(ctx, scorer.relaxations)
         pool_x, pool_s, pool_p, pool_sketch = [], [], [], []
         hedge = bool(self.pessimism) and self.pessimism_share < 1.0
@@ -606,6 +621,8 @@ class GradientSearch:
     def update(self, ctx: SearchContext, records: list) -> None:
         scorer = self._ensure_scorer(ctx)
         scorer.update(records)
+        if self.judge is not None:
+            judge_for(self._judges, ctx, self.judge, self.judge_weight).update(records)
         if self.acquisition != "mean":
             self._fit_ensemble(ctx, scorer)
 
