@@ -493,8 +493,7 @@ class GradientSearch:
             nb, owner = rel.neighbours_by_row(xs[rows])
             if not len(nb):  # no valid neighbour anywhere: these rows keep their scores
                 continue
-            uniq, inv = np.unique(nb, axis=0, return_inverse=True)  # neighbours shared by close rows scored once
-            nb_scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))[inv.reshape(-1)]
+            nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
             count = np.bincount(owner, minlength=len(rows))
             total = np.bincount(owner, weights=nb_scores, minlength=len(rows))
             means = np.where(count > 0, total / np.maximum(count, 1), scores[rows])
