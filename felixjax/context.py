@@ -135,9 +135,7 @@ class Judge:
     felixjax, :data:`felixjax.model.PACKAGED_JUDGE`)."""
 
     def __init__(self, ctx: SearchContext, cost_model: str, weight: float):
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"judge_weight must be in (0, 1] (got {weight})")
-        self.weight = float(weight)
+        _, self.weight = check_judge(cost_model, weight)
         self.scorer = _model.make_scorer(ctx, _model.resolve_judge(cost_model))
         self.update(ctx.history)  # a resumed run's measurements
 
@@ -155,6 +153,13 @@ class Judge:
         if not configs:
             return np.asarray(scores, np.float64)
         return (1.0 - self.weight) * np.asarray(scores, np.float64) + self.weight * self.scorer.score(configs)
+
+
+def check_judge(judge: str | None, weight: float) -> tuple[str | None, float]:
+    """The learned strategies' ``judge`` and ``judge_weight`` (in (0, 1] when there is a judge), checked."""
+    if judge is not None and not 0.0 < weight <= 1.0:
+        raise ValueError(f"judge_weight must be in (0, 1] (got {weight})")
+    return judge, float(weight)
 
 
 def judge_for(judges: dict, ctx: SearchContext, cost_model: str | None, weight: float) -> Judge | None:

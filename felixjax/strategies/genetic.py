@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from ..context import PessimisticScorer, check_pessimism, check_ranker, judge_for
+from ..context import PessimisticScorer, check_pessimism, check_judge, check_ranker, judge_for
 from .base import SearchContext, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
@@ -444,9 +444,7 @@ class GeneticSearch:
         if spread < 0:
             raise ValueError(f"spread must be >= 0 (got {spread})")
         self.spread = float(spread)
-        if judge is not None and not 0.0 < judge_weight <= 1.0:
-            raise ValueError(f"judge_weight must be in (0, 1] (got {judge_weight})")
-        self.judge, self.judge_weight = judge, float(judge_weight)
+        self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._scorers: dict[str, object] = {}
         self._codecs: dict[tuple, Codec] = {}

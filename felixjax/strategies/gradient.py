@@ -39,7 +39,7 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import check_pessimism, check_ranker, judge_for, pessimistic
+from ..context import check_pessimism, check_judge, check_ranker, judge_for, pessimistic
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
@@ -262,9 +262,7 @@ class GradientSearch:
         if not 0.0 <= flat <= 1.0:
             raise ValueError(f"flat must be in [0, 1] (got {flat})")
         self.flat = float(flat)
-        if judge is not None and not 0.0 < judge_weight <= 1.0:
-            raise ValueError(f"judge_weight must be in (0, 1] (got {judge_weight})")
-        self.judge, self.judge_weight = judge, float(judge_weight)
+        self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._judge = None  # this round's
         self._residuals: tuple = (1.0, 0.0, {})  # (slope a, offset b, {sketch: ResidualFit}) of this round
