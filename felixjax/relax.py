@@ -767,17 +767,8 @@ class Relaxation:
     def neighbours_by_row(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's own valid one-step neighbours, for many rows in one call: points ``[K, N_X]``
         and the row ``[K]`` of ``x`` each belongs to, grouped by row in order; row ``i``'s points are
-        exactly ``neighbours_x(x[i:i+1])`` (a point next to two rows is listed under both).
-
-        Example:
-            >>> from codegen.ops import matmul
-            >>> from codegen.target import Target
-            >>> rel = Relaxation(Space(matmul(12, 16, 20), "gemm_packed", Target()))
-            >>> x = rel.neighbours_x(rel.to_x(rel.space.default())[None])[:3]
-            >>> pts, row = rel.neighbours_by_row(x)
-            >>> all(np.array_equal(pts[row == i], rel.neighbours_x(x[i:i + 1])) for i in range(3))
-            True
-        """
+        exactly ``neighbours_x(x[i:i+1])`` (a point next to two rows is listed under both; the gradient
+        search's ``flat`` ranking scores every candidate's neighbourhood this way)."""
         x = np.asarray(x, np.float32).reshape(-1, N_X)
         cands, rows = self._steps_x(x)
         ok = self.valid_x(cands) & ~(cands == x[rows]).all(-1)
