@@ -48,7 +48,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   (``gradient_pre_b32_spread4_flat``) ranking its candidates by half its model's score, half the judge's (all the
   judge's): a second MLP pretrained on the second machine's dataset, fine-tuned online too, that the descent never
   optimized against (``judge="judge"``, :class:`felixjax.context.Judge`); ``genetic_pre_b32_judge``: the genetic
-  search's best ``8n`` re-ranked the same way (equal equipment);
+  search's best ``8n`` re-ranked the same way (equal equipment); ``gradient_pre_climb4``: the default gradient search
+  with 4 more rounds of greedy ascent on the model over the pool's best points' ±1 neighbourhoods (``climb=4``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -136,6 +137,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0), "gradient_pre_b32_spread4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, spread_from=1), "gradient_pre_b32_spread4_from1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5), "gradient_pre_b32_spread4_flat"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, climb=4), "gradient_pre_climb4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge"), "gradient_pre_judge"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge", judge_weight=1.0),
               "gradient_pre_judge1"),

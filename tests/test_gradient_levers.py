@@ -275,3 +275,30 @@ def test_the_genetic_judge_reranks_the_best_of_the_heap():
     blended = judge.blend(list(cfgs), np.array(first))
     assert (np.diff(blended) <= 1e-9).all() and list(cfgs[:16]) == picks
     assert not (np.diff(first) <= 0).all()  # the judge reordered what the first model ranked
+
+
+def test_the_climb_adds_to_the_pool_until_its_best_point_tops_its_neighbourhood():
+    from codegen.spaces import spaces_for
+    from felixjax.context import SearchContext
+
+    task, target = fj.ops.matmul(64, 48, 32), fj.Target.cpu()
+    kw = {"batch_size": 16, "starts": 8, "spread": 0.0, "flat": 0.0, "eps_greedy": 0.0}
+    rounds = {}
+    for climb in (0, 50):  # 50: more steps than this small space's ascent can take
+        g = GradientSearch(climb=climb, **kw)
+        ctx = SearchContext(task, target, spaces_for(task, target), np.random.default_rng(3))
+        picks = g.propose(ctx, 16)
+        rounds[climb] = (g, ctx, picks, g.last_round)
+    (_, _, plain, st0), (g, ctx, climbed, st1) = rounds[0], rounds[50]
+    scorer = g._ensure_scorer(ctx)
+    # the same descents, more neighbourhoods scored: the pool only grows, its best can only rise
+    assert st1["candidates"] > st0["candidates"] and st1["neighbours"] > st0["neighbours"]
+    top_plain, top_climbed = scorer.score(plain).max(), scorer.score(climbed).max()
+    assert top_climbed >= top_plain
+    # the climb stopped at a point no unmeasured +-1 neighbour beats under the model
+    best = climbed[int(np.argmax(scorer.score(climbed)))]
+    rel = scorer.relaxations[best.sketch]
+    nb = rel.configs_from_x(rel.neighbours_x(rel.to_x(best)[None]))
+    assert nb and scorer.score(nb).max() <= top_climbed + 1e-6
+    with pytest.raises(ValueError, match="climb"):
+        GradientSearch(climb=-1)

@@ -217,6 +217,12 @@ class GradientSearch:
             too, that the descent never optimized against (:class:`felixjax.context.Judge`: the model is
             over-rating exactly where descents end). The descent stays on the first model. ``None`` (the
             default) turns it off.
+        climb: greedy ascent on the model after the rounding: the ±1 neighbourhoods of the pool's
+            ``neighbours_of`` best points are scored (always), then, up to ``climb`` more times, those of
+            the points that have risen into that top since (it stops once the top's neighbourhoods are all
+            scored: its best point then beats each of its unmeasured neighbours). Descents on soft
+            features end below what an evolution under the same model finds; 4 steps close that gap for
+            0.1 s per round. 0 (the default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -233,7 +239,7 @@ class GradientSearch:
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
-                 judge_weight: float = 0.5):
+                 judge_weight: float = 0.5, climb: int = 0):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -262,6 +268,9 @@ class GradientSearch:
         if not 0.0 <= flat <= 1.0:
             raise ValueError(f"flat must be in [0, 1] (got {flat})")
         self.flat = float(flat)
+        if climb < 0:
+            raise ValueError(f"climb must be >= 0 (got {climb})")
+        self.climb = int(climb)
         self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._judge = None  # this round's
@@ -549,17 +558,25 @@ class GradientSearch:
                 continue
             scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))
             plain = self._score(scorer, name, rel, uniq, plain=True) if hedge else None
-            best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
-            if hedge:  # the neighbourhoods of both orders' best
-                best = np.unique(np.concatenate([best, np.argsort(-plain, kind="stable")[: self.neighbours_of]]))
-            nb = rel.neighbours_x(uniq[best])
-            if len(nb):
-                have = keys[name] | {_key(x) for x in uniq}
-                nb = nb[[_key(x) not in have for x in nb]]
-            if len(nb):
+            expanded = np.zeros(len(uniq), bool)
+            have = keys[name] | {_key(x) for x in uniq}
+            for step in range(1 + self.climb):  # the best points' ±1 neighbourhoods; with ``climb``, again
+                best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
+                best = best[~expanded[best]]  # the top's points not expanded yet (all of them at first)
+                if hedge and step == 0:  # the neighbourhoods of both orders' best
+                    best = np.unique(np.concatenate([best, np.argsort(-plain, kind="stable")[: self.neighbours_of]]))
+                if not len(best):
+                    break  # the climb has reached a top whose neighbourhoods are all scored
+                expanded[best] = True
+                nb = rel.neighbours_x(uniq[best])
+                nb = nb[[_key(x) not in have for x in nb]] if len(nb) else nb
+                if not len(nb):
+                    continue
+                have |= {_key(x) for x in nb}
                 stats["neighbours"] += len(nb)
                 nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
                 uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, nb_scores])
+                expanded = np.concatenate([expanded, np.zeros(len(nb), bool)])
                 if hedge:
                     plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
             pool_x.append(uniq)
