@@ -222,7 +222,9 @@ class GradientSearch:
             the points that have risen into that top since (it stops once the top's neighbourhoods are all
             scored: its best point then beats each of its unmeasured neighbours). Descents on soft
             features end below what an evolution under the same model finds; 4 steps close that gap for
-            0.1 s per round. 0 (the default) turns it off.
+            about 0.1 s per round (``benchmarks/model_optimum.py``), but reaching higher under the model
+            did not reach fast kernels sooner: 0.85x the trials to 95% on 4 op-suite ops, 1.63x on the
+            held-out ``fresh`` suite (docs/BENCHMARKS.md, issue 15 session 37). 0 (the default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
