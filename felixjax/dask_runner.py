@@ -154,11 +154,12 @@ class DaskRunner:
 
     # ---- measuring ---------------------------------------------------------------------------------
     def _data(self, request: RunRequest) -> tuple[list, Any]:
-        """The request's arrays as futures, scattered once to every worker (cached while alive)."""
+        """The request's arrays as futures, scattered once to every worker (cached while alive), or
+        the arrays themselves where the broadcast failed (:meth:`_scatter`)."""
         out = []
         for a in [*request.inputs, request.expected]:
             hit = self._scattered.get(id(a))
-            if hit is None or hit[0] is not a or hit[1].status != "finished":
+            if hit is None or hit[0] is not a or (hit[1] is not a and hit[1].status != "finished"):
                 if len(self._scattered) > 64:
                     self._scattered.clear()
                 hit = (a, self._scatter(a))
@@ -166,12 +167,14 @@ class DaskRunner:
             out.append(hit[1])
         return out[:-1], out[-1]
 
-    def _scatter(self, a: Any, attempts: int = 6) -> Any:
-        """``client.scatter(a)`` to every worker; a worker that vanishes mid-broadcast (a measuring
-        worker restarted by its nanny after a crashing kernel) is waited out, not fatal: the client sees
-        a closed comm or a timeout (``OSError``), or the scheduler's own ``KeyError`` for the worker it
-        removed while replicating to it (CI, stop 38: ``Scheduler.replicate`` looked up the address of
-        the measuring worker killed a moment before)."""
+    def _scatter(self, a: Any, attempts: int = 2) -> Any:
+        """``client.scatter(a)`` to every worker, or ``a`` itself when that fails while the client still
+        runs: the array then travels inline with each task that needs it (no broadcast, no replication).
+        A worker that vanishes mid-broadcast (a measuring worker restarted by its nanny after a crashing
+        kernel) surfaces as a closed comm or a timeout (``OSError``), or as the scheduler's own
+        ``KeyError`` for the worker it removed while replicating to it (CI, stop 38); one more attempt
+        follows, then the inline fallback: the scheduler can go on trying to replicate to the dead
+        worker for minutes (CI, sessions 36-37: six 30-s attempts all timed out)."""
         for attempt in range(attempts):
             try:
                 # hash=False: a content-hashed key is shared by every runner on the cluster, and a new
@@ -180,12 +183,13 @@ class DaskRunner:
                 # unique keys avoid the race, and ``_scattered`` already sends each array once
                 return self._scatter_once(a)
             except (OSError, KeyError):  # distributed's CommClosedError and TimeoutError are OSErrors
-                if self.client.status != "running" or attempt == attempts - 1:
+                if self.client.status != "running":
                     raise
-                time.sleep(0.5 * (attempt + 1))
-                with contextlib.suppress(Exception):
-                    self.client.wait_for_workers(1, timeout=30)
-        raise AssertionError("unreachable")
+                if attempt < attempts - 1:
+                    time.sleep(0.5)
+                    with contextlib.suppress(Exception):
+                        self.client.wait_for_workers(1, timeout=30)
+        return a
 
     def _scatter_once(self, a: Any) -> Any:
         """One broadcast of ``a``, bounded by :data:`SCATTER_TIMEOUT_S` as a whole: ``Client.scatter``'s
