@@ -50,6 +50,10 @@ budget, seeds and opening — no default schedules measured first, so search log
   optimized against (``judge="judge"``, :class:`felixjax.context.Judge`); ``genetic_pre_b32_judge``: the genetic
   search's best ``8n`` re-ranked the same way (equal equipment); ``gradient_pre_climb4``: the default gradient search
   with 4 more rounds of greedy ascent on the model over the pool's best points' ±1 neighbourhoods (``climb=4``);
+  ``gradient_pre_eps0`` / ``_eps25``: the default gradient search with no random picks / a quarter of each round
+  random (``eps_greedy`` 0 / 0.25; the default 0.05 is 1 of 32); ``gradient_pre_thompson``: the default gradient
+  search picking by Thompson sampling over a 4-MLP ensemble fitted on the run's measurements, spread 4 kept
+  (``acquisition="thompson"``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -138,6 +142,10 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, spread_from=1), "gradient_pre_b32_spread4_from1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5), "gradient_pre_b32_spread4_flat"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, climb=4), "gradient_pre_climb4"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, eps_greedy=0.0), "gradient_pre_eps0"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, eps_greedy=0.25), "gradient_pre_eps25"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, acquisition="thompson"),
+              "gradient_pre_thompson"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge"), "gradient_pre_judge"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge", judge_weight=1.0),
               "gradient_pre_judge1"),

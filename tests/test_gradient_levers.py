@@ -302,3 +302,33 @@ def test_the_climb_adds_to_the_pool_until_its_best_point_tops_its_neighbourhood(
     assert nb and scorer.score(nb).max() <= top_climbed + 1e-6
     with pytest.raises(ValueError, match="climb"):
         GradientSearch(climb=-1)
+
+
+def test_the_acquisition_keeps_a_round_spread_out():
+    """Thompson picks pass through the spread like the plain ranking's (session 38): no two picks of a sketch
+    within ``spread`` of each other while far rows remain; with spread 0, exactly ``acquire``'s picks."""
+    from types import SimpleNamespace
+
+    class Members:  # two members that disagree along the first coordinate
+        def predict_members(self, feats):
+            return np.stack([feats[:, 0], -feats[:, 0]])
+
+    scorer = SimpleNamespace(features_x=lambda name, x: np.asarray(x, np.float64))
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([np.repeat(np.arange(8)[:, None] * 10.0, 8, axis=0) + rng.integers(0, 2, (64, 3)),
+                         rng.integers(0, 80, (64, 3))]).astype(np.float32)
+    scores = np.linspace(1.0, 0.0, len(xs))
+    sketch = ["a"] * len(xs)
+    g = GradientSearch(acquisition="thompson", spread=4.0, ensemble_members=2)
+    g._ensemble = Members()
+    picks = g._acquire(SimpleNamespace(round=3, rng=np.random.default_rng(1)), scorer, xs, scores, sketch, 8)
+    assert len(set(picks.tolist())) == 8
+    dist = np.abs(xs[picks][:, None] - xs[picks][None]).sum(-1)
+    assert dist[~np.eye(8, dtype=bool)].min() > 4.0
+    g.spread = 0.0
+    short = np.argsort(-scores, kind="stable")[:64]
+    dev = Members().predict_members(xs[short].astype(np.float64))
+    dev = dev - dev.mean(axis=0, keepdims=True)
+    want = short[acquire(scores[short], dev, 8, kind="thompson", rng=np.random.default_rng(1))]
+    got = g._acquire(SimpleNamespace(round=3, rng=np.random.default_rng(1)), scorer, xs, scores, sketch, 8)
+    assert got.tolist() == want.tolist()

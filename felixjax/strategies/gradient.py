@@ -515,17 +515,21 @@ class GradientSearch:
 
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
                  k: int) -> np.ndarray:
-        """Indices of ``k`` pool rows: the top scores, or the acquisition over the ensemble."""
+        """Indices of ``k`` pool rows: the top scores, or the acquisition's order over the ensemble (its
+        whole shortlist ordered, so the spread can skip near repeats as it does for the scores)."""
         order = np.argsort(-scores, kind="stable")
+        radius = self.spread if ctx.round >= self.spread_from else 0.0
         if self.acquisition == "mean" or self._ensemble is None or k <= 0:
-            return spread_picks(order, xs, sketch, k, self.spread if ctx.round >= self.spread_from else 0.0)
+            return spread_picks(order, xs, sketch, k, radius)
         short = order[: max(8 * k, 64)]
         members = np.zeros((self.ensemble_members, len(short)))
         for name in set(sketch[i] for i in short):
             rows = [j for j, i in enumerate(short) if sketch[i] == name]
             members[:, rows] = self._ensemble.predict_members(scorer.features_x(name, xs[short[rows]]))
         dev = members - members.mean(axis=0, keepdims=True)
-        return short[acquire(scores[short], dev, k, kind=self.acquisition, beta=self.ucb_beta, rng=ctx.rng)]
+        ranked = acquire(scores[short], dev, len(short) if radius > 0 else k, kind=self.acquisition,
+                         beta=self.ucb_beta, rng=ctx.rng)
+        return spread_picks(short[ranked], xs, sketch, k, radius)
 
     def propose(self, ctx: SearchContext, n: int) -> list:
         """Descend, harvest, round, drop measured points, add the ±1 neighbourhood of the best
