@@ -286,6 +286,7 @@ def main(argv=None) -> int:
                     help=f"from {', '.join(SHORT)}, or op specs as benchmarks/kernels.py --ops takes them")
     ap.add_argument("--suite", default="ops", help="ops (with --ops) or another suite of felixjax.suites, whole")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run from this one (a repeat on new seeds)")
     ap.add_argument("--trials", type=int, default=96)
     ap.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
     ap.add_argument("--measured", action="store_true", help="real builds and timings (1 thread, each distinct "
@@ -333,7 +334,8 @@ def main(argv=None) -> int:
                defaults=False)
     t0 = time.perf_counter()
     try:
-        cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=args.seeds, db=args.db, replay=memo, out=args.out,
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=seeds, db=args.db, replay=memo, out=args.out,
                          progress=True, remeasure=0, defaults=False)
     finally:
         if memo.local is not None:
