@@ -44,6 +44,7 @@ Usage:
     python benchmarks/compare.py --replay --write           # synthetic oracle, its own section
     python benchmarks/compare.py --ops matmul1024,conv28 --seeds 2 --trials 256 --threads 1
     python benchmarks/compare.py --ops ops,fresh --defaults both --out results/headline15 --summarize  # so far
+    python benchmarks/compare.py --ops ops,fresh --defaults off --summarize --db ops.jsonl.gz --db fresh.db  # pooled
 """
 from __future__ import annotations
 
@@ -52,8 +53,11 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as in benchmarks/kernels.py
 
 import argparse  # noqa: E402
+import gzip  # noqa: E402
 import math  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -112,6 +116,7 @@ def merge(parts: list[Comparison], strategies: list[str], seeds: list[int], tria
         remeasured.update(c.remeasured)
         references.update(c.references)
         openings.update(c.openings)
+    tasks = sorted(tasks, key=lambda t: t.flops)  # cheapest first, as a run goes (pooled parts interleave)
     return Comparison(tasks, strategies, seeds, trials, None, histories, remeasured, replay, references, openings)
 
 
@@ -255,12 +260,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="measure nothing: the table of the ops whose runs have all finished in --out's cmp.db, "
                          "and their curves in <out>/curves_partial.png (a long comparison stopped part-way; the "
                          "same command without it resumes)")
+    ap.add_argument("--db", type=Path, action="append", default=None, metavar="PATH",
+                    help="with --summarize: read this database (or a JSONL export, .jsonl[.gz]) instead of "
+                         "<out>/cmp.db; repeat it to pool the finished ops of several (e.g. the two suites' runs of "
+                         "one half) into one table and one geomean")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
                                                          "<doc folder>/img/")
     ap.add_argument("--doc", type=Path, default=DOC, help=f"document --write updates (default {DOC.relative_to(ROOT)})")
     args = ap.parse_args(argv)
+    if args.db and not args.summarize:
+        ap.error("--db reads finished runs: use it with --summarize")
+    if args.db and args.defaults == "both":
+        ap.error("--db: say which half the databases hold, --defaults on or off")
     q = args.quick
     args.ops = args.ops or (QUICK_OPS if q else "ops,fresh")
     args.seeds = args.seeds if args.seeds is not None else (1 if q else 3)
@@ -405,25 +418,63 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
 
 def summarize(args: argparse.Namespace, defaults: bool) -> int:
     """``--summarize``: what the finished ops of a stopped comparison say (``fj.compare``'s
-    ``from_database``), printed; nothing is measured or written."""
+    ``from_database``), printed; nothing is measured or written but the curves. With ``--db`` (repeated),
+    the finished ops of several databases pooled into one table and one geomean (a suite's halves run
+    apart, e.g. ``ops`` and ``fresh``; an op finished in more than one counts from the first)."""
     from felixjax.compare import from_database
 
-    path = args.out / "cmp.db"
-    if not path.exists():
-        _log(f"{_rel(path)}: no such database (nothing measured yet in this mode)")
+    paths = args.db or [args.out / "cmp.db"]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        _log(f"{', '.join(map(_rel, missing))}: no such database (nothing measured yet in this mode)")
         return 1
     order = sorted(pick_ops(args.ops).values(), key=lambda t: t.flops)
-    cmp, waiting = from_database(path, order, args.strategies, range(args.seeds), args.trials, threads=args.threads,
-                                 defaults=defaults, reference=args.reference)
-    head = (f"Partial comparison from `{_rel(path)}` ({'with' if defaults else 'without'} the defaults measured "
-            f"first): {0 if cmp is None else len(cmp.tasks)} of {len(order)} op(s) finished"
+    parts, seen = [], set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, path in enumerate(paths):
+            db = open_records(path, Path(tmp) / f"{i}.db")
+            try:
+                got, _ = from_database(db, [t for t in order if t.name not in seen], args.strategies,
+                                       range(args.seeds), args.trials, threads=args.threads, defaults=defaults,
+                                       reference=args.reference, replay=args.replay)
+            finally:
+                db.close()
+            if got is not None:
+                parts.append(got)
+                seen.update(t.name for t in got.tasks)
+                if len(paths) > 1:
+                    _log(f"{_rel(path)}: {', '.join(t.name for t in got.tasks)}")
+    waiting = [t.name for t in order if t.name not in seen]
+    cmp = (None if not parts else parts[0] if len(parts) == 1
+           else merge(parts, args.strategies, list(range(args.seeds)), args.trials, args.replay))
+    source = ", ".join(f"`{_rel(p)}`" for p in paths)
+    head = (f"{'Partial comparison' if len(paths) == 1 else 'Comparison pooled'} from {source} "
+            f"({'with' if defaults else 'without'} the defaults measured first): "
+            f"{0 if cmp is None else len(cmp.tasks)} of {len(order)} op(s) finished"
             + (f"; not yet: {', '.join(waiting)}" if waiting else "") + ".")
     if cmp is None:
         print(head)
         return 1
     print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
+    args.out.mkdir(parents=True, exist_ok=True)
     _log(f"convergence curves of the finished ops: {_rel(Path(cmp.plot(args.out / 'curves_partial.png')))}")
     return 0
+
+
+def open_records(path: Path, scratch: Path) -> fj.Database:
+    """A comparison's records, read-only: a database as is, or a JSONL export (``.jsonl``, ``.jsonl.gz``,
+    what ``Database.export_jsonl`` writes and docs/data/ ships) imported into ``scratch``."""
+    if not path.name.endswith((".jsonl", ".jsonl.gz")):
+        return fj.Database(path, readonly=True)
+    plain = path
+    if path.name.endswith(".gz"):
+        plain = scratch.with_suffix(".jsonl")
+        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    db = fj.Database(scratch)
+    n = db.import_jsonl(plain)
+    _log(f"{_rel(path)}: {n} records")
+    return db
 
 
 if __name__ == "__main__":
