@@ -1,6 +1,7 @@
 """``benchmarks/compare.py --summarize --db ...``: the finished ops of several comparison databases (or
 their JSONL exports) pooled into one table and one geomean, as issue 15's halves are judged over both
-suites (replay oracle only)."""
+suites (replay oracle only); and ``benchmarks/timing_spread.py``, which reads such a database for how far
+one kernel's timings spread."""
 import gzip
 import shutil
 import sys
@@ -65,3 +66,33 @@ def test_db_needs_summarize_and_one_half(tmp_path):
     with pytest.raises(SystemExit):
         script.parse_args(["--summarize", "--defaults", "both", "--db", str(tmp_path / "x.db")])
     assert _summarize(tmp_path, tmp_path / "missing.db") == 1
+
+
+def test_timing_spread_of_one_kernel_and_of_the_re_timed_finals():
+    """``benchmarks/timing_spread.py``: one config's timings across runs (median / lowest, highest / lowest)
+    and each run's re-timed final best over its best while tuning, on hand-made records."""
+    from dataclasses import dataclass
+
+    from benchmarks.timing_spread import spread, table
+    from codegen.measure import MeasureResult
+    from felixjax.database import TuningRecord
+
+    @dataclass(frozen=True)
+    class Cfg:
+        sketch: str
+        name: str
+
+    c0, c1 = Cfg("s", "c0"), Cfg("s", "c1")
+
+    def rec(run, cfg, *lats, status="ok"):
+        return TuningRecord(A, "k", run, 0, cfg, MeasureResult(status, tuple(lats), error="" if lats else "x"))
+
+    records = [rec("r0", c0, 1.0), rec("r0", c1, 0.8), rec("r1", c0, 1.2), rec("r2", c0, 1.5),
+               rec("r2", c1, status="runtime_error"),  # a failure counts for nothing
+               rec("retime:r0", c1, 0.9, 1.0, 1.1), rec("retime:r1", c0, 1.2)]
+    got = spread(records, min_runs=3)[A.name]
+    assert got["configs"] == 1  # c1 was timed in one run only
+    assert got["median_over_low"] == pytest.approx(1.2) and got["high_over_low"] == pytest.approx(1.5)
+    # r0: re-timed 1.0 over its best 0.8; r1: 1.2 over 1.2; r2 was never re-timed
+    assert got["runs"] == 2 and got["retime_over_best"] == pytest.approx((1.25 + 1.0) / 2)
+    assert f"| {A.name} | 1 | 1.200 | 1.500 | 1.125 (2 runs) |" in table({A.name: got}, 3)
