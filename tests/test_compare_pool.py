@@ -26,9 +26,9 @@ def small_genetic():
     return GeneticSearch(population=128, batch_size=8)
 
 
-def _summarize(tmp_path, *dbs):
+def _summarize(tmp_path, *dbs, margins=None):
     argv = ["--summarize", "--replay", "--ops", OPS, "--strategies", ",".join(STRATS), "--seeds", "2",
-            "--trials", "12", "--out", str(tmp_path / "out")]
+            "--trials", "12", "--out", str(tmp_path / "out")] + (["--margins", margins] if margins else [])
     for db in dbs:
         argv += ["--db", str(db)]
     return script.main(argv)
@@ -47,7 +47,7 @@ def test_summarize_pools_the_finished_ops_of_several_databases(tmp_path, capsys)
     alone = capsys.readouterr().out
     assert "1 of 2 op(s) finished" in alone and f"not yet: {B.name}" in alone
 
-    assert _summarize(tmp_path, tmp_path / "a.db", tmp_path / "b.jsonl.gz") == 0
+    assert _summarize(tmp_path, tmp_path / "a.db", tmp_path / "b.jsonl.gz", margins="0.8") == 0
     pooled = capsys.readouterr().out
     assert pooled.startswith("Comparison pooled from") and "2 of 2 op(s) finished." in pooled
     assert "Geomean over 2 task(s)" in pooled and "not yet" not in pooled
@@ -58,6 +58,33 @@ def test_summarize_pools_the_finished_ops_of_several_databases(tmp_path, capsys)
             line = f"| {row['task']} | {row['strategy']} | {row['final_ms']:.4g} |"
             assert line in pooled
     assert (tmp_path / "out" / "curves_partial.png").exists()
+    # --margins: no gradient run here, so no ratio to show (test_reach_frac_moves_the_bar has one)
+    assert "(needs both gradient and genetic)" in pooled[pooled.index("Sensitivity"):]
+
+
+def test_reach_frac_moves_the_bar():
+    """``Comparison.reach_frac``: a run has reached when its latency is <= best known / reach_frac."""
+    import dataclasses
+
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    recs = [TuningRecord(A, "k", "gradient:0", i, f"c{i}", MeasureResult("ok", (lat,)), float(i + 1))
+            for i, lat in enumerate([2.0, 1.5, 1.0])]
+    cmp = Comparison([A], ["gradient"], [0], 3, None, {(A.name, "gradient", 0): recs})
+    at = {f: dataclasses.replace(cmp, reach_frac=f).reach(A.name, "gradient", 0)["trials"] for f in (0.95, 0.6, 0.5)}
+    assert cmp.reach_frac == 0.95 and at == {0.95: 3, 0.6: 2, 0.5: 1}  # 1.5 <= 1/0.6; 2.0 <= 1/0.5
+    # compare.py --margins: genetic needs 3 trials at 0.95 (gradient 2 here), 2 at 0.6 (gradient 2)
+    def run(name, lats):
+        return [TuningRecord(A, "k", f"{name}:0", i, f"{name}{i}", MeasureResult("ok", (lat,)), float(i + 1))
+                for i, lat in enumerate(lats)]
+
+    two = Comparison([A], ["gradient", "genetic"], [0], 3, None,
+                     {(A.name, "gradient", 0): run("gradient", [2.0, 1.0, 1.0]),
+                      (A.name, "genetic", 0): run("genetic", [2.0, 1.5, 1.0])})
+    rows = "\n".join(script.margin_table(two, [0.6]))
+    assert "| 0.95 | 0 | 1 of 1 | 1.50x | 1.50x | none |" in rows and "| 0.6 | 0 | 1 of 1 | 1.00x | 1.00x |" in rows
 
 
 def test_db_needs_summarize_and_one_half(tmp_path):
@@ -65,6 +92,9 @@ def test_db_needs_summarize_and_one_half(tmp_path):
         script.parse_args(["--db", str(tmp_path / "x.db")])
     with pytest.raises(SystemExit):
         script.parse_args(["--summarize", "--defaults", "both", "--db", str(tmp_path / "x.db")])
+    for bad in ("x", "0", "1.5"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--summarize", "--margins", bad])
     assert _summarize(tmp_path, tmp_path / "missing.db") == 1
 
 
