@@ -54,9 +54,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as in benchmarks/kernel
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import gzip  # noqa: E402
 import math  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -498,16 +496,9 @@ def open_records(path: Path, scratch: Path) -> fj.Database:
     what ``Database.export_jsonl`` writes and docs/data/ ships) imported into ``scratch``."""
     if not path.name.endswith((".jsonl", ".jsonl.gz")):
         return fj.Database(path, readonly=True)
-    plain = path
-    if path.name.endswith(".gz"):
-        plain = scratch.with_suffix(".jsonl")
-        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-            shutil.copyfileobj(src, dst)
     db = fj.Database(scratch)
-    n = db.import_jsonl(plain)
-    _log(f"{_rel(path)}: {n} records")
+    _log(f"{_rel(path)}: {db.import_jsonl(path)} records")
     return db
-
 
 if __name__ == "__main__":
     sys.exit(main())

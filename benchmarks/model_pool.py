@@ -77,17 +77,14 @@ def as_database(path: str) -> str:
     (the committed pools, docs/data/pools_s23/)."""
     if not path.endswith(".jsonl.gz"):
         return path
-    import gzip
     import os
     import tempfile
 
-    from felixjax.database import Database, TuningRecord
+    from felixjax.database import Database
 
     out = os.path.join(tempfile.mkdtemp(prefix="fj_pool_"), os.path.basename(path)[: -len(".jsonl.gz")] + ".db")
-    with gzip.open(path, "rt") as f, Database(out) as db:
-        for line in f:
-            if line.strip():
-                db.add(TuningRecord.from_json(json.loads(line)))
+    with Database(out) as db:
+        db.import_jsonl(path)
     return out
 
 

@@ -21,6 +21,7 @@ sharing a database and a run do not measure the same configuration twice.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -649,9 +650,9 @@ class Database:
         return n
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
-        """Append the records of a JSONL export; returns the count."""
+        """Append the records of a JSONL export (gzipped when the name ends in ``.gz``); returns the count."""
         n = 0
-        with open(path) as f:
+        with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
             for line in f:
                 if line.strip():
                     self.add(TuningRecord.from_json(json.loads(line)))
