@@ -147,6 +147,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, acquisition="thompson"),
               "gradient_pre_thompson"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge"), "gradient_pre_judge"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, evolve=2048), "gradient_pre_evo_now"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge", judge_weight=1.0),
               "gradient_pre_judge1"),
         named(GeneticSearch(**none), "genetic"),
