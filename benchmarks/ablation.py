@@ -150,6 +150,9 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, evolve=2048), "gradient_pre_evo_now"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, judge="judge", judge_weight=1.0),
               "gradient_pre_judge1"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, starts=128, steps=64),
+              "gradient_pre_deep"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, steps=16), "gradient_pre_short"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
@@ -352,6 +355,10 @@ def main(argv=None) -> int:
                             "distinct config measured once per op and shared by the arms: a memo hit costs an arm "
                             "no seconds; builds from an empty cache)")
     text = text + "\n\nSearch statistics (means over runs and rounds):\n\n" + "\n".join(search_stats(cmp))
+    if len(seeds) > 1:  # how far the seeds pin the ratios down (benchmarks/ratio_intervals.py reads a saved CSV)
+        from benchmarks.compare import interval_table
+
+        text += "\n\n" + "\n".join(interval_table(cmp, 2000))
     print(text)
     print(proposal_medians(Path(args.out) / "cmp.csv"))
     print(f"memoized oracle: {memo.hits} hits, {memo.misses} evaluations; {minutes:.1f} min", file=sys.stderr)

@@ -266,6 +266,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--margins", default=None, metavar="F,F",
                     help="with --summarize: also the geomeans with 'reached' at these fractions of the best known "
                          "(e.g. 0.9,0.85), to see how the verdict depends on issue 15's 0.95 (never the headline)")
+    ap.add_argument("--intervals", type=int, default=0, metavar="N",
+                    help="with --summarize: also 90%% bootstrap intervals of the geomeans, N resamples of each op's "
+                         "seeds (what three seeds per op leave open; e.g. 2000)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
@@ -276,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--db reads finished runs: use it with --summarize")
     if args.margins and not args.summarize:
         ap.error("--margins re-reads finished runs: use it with --summarize")
+    if args.intervals and not args.summarize:
+        ap.error("--intervals re-reads finished runs: use it with --summarize")
     try:
         args.margins = [float(x) for x in args.margins.split(",")] if args.margins else []
     except ValueError:
@@ -468,9 +473,26 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
     print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
     if args.margins:
         print("\n".join(["", *margin_table(cmp, args.margins)]))
+    if args.intervals:
+        print("\n".join(["", *interval_table(cmp, args.intervals)]))
     args.out.mkdir(parents=True, exist_ok=True)
     _log(f"convergence curves of the finished ops: {_rel(Path(cmp.plot(args.out / 'curves_partial.png')))}")
     return 0
+
+
+def interval_table(cmp: Comparison, n: int, level: float = 0.9) -> list[str]:
+    """Each strategy's geomean ratios over gradient beside their bootstrap interval over the ops' seeds
+    (``--intervals``; :meth:`Comparison.intervals`): how far three seeds per op pin the verdict down."""
+    ratios, spans = cmp.ratios(), cmp.intervals(n=n, level=level)
+    lines = [(f"Bootstrap: {level:.0%} intervals over {n} resamples of each op's seeds (ops fixed; censored runs at "
+              f"their budget, as in the geomeans), strategy / {cmp.reference()}:"), "",
+             "| strategy | trials to 95% | seconds to 95% | final latency |", "|---|---:|---:|---:|"]
+    for s, r in ratios.items():
+        span = spans.get(s, {})
+        cells = [f"{r[m]:.2f}x [{span[m][0]:.2f}, {span[m][1]:.2f}]" if m in span else f"{r[m]:.2f}x"
+                 for m in ("trials95", "seconds95", "final")]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def margin_table(cmp: Comparison, margins: list[float]) -> list[str]:

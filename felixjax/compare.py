@@ -66,6 +66,56 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
+#: the per-run outcomes :func:`bootstrap_ratios` resamples
+METRICS = ("trials95", "seconds95", "final")
+
+
+def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: str, *, n: int = 2000,
+                     level: float = 0.9, seed: int = 0) -> dict[str, dict[str, tuple[float, float]]]:
+    """Percentile bootstrap intervals of the geomean over tasks of ``strategy / ref`` medians.
+
+    ``runs[(task, strategy)]`` holds one value per seed (run) of each of :data:`METRICS` (a censored run
+    enters as the budget it spent, as in :meth:`Comparison.ratios`, so an interval over censored tasks is
+    a bound of the same kind). Each resample draws every (task, strategy)'s runs with replacement,
+    independently (the seeds of two strategies are different runs), takes the medians, their ratio per
+    task and the geomean over the tasks (kept fixed: the targets are geomeans over a named suite). Returns
+    ``{strategy: {metric: (low, high)}}`` at the central ``level``; the spread is what the few seeds per
+    op leave open, not the host's drift between sessions.
+
+    Example:
+        >>> runs = {("t", "a"): {"trials95": [10, 12, 14], "seconds95": [1, 1, 1], "final": [1, 1, 1]},
+        ...         ("t", "b"): {"trials95": [20, 24, 28], "seconds95": [2, 2, 2], "final": [1, 1, 1]}}
+        >>> lo, hi = bootstrap_ratios(runs, "a")["b"]["trials95"]
+        >>> 20 / 14 <= lo <= 2.0 <= hi <= 28 / 10
+        True
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1) (got {level})")
+    rng = np.random.default_rng(seed)
+    tasks = sorted({t for t, _ in runs})
+    strategies = sorted({s for _, s in runs} - {ref})
+    tail = 100.0 * (1.0 - level) / 2.0
+
+    def medians(values: list[float]) -> np.ndarray:
+        v = np.asarray(values, np.float64)
+        return np.median(v[rng.integers(len(v), size=(n, len(v)))], axis=1)
+
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for s in strategies:
+        both = [t for t in tasks if runs.get((t, s)) and runs.get((t, ref))]
+        if not both:
+            continue
+        out[s] = {}
+        for m in METRICS:
+            logs = np.zeros(n)
+            for t in both:
+                logs += np.log(np.maximum(medians(runs[(t, s)][m]), 1e-12) / np.maximum(medians(runs[(t, ref)][m]),
+                                                                                        1e-12))
+            g = np.exp(logs / len(both))
+            out[s][m] = (float(np.percentile(g, tail)), float(np.percentile(g, 100.0 - tail)))
+    return out
+
+
 @dataclass
 class Comparison:
     """Outcome of :func:`compare`: every run's records and the final re-measurements.
@@ -224,6 +274,24 @@ class Comparison:
                       "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": _geomean(clean_tr),
                       "uncensored_seconds95": _geomean(clean_sec), "tasks": len(kept), "apart": apart}
         return out
+
+    def runs(self) -> dict[tuple[str, str], dict[str, list[float]]]:
+        """Per (task, strategy) of the tasks :meth:`ratios` keeps: each seed's trials and seconds to 95%
+        (censored runs at the budget they spent) and final latency, as :func:`bootstrap_ratios` takes them."""
+        out = {}
+        for task in self.tasks:
+            if self.opening_reaches(task.name):
+                continue
+            for s in self.strategies:
+                reach = [self.reach(task.name, s, seed) for seed in self.seeds]
+                out[(task.name, s)] = {"trials95": [r["trials"] for r in reach],
+                                       "seconds95": [r["seconds"] for r in reach],
+                                       "final": [self.final(task.name, s, seed) for seed in self.seeds]}
+        return out
+
+    def intervals(self, n: int = 2000, level: float = 0.9, seed: int = 0) -> dict[str, dict[str, tuple]]:
+        """Bootstrap intervals (over each op's seeds) of :meth:`ratios`' geomeans; see :func:`bootstrap_ratios`."""
+        return bootstrap_ratios(self.runs(), self.reference(), n=n, level=level, seed=seed)
 
     def table(self) -> str:
         """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians

@@ -302,3 +302,35 @@ def test_the_measurer_builds_into_its_cache_dir(tmp_path):
     m.measure(cfgs, lambda c, r: True)
     for d in ("a", "b"):  # the same kernel compiled once into each folder
         assert len(list((tmp_path / d).glob("*.so"))) == 1
+
+
+def test_bootstrap_intervals_hold_the_point_and_narrow_with_agreeing_seeds():
+    """``bootstrap_ratios``: every resample's geomean lies between the ratios of the extreme seeds, the
+    interval holds the point estimate, seeds that agree give a zero-width interval, and more seeds of the
+    same spread give a narrower one; ``Comparison.intervals`` feeds it each seed's reach."""
+    from felixjax.compare import bootstrap_ratios
+
+    def runs(grad, gen):
+        same = [1.0] * len(grad)
+        return {("t", "gradient"): {"trials95": grad, "seconds95": grad, "final": same},
+                ("t", "genetic"): {"trials95": gen, "seconds95": gen, "final": same}}
+
+    span = bootstrap_ratios(runs([10, 20, 40], [30, 60, 120]), "gradient", n=500)["genetic"]
+    lo, hi = span["trials95"]
+    assert 30 / 40 <= lo <= 3.0 <= hi <= 120 / 10 and lo < hi and span["final"] == pytest.approx((1.0, 1.0))
+    assert bootstrap_ratios(runs([10, 10, 10], [30, 30, 30]), "gradient", n=200)["genetic"]["trials95"] == \
+        pytest.approx((3.0, 3.0))
+    wide = np.subtract(*bootstrap_ratios(runs([10, 20, 40], [30, 60, 120]), "gradient", n=2000)["genetic"]["trials95"])
+    narrow = np.subtract(*bootstrap_ratios(runs([10, 20, 40] * 8, [30, 60, 120] * 8), "gradient",
+                                           n=2000)["genetic"]["trials95"])
+    assert abs(narrow) < abs(wide)
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_ratios(runs([1], [1]), "gradient", level=1.0)
+
+    t = TASKS[0]
+    hist = dict([_fake(t, "gradient:0", [4.0, 2.0, 1.0]), _fake(t, "gradient:1", [1.0, 2.0, 2.0]),
+                 _fake(t, "genetic:0", [4.0, 4.0, 4.0]), _fake(t, "genetic:1", [4.0, 1.0, 1.0])])
+    cmp = Comparison([t], ["gradient", "genetic"], [0, 1], 3, None, hist)
+    assert cmp.runs()[(t.name, "genetic")]["trials95"] == [3, 2]  # seed 0 censored at the 3 trials it spent
+    lo, hi = cmp.intervals(n=400)["genetic"]["trials95"]
+    assert lo <= cmp.ratios()["genetic"]["trials95"] <= hi and lo >= 2 / 3 - 1e-9 and hi <= 3.0 + 1e-9

@@ -85,6 +85,9 @@ def test_reach_frac_moves_the_bar():
                       (A.name, "genetic", 0): run("genetic", [2.0, 1.5, 1.0])})
     rows = "\n".join(script.margin_table(two, [0.6]))
     assert "| 0.95 | 0 | 1 of 1 | 1.50x | 1.50x | none |" in rows and "| 0.6 | 0 | 1 of 1 | 1.00x | 1.00x |" in rows
+    # compare.py --intervals: one seed each, so every resample is the point itself
+    spans = "\n".join(script.interval_table(two, 50))
+    assert "| genetic | 1.50x [1.50, 1.50] | 1.50x [1.50, 1.50] | 1.00x [1.00, 1.00] |" in spans
 
 
 def test_db_needs_summarize_and_one_half(tmp_path):
@@ -92,6 +95,8 @@ def test_db_needs_summarize_and_one_half(tmp_path):
         script.parse_args(["--db", str(tmp_path / "x.db")])
     with pytest.raises(SystemExit):
         script.parse_args(["--summarize", "--defaults", "both", "--db", str(tmp_path / "x.db")])
+    with pytest.raises(SystemExit):
+        script.parse_args(["--intervals", "100"])
     for bad in ("x", "0", "1.5"):
         with pytest.raises(SystemExit):
             script.parse_args(["--summarize", "--margins", bad])
@@ -126,3 +131,38 @@ def test_timing_spread_of_one_kernel_and_of_the_re_timed_finals():
     # r0: re-timed 1.0 over its best 0.8; r1: 1.2 over 1.2; r2 was never re-timed
     assert got["runs"] == 2 and got["retime_over_best"] == pytest.approx((1.25 + 1.0) / 2)
     assert f"| {A.name} | 1 | 1.200 | 1.500 | 1.125 (2 runs) |" in table({A.name: got}, 3)
+
+
+def test_ratio_intervals_reads_a_comparison_csv_as_the_comparison_reads_itself(tmp_path, capsys):
+    """``benchmarks/ratio_intervals.py``: from a comparison's per-trial CSV (gzipped or not), the same reach,
+    medians and geomean ratios as :meth:`Comparison.ratios`, and an interval that holds them."""
+    from benchmarks import ratio_intervals
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    def run(task, name, seed, lats):
+        return [TuningRecord(task, "k", f"{name}:{seed}", i, f"{name}{i}", MeasureResult("ok", (lat,)), 0.5 * (i + 1))
+                for i, lat in enumerate(lats)]
+
+    hist = {(A.name, "gradient", 0): run(A, "gradient", 0, [3.0, 1.0, 1.0]),
+            (A.name, "gradient", 1): run(A, "gradient", 1, [1.0, 2.0, 2.0]),
+            (A.name, "genetic", 0): run(A, "genetic", 0, [3.0, 3.0, 1.02]),
+            (A.name, "genetic", 1): run(A, "genetic", 1, [3.0, 3.0, 3.0]),  # censored at 3
+            (B.name, "gradient", 0): run(B, "gradient", 0, [2.0, 2.0, 2.0]),
+            (B.name, "gradient", 1): run(B, "gradient", 1, [4.0, 2.0, 2.0]),
+            (B.name, "genetic", 0): run(B, "genetic", 0, [2.0, 2.0, 2.0]),
+            (B.name, "genetic", 1): run(B, "genetic", 1, [2.0, 2.0, 2.0])}
+    cmp = Comparison([A, B], ["gradient", "genetic"], [0, 1], 3, None, hist)
+    path = Path(cmp.to_csv(tmp_path / "cmp.csv"))
+    with open(path, "rb") as f, gzip.open(tmp_path / "cmp.csv.gz", "wb") as g:
+        g.write(f.read())
+    runs = ratio_intervals.runs_from_csv(tmp_path / "cmp.csv.gz")
+    assert runs == {k: v for k, v in cmp.runs().items()}
+    want, got = cmp.ratios()["genetic"], ratio_intervals.point_ratios(runs, "gradient")["genetic"]
+    assert got["trials95"] == pytest.approx(want["trials95"]) and got["final"] == pytest.approx(want["final"])
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "200"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| genetic |"))
+    assert f"| 2 | 2 | {want['trials95']:.2f}x [" in line
+    with pytest.raises(SystemExit):
+        ratio_intervals.main(["--csv", str(path), "--ref", "nope"])

@@ -1,0 +1,117 @@
+"""How much do three seeds per op pin down an ablation's or a comparison's geomean ratios? (issue 15)
+
+Reads the per-trial CSV a comparison or a measured ablation writes (``cmp.csv``, or the gzipped copies
+under ``docs/data/``) and prints, for every strategy (arm) over ``--ref``, the geomean over ops of the
+ratio of per-op medians (trials and seconds to 95% of the best any run of the file found, final latency:
+the median of a run's re-timings where the file has them, else its best while tuning), as
+:meth:`felixjax.compare.Comparison.ratios` computes them, beside a percentile bootstrap interval over each
+op's seeds (:func:`felixjax.compare.bootstrap_ratios`). A censored run (never within 5%) enters at the
+trials and seconds it spent, as in the tables. Nothing is measured.
+
+Files of one suite with different seeds (``--csv`` repeated) are pooled as more seeds of the same ops (each
+file's own best known decides its runs' reach); files of different suites, as more ops.
+
+    python benchmarks/ratio_intervals.py --csv docs/data/ablation_evo_s48/fresh_seeds0-2.csv.gz \
+        --ref gradient_pre_b32_spread4_flat
+    python benchmarks/ratio_intervals.py --csv results/ablation_fresh_deep_s49/cmp.csv --ref gradient_pre_b32_spread4_flat
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from felixjax.compare import METRICS, REACH, bootstrap_ratios  # noqa: E402
+
+
+def read_rows(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def runs_from_csv(path: Path, tag: str = "") -> dict[tuple[str, str], dict[str, list[float]]]:
+    """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
+    several files pool); 95% is taken against the best latency of any row of the task in the file."""
+    tune: dict = defaultdict(list)  # (task, strategy, seed) -> [(trial, elapsed, latency)]
+    retimed: dict = defaultdict(list)
+    best: dict = defaultdict(lambda: math.inf)
+    for r in read_rows(path):
+        lat = float(r["latency_s"]) if r["latency_s"] else math.inf
+        key = (r["task"], r["strategy"], tag + r["seed"])
+        if r["phase"] == "remeasure":
+            if math.isfinite(lat):
+                retimed[key].append(lat)
+            continue
+        best[r["task"]] = min(best[r["task"]], lat)
+        if r["phase"] == "tune":
+            tune[key].append((int(r["trial"]), float(r["elapsed_s"] or 0.0), lat))
+    out: dict = defaultdict(lambda: {m: [] for m in METRICS})
+    for (task, strategy, _seed), recs in sorted(tune.items()):
+        if strategy.startswith("reference:"):
+            continue
+        recs.sort()
+        bar = best[task] / REACH
+        hit = next((i for i, (_, _, lat) in enumerate(recs) if lat <= bar), None)
+        i = len(recs) - 1 if hit is None else hit
+        cell = out[(task, strategy)]
+        cell["trials95"].append(i + 1)
+        cell["seconds95"].append(recs[i][1])
+        times = retimed.get((task, strategy, _seed))
+        cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat in recs))
+    return dict(out)
+
+
+def point_ratios(runs: dict, ref: str) -> dict[str, dict[str, float]]:
+    """The tables' geomean over ops of ``strategy / ref`` per-op medians (no resampling)."""
+    tasks = sorted({t for t, _ in runs})
+    out = {}
+    for s in sorted({s for _, s in runs} - {ref}):
+        both = [t for t in tasks if (t, s) in runs and (t, ref) in runs]
+        out[s] = {m: math.exp(np.mean([math.log(np.median(runs[(t, s)][m]) / np.median(runs[(t, ref)][m]))
+                                       for t in both])) for m in METRICS}
+        out[s]["ops"] = len(both)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--csv", type=Path, action="append", required=True, help="a per-trial CSV (.csv or .csv.gz); "
+                    "repeat to pool")
+    ap.add_argument("--ref", required=True, help="the strategy (arm) ratios are taken over")
+    ap.add_argument("--n", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    ap.add_argument("--level", type=float, default=0.9, help="central share of the resamples (default 0.9)")
+    args = ap.parse_args(argv)
+    runs: dict = {}
+    for i, path in enumerate(args.csv):
+        if not path.exists():
+            ap.error(f"{path}: no such file")
+        for key, cell in runs_from_csv(path, tag=f"{i}:").items():
+            mine = runs.setdefault(key, {m: [] for m in METRICS})
+            for m in METRICS:
+                mine[m] += cell[m]
+    if not any(s == args.ref for _, s in runs):
+        ap.error(f"--ref {args.ref!r} is not a strategy of these files: {sorted({s for _, s in runs})}")
+    points, spans = point_ratios(runs, args.ref), bootstrap_ratios(runs, args.ref, n=args.n, level=args.level)
+    print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
+          f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n} resamples]\n")
+    print("| strategy | ops | seeds per op | trials to 95% | seconds to 95% | final latency |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for s, p in points.items():
+        seeds = sorted({len(runs[k]["trials95"]) for k in runs if k[1] == s})
+        cells = [f"{p[m]:.2f}x [{spans[s][m][0]:.2f}, {spans[s][m][1]:.2f}]" for m in METRICS]
+        print(f"| {s} | {p['ops']} | {'/'.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
