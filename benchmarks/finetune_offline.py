@@ -70,6 +70,8 @@ VARIANTS: dict[str, dict | None] = {
     "default_reseed": {"seed_offset": 100},
     # the mean of four members fine-tuned alike from the same checkpoint, own seeds (batch order, hold-out draws)
     "ens4": {"members": 4},
+    # one model per task, fine-tuned on that task's measurements only (no sharing across the session's tasks)
+    "per_task": {"per_task": True},
 }
 METRICS = ("tau", "recall", "top8")
 POOL_METRICS = ("pool_top", "pool_hit")
@@ -154,41 +156,49 @@ def replay_run(db: Database, tasks: list, run: str, variant: str, *, batch: int,
     replay = int(settings.pop("replay", 0))
     seed += int(settings.pop("seed_offset", 0))
     members = int(settings.pop("members", 1))
+    per_task = bool(settings.pop("per_task", False))
     cfg = TrainConfig(**{**BASE, **settings})
-    models = [OnlineCostModel(target, seed=seed + 1000 * m, pretrained="packaged", train_config=cfg)
-              for m in range(members)]
-    for m, shared in enumerate(models):
-        if replay:
-            add_replay(shared, replay, seed + m)
     names = [t.name for t in tasks if t.name in records]
-    scorers = [{t.name: shared.scorer(spaces_for(t, target)) for t in tasks if t.name in records} for shared in models]
+
+    def new_models() -> list[OnlineCostModel]:
+        out = [OnlineCostModel(target, seed=seed + 1000 * m, pretrained="packaged", train_config=cfg)
+               for m in range(members)]
+        for m, model in enumerate(out):
+            if replay:
+                add_replay(model, replay, seed + m)
+        return out
+
+    shared = None if per_task else new_models()
+    models = {name: new_models() if per_task else shared for name in names}  # per task: the members ranking it
+    scorers = {t.name: [m.scorer(spaces_for(t, target)) for m in models[t.name]] for t in tasks if t.name in records}
     pools = {}
     for t in tasks:
         if t.name in records:
             configs, lat = task_pool(db, t)
-            pools[t.name] = (scorers[0][t.name].features(configs), lat)
+            pools[t.name] = (scorers[t.name][0].features(configs), lat)
     rows = []
     for rnd in range(rounds):
         lo, hi = rnd * batch, (rnd + 1) * batch
         if overrides is not None:
             for name in names:
-                for member in scorers:
-                    member[name].update(records[name][lo:hi])
+                for member in scorers[name]:
+                    member.update(records[name][lo:hi])
         for name in names:
             nxt = [r for r in records[name][hi: hi + batch] if r.ok and r.latency_s > 0]
             if len(nxt) < batch // 2:
                 continue
             lat = np.array([r.latency_s for r in nxt])
-            feats = scorers[0][name].features([r.config for r in nxt])
+            feats = scorers[name][0].features([r.config for r in nxt])
+            own = models[name]
             row = {"db": Path(db.path).stem, "run": run, "variant": variant, "task": name, "t": hi,
-                   "gate_prior": float(np.mean([m.active == "prior" for m in models])), "n_model": models[0].samples}
+                   "gate_prior": float(np.mean([m.active == "prior" for m in own])), "n_model": own[0].samples}
             for kind in ("gated", "mlp"):  # members' scores averaged (one member: its own)
                 score = np.mean([np.asarray((m.model if kind == "gated" else m.mlp).predict(feats), np.float64)
-                                 for m in models], axis=0)
+                                 for m in own], axis=0)
                 for key, val in rank_metrics(score, lat).items():
                     row[f"{kind}_{key}"] = val
             pool_feats, pool_lat = pools[name]
-            pool_score = np.mean([np.asarray(m.mlp.predict(pool_feats), np.float64) for m in models], axis=0)
+            pool_score = np.mean([np.asarray(m.mlp.predict(pool_feats), np.float64) for m in own], axis=0)
             row.update({f"mlp_{k}": v for k, v in pool_metrics(pool_score, pool_lat).items()})
             row["pool_size"] = len(pool_lat)
             rows.append(row)

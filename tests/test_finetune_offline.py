@@ -55,6 +55,8 @@ def test_replay_run_feeds_the_shared_model_round_by_round(tmp_path, capsys):
     assert [(r["task"], r["t"]) for r in frozen] == [(t.name, t16) for t16 in (16, 32) for t in tasks]
     assert [r["n_model"] for r in frozen] == [0] * 4
     assert [r["n_model"] for r in tuned] == [32, 32, 64, 64]  # both tasks' rounds so far, then the next's
+    own = ft.replay_run(db, tasks, "random:0", "per_task", batch=16, rounds=2, seed=0)
+    assert [r["n_model"] for r in own] == [16, 16, 32, 32]  # a model per task: its own rounds only
 
     # frozen: exactly the shipped model's ranking of the next 16 configs
     recs = sorted(db.records(tasks[0], run="random:0"), key=lambda r: r.trial)[16:32]
