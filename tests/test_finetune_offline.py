@@ -85,5 +85,13 @@ def test_replay_run_feeds_the_shared_model_round_by_round(tmp_path, capsys):
     assert ft.main(["--db", str(tmp_path / "c.db"), "--runs", "random:0", "--batch", "16", "--rounds", "1",
                     "--reach"]) == 0
     assert "| random |" in capsys.readouterr().out
+    # another checkpoint (here the packaged one under a name of its own) replays as the packaged one does
+    from felixjax.model import PACKAGED_MODEL
+    assert ft.main(["--db", str(tmp_path / "c.db"), "--runs", "random:0", "--variants", "pk_frozen", "--batch", "16",
+                    "--rounds", "1", "--rows", str(rows), "--checkpoint", f"pk={PACKAGED_MODEL}"]) == 0
+    got = {(r["task"], r["variant"]): r["mlp_tau"] for r in map(json.loads, rows.read_text().splitlines())}
+    assert all(got[(t.name, "pk_frozen")] == pytest.approx(got[(t.name, "frozen")]) for t in tasks)
+    with pytest.raises(SystemExit):
+        ft.main(["--db", str(tmp_path / "c.db"), "--checkpoint", "pk=/no/such.npz"])
     with pytest.raises(SystemExit):
         ft.main(["--db", str(tmp_path / "c.db"), "--variants", "nope"])
