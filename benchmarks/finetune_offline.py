@@ -110,6 +110,19 @@ def task_pool(db: Database, task) -> tuple[list, np.ndarray]:
     return configs, np.array([best[c] for c in configs])
 
 
+_POOLS: dict = {}
+
+
+def pool_features(db: Database, task, target: Target, scorer) -> tuple:
+    """:func:`task_pool`'s configs as hard features (with their latencies), computed once per database, task and
+    target in a process: every run and variant replayed ranks the same pool."""
+    key = (db.path, task.key, target.key)
+    if key not in _POOLS:
+        configs, lat = task_pool(db, task)
+        _POOLS[key] = (scorer.features(configs), lat)
+    return _POOLS[key]
+
+
 def pool_metrics(scores: np.ndarray, lat: np.ndarray, k: int = 32) -> dict[str, float]:
     """How close the model's own top ``k`` of the pool come to the pool's best (1.0: they hold it), and whether they
     reach 95% of it (the comparison's "95% of the best"); ``pool_hit8`` / ``pool_hit1``: the same for its top 8 and
@@ -177,11 +190,7 @@ def replay_run(db: Database, tasks: list, run: str, variant: str, *, batch: int,
     shared = None if per_task else new_models()
     models = {name: new_models() if per_task else shared for name in names}  # per task: the members ranking it
     scorers = {t.name: [m.scorer(spaces_for(t, target)) for m in models[t.name]] for t in tasks if t.name in records}
-    pools = {}
-    for t in tasks:
-        if t.name in records:
-            configs, lat = task_pool(db, t)
-            pools[t.name] = (scorers[t.name][0].features(configs), lat)
+    pools = {t.name: pool_features(db, t, target, scorers[t.name][0]) for t in tasks if t.name in records}
     rows = []
     for rnd in range(rounds):
         lo, hi = rnd * batch, (rnd + 1) * batch
