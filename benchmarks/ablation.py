@@ -53,7 +53,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_eps0`` / ``_eps25``: the default gradient search with no random picks / a quarter of each round
   random (``eps_greedy`` 0 / 0.25; the default 0.05 is 1 of 32); ``gradient_pre_thompson``: the default gradient
   search picking by Thompson sampling over a 4-MLP ensemble fitted on the run's measurements, spread 4 kept
-  (``acquisition="thompson"``);
+  (``acquisition="thompson"``); ``gradient_pre_prune``: the default gradient search holding a sketch measured 16
+  times whose best is 1.5x the task's best or slower to 1 candidate per round (``prune=1.5``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -153,6 +154,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, starts=128, steps=64),
               "gradient_pre_deep"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, steps=16), "gradient_pre_short"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, prune=1.5, prune_after=16, prune_keep=1),
+              "gradient_pre_prune"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

@@ -332,3 +332,39 @@ def test_the_acquisition_keeps_a_round_spread_out():
     want = short[acquire(scores[short], dev, 8, kind="thompson", rng=np.random.default_rng(1))]
     got = g._acquire(SimpleNamespace(round=3, rng=np.random.default_rng(1)), scorer, xs, scores, sketch, 8)
     assert got.tolist() == want.tolist()
+
+
+def test_prune_holds_a_left_behind_sketch_to_its_trickle():
+    """``prune``: after a measured round, every sketch measured ``prune_after`` times whose best is ``prune``
+    times the task's best or slower puts at most ``prune_keep`` candidates into the next round's picks, and the
+    set of such sketches is what the run's records say (checked here without the strategy's helper)."""
+    from codegen.ops import parse_spec
+
+    task = parse_spec("depthwise_conv2d:n=1,c=16,h=14,w=14,r=3,pad=1")
+    g = GradientSearch(batch_size=32, starts=8, eps_greedy=0.0, prune=1.05, prune_after=2, prune_keep=1)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(task, g, seed=0, trials=64)
+        s.step(run)
+        run.ctx.round = run.rounds
+        best: dict = {}
+        count: dict = {}
+        for r in run.history:
+            if r.ok:
+                best[r.config.sketch] = min(best.get(r.config.sketch, np.inf), r.latency_s)
+                count[r.config.sketch] = count.get(r.config.sketch, 0) + 1
+        top = min(best.values())
+        expect = {k for k, v in best.items() if count[k] >= 2 and v >= 1.05 * top}
+        assert expect  # the round measured at least one sketch well behind the best: the lever has work
+        picks = g.propose(run.ctx, 32)
+    assert g.last_round["pruned"] == len(expect)
+    assert len(picks) == 32 and not set(picks) & run.ctx.measured
+    for name in expect:
+        assert sum(p.sketch == name for p in picks) <= 1
+    # the sketch that holds the best measurement is never pruned, and takes most of the batch
+    leader = min(best, key=best.get)
+    assert leader not in expect and sum(p.sketch not in expect for p in picks) >= 32 - len(expect)
+    with pytest.raises(ValueError, match="prune"):
+        GradientSearch(prune=0.9)
+    with pytest.raises(ValueError, match="prune_after"):
+        GradientSearch(prune=1.5, prune_after=0)

@@ -20,7 +20,8 @@ model's best ±1 neighbours of the best *measured* points, as Dynamic Gradient D
 tile space on measurements); pessimism (``pessimism``, ``pessimism_share``: descend on and rank by
 the score minus a pretrained ensemble's disagreement); an evolutionary pool (``evolve``: the
 model's best mutants of the measured configs, bred as the genetic search breeds them, ranked in one
-pool with the descents' points); the batch size. Every round records in ``last_round`` how the soft
+pool with the descents' points); a sketch the measurements have left behind held to a trickle of
+candidates (``prune``); the batch size. Every round records in ``last_round`` how the soft
 objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
 rounding costs (``rounding_loss``, ``left_basin``).
 
@@ -225,6 +226,14 @@ class GradientSearch:
             about 0.1 s per round (``benchmarks/model_optimum.py``), but reaching higher under the model
             did not reach fast kernels sooner: 0.85x the trials to 95% on 4 op-suite ops, 1.63x on the
             held-out ``fresh`` suite (docs/BENCHMARKS.md, issue 15 session 37). 0 (the default) turns it off.
+        prune, prune_after, prune_keep: a sketch measured at least ``prune_after`` times whose best measured
+            latency is ``prune`` times the task's best measured or slower puts only its ``prune_keep`` best
+            candidates into the round's pool (a trickle, so a sketch left behind too early can come back).
+            The model ranks across sketches worst: in the headline runs of sessions 41-45 the gradient
+            search spent 47% and 59% of its picks after the first round on the two depthwise ops on
+            sketches whose best measurement was already 1.25x slower than the task's (genetic@32: 4%, 7%;
+            its population is bred from the measured best). 0 (the default) turns it off; 1.5 / 16 / 1 is
+            the setting issue 15's session 51 measured.
     """
 
     MIN_ENSEMBLE = 24
@@ -241,7 +250,8 @@ class GradientSearch:
                  pessimism_model: str = "packaged", pessimism_share: float = 1.0, evolve: int = 0,
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
-                 judge_weight: float = 0.5, climb: int = 0):
+                 judge_weight: float = 0.5, climb: int = 0, prune: float = 0.0, prune_after: int = 16,
+                 prune_keep: int = 1):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -273,6 +283,11 @@ class GradientSearch:
         if climb < 0:
             raise ValueError(f"climb must be >= 0 (got {climb})")
         self.climb = int(climb)
+        if prune and prune <= 1.0:
+            raise ValueError(f"prune must be 0 (off) or above 1 (got {prune})")
+        if prune_after < 1 or prune_keep < 0:
+            raise ValueError(f"prune_after must be >= 1 and prune_keep >= 0 (got {prune_after}, {prune_keep})")
+        self.prune, self.prune_after, self.prune_keep = float(prune), int(prune_after), int(prune_keep)
         self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._judge = None  # this round's
@@ -314,6 +329,23 @@ class GradientSearch:
             return self._acquire(ctx, scorer, xs, scores, sketch, k)
         return np.asarray(interleave(np.argsort(-scores, kind="stable").tolist(),
                                      np.argsort(-plain, kind="stable").tolist(), self.pessimism_share, k), np.int64)
+
+    def _pruned(self, ctx: SearchContext, rels: dict) -> set[str]:
+        """Sketches measured at least ``prune_after`` times whose best measured latency is ``prune`` times
+        the task's best measured or slower (``prune``; empty when off)."""
+        if not self.prune:
+            return set()
+        best: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for r in ctx.history:
+            if r.ok and r.latency_s > 0 and r.config.sketch in rels:
+                name = r.config.sketch
+                count[name] = count.get(name, 0) + 1
+                best[name] = min(best.get(name, np.inf), r.latency_s)
+        if not best:
+            return set()
+        top = min(best.values())
+        return {name for name, lat in best.items() if count[name] >= self.prune_after and lat >= self.prune * top}
 
     def _measured_keys(self, ctx: SearchContext, rels: dict) -> dict[str, set]:
         """Byte keys of the integer points of every measured config, per sketch (kept incrementally)."""
@@ -538,10 +570,11 @@ class GradientSearch:
         scorer = self._ensure_scorer(ctx)
         self._judge = judge_for(self._judges, ctx, self.judge, self.judge_weight)
         keys = self._measured_keys(ctx, scorer.relaxations)
+        pruned = self._pruned(ctx, scorer.relaxations)
         pool_x, pool_s, pool_p, pool_sketch = [], [], [], []
         hedge = bool(self.pessimism) and self.pessimism_share < 1.0
         stats = {"model": getattr(scorer, "active", "?"), "harvested": 0, "rounded": 0, "neighbours": 0,
-                 "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0}
+                 "rounding_loss": 0.0, "left_basin": 0, "trajectories": 0, "pruned": len(pruned)}
         bred = self._evolved(ctx, scorer, n)
         bred_keys = set()
         self._fit_residuals(ctx, scorer)
@@ -585,6 +618,12 @@ class GradientSearch:
                 expanded = np.concatenate([expanded, np.zeros(len(nb), bool)])
                 if hedge:
                     plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
+            if name in pruned:  # a sketch the measurements have left behind: only its best few compete
+                keep = np.argsort(-scores, kind="stable")[: self.prune_keep]
+                uniq, scores = uniq[keep], scores[keep]
+                plain = plain[keep] if hedge else None
+                if not len(uniq):
+                    continue
             pool_x.append(uniq)
             pool_s.append(scores)
             pool_p.append(plain)
