@@ -6,7 +6,10 @@ run that has used the smallest share of its budget next, so machine drift hits e
 (with equal batch sizes this is plain round-robin). Builds and measurements go through one shared
 :class:`~codegen.measure.LocalRunner`; a run's clock counts only its own rounds (proposing,
 building, measuring, learning). At the end the final best kernel of every run is re-measured,
-interleaved (A B C A B C ...), so final latencies compare kernels timed in one window.
+interleaved (A B C A B C ...), so final latencies compare kernels timed in one window. Each
+(strategy, seed) has its own cost model, and the models of one seed draw the same random numbers
+(common random numbers): two strategies that propose alike, measured by a replay or a memoized
+measurer, stay alike until their logic differs, which pairs an ablation's arms seed by seed.
 
 ``replay=True`` swaps the hardware for the synthetic oracle of :mod:`felixjax.testing` (no
 building, no timing; each trial costs a simulated 0.3 s on the run's clock), so search logic alone is
@@ -599,8 +602,10 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     with TuningSession(target, db=db, runner=runner, measurer=measurer, target_key=target_key, threads=threads,
                        protocol=protocol, progress=False, defaults=defaults, cost_aware=cost_aware,
                        run_caches=run_caches) as session:
-        # one cost model per (strategy, seed), shared by that run's tasks only
-        runs = [session.add(t, make(), seed=seed, label=name, trials=trials, seconds=seconds, group=(name, seed))
+        # one cost model per (strategy, seed), shared by that run's tasks only; the models of one seed draw
+        # the same random numbers (common random numbers: arms that propose alike stay alike)
+        runs = [session.add(t, make(), seed=seed, label=name, trials=trials, seconds=seconds, group=(name, seed),
+                            model_seed=seed)
                 for t in task_list for seed in seed_list for name, make in factories]
         # the strong reference: longer runs under reserved names, with cost models of their own
         ref_trials = max(1, int(round(reference_factor * trials)))

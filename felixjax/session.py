@@ -213,12 +213,16 @@ class TuningSession:
 
     # ---- shared parts --------------------------------------------------------------------------
     def model(self, group: Hashable = "", *, cost_model: str | None = None, ranker: str | None = None,
-              ranker_data: str | None = None) -> OnlineCostModel:
+              ranker_data: str | None = None, seed_key: Hashable | None = None) -> OnlineCostModel:
         """The online cost model of a model group (created on first use, then shared by its tasks;
         ``ranker``, ``ranker_data``: its tree ranker, :func:`felixjax.model.make_ranker`, which every
-        run of the group must ask for alike)."""
+        run of the group must ask for alike). Its seed (initialization, shuffling, hold-out splits) comes
+        from the session's seed and ``seed_key`` (default: the group itself): groups given the same
+        ``seed_key`` are separate models drawing the same random numbers, so two runs that propose alike
+        and measure alike learn alike (common random numbers, as :func:`felixjax.compare` pairs its arms)."""
         if group not in self.models:
-            seed = int(stream(self.seed, "model", repr(group)).integers(2**31))
+            key = group if seed_key is None else ("seed_key", seed_key)
+            seed = int(stream(self.seed, "model", repr(key)).integers(2**31))
             self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model,
                                                  ranker=make_ranker(ranker, ranker_data, seed=seed))
             self._rankers[group] = (ranker, ranker_data)
@@ -252,13 +256,14 @@ class TuningSession:
     def add(self, task: Task, strategy: str | Strategy = "gradient", *, seed: int = 0, trials: int | None = None,
             seconds: float | None = None, run: str | None = None, label: str | None = None,
             group: Hashable = "", strategy_options: dict | None = None,
-            cost_aware: CostAware | None = None) -> TaskRun:
+            cost_aware: CostAware | None = None, model_seed: Hashable | None = None) -> TaskRun:
         """Start (or resume) a run of ``task``: records of the same ``run`` in the database are
         reloaded, count against its budget, are shown to the strategy, and are never measured again.
 
         ``strategy`` is a registered name (a fresh instance per run) or an object (used as given);
-        ``group`` names the cost model the run's scorer views (see :meth:`model`); ``cost_aware``
-        replaces the session's cost-aware options for this run (``CostAware()``: off).
+        ``group`` names the cost model the run's scorer views and ``model_seed`` the random numbers that
+        model draws (see :meth:`model`); ``cost_aware`` replaces the session's cost-aware options for this
+        run (``CostAware()``: off).
         """
         if isinstance(task, str):
             from codegen.ops import parse_spec
@@ -280,7 +285,8 @@ class TuningSession:
         def scorer_factory(ctx: SearchContext):
             return self.model(model_group, cost_model=getattr(strat, "cost_model", None),
                               ranker=getattr(strat, "ranker", None),
-                              ranker_data=getattr(strat, "ranker_data", None)).scorer(ctx.spaces)
+                              ranker_data=getattr(strat, "ranker_data", None),
+                              seed_key=model_seed).scorer(ctx.spaces)
 
         ctx = SearchContext(task, self.target, spaces, stream(seed, task.key, len(history)),
                             {r.config for r in history}, list(history), scorer_factory=scorer_factory)
