@@ -58,7 +58,9 @@ budget, seeds and opening — no default schedules measured first, so search log
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
-config is evaluated once, whichever arm asks). "95% of best" is taken against the best latency any
+config is evaluated once, whichever arm asks), and since session 51 the arms' cost models of one seed
+draw the same random numbers (:func:`felixjax.compare`'s common random numbers), so the arms of a seed
+make the same trials until their logic first differs: a lever that acts late meets the same first rounds. "95% of best" is taken against the best latency any
 arm found for the task (the union of arms and seeds); ratios are ``arm / gradient`` geomeans over the
 ops (above 1: the default gradient is better). Also reported per arm, means over runs and rounds:
 the model's Kendall tau on each round's candidates before they were measured (``rank tau``), the
@@ -362,6 +364,7 @@ def main(argv=None) -> int:
         from benchmarks.compare import interval_table
 
         text += "\n\n" + "\n".join(interval_table(cmp, 2000))
+        text += "\n\n" + "\n".join(interval_table(cmp, 2000, paired=True))  # the arms of a seed share random numbers
     print(text)
     print(proposal_medians(Path(args.out) / "cmp.csv"))
     print(f"memoized oracle: {memo.hits} hits, {memo.misses} evaluations; {minutes:.1f} min", file=sys.stderr)

@@ -480,11 +480,13 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
     return 0
 
 
-def interval_table(cmp: Comparison, n: int, level: float = 0.9) -> list[str]:
+def interval_table(cmp: Comparison, n: int, level: float = 0.9, paired: bool = False) -> list[str]:
     """Each strategy's geomean ratios over gradient beside their bootstrap interval over the ops' seeds
-    (``--intervals``; :meth:`Comparison.intervals`): how far three seeds per op pin the verdict down."""
-    ratios, spans = cmp.ratios(), cmp.intervals(n=n, level=level)
-    lines = [(f"Bootstrap: {level:.0%} intervals over {n} resamples of each op's seeds (ops fixed; censored runs at "
+    (``--intervals``; :meth:`Comparison.intervals`): how far three seeds per op pin the verdict down
+    (``paired``: each resample draws one set of seeds for both, as for an ablation's seed-paired arms)."""
+    ratios, spans = cmp.ratios(), cmp.intervals(n=n, level=level, paired=paired)
+    how = "seed-paired resamples" if paired else "resamples"
+    lines = [(f"Bootstrap: {level:.0%} intervals over {n} {how} of each op's seeds (ops fixed; censored runs at "
               f"their budget, as in the geomeans), strategy / {cmp.reference()}:"), "",
              "| strategy | trials to 95% | seconds to 95% | final latency |", "|---|---:|---:|---:|"]
     for s, r in ratios.items():

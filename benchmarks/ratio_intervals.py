@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", required=True, help="the strategy (arm) ratios are taken over")
     ap.add_argument("--n", type=int, default=2000, help="bootstrap resamples (default 2000)")
     ap.add_argument("--level", type=float, default=0.9, help="central share of the resamples (default 0.9)")
+    ap.add_argument("--paired", action="store_true", help="resample each op's seeds jointly for every arm (arms "
+                    "that share their random numbers seed by seed: ablations since session 51)")
     args = ap.parse_args(argv)
     runs: dict = {}
     for i, path in enumerate(args.csv):
@@ -101,9 +103,11 @@ def main(argv=None) -> int:
                 mine[m] += cell[m]
     if not any(s == args.ref for _, s in runs):
         ap.error(f"--ref {args.ref!r} is not a strategy of these files: {sorted({s for _, s in runs})}")
-    points, spans = point_ratios(runs, args.ref), bootstrap_ratios(runs, args.ref, n=args.n, level=args.level)
+    points, spans = point_ratios(runs, args.ref), bootstrap_ratios(runs, args.ref, n=args.n, level=args.level,
+                                                                 paired=args.paired)
     print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
-          f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n} resamples]\n")
+          f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n}"
+          f"{' seed-paired' if args.paired else ''} resamples]\n")
     print("| strategy | ops | seeds per op | trials to 95% | seconds to 95% | final latency |\n"
           "|---|---:|---:|---:|---:|---:|")
     for s, p in points.items():

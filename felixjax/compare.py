@@ -74,7 +74,7 @@ METRICS = ("trials95", "seconds95", "final")
 
 
 def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: str, *, n: int = 2000,
-                     level: float = 0.9, seed: int = 0) -> dict[str, dict[str, tuple[float, float]]]:
+                     level: float = 0.9, seed: int = 0, paired: bool = False) -> dict[str, dict[str, tuple[float, float]]]:
     """Percentile bootstrap intervals of the geomean over tasks of ``strategy / ref`` medians.
 
     ``runs[(task, strategy)]`` holds one value per seed (run) of each of :data:`METRICS` (a censored run
@@ -83,7 +83,9 @@ def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: s
     independently (the seeds of two strategies are different runs), takes the medians, their ratio per
     task and the geomean over the tasks (kept fixed: the targets are geomeans over a named suite). Returns
     ``{strategy: {metric: (low, high)}}`` at the central ``level``; the spread is what the few seeds per
-    op leave open, not the host's drift between sessions.
+    op leave open, not the host's drift between sessions. ``paired``: the runs of a task are seed-paired
+    (the same seeds in the same order for every strategy, as an ablation's arms are under common random
+    numbers), so one draw of seed indices serves the strategy and ``ref`` alike.
 
     Example:
         >>> runs = {("t", "a"): {"trials95": [10, 12, 14], "seconds95": [1, 1, 1], "final": [1, 1, 1]},
@@ -99,9 +101,9 @@ def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: s
     strategies = sorted({s for _, s in runs} - {ref})
     tail = 100.0 * (1.0 - level) / 2.0
 
-    def medians(values: list[float]) -> np.ndarray:
+    def medians(values: list[float], idx: np.ndarray | None = None) -> np.ndarray:
         v = np.asarray(values, np.float64)
-        return np.median(v[rng.integers(len(v), size=(n, len(v)))], axis=1)
+        return np.median(v[rng.integers(len(v), size=(n, len(v))) if idx is None else idx], axis=1)
 
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for s in strategies:
@@ -112,8 +114,11 @@ def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: s
         for m in METRICS:
             logs = np.zeros(n)
             for t in both:
-                logs += np.log(np.maximum(medians(runs[(t, s)][m]), 1e-12) / np.maximum(medians(runs[(t, ref)][m]),
-                                                                                        1e-12))
+                a, b = runs[(t, s)][m], runs[(t, ref)][m]
+                if paired and len(a) != len(b):
+                    raise ValueError(f"paired runs of {t!r}: {s!r} has {len(a)} seeds, {ref!r} {len(b)}")
+                idx = rng.integers(len(a), size=(n, len(a))) if paired else None
+                logs += np.log(np.maximum(medians(a, idx), 1e-12) / np.maximum(medians(b, idx), 1e-12))
             g = np.exp(logs / len(both))
             out[s][m] = (float(np.percentile(g, tail)), float(np.percentile(g, 100.0 - tail)))
     return out
@@ -292,9 +297,11 @@ class Comparison:
                                        "final": [self.final(task.name, s, seed) for seed in self.seeds]}
         return out
 
-    def intervals(self, n: int = 2000, level: float = 0.9, seed: int = 0) -> dict[str, dict[str, tuple]]:
-        """Bootstrap intervals (over each op's seeds) of :meth:`ratios`' geomeans; see :func:`bootstrap_ratios`."""
-        return bootstrap_ratios(self.runs(), self.reference(), n=n, level=level, seed=seed)
+    def intervals(self, n: int = 2000, level: float = 0.9, seed: int = 0,
+                  paired: bool = False) -> dict[str, dict[str, tuple]]:
+        """Bootstrap intervals (over each op's seeds) of :meth:`ratios`' geomeans; see :func:`bootstrap_ratios`
+        (``paired``: resample seeds jointly, for arms that share their random numbers seed by seed)."""
+        return bootstrap_ratios(self.runs(), self.reference(), n=n, level=level, seed=seed, paired=paired)
 
     def table(self) -> str:
         """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians

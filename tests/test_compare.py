@@ -326,6 +326,12 @@ def test_bootstrap_intervals_hold_the_point_and_narrow_with_agreeing_seeds():
     assert abs(narrow) < abs(wide)
     with pytest.raises(ValueError, match="level"):
         bootstrap_ratios(runs([1], [1]), "gradient", level=1.0)
+    # seed-paired: each seed's pair keeps its 3x ratio, so every resample is exactly 3x (unpaired: wide)
+    assert bootstrap_ratios(runs([10, 20, 40], [30, 60, 120]), "gradient", n=500,
+                            paired=True)["genetic"]["trials95"] == pytest.approx((3.0, 3.0))
+    with pytest.raises(ValueError, match="paired"):
+        bootstrap_ratios(runs([10, 20, 40], [30, 60, 120, 1][:3]) | {("t", "genetic"): {
+            "trials95": [1, 2], "seconds95": [1, 2], "final": [1, 1]}}, "gradient", paired=True)
 
     t = TASKS[0]
     hist = dict([_fake(t, "gradient:0", [4.0, 2.0, 1.0]), _fake(t, "gradient:1", [1.0, 2.0, 2.0]),
