@@ -55,6 +55,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   search picking by Thompson sampling over a 4-MLP ensemble fitted on the run's measurements, spread 4 kept
   (``acquisition="thompson"``); ``gradient_pre_prune``: the default gradient search holding a sketch measured 16
   times whose best is 1.5x the task's best or slower to 1 candidate per round (``prune=1.5``);
+  ``gradient_pre_local_now`` / ``gradient_pre_res_now``: the default gradient search with half of each batch from
+  measured-neighbour moves (``local_share=0.5``) / with the residual GP (``residual=True``): levers that act from the
+  second round on, so under common random numbers their first round is the default's;
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -158,6 +161,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, steps=16), "gradient_pre_short"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, prune=1.5, prune_after=16, prune_keep=1),
               "gradient_pre_prune"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, local_share=0.5), "gradient_pre_local_now"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, residual=True), "gradient_pre_res_now"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.compare import open_records  # noqa: E402
-from felixjax.compare import REFERENCE_PREFIX  # noqa: E402
-from felixjax.session import RETIME_PREFIX  # noqa: E402
+from benchmarks.compare import open_records
+from felixjax.compare import REFERENCE_PREFIX
+from felixjax.session import RETIME_PREFIX
 
 
 def waste(records, ratio: float = 1.5, after: int = 16, first: int = 32) -> dict[tuple[str, str], tuple[int, int]]:

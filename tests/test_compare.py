@@ -351,7 +351,7 @@ def test_arms_that_propose_alike_stay_alike_seed_by_seed():
     from felixjax.strategies.gradient import GradientSearch
 
     def arm(name):
-        g = GradientSearch()
+        g = GradientSearch(starts=16, steps=8)
         g.name = name
         return g
 
