@@ -230,10 +230,11 @@ class GradientSearch:
             latency is ``prune`` times the task's best measured or slower puts only its ``prune_keep`` best
             candidates into the round's pool (a trickle, so a sketch left behind too early can come back).
             The model ranks across sketches worst: in the headline runs of sessions 41-45 the gradient
-            search spent 47% and 59% of its picks after the first round on the two depthwise ops on
-            sketches whose best measurement was already 1.25x slower than the task's (genetic@32: 4%, 7%;
-            its population is bred from the measured best). 0 (the default) turns it off; 1.5 / 16 / 1 is
-            the setting issue 15's session 51 measured.
+            search spent 34% and 30% of its picks after the first round on the two depthwise ops on
+            sketches measured 16 times whose best was already 1.5x the run's best (genetic@32: 0.3%, 1.5%;
+            its population is bred from the measured best; ``benchmarks/sketch_waste.py``). Measured
+            seed-paired it needed 1.01x the default's trials to 95% (docs/BENCHMARKS.md, issue 15 session
+            51). 0 (the default) turns it off; 1.5 / 16 / 1 is the setting measured.
     """
 
     MIN_ENSEMBLE = 24
