@@ -58,6 +58,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_local_now`` / ``gradient_pre_res_now``: the default gradient search with half of each batch from
   measured-neighbour moves (``local_share=0.5``) / with the residual GP (``residual=True``): levers that act from the
   second round on, so under common random numbers their first round is the default's;
+  ``gradient_pre_b16_now`` / ``gradient_pre_b8_now``: the default gradient search at 16 / 8 candidates per round
+  (issue 15 item 5 at today's defaults: more rounds to learn from; their first 16 / 8 picks are the default's
+  first 16 / 8 under common random numbers); ``genetic_pre_b16`` / ``genetic_pre_b8``: their equal-batch partners;
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -163,11 +166,15 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
               "gradient_pre_prune"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, local_share=0.5), "gradient_pre_local_now"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, residual=True), "gradient_pre_res_now"),
+        named(grad(cost_model="packaged", batch_size=16, spread=4.0, flat=0.5), "gradient_pre_b16_now"),
+        named(grad(cost_model="packaged", batch_size=8, spread=4.0, flat=0.5), "gradient_pre_b8_now"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
         named(GeneticSearch(cost_model="packaged"), "genetic_pre"),
         named(GeneticSearch(cost_model="packaged", batch_size=32), "genetic_pre_b32"),
+        named(GeneticSearch(cost_model="packaged", batch_size=16), "genetic_pre_b16"),
+        named(GeneticSearch(cost_model="packaged", batch_size=8), "genetic_pre_b8"),
         named(GeneticSearch(cost_model="packaged", batch_size=32, spread=4.0), "genetic_pre_b32_spread4"),
         named(GeneticSearch(cost_model="packaged", batch_size=32, judge="judge"), "genetic_pre_b32_judge"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),

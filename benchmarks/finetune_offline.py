@@ -220,6 +220,47 @@ def replay_run(db: Database, tasks: list, run: str, variant: str, *, batch: int,
     return rows
 
 
+def first_round_run(db: Database, tasks: list, run: str, variant: str, *, batch: int, seed: int) -> list[dict]:
+    """Each task's *first* round under one fine-tuning variant: the session proposes task k's first batch after the
+    shared model was fine-tuned on tasks 0..k-1's first rounds (the tasks take their rounds in turn), so the model
+    that opens task k has seen other shapes only. A row per task k >= 1 (task 0 opens on the checkpoint in every
+    variant): the pool metrics of the model as it stands when task k opens, and its ranking of the batch the run
+    then measured."""
+    overrides = VARIANTS[variant]
+    records = {t.name: sorted(db.records(t, run=run), key=lambda r: r.trial) for t in tasks}
+    records = {k: v for k, v in records.items() if v}
+    if not records:
+        return []
+    target = Target.from_json(next(iter(records.values()))[0].target)
+    settings = dict(overrides or {})
+    if settings.pop("per_task", False) or settings.pop("members", 1) != 1 or settings.pop("replay", 0):
+        raise ValueError(f"--first-round replays one shared model; variant {variant!r} is not one")
+    seed += int(settings.pop("seed_offset", 0))
+    checkpoint = settings.pop("checkpoint", "packaged")
+    frozen = overrides is None or bool(settings.pop("frozen", False))
+    model = OnlineCostModel(target, seed=seed, pretrained=checkpoint, train_config=TrainConfig(**{**BASE, **settings}))
+    rows = []
+    for k, task in enumerate(t for t in tasks if t.name in records):
+        scorer = model.scorer(spaces_for(task, target))
+        first = [r for r in records[task.name][:batch] if r.ok and r.latency_s > 0]
+        if k and len(first) >= batch // 2:
+            lat = np.array([r.latency_s for r in first])
+            feats = scorer.features([r.config for r in first])
+            row = {"db": Path(db.path).stem, "run": run, "variant": variant, "task": task.name, "t": 0, "k": k,
+                   "gate_prior": float(model.active == "prior"), "n_model": model.samples}
+            for kind in ("gated", "mlp"):
+                score = np.asarray((model.model if kind == "gated" else model.mlp).predict(feats), np.float64)
+                row.update({f"{kind}_{key}": val for key, val in rank_metrics(score, lat).items()})
+            pool_feats, pool_lat = pool_features(db, task, target, scorer)
+            row.update({f"mlp_{key}": val for key, val in
+                        pool_metrics(np.asarray(model.mlp.predict(pool_feats), np.float64), pool_lat).items()})
+            row["pool_size"] = len(pool_lat)
+            rows.append(row)
+        if not frozen:
+            scorer.update(records[task.name][:batch])
+    return rows
+
+
 def paired_difference(rows: list[dict], variant: str, metric: str = "mlp_tau", ref: str = "default", *,
                       n_boot: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``metric`` under ``variant`` minus under ``ref`` over the rounds both replayed, with a bootstrap
@@ -302,6 +343,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="measurements per round (the runs' batch size)")
     ap.add_argument("--rounds", type=int, default=4, help="round boundaries replayed (the first `batch` x rounds)")
     ap.add_argument("--rows", default=None, help="append every row as JSON lines here")
+    ap.add_argument("--first-round", action="store_true",
+                    help="replay each task's first round only: the model that opens task k after the first rounds "
+                         "of tasks 0..k-1 (fine-tuned by the variant), against the packaged model (`frozen`)")
     ap.add_argument("--reach", action="store_true",
                     help="print, per strategy and boundary, how often the runs themselves reach 95%% of the pool best "
                          "by the next round's end (the pool metric's counterpart; no model is fitted)")
@@ -341,7 +385,8 @@ def main(argv=None) -> int:
     for i, run in enumerate(args.runs.split(",")):
         for v in variants:
             start = time.perf_counter()
-            new = replay_run(db, tasks, run, v, batch=args.batch, rounds=args.rounds, seed=i)
+            new = (first_round_run(db, tasks, run, v, batch=args.batch, seed=i) if args.first_round else
+                   replay_run(db, tasks, run, v, batch=args.batch, rounds=args.rounds, seed=i))
             rows += new
             if args.rows:
                 with open(args.rows, "a") as f:

@@ -82,6 +82,18 @@ def point_ratios(runs: dict, ref: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def early_table(runs: dict, within: tuple[int, ...] = (8, 16, 32)) -> str:
+    """Per strategy, how many of its runs reached 95% within the first ``within`` trials (a batch of that size: a
+    run that gets there inside its first round got there on the model it opened with), and the median trials."""
+    out = ["| strategy | runs | " + " | ".join(f"95% within {w} trials" for w in within) + " | median trials to 95% |",
+           "| --- | ---: | " + " | ".join("---:" for _ in within) + " | ---: |"]
+    for s in sorted({s for _, s in runs}):
+        trials = np.concatenate([runs[k]["trials95"] for k in runs if k[1] == s])
+        out.append(f"| {s} | {len(trials)} | " + " | ".join(str(int((trials <= w).sum())) for w in within)
+                   + f" | {np.median(trials):g} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--level", type=float, default=0.9, help="central share of the resamples (default 0.9)")
     ap.add_argument("--paired", action="store_true", help="resample each op's seeds jointly for every arm (arms "
                     "that share their random numbers seed by seed: ablations since session 51)")
+    ap.add_argument("--early", action="store_true", help="also print how many runs of each strategy reached 95%% "
+                    "within their first 8 / 16 / 32 trials (censored runs count at their budget)")
     args = ap.parse_args(argv)
     runs: dict = {}
     for i, path in enumerate(args.csv):
@@ -114,6 +128,8 @@ def main(argv=None) -> int:
         seeds = sorted({len(runs[k]["trials95"]) for k in runs if k[1] == s})
         cells = [f"{p[m]:.2f}x [{spans[s][m][0]:.2f}, {spans[s][m][1]:.2f}]" for m in METRICS]
         print(f"| {s} | {p['ops']} | {'/'.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    if args.early:
+        print("\n" + early_table(runs))
     return 0
 
 

@@ -164,5 +164,10 @@ def test_ratio_intervals_reads_a_comparison_csv_as_the_comparison_reads_itself(t
     assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "200"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| genetic |"))
     assert f"| 2 | 2 | {want['trials95']:.2f}x [" in line
+    # --early: runs at 95% within the first trials (trials to 95%: gradient 2, 1 | 1, 2; genetic 3, 3 censored | 1, 1)
+    table = ratio_intervals.early_table(runs, within=(1, 2)).splitlines()
+    assert table[2:] == ["| genetic | 4 | 2 | 2 | 2 |", "| gradient | 4 | 2 | 4 | 1.5 |"]
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "50", "--early"]) == 0
+    assert "| gradient | 4 | 4 | 4 | 4 | 1.5 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", str(path), "--ref", "nope"])

@@ -95,3 +95,31 @@ def test_replay_run_feeds_the_shared_model_round_by_round(tmp_path, capsys):
         ft.main(["--db", str(tmp_path / "c.db"), "--checkpoint", "pk=/no/such.npz"])
     with pytest.raises(SystemExit):
         ft.main(["--db", str(tmp_path / "c.db"), "--variants", "nope"])
+
+
+def test_first_round_run_opens_each_task_on_the_model_the_earlier_tasks_left(tmp_path):
+    """``--first-round``: task k's first batch is ranked by the shared model after the first rounds of tasks 0..k-1
+    (frozen: the packaged model as shipped); task 0, alike in every variant, gets no row."""
+    ops = [fj.ops.matmul(64, 48, 32), fj.ops.matmul(32, 32, 24), fj.ops.matmul(48, 16, 40)]
+    fj.compare(ops, ["random"], db=str(tmp_path / "c.db"), trials=32, seeds=1, replay=True, progress=False,
+               remeasure=0, defaults=False, reference=False)
+    db = Database(str(tmp_path / "c.db"), readonly=True)
+    tasks = [t for t, _ in db.tasks()]
+    frozen = ft.first_round_run(db, tasks, "random:0", "frozen", batch=16, seed=0)
+    tuned = ft.first_round_run(db, tasks, "random:0", "default", batch=16, seed=0)
+    assert [(r["task"], r["k"], r["t"]) for r in tuned] == [(tasks[1].name, 1, 0), (tasks[2].name, 2, 0)]
+    assert [r["n_model"] for r in frozen] == [0, 0] and [r["n_model"] for r in tuned] == [16, 32]
+    # frozen: exactly the shipped model's ranking of the batch task 1 opened with
+    recs = sorted(db.records(tasks[1], run="random:0"), key=lambda r: r.trial)[:16]
+    target = fj.Target.from_json(recs[0].target)
+    scorer = OnlineCostModel(target, pretrained="packaged").scorer(spaces_for(tasks[1], target))
+    want = ft.rank_metrics(np.asarray(scorer.model.predict(scorer.features([r.config for r in recs]))),
+                           np.array([r.latency_s for r in recs]))
+    assert frozen[0]["gated_tau"] == pytest.approx(want["tau"])
+    # below OnlineCostModel.MIN_TRAIN (24) rows nothing is fitted: task 1 opens on the shipped model either way;
+    # task 2, after 32 rows, on the fine-tuned one
+    assert tuned[0]["mlp_tau"] == pytest.approx(frozen[0]["mlp_tau"])
+    assert tuned[1]["mlp_tau"] != pytest.approx(frozen[1]["mlp_tau"])
+    assert all(0 <= r["mlp_pool_hit"] <= 1 and r["mlp_pool_top"] >= 1 for r in frozen + tuned)
+    with pytest.raises(ValueError, match="one shared model"):
+        ft.first_round_run(db, tasks, "random:0", "per_task", batch=16, seed=0)
