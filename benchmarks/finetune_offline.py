@@ -161,6 +161,20 @@ def rank_metrics(scores: np.ndarray, lat: np.ndarray) -> dict[str, float]:
             "top8": float(lat[order[:8]].min() / lat.min())}
 
 
+def ranking_row(own: list, feats, lat: np.ndarray, pool_feats, pool_lat: np.ndarray) -> dict[str, float]:
+    """One row's metrics: the gated model's and the MLP's ranking of the measured batch (``feats``, ``lat``) and the
+    MLP's of the task's pool, the members' scores averaged (one member: its own)."""
+    row = {}
+    for kind in ("gated", "mlp"):
+        score = np.mean([np.asarray((m.model if kind == "gated" else m.mlp).predict(feats), np.float64) for m in own],
+                        axis=0)
+        row.update({f"{kind}_{key}": val for key, val in rank_metrics(score, lat).items()})
+    pool_score = np.mean([np.asarray(m.mlp.predict(pool_feats), np.float64) for m in own], axis=0)
+    row.update({f"mlp_{key}": val for key, val in pool_metrics(pool_score, pool_lat).items()})
+    row["pool_size"] = len(pool_lat)
+    return row
+
+
 def replay_run(db: Database, tasks: list, run: str, variant: str, *, batch: int, rounds: int, seed: int) -> list[dict]:
     """One compared run replayed under one fine-tuning variant: a row per task and round boundary."""
     overrides = VARIANTS[variant]
@@ -207,16 +221,7 @@ def replay_run(db: Database, tasks: list, run: str, variant: str, *, batch: int,
             own = models[name]
             row = {"db": Path(db.path).stem, "run": run, "variant": variant, "task": name, "t": hi,
                    "gate_prior": float(np.mean([m.active == "prior" for m in own])), "n_model": own[0].samples}
-            for kind in ("gated", "mlp"):  # members' scores averaged (one member: its own)
-                score = np.mean([np.asarray((m.model if kind == "gated" else m.mlp).predict(feats), np.float64)
-                                 for m in own], axis=0)
-                for key, val in rank_metrics(score, lat).items():
-                    row[f"{kind}_{key}"] = val
-            pool_feats, pool_lat = pools[name]
-            pool_score = np.mean([np.asarray(m.mlp.predict(pool_feats), np.float64) for m in own], axis=0)
-            row.update({f"mlp_{k}": v for k, v in pool_metrics(pool_score, pool_lat).items()})
-            row["pool_size"] = len(pool_lat)
-            rows.append(row)
+            rows.append({**row, **ranking_row(own, feats, lat, *pools[name])})
     return rows
 
 
@@ -248,14 +253,7 @@ def first_round_run(db: Database, tasks: list, run: str, variant: str, *, batch:
             feats = scorer.features([r.config for r in first])
             row = {"db": Path(db.path).stem, "run": run, "variant": variant, "task": task.name, "t": 0, "k": k,
                    "gate_prior": float(model.active == "prior"), "n_model": model.samples}
-            for kind in ("gated", "mlp"):
-                score = np.asarray((model.model if kind == "gated" else model.mlp).predict(feats), np.float64)
-                row.update({f"{kind}_{key}": val for key, val in rank_metrics(score, lat).items()})
-            pool_feats, pool_lat = pool_features(db, task, target, scorer)
-            row.update({f"mlp_{key}": val for key, val in
-                        pool_metrics(np.asarray(model.mlp.predict(pool_feats), np.float64), pool_lat).items()})
-            row["pool_size"] = len(pool_lat)
-            rows.append(row)
+            rows.append({**row, **ranking_row([model], feats, lat, *pool_features(db, task, target, scorer))})
         if not frozen:
             scorer.update(records[task.name][:batch])
     return rows
