@@ -61,6 +61,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_b16_now`` / ``gradient_pre_b8_now``: the default gradient search at 16 / 8 candidates per round
   (issue 15 item 5 at today's defaults: more rounds to learn from; their first 16 / 8 picks are the default's
   first 16 / 8 under common random numbers); ``genetic_pre_b16`` / ``genetic_pre_b8``: their equal-batch partners;
+  ``gradient_pre_open`` / ``genetic_pre_b32_open``: the default gradient search / ``genetic_pre_b32`` with each task's
+  first rounds (until 16 measurements of its own) ranked and descended on by the packaged checkpoint as loaded, not
+  by the shared model as the earlier tasks' rounds fine-tuned it (``opening="packaged"``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -168,6 +171,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, residual=True), "gradient_pre_res_now"),
         named(grad(cost_model="packaged", batch_size=16, spread=4.0, flat=0.5), "gradient_pre_b16_now"),
         named(grad(cost_model="packaged", batch_size=8, spread=4.0, flat=0.5), "gradient_pre_b8_now"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, opening="packaged"), "gradient_pre_open"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
@@ -175,6 +179,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(GeneticSearch(cost_model="packaged", batch_size=32), "genetic_pre_b32"),
         named(GeneticSearch(cost_model="packaged", batch_size=16), "genetic_pre_b16"),
         named(GeneticSearch(cost_model="packaged", batch_size=8), "genetic_pre_b8"),
+        named(GeneticSearch(cost_model="packaged", batch_size=32, opening="packaged"), "genetic_pre_b32_open"),
         named(GeneticSearch(cost_model="packaged", batch_size=32, spread=4.0), "genetic_pre_b32_spread4"),
         named(GeneticSearch(cost_model="packaged", batch_size=32, judge="judge"), "genetic_pre_b32_judge"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),

@@ -351,15 +351,16 @@ class MLPCostModel:
     def _predict_prepared(self, params: dict[str, Any], features: Features) -> np.ndarray:
         return predict_in_chunks(_jitted_score(self._graphdef), params, features)
 
-    def predict(self, features: Features) -> np.ndarray:
+    def predict(self, features: Features, params: dict[str, Any] | None = None) -> np.ndarray:
         """Scores ``[B]`` (numpy float32); batched in fixed-size chunks, so it compiles once.
+        ``params``: other weights of this architecture (e.g. a checkpoint's as loaded) instead of the current.
 
         Example:
             >>> model = MLPCostModel(3, 2, hidden=8)
             >>> model.predict(Features(np.ones((3, 2, 3)), np.ones((3, 2)), np.ones((3, 2)))).shape
             (3,)
         """
-        return self._predict_prepared(self._params, self._prepare(features))
+        return self._predict_prepared(self._params if params is None else params, self._prepare(features))
 
     # ---- training --------------------------------------------------------------------------
 

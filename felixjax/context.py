@@ -64,20 +64,29 @@ class SearchContext:
         """The cost model's view of this task (built on first use)."""
         return self.get_scorer()
 
-    def get_scorer(self, cost_model: str | None = "auto", *, ranker: str | None = None, ranker_data: str | None = None):
+    def get_scorer(self, cost_model: str | None = "auto", *, ranker: str | None = None, ranker_data: str | None = None,
+                   opening: str = "shared"):
         """The scorer of this task: the session's shared one when the context has a factory, else a
         scorer of its own (``cost_model``: a pretrained checkpoint to start that one from, ``"auto"`` the
         packaged one on CPU targets, ``None`` none; ``ranker``,
-        ``ranker_data``: a tree ranker for it, :func:`felixjax.model.make_ranker`)."""
+        ``ranker_data``: a tree ranker for it, :func:`felixjax.model.make_ranker`; ``opening``: what ranks the
+        task's first rounds, :class:`felixjax.model.OnlineCostModel`)."""
         if self._scorer is None:
             if self.scorer_factory is not None:
                 self._scorer = self.scorer_factory(self)
-            elif ranker is not None or ranker_data is not None:
-                self._scorer = _model.make_scorer(self, cost_model, ranker, ranker_data)
+            elif ranker is not None or ranker_data is not None or opening != "shared":
+                self._scorer = _model.make_scorer(self, cost_model, ranker, ranker_data, opening=opening)
             else:
                 args = (self,) if cost_model == "auto" else (self, cost_model)  # make_scorer(ctx) stays valid
                 self._scorer = _model.make_scorer(*args)
         return self._scorer
+
+
+def check_opening(opening: str) -> str:
+    """The learned strategies' ``opening`` (one of :attr:`felixjax.model.OnlineCostModel.OPENINGS`), checked."""
+    if opening not in _model.OnlineCostModel.OPENINGS:
+        raise ValueError(f"opening must be one of {_model.OnlineCostModel.OPENINGS} (got {opening!r})")
+    return opening
 
 
 def check_pessimism(pessimism: float, share: float = 1.0) -> tuple[float, float]:

@@ -81,15 +81,26 @@ class OnlineCostModel:
     #: single roofline over L3 traffic that ties most configs of a task).
     prior_kind = "roofline"
 
+    #: Ways a task's first rounds are ranked (``opening``): ``"shared"`` by the model as the session's
+    #: other tasks have fine-tuned it; ``"packaged"`` by the pretrained checkpoint as loaded, until the
+    #: task has :attr:`OPENING_ROWS` measurements of its own (issue 15, session 53: replaying the
+    #: headline's openings offline, the checkpoint's top pick of a task's pool was within 95% of its
+    #: best in 0.45 of them, the fine-tuned model's in 0.09).
+    OPENINGS = ("shared", "packaged")
+    OPENING_ROWS = 16
+
     def __init__(self, target, *, seed: int = 0, hidden: int = 128, train_config=None, pretrained=None,
-                 ranker=None):
+                 ranker=None, opening: str = "shared"):
         from costmodels import MLPCostModel, RooflineModel, TrainConfig
 
         from . import jaxcache
         from .features import GLOBAL_FEATURES, N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 
         jaxcache.enable()
+        if opening not in self.OPENINGS:
+            raise ValueError(f"opening must be one of {self.OPENINGS} (got {opening!r})")
         self.target = target
+        self.opening = opening
         n_access, n_glob = N_ACCESS_FEATURES, N_GLOBAL_FEATURES
         if getattr(target, "is_gpu", False):  # GPU feature set (felixjax.features_gpu): same classes, own widths
             from .features_gpu import GPU_GLOBAL_FEATURES, L2_BYTES_PER_CLK_SM, N_GPU_ACCESS_FEATURES, N_GPU_GLOBAL_FEATURES
@@ -120,6 +131,9 @@ class OnlineCostModel:
             self.mlp.config = cfg  # online fine-tuning, from the pretrained weights and standardization
             self.mlp._rng = np.random.default_rng(seed)
             self.pretrained = str(pretrained) if isinstance(pretrained, (str, os.PathLike)) else "object"
+        # the checkpoint's weights as loaded (new containers, the same immutable arrays): what opens a task
+        # with ``opening="packaged"``; fine-tuning replaces the MLP's params, never these
+        self._loaded = None if pretrained is None else jax.tree_util.tree_map(lambda a: a, self.mlp.params)
         self.active = "prior" if pretrained is None else "mlp"
         self.metrics: dict = {}
         self.groups: dict[str, int] = {}  # task key -> group id
@@ -147,6 +161,26 @@ class OnlineCostModel:
         if self.ranker is None or not self.ranker.fitted:
             return False
         return group is None or self._own.get(group, 0) >= self.RANKER_MIN_OWN
+
+    def opens(self, group: int) -> bool:
+        """Whether task ``group`` is still ranked by the checkpoint as loaded (``opening="packaged"``, a
+        pretrained model, and fewer than :attr:`OPENING_ROWS` measurements of the task)."""
+        return (self.opening == "packaged" and self._loaded is not None
+                and self._own.get(group, 0) < self.OPENING_ROWS)
+
+    def predict(self, features, group: int | None = None) -> np.ndarray:
+        """Scores of hard features under the model that ranks task ``group`` (any task: ``None``):
+        the checkpoint as loaded while the task opens (:meth:`opens`), else :attr:`model`."""
+        if group is not None and self.opens(group):
+            return np.asarray(self.mlp.predict(features, params=self._loaded), np.float64)
+        return np.asarray(self.model.predict(features), np.float64)
+
+    def blend(self, group: int | None = None) -> "Blend":
+        """:attr:`differentiable` as task ``group`` sees it: the checkpoint as loaded while the task
+        opens (the same structure, so no new compilation), else the active model."""
+        if group is not None and self.opens(group):
+            return Blend(self.prior, self.mlp, 1.0, mlp_params=self._loaded)
+        return self.differentiable
 
     def group_of(self, task) -> int:
         """The group id of a task (by key), assigned in order of first sight."""
@@ -217,8 +251,8 @@ class CostModelScorer:
     """The learned scorer of one task: a view of an :class:`OnlineCostModel` (shared by every task of
     a session) that turns the task's configs into hard-mode features.
 
-    Without ``model`` it makes a model of its own (``seed``, ``hidden``, ``train_config`` and
-    ``pretrained`` go to it), which is what a strategy used on its own, outside a session, gets.
+    Without ``model`` it makes a model of its own (``seed``, ``hidden``, ``train_config``,
+    ``pretrained``, ``ranker`` and ``opening`` go to it), which is what a strategy used on its own, outside a session, gets.
 
     Attributes:
         relaxations: one :class:`~felixjax.relax.Relaxation` per sketch (features are computed from
@@ -233,12 +267,12 @@ class CostModelScorer:
     SAMPLE_BUDGET = OnlineCostModel.SAMPLE_BUDGET
 
     def __init__(self, spaces: dict, target=None, *, model: OnlineCostModel | None = None, seed: int = 0,
-                 hidden: int = 128, train_config=None, pretrained=None, ranker=None):
+                 hidden: int = 128, train_config=None, pretrained=None, ranker=None, opening: str = "shared"):
         if model is None:
             if target is None:
                 raise ValueError("CostModelScorer needs a target or a shared model")
             model = OnlineCostModel(target, seed=seed, hidden=hidden, train_config=train_config,
-                                    pretrained=pretrained, ranker=ranker)
+                                    pretrained=pretrained, ranker=ranker, opening=opening)
         self.shared = model
         self.relaxations = {name: relaxation_for(sp) for name, sp in spaces.items()}
         # GPU spaces have features of their own (felixjax.features_gpu); a session's spaces are all one kind
@@ -258,7 +292,8 @@ class CostModelScorer:
     metrics = property(lambda self: self.shared.metrics)
     pretrained = property(lambda self: self.shared.pretrained)
     model = property(lambda self: self.shared.model)
-    differentiable = property(lambda self: self.shared.differentiable)
+    #: the differentiable model this task is ranked and descended on (:meth:`OnlineCostModel.blend`)
+    differentiable = property(lambda self: self.shared.blend(self.group))
 
     def _padded(self, xs: np.ndarray):
         """``(chunk padded to 64 or CHUNK rows, real rows)`` over ``xs``: two shapes, two compilations."""
@@ -299,7 +334,7 @@ class CostModelScorer:
             from .ranker import flat_features
 
             return self.shared.ranker.predict(flat_features(self.features(configs)))
-        return np.asarray(self.model.predict(self.features(configs)), np.float64)
+        return self.shared.predict(self.features(configs), self.group)
 
     def score_x(self, sketch: str, xs: np.ndarray, model=None) -> np.ndarray:
         """Scores of integer points ``[B, N_X]`` of one sketch (no :class:`Config` objects built):
@@ -340,14 +375,14 @@ class CostModelScorer:
 class Blend:
     """``w · mlp + (1 − w) · prior`` with ``w`` a parameter: ``apply(params, features)`` is pure."""
 
-    def __init__(self, prior, mlp, weight: float):
+    def __init__(self, prior, mlp, weight: float, mlp_params=None):
         self._prior, self._mlp = prior, mlp
         self.hidden = mlp.hidden
         self.n_access_features, self.n_glob_features = mlp.n_access_features, mlp.n_glob_features
         self.prior_cols = (prior.flops_col, prior.bytes_col) + tuple(prior.efficiency_cols)
         self.prior_softness = prior.softness
         self.prior_key = model_key(prior)  # the prior's kind and columns: compiled code is per prior
-        self.params = {"w": np.float32(weight), "prior": prior.params, "mlp": mlp.params}
+        self.params = {"w": np.float32(weight), "prior": prior.params, "mlp": mlp.params if mlp_params is None else mlp_params}
 
     def apply(self, params, features):
         w = params["w"]
@@ -435,14 +470,15 @@ def _soft_score_for(model, temperature: float, feature_fn=features):
     return _SOFT_SCORE[key]
 
 
-def make_scorer(ctx, cost_model: str | None = "auto", ranker: str | None = None, ranker_data: str | None = None) -> Scorer:
+def make_scorer(ctx, cost_model: str | None = "auto", ranker: str | None = None, ranker_data: str | None = None, *,
+                opening: str = "shared") -> Scorer:
     """A scorer with a model of its own, for a strategy used outside a tuning session
     (``cost_model``: a pretrained MLP checkpoint, ``felixjax pretrain``, to start from, ``"auto"``:
     :func:`resolve_cost_model`; ``ranker``,
-    ``ranker_data``: a tree ranker, :func:`make_ranker`)."""
+    ``ranker_data``: a tree ranker, :func:`make_ranker`; ``opening``: :class:`OnlineCostModel`'s)."""
     seed = int(ctx.rng.integers(2**31))
     return CostModelScorer(ctx.spaces, ctx.target, seed=seed, pretrained=cost_model,
-                           ranker=make_ranker(ranker, ranker_data, seed=seed))
+                           ranker=make_ranker(ranker, ranker_data, seed=seed), opening=opening)
 
 
 def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):

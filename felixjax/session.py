@@ -191,7 +191,7 @@ class TuningSession:
         self.run_caches = None if run_caches is None else Path(run_caches)
         self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
         self.models: dict[Hashable, OnlineCostModel] = {}
-        self._rankers: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data) it was made with
+        self._rankers: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data, opening) it was made with
         self.measurers: dict[str, Any] = {}
         self.runs: list[TaskRun] = []
         self.start = time.perf_counter()
@@ -213,10 +213,12 @@ class TuningSession:
 
     # ---- shared parts --------------------------------------------------------------------------
     def model(self, group: Hashable = "", *, cost_model: str | None = None, ranker: str | None = None,
-              ranker_data: str | None = None, seed_key: Hashable | None = None) -> OnlineCostModel:
+              ranker_data: str | None = None, seed_key: Hashable | None = None,
+              opening: str = "shared") -> OnlineCostModel:
         """The online cost model of a model group (created on first use, then shared by its tasks;
-        ``ranker``, ``ranker_data``: its tree ranker, :func:`felixjax.model.make_ranker`, which every
-        run of the group must ask for alike). Its seed (initialization, shuffling, hold-out splits) comes
+        ``ranker``, ``ranker_data``: its tree ranker, :func:`felixjax.model.make_ranker`, and ``opening``:
+        what ranks a task's first rounds, :class:`felixjax.model.OnlineCostModel`; every run of the group
+        must ask for these alike). Its seed (initialization, shuffling, hold-out splits) comes
         from the session's seed and ``seed_key`` (default: the group itself): groups given the same
         ``seed_key`` are separate models drawing the same random numbers, so two runs that propose alike
         and measure alike learn alike (common random numbers, as :func:`felixjax.compare` pairs its arms)."""
@@ -224,11 +226,12 @@ class TuningSession:
             key = group if seed_key is None else ("seed_key", seed_key)
             seed = int(stream(self.seed, "model", repr(key)).integers(2**31))
             self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model,
-                                                 ranker=make_ranker(ranker, ranker_data, seed=seed))
-            self._rankers[group] = (ranker, ranker_data)
-        elif self._rankers.get(group) != (ranker, ranker_data):
-            raise ValueError(f"model group {group!r} was made with ranker {self._rankers.get(group)!r}; "
-                             f"a run asks for {(ranker, ranker_data)!r}: give it another group")
+                                                 ranker=make_ranker(ranker, ranker_data, seed=seed), opening=opening)
+            self._rankers[group] = (ranker, ranker_data, opening)
+        elif self._rankers.get(group) != (ranker, ranker_data, opening):
+            raise ValueError(f"model group {group!r} was made with (ranker, ranker_data, opening) "
+                             f"{self._rankers.get(group)!r}; a run asks for {(ranker, ranker_data, opening)!r}: "
+                             "give it another group")
         return self.models[group]
 
     def measurer(self, task: Task):
@@ -286,6 +289,7 @@ class TuningSession:
             return self.model(model_group, cost_model=getattr(strat, "cost_model", None),
                               ranker=getattr(strat, "ranker", None),
                               ranker_data=getattr(strat, "ranker_data", None),
+                              opening=getattr(strat, "opening", "shared"),
                               seed_key=model_seed).scorer(ctx.spaces)
 
         ctx = SearchContext(task, self.target, spaces, stream(seed, task.key, len(history)),

@@ -52,7 +52,7 @@ import numpy as np
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
-from ..context import PessimisticScorer, check_pessimism, check_judge, check_ranker, judge_for
+from ..context import PessimisticScorer, check_opening, check_pessimism, check_judge, check_ranker, judge_for
 from .base import SearchContext, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
@@ -386,6 +386,9 @@ class GeneticSearch:
             option and default, ``"auto"``, as the gradient strategy's: equal equipment).
         ranker, ranker_data: rank with a tree ranker once it is fitted (the same options as the
             gradient strategy's; ``None``: the cost model ranks).
+        opening: ``"packaged"``: a task's first rounds are ranked by the pretrained checkpoint as loaded
+            (the gradient strategy's option of the same name: equal equipment); ``"shared"`` (the default):
+            by the shared model as the session's other tasks fine-tuned it.
         pessimism, pessimism_model: rank by the model's score minus ``pessimism`` times a pretrained
             ensemble's disagreement (the gradient strategy's option of the same name, applied where
             this search ranks: equal equipment). 0 (the default) turns it off. ``pessimism_share``
@@ -420,7 +423,7 @@ class GeneticSearch:
                  scorer=None, batch_size: int = 64, cost_model: str | None = "auto", ranker: str | None = None,
                  ranker_data: str | None = None, pessimism: float = 0.0, pessimism_model: str = "packaged",
                  pessimism_share: float = 1.0, spread: float = 0.0, judge: str | None = None,
-                 judge_weight: float = 0.5):
+                 judge_weight: float = 0.5, opening: str = "shared"):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
         weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
@@ -439,6 +442,7 @@ class GeneticSearch:
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
+        self.opening = check_opening(opening)
         self.pessimism, self.pessimism_share = check_pessimism(pessimism, pessimism_share)
         self.pessimism_model = pessimism_model
         if spread < 0:
@@ -459,7 +463,8 @@ class GeneticSearch:
         factory called once per task), else the context's (the session's shared model)."""
         arg = self._scorer_arg
         if arg is None:
-            scorer = ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data)
+            scorer = ctx.get_scorer(self.cost_model, ranker=self.ranker, ranker_data=self.ranker_data,
+                                    opening=self.opening)
             full = self.pessimism and self.pessimism_share >= 1.0
             return PessimisticScorer(scorer, self.pessimism_model, self.pessimism) if full else scorer
         if hasattr(arg, "score"):

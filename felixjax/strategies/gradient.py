@@ -40,7 +40,7 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import check_pessimism, check_judge, check_ranker, judge_for, pessimistic
+from ..context import check_opening, check_pessimism, check_judge, check_ranker, judge_for, pessimistic
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
@@ -173,6 +173,10 @@ class GradientSearch:
             :class:`felixjax.ranker.TreeRanker`) once it is fitted, also trained on the measurements in
             the ``ranker_data`` databases (comma-separated paths) when given; the descent stays on the
             differentiable model. ``None`` (the default): the model ranks too.
+        opening: ``"packaged"``: a task's first rounds (until it has 16 measurements of its own) are
+            descended on and ranked by the pretrained checkpoint as loaded, not by the shared model as
+            the session's other tasks fine-tuned it; ``"shared"`` (the default) the latter
+            (:class:`felixjax.model.OnlineCostModel`'s ``opening``).
         stats: record ``soft_hard_tau`` and the rounding statistics in ``last_round`` (issue 15's
             diagnostics: a few extra model evaluations per round, on the run's clock; the picks are the
             same either way). Off by default since session 33; ``benchmarks/ablation.py`` turns it on.
@@ -252,7 +256,7 @@ class GradientSearch:
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
                  judge_weight: float = 0.5, climb: int = 0, prune: float = 0.0, prune_after: int = 16,
-                 prune_keep: int = 1):
+                 prune_keep: int = 1, opening: str = "shared"):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -262,6 +266,7 @@ class GradientSearch:
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
         self.scorer, self.cost_model = scorer, cost_model
         self.ranker, self.ranker_data = check_ranker(ranker, ranker_data)
+        self.opening = check_opening(opening)
         self.trust_weight, self.trust_radius = float(trust_weight), float(trust_radius)
         self.acquisition, self.ucb_beta, self.ensemble_members = acquisition, float(ucb_beta), int(ensemble_members)
         self.ensemble_hidden = int(ensemble_hidden)
@@ -304,7 +309,8 @@ class GradientSearch:
         """The ``scorer`` option when given, else the context's (the session's shared model, seen
         from ``ctx.task``): never a scorer kept from another task."""
         return self.scorer if self.scorer is not None else ctx.get_scorer(self.cost_model, ranker=self.ranker,
-                                                                          ranker_data=self.ranker_data)
+                                                                          ranker_data=self.ranker_data,
+                                                                          opening=self.opening)
 
     def _objective(self, scorer):
         """The pure model the descent and the ranking use: the scorer's, or with ``pessimism`` the
