@@ -175,7 +175,7 @@ class OnlineCostModel:
             return np.asarray(self.mlp.predict(features, params=self._loaded), np.float64)
         return np.asarray(self.model.predict(features), np.float64)
 
-    def blend(self, group: int | None = None) -> "Blend":
+    def blend(self, group: int | None = None) -> Blend:
         """:attr:`differentiable` as task ``group`` sees it: the checkpoint as loaded while the task
         opens (the same structure, so no new compilation), else the active model."""
         if group is not None and self.opens(group):
