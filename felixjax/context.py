@@ -125,7 +125,9 @@ class PessimisticScorer:
             return np.zeros(0)
         feats = self._scorer.features(configs)
         _, std = self._ens.predict_with_std(feats)
-        return np.asarray(self._scorer.model.predict(feats), np.float64) - self.beta * np.asarray(std, np.float64)
+        shared = getattr(self._scorer, "shared", None)  # the model that ranks this task (its opening included)
+        mean = shared.predict(feats, self._scorer.group) if shared is not None else self._scorer.model.predict(feats)
+        return np.asarray(mean, np.float64) - self.beta * np.asarray(std, np.float64)
 
     def __getattr__(self, name: str):
         return getattr(self._scorer, name)

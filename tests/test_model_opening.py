@@ -6,6 +6,7 @@ import pytest
 
 import felixjax as fj
 from codegen.spaces import spaces_for
+from felixjax.context import PessimisticScorer
 from felixjax.model import OnlineCostModel
 from felixjax.session import TuningSession
 from felixjax.strategies.genetic import GeneticSearch
@@ -56,6 +57,7 @@ def test_a_task_opens_on_the_loaded_checkpoint_until_it_has_measurements_of_its_
     assert model.opens(view.group) == (opening == "packaged")
     want = as_loaded if opening == "packaged" else shared
     np.testing.assert_allclose(view.score(cfgs), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(PessimisticScorer(view, beta=0.0).score(cfgs), want, rtol=1e-5, atol=1e-5)  # genetic's
     # the jitted path (hard features and model in one call) and the descent's model agree with it
     same = [c for c in cfgs if c.sketch == cfgs[0].sketch]
     np.testing.assert_allclose(_x_scores(view, same), want[[cfgs.index(c) for c in same]], rtol=1e-4, atol=1e-4)
