@@ -191,7 +191,7 @@ class TuningSession:
         self.run_caches = None if run_caches is None else Path(run_caches)
         self.show = progress if callable(progress) else (_ProgressPrinter() if progress else None)
         self.models: dict[Hashable, OnlineCostModel] = {}
-        self._rankers: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data, opening) it was made with
+        self._model_options: dict[Hashable, tuple] = {}  # group -> (ranker, ranker_data, opening) it was made with
         self.measurers: dict[str, Any] = {}
         self.runs: list[TaskRun] = []
         self.start = time.perf_counter()
@@ -227,10 +227,10 @@ class TuningSession:
             seed = int(stream(self.seed, "model", repr(key)).integers(2**31))
             self.models[group] = OnlineCostModel(self.target, seed=seed, pretrained=self.cost_model or cost_model,
                                                  ranker=make_ranker(ranker, ranker_data, seed=seed), opening=opening)
-            self._rankers[group] = (ranker, ranker_data, opening)
-        elif self._rankers.get(group) != (ranker, ranker_data, opening):
+            self._model_options[group] = (ranker, ranker_data, opening)
+        elif self._model_options.get(group) != (ranker, ranker_data, opening):
             raise ValueError(f"model group {group!r} was made with (ranker, ranker_data, opening) "
-                             f"{self._rankers.get(group)!r}; a run asks for {(ranker, ranker_data, opening)!r}: "
+                             f"{self._model_options.get(group)!r}; a run asks for {(ranker, ranker_data, opening)!r}: "
                              "give it another group")
         return self.models[group]
 
