@@ -63,7 +63,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   first 16 / 8 under common random numbers); ``genetic_pre_b16`` / ``genetic_pre_b8``: their equal-batch partners;
   ``gradient_pre_open`` / ``genetic_pre_b32_open``: the default gradient search / ``genetic_pre_b32`` with each task's
   first rounds (until 16 measurements of its own) ranked and descended on by the packaged checkpoint as loaded, not
-  by the shared model as the earlier tasks' rounds fine-tuned it (``opening="packaged"``);
+  by the shared model as the earlier tasks' rounds fine-tuned it (``opening="packaged"``); ``gradient_pre_flat1``: the
+  default gradient search ranking its best candidates by their ±1 neighbourhood's mean score alone (``flat=1``; the
+  default averages half-and-half);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -172,6 +174,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=16, spread=4.0, flat=0.5), "gradient_pre_b16_now"),
         named(grad(cost_model="packaged", batch_size=8, spread=4.0, flat=0.5), "gradient_pre_b8_now"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, opening="packaged"), "gradient_pre_open"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=1.0), "gradient_pre_flat1"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
