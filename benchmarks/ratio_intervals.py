@@ -9,7 +9,9 @@ op's seeds (:func:`felixjax.compare.bootstrap_ratios`). A censored run (never wi
 trials and seconds it spent, as in the tables. Nothing is measured.
 
 Files of one suite with different seeds (``--csv`` repeated) are pooled as more seeds of the same ops (each
-file's own best known decides its runs' reach); files of different suites, as more ops.
+file's own best known decides its runs' reach); files of different suites, as more ops. A repeat of the same
+seeds in another file pools the same way (as more runs: timing noise makes a repeat a new run). ``--arms`` keeps
+only the named arms (and ``--ref``), so files whose other arms differ pool on the arms they share.
 
     python benchmarks/ratio_intervals.py --csv docs/data/ablation_evo_s48/fresh_seeds0-2.csv.gz \
         --ref gradient_pre_b32_spread4_flat
@@ -106,12 +108,17 @@ def main(argv=None) -> int:
                     "that share their random numbers seed by seed: ablations since session 51)")
     ap.add_argument("--early", action="store_true", help="also print how many runs of each strategy reached 95%% "
                     "within their first 8 / 16 / 32 trials (censored runs count at their budget)")
+    ap.add_argument("--arms", default=None, help="comma-separated strategies to keep (with --ref), e.g. to pool "
+                    "files whose other arms differ; each file's 95%% is still taken against all of its arms")
     args = ap.parse_args(argv)
+    keep = None if args.arms is None else {a.strip() for a in args.arms.split(",") if a.strip()} | {args.ref}
     runs: dict = {}
     for i, path in enumerate(args.csv):
         if not path.exists():
             ap.error(f"{path}: no such file")
         for key, cell in runs_from_csv(path, tag=f"{i}:").items():
+            if keep is not None and key[1] not in keep:
+                continue
             mine = runs.setdefault(key, {m: [] for m in METRICS})
             for m in METRICS:
                 mine[m] += cell[m]

@@ -171,3 +171,35 @@ def test_ratio_intervals_reads_a_comparison_csv_as_the_comparison_reads_itself(t
     assert "| gradient | 4 | 4 | 4 | 4 | 1.5 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", str(path), "--ref", "nope"])
+
+
+def test_ratio_intervals_arms_pools_files_whose_other_arms_differ(tmp_path, capsys):
+    """``--arms``: files with different extra arms pool, paired, on the arms they share; each file's 95% is
+    still taken against all of its arms (an extra arm's better best moves the shared arms' reach)."""
+    from benchmarks import ratio_intervals
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    def run(name, seed, lats):
+        return [TuningRecord(A, "k", f"{name}:{seed}", i, f"{name}{i}", MeasureResult("ok", (lat,)), 0.5 * (i + 1))
+                for i, lat in enumerate(lats)]
+
+    def csv(tmp, arms):
+        hist = {(A.name, name, s): run(name, s, lats) for name, per_seed in arms.items()
+                for s, lats in enumerate(per_seed)}
+        return str(Comparison([A], list(arms), [0, 1], 3, None, hist).to_csv(tmp))
+
+    base = {"gradient": [[2.0, 1.0, 1.0], [1.0, 1.0, 1.0]], "genetic": [[2.0, 2.0, 1.0], [2.0, 1.0, 1.0]]}
+    plain = csv(tmp_path / "a.csv", base)
+    faster = csv(tmp_path / "b.csv", {**base, "extra": [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]})
+    with pytest.raises(ValueError, match="paired runs"):  # without --arms the extra arm's seeds do not pair
+        ratio_intervals.main(["--csv", plain, "--csv", faster, "--ref", "gradient", "--n", "50", "--paired"])
+    assert ratio_intervals.main(["--csv", plain, "--csv", faster, "--ref", "gradient", "--arms", "genetic",
+                                 "--n", "50", "--paired", "--early"]) == 0
+    out = capsys.readouterr().out
+    assert "| extra |" not in out
+    assert "| genetic | 1 | 4 | " in out  # one op, 4 runs per arm (2 seeds x 2 files)
+    # a.csv: gradient reaches 95% at trials 2, 1, genetic at 3, 2; b.csv: none reaches 0.5 / 0.95 (censored at 3).
+    # Against the shared arms alone b.csv would repeat a.csv (medians 1.5 and 2.5).
+    assert "| genetic | 4 | 4 | 4 | 4 | 3 |" in out and "| gradient | 4 | 4 | 4 | 4 | 2.5 |" in out
