@@ -124,8 +124,13 @@ def main(argv=None) -> int:
                 mine[m] += cell[m]
     if not any(s == args.ref for _, s in runs):
         ap.error(f"--ref {args.ref!r} is not a strategy of these files: {sorted({s for _, s in runs})}")
-    points, spans = point_ratios(runs, args.ref), bootstrap_ratios(runs, args.ref, n=args.n, level=args.level,
-                                                                 paired=args.paired)
+    if keep is not None and keep - {s for _, s in runs}:
+        ap.error(f"--arms {sorted(keep - {s for _, s in runs})} not among these files' strategies")
+    try:
+        spans = bootstrap_ratios(runs, args.ref, n=args.n, level=args.level, paired=args.paired)
+    except ValueError as e:  # paired arms with different numbers of runs: files whose arms differ
+        ap.error(f"{e} (to pool files whose arms differ, keep the shared ones with --arms)")
+    points = point_ratios(runs, args.ref)
     print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
           f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n}"
           f"{' seed-paired' if args.paired else ''} resamples]\n")

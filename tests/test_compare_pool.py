@@ -193,8 +193,10 @@ def test_ratio_intervals_arms_pools_files_whose_other_arms_differ(tmp_path, caps
     base = {"gradient": [[2.0, 1.0, 1.0], [1.0, 1.0, 1.0]], "genetic": [[2.0, 2.0, 1.0], [2.0, 1.0, 1.0]]}
     plain = csv(tmp_path / "a.csv", base)
     faster = csv(tmp_path / "b.csv", {**base, "extra": [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]})
-    with pytest.raises(ValueError, match="paired runs"):  # without --arms the extra arm's seeds do not pair
-        ratio_intervals.main(["--csv", plain, "--csv", faster, "--ref", "gradient", "--n", "50", "--paired"])
+    for bad in ([], ["--arms", "genetic,nope"]):  # without --arms the extra arm's runs do not pair; unknown arms
+        with pytest.raises(SystemExit):
+            ratio_intervals.main(["--csv", plain, "--csv", faster, "--ref", "gradient", "--n", "50", "--paired", *bad])
+    assert "--arms" in capsys.readouterr().err
     assert ratio_intervals.main(["--csv", plain, "--csv", faster, "--ref", "gradient", "--arms", "genetic",
                                  "--n", "50", "--paired", "--early"]) == 0
     out = capsys.readouterr().out
