@@ -65,7 +65,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   first rounds (until 16 measurements of its own) ranked and descended on by the packaged checkpoint as loaded, not
   by the shared model as the earlier tasks' rounds fine-tuned it (``opening="packaged"``); ``gradient_pre_flat1``: the
   default gradient search ranking its best candidates by their ±1 neighbourhood's mean score alone (``flat=1``; the
-  default averages half-and-half);
+  default averages half-and-half); ``gradient_pre_pert0`` / ``gradient_pre_pert90``: the default gradient search with
+  every descent started at random / 90% of them started around the sketch's best measured configs
+  (``perturbed_share`` 0 / 0.9; the default 0.5; the first round, with nothing measured, starts at random either way);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -175,6 +177,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=8, spread=4.0, flat=0.5), "gradient_pre_b8_now"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, opening="packaged"), "gradient_pre_open"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=1.0), "gradient_pre_flat1"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, perturbed_share=0.0), "gradient_pre_pert0"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, perturbed_share=0.9), "gradient_pre_pert90"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
