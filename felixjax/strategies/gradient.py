@@ -146,7 +146,10 @@ class GradientSearch:
         batch_size: candidates per round (32; Ansor and Felix's paper runs measure 64: at 32 the model is
             refitted twice as often, and the final kernels came out faster on three held-out suites,
             docs/BENCHMARKS.md, issue 15 sessions 30-32).
-        perturbed_share: share of the starts drawn around the best measured configs of the sketch.
+        perturbed_share: share of the starts drawn around the best measured configs of the sketch (the
+            rest start at random; a sketch's first round, with nothing measured, starts at random). 0.5 (the
+            default): all-random starts (0) needed 1.21x its trials to 95%, 90% around the measured bests
+            1.16x, seed-paired on both suites (docs/BENCHMARKS.md, issue 15 session 55).
         warmup_passes: descent passes on a sketch's first round (Felix descends longer on its
             warm-up round); later rounds run one pass of ``starts``.
         scorer: a :class:`~felixjax.model.CostModelScorer`-like object (``relaxations``, ``inputs``,
