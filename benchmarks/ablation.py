@@ -68,6 +68,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   default averages half-and-half); ``gradient_pre_pert0`` / ``gradient_pre_pert90``: the default gradient search with
   every descent started at random / 90% of them started around the sketch's best measured configs
   (``perturbed_share`` 0 / 0.9; the default 0.5; the first round, with nothing measured, starts at random either way);
+  ``gradient_pre_warm1`` / ``gradient_pre_warm4``: the default gradient search descending 1 / 4 passes of its starts on a
+  sketch's first round (``warmup_passes``; the default 2, after Felix's longer warm-up descent);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -179,6 +181,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=1.0), "gradient_pre_flat1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, perturbed_share=0.0), "gradient_pre_pert0"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, perturbed_share=0.9), "gradient_pre_pert90"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, warmup_passes=1), "gradient_pre_warm1"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, warmup_passes=4), "gradient_pre_warm4"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
