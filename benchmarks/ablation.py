@@ -70,6 +70,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   (``perturbed_share`` 0 / 0.9; the default 0.5; the first round, with nothing measured, starts at random either way);
   ``gradient_pre_warm1`` / ``gradient_pre_warm4``: the default gradient search descending 1 / 4 passes of its starts on a
   sketch's first round (``warmup_passes``; the default 2, after Felix's longer warm-up descent);
+  ``gradient_pre_spread2`` / ``gradient_pre_spread8``: the default gradient search with its picks kept one / four
+  moves apart (``spread`` 2 / 8; the default 4, two moves; the first round's picks differ too);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -183,6 +185,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, perturbed_share=0.9), "gradient_pre_pert90"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, warmup_passes=1), "gradient_pre_warm1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, warmup_passes=4), "gradient_pre_warm4"),
+        named(grad(cost_model="packaged", batch_size=32, spread=2.0, flat=0.5), "gradient_pre_spread2"),
+        named(grad(cost_model="packaged", batch_size=32, spread=8.0, flat=0.5), "gradient_pre_spread8"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
