@@ -151,9 +151,9 @@ class GradientSearch:
             default): all-random starts (0) needed 1.21x its trials to 95%, 90% around the measured bests
             1.16x, seed-paired on both suites (docs/BENCHMARKS.md, issue 15 session 55).
         warmup_passes: descent passes on a sketch's first round (Felix descends longer on its
-            warm-up round); later rounds run one pass of ``starts``. 2 (the default): 1 pass needed 1.30x
-            its trials to 95%, 4 passes 0.96x, both within three seeds' noise (docs/BENCHMARKS.md, issue
-            15 session 55).
+            warm-up round); later rounds run one pass of ``starts``. 2 (the default): over six seeds 1 pass
+            and 4 passes each needed 1.22x its trials to 95%, and 4 passes 1.21x its seconds
+            (docs/BENCHMARKS.md, issue 15 sessions 55-56).
         scorer: a :class:`~felixjax.model.CostModelScorer`-like object (``relaxations``, ``inputs``,
             ``differentiable``, ``soft_score``, ``score_x``/``score``, ``update``) used for every
             task; default: the context's scorer (the session's shared model, seen from the task).
