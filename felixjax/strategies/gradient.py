@@ -210,7 +210,9 @@ class GradientSearch:
             sketch; 2 is one move of :meth:`~felixjax.relax.Relaxation.neighbours_x`): in score order, a
             candidate within ``spread`` of one already picked waits until the distinct ones run out, so
             one region the model over-rates does not take the whole batch. 4 (the default, two moves); 0
-            turns it off (the picks are the top scores, as before session 32).
+            turns it off (the picks are the top scores, as before session 32). 2 and 8 needed 1.05x and
+            0.96x its trials to 95% over six seeds, 8 better on one suite and worse on the other
+            (docs/BENCHMARKS.md, issue 15 session 56).
         spread_from: the first round (0-based, counted in the run's rounds) whose picks are kept
             ``spread`` apart; earlier rounds take the top scores. 0 (the default): every round (1 needed
             1.96x the trials to 95% on 4 ops of the op suite: docs/BENCHMARKS.md, issue 15 session 34).
