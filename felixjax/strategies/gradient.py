@@ -139,9 +139,14 @@ class GradientSearch:
         starts: descent starts per sketch per round (random + perturbed from the best measured).
         steps: Adam steps per round.
         lr: initial learning rate (decayed ×0.2 at 30% of the steps).
-        temperature: softness of the features during descent.
+        temperature: softness of the features during descent. 1.0 (the default): 0.25 ranks the picks more
+            like the hard features but needed 0.89x [0.60, 1.32] its trials to 95% over six seeds on both
+            suites, within the noise (docs/BENCHMARKS.md, issue 15 sessions 37 and 57).
         harvest_every: keep every k-th iterate of each trajectory (plus the last).
-        neighbours_of: the ±1 integer neighbourhood of this many best rounded points is scored too.
+        neighbours_of: the ±1 integer neighbourhood of this many best rounded points per sketch is scored
+            too (the repair after rounding). 8 (the default): none (0) and 32 needed 0.93x [0.67, 1.18] and
+            1.06x [0.87, 1.28] its trials to 95% over six seeds on both suites, each split across seed sets
+            (docs/BENCHMARKS.md, issue 15 session 57).
         eps_greedy: share of random picks among the proposals.
         batch_size: candidates per round (32; Ansor and Felix's paper runs measure 64: at 32 the model is
             refitted twice as often, and the final kernels came out faster on three held-out suites,
