@@ -76,6 +76,8 @@ budget, seeds and opening — no default schedules measured first, so search log
   32 best of its rounded points per sketch (``neighbours_of`` 0 / 32; the default 8: the repair after rounding, issue
   15 item 3); ``gradient_pre_temp025``: the default gradient search descending on sharper soft features
   (``temperature=0.25``; the default 1.0; session 37 compared them offline only, item 4);
+  ``gradient_pre_lr015`` / ``gradient_pre_lr15``: the default gradient search descending with Adam's initial step
+  0.15 / 1.5 (``lr``; the default 0.5, decayed ×0.2 at 30% of the steps);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -194,6 +196,8 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, neighbours_of=0), "gradient_pre_nb0"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, neighbours_of=32), "gradient_pre_nb32"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, temperature=0.25), "gradient_pre_temp025"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, lr=0.15), "gradient_pre_lr015"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, lr=1.5), "gradient_pre_lr15"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
