@@ -138,7 +138,9 @@ class GradientSearch:
     Args:
         starts: descent starts per sketch per round (random + perturbed from the best measured).
         steps: Adam steps per round.
-        lr: initial learning rate (decayed ×0.2 at 30% of the steps).
+        lr: initial learning rate (decayed ×0.2 at 30% of the steps). 0.5 (the default): 0.15 needed 1.25x its
+            trials to 95% and ended 2% slower; 1.5 needed 0.84x [0.57, 1.13] over nine seeds, 0.71x on one suite and
+            1.07x with 2% slower kernels on the other (docs/BENCHMARKS.md, issue 15 session 58).
         temperature: softness of the features during descent. 1.0 (the default): 0.25 ranks the picks more
             like the hard features but needed 0.89x [0.60, 1.32] its trials to 95% over six seeds on both
             suites, within the noise (docs/BENCHMARKS.md, issue 15 sessions 37 and 57).
