@@ -144,7 +144,9 @@ class GradientSearch:
         temperature: softness of the features during descent. 1.0 (the default): 0.25 ranks the picks more
             like the hard features but needed 0.89x [0.60, 1.32] its trials to 95% over six seeds on both
             suites, within the noise (docs/BENCHMARKS.md, issue 15 sessions 37 and 57).
-        harvest_every: keep every k-th iterate of each trajectory (plus the last).
+        harvest_every: keep every k-th iterate of each trajectory (plus the start and the last). 2 (the default):
+            every iterate (1) needed 1.13x [0.78, 1.58] its trials to 95% over six seeds on both suites, every fourth
+            0.96x [0.71, 1.28] over nine, final kernels level (docs/BENCHMARKS.md, issue 15 session 59).
         neighbours_of: the ±1 integer neighbourhood of this many best rounded points per sketch is scored
             too (the repair after rounding). 8 (the default): none (0) and 32 needed 0.93x [0.67, 1.18] and
             1.06x [0.87, 1.28] its trials to 95% over six seeds on both suites, each split across seed sets
