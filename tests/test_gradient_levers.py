@@ -368,3 +368,20 @@ def test_prune_holds_a_left_behind_sketch_to_its_trickle():
         GradientSearch(prune=0.9)
     with pytest.raises(ValueError, match="prune_after"):
         GradientSearch(prune=1.5, prune_after=0)
+
+
+def test_the_first_round_alternates_bred_and_descended_picks():
+    g = GradientSearch(batch_size=16, starts=8, breed_share=0.5)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(fj.ops.matmul(64, 48, 32), g, seed=0, trials=32)
+        first = g.propose(run.ctx, 16)
+        bred = g._breeder[1].last_round["good"]
+        assert len(set(first)) == 16 and g.last_round["bred"] == 8  # half of the 16 - int(0.05 * 16) model picks
+        assert first[0] == bred[0] and first[2] == bred[1]  # bred first, alternated with the descents' best
+        s.step(run)
+        run.ctx.round = run.rounds  # the second round descends only
+        second = g.propose(run.ctx, 16)
+        assert "bred" not in g.last_round and len(set(second)) == 16 and not set(second) & run.ctx.measured
+    with pytest.raises(ValueError, match="breed_share"):
+        GradientSearch(breed_share=1.5)

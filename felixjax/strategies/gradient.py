@@ -32,6 +32,8 @@ Example:
 """
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -256,6 +258,13 @@ class GradientSearch:
             its population is bred from the measured best; ``benchmarks/sketch_waste.py``). Measured
             seed-paired it needed 1.01x the default's trials to 95% (docs/BENCHMARKS.md, issue 15 session
             51). 0 (the default) turns it off; 1.5 / 16 / 1 is the setting measured.
+        breed_share, breed_rounds: in a task's first ``breed_rounds`` rounds, this share of the model's picks
+            are the genetic search's (Ansor's evolution under the same model: a population of 2048, 4
+            generations, its best unmeasured configs in its order), alternated with the descents' best, bred
+            first (``last_round["bred"]`` counts them). On held-out shapes the genetic search's first round,
+            crowded where the model rates best, holds a 95% config early (the 1x1 conv, dense 1280 and the
+            5x5 stem of ``fresh`` in session 60) while the descents win the later rounds of the hard spaces.
+            0 (the default) turns it off.
     """
 
     MIN_ENSEMBLE = 24
@@ -273,7 +282,7 @@ class GradientSearch:
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
                  judge_weight: float = 0.5, climb: int = 0, prune: float = 0.0, prune_after: int = 16,
-                 prune_keep: int = 1, opening: str = "shared"):
+                 prune_keep: int = 1, opening: str = "shared", breed_share: float = 0.0, breed_rounds: int = 1):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -311,6 +320,9 @@ class GradientSearch:
         if prune_after < 1 or prune_keep < 0:
             raise ValueError(f"prune_after must be >= 1 and prune_keep >= 0 (got {prune_after}, {prune_keep})")
         self.prune, self.prune_after, self.prune_keep = float(prune), int(prune_after), int(prune_keep)
+        if not 0.0 <= breed_share <= 1.0 or breed_rounds < 0:
+            raise ValueError(f"breed_share must be in [0, 1] and breed_rounds >= 0 (got {breed_share}, {breed_rounds})")
+        self.breed_share, self.breed_rounds = float(breed_share), int(breed_rounds)
         self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._judge = None  # this round's
@@ -527,16 +539,29 @@ class GradientSearch:
                     out.append(q[depth])
         return out
 
+    def _breeder_for(self, scorer, population: int) -> GeneticSearch:
+        """The :class:`GeneticSearch` (no random share) breeding under ``scorer``: one per scorer and
+        population (its codec is cached per task)."""
+        if self._breeder[0] is not scorer or self._breeder[1].population != population:
+            self._breeder = (scorer, GeneticSearch(population=population, eps_greedy=0.0, scorer=scorer))
+        return self._breeder[1]
+
+    def _bred_picks(self, ctx: SearchContext, scorer, k: int) -> list:
+        """``breed_share``: the genetic search's first ``k`` picks of this round under the same model
+        (Ansor's population of 2048, 4 generations, its order: the model's best of the evolved
+        population, crowded where the model rates best), or none after the task's first ``breed_rounds``."""
+        if k <= 0 or ctx.round >= self.breed_rounds:
+            return []
+        return self._breeder_for(scorer, 2048).propose(ctx, k)
+
     def _evolved(self, ctx: SearchContext, scorer, n: int) -> dict[str, np.ndarray]:
         """The ``evolve`` pool: the best ``n`` unmeasured configs a :class:`GeneticSearch` of population
         ``evolve`` breeds from the measured configs under the same model (it proposes none of those), as
         integer points per sketch."""
         if not self.evolve:
             return {}
-        if self._breeder[0] is not scorer:  # one breeder per scorer (its codec is cached per task)
-            self._breeder = (scorer, GeneticSearch(population=self.evolve, eps_greedy=0.0, scorer=scorer))
         rows: dict[str, list] = {}
-        for cfg in self._breeder[1].propose(ctx, n):
+        for cfg in self._breeder_for(scorer, self.evolve).propose(ctx, n):
             rel = scorer.relaxations.get(cfg.sketch)
             if rel is None:
                 continue
@@ -657,16 +682,15 @@ class GradientSearch:
             stats["left_basin"] /= stats["trajectories"]
         n_rand = int(self.eps_greedy * n)
         local = self._local_moves(ctx, scorer, keys, int(round(self.local_share * n)))
+        k = n - n_rand - len(local)  # the descents' picks (with ``breed_share`` their tail is cut)
         picks: list = []
         if pool_x:
             xs, scores = np.concatenate(pool_x), np.concatenate(pool_s)
             if self.flat:
-                k = n - n_rand - len(local)
                 plain_top = set(np.argsort(-scores, kind="stable")[:k].tolist())
                 scores = self._flattened(scorer, xs, scores, pool_sketch, k)
                 stats["flat_changed"] = len(set(np.argsort(-scores, kind="stable")[:k].tolist()) - plain_top)
-            top = self._pick(ctx, scorer, xs, scores, np.concatenate(pool_p) if hedge else None, pool_sketch,
-                             n - n_rand - len(local))
+            top = self._pick(ctx, scorer, xs, scores, np.concatenate(pool_p) if hedge else None, pool_sketch, k)
             config_of = {}
             for name in set(pool_sketch[i] for i in top):
                 rows = [i for i in top if pool_sketch[i] == name]
@@ -686,7 +710,12 @@ class GradientSearch:
             parts = [(w, t) for w, t in stats["soft_hard_tau"] if np.isfinite(t)]
             stats["soft_hard_tau"] = (sum(w * t for w, t in parts) / sum(w for w, _ in parts)) if parts else np.nan
         stats["local"] = len(local)
+        bred = self._bred_picks(ctx, scorer, int(round(self.breed_share * k)))  # after the descents: same draws
+        if bred:  # alternated, bred first; the descents' tail is cut
+            picks = [c for pair in itertools.zip_longest(bred, picks) for c in pair if c is not None]
         picks = fresh(ctx, local + picks, n - n_rand)
+        if bred:
+            stats["bred"] = len(set(bred) & set(picks))
         taken = set(picks)
         names = sorted(ctx.spaces)
         tries = 0
