@@ -710,7 +710,7 @@ class GradientSearch:
             parts = [(w, t) for w, t in stats["soft_hard_tau"] if np.isfinite(t)]
             stats["soft_hard_tau"] = (sum(w * t for w, t in parts) / sum(w for w, _ in parts)) if parts else np.nan
         stats["local"] = len(local)
-        bred = self._bred_picks(ctx, scorer, int(round(self.breed_share * k)))  # after the descents: same draws
+        bred = self._bred_picks(ctx, scorer, round(self.breed_share * k))  # after the descents: same draws
         if bred:  # alternated, bred first; the descents' tail is cut
             picks = [c for pair in itertools.zip_longest(bred, picks) for c in pair if c is not None]
         picks = fresh(ctx, local + picks, n - n_rand)
