@@ -82,6 +82,7 @@ budget, seeds and opening — no default schedules measured first, so search log
   descent as a candidate (``harvest_every`` 1 / 4, plus the start and the last; the default 2);
   ``gradient_pre_breed``: the default gradient search whose first round alternates the genetic search's picks under
   the same model with the descents' (``breed_share=0.5``, bred first; later rounds descend only);
+  ``gradient_pre_breed1``: the same with the whole first round the genetic search's (``breed_share=1``);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -205,6 +206,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, harvest_every=1), "gradient_pre_hv1"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, harvest_every=4), "gradient_pre_hv4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, breed_share=0.5), "gradient_pre_breed"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, breed_share=1.0), "gradient_pre_breed1"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
