@@ -383,5 +383,10 @@ def test_the_first_round_alternates_bred_and_descended_picks():
         run.ctx.round = run.rounds  # the second round descends only
         second = g.propose(run.ctx, 16)
         assert "bred" not in g.last_round and len(set(second)) == 16 and not set(second) & run.ctx.measured
+    g1 = GradientSearch(batch_size=16, starts=8, breed_share=1.0)  # the whole first round bred
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(fj.ops.matmul(64, 48, 32), g1, seed=0, trials=32)
+        assert g1.propose(run.ctx, 16) == g1._breeder[1].last_round["good"] and g1.last_round["bred"] == 16
     with pytest.raises(ValueError, match="breed_share"):
         GradientSearch(breed_share=1.5)

@@ -711,8 +711,10 @@ class GradientSearch:
             stats["soft_hard_tau"] = (sum(w * t for w, t in parts) / sum(w for w, _ in parts)) if parts else np.nan
         stats["local"] = len(local)
         bred = self._bred_picks(ctx, scorer, round(self.breed_share * k))  # after the descents: same draws
-        if bred:  # alternated, bred first; the descents' tail is cut
-            picks = [c for pair in itertools.zip_longest(bred, picks) for c in pair if c is not None]
+        if bred:  # alternated, bred first, with the descents' best ``k - len(bred)`` that evolution did not pick too
+            have = set(bred)
+            rest = [c for c in picks if c not in have][: k - len(bred)]
+            picks = [c for pair in itertools.zip_longest(bred, rest) for c in pair if c is not None]
         picks = fresh(ctx, local + picks, n - n_rand)
         if bred:
             stats["bred"] = len(set(bred) & set(picks))
