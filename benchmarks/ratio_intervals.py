@@ -96,6 +96,30 @@ def early_table(runs: dict, within: tuple[int, ...] = (8, 16, 32)) -> str:
     return "\n".join(out)
 
 
+def per_op_table(runs: dict, ref: str) -> str:
+    """Per op: each strategy's median trials to 95% over its seeds with how many runs got there before the
+    budget (a run censored at its budget, or reaching 95% on its very last trial, counts as not reached; ``>``:
+    most did not), and the final latency of each strategy over ``ref`` (geomean of seed-paired ratios)."""
+    strategies = [ref] + sorted({s for _, s in runs} - {ref})
+    budget = max(max(cell["trials95"]) for cell in runs.values())
+    out = ["| op | " + " | ".join(f"{s}: median trials (reached)" for s in strategies) + " | "
+           + " | ".join(f"final, {s} / {ref}" for s in strategies[1:]) + " |",
+           "| --- | " + " | ".join("---:" for _ in strategies[1:] + strategies[1:]) + " | ---: |"]
+    for task in sorted({t for t, _ in runs}):
+        cells, finals = [], []
+        for s in strategies:
+            trials = np.asarray(runs.get((task, s), {}).get("trials95", []))
+            got = int((trials < budget).sum())
+            cells.append(f"{'>' if 2 * got < len(trials) else ''}{np.median(trials):g} ({got}/{len(trials)})"
+                         if len(trials) else "—")
+        for s in strategies[1:]:
+            a, b = runs.get((task, s), {}).get("final", []), runs[(task, ref)]["final"] if (task, ref) in runs else []
+            finals.append(f"{math.exp(np.mean(np.log(np.asarray(a) / np.asarray(b)))):.3f}" if a and len(a) == len(b)
+                          else "—")
+        out.append(f"| {task} | " + " | ".join(cells) + " | " + " | ".join(finals) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,6 +132,8 @@ def main(argv=None) -> int:
                     "that share their random numbers seed by seed: ablations since session 51)")
     ap.add_argument("--early", action="store_true", help="also print how many runs of each strategy reached 95%% "
                     "within their first 8 / 16 / 32 trials (censored runs count at their budget)")
+    ap.add_argument("--per-op", action="store_true", help="also print each op's median trials to 95%% per "
+                    "strategy (runs reached) and its final latency over --ref (seed-paired)")
     ap.add_argument("--arms", default=None, help="comma-separated strategies to keep (with --ref), e.g. to pool "
                     "files whose other arms differ; each file's 95%% is still taken against all of its arms")
     args = ap.parse_args(argv)
@@ -142,6 +168,8 @@ def main(argv=None) -> int:
         print(f"| {s} | {p['ops']} | {'/'.join(map(str, seeds))} | " + " | ".join(cells) + " |")
     if args.early:
         print("\n" + early_table(runs))
+    if args.per_op:
+        print("\n" + per_op_table(runs, args.ref))
     return 0
 
 

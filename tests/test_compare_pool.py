@@ -169,6 +169,10 @@ def test_ratio_intervals_reads_a_comparison_csv_as_the_comparison_reads_itself(t
     assert table[2:] == ["| genetic | 4 | 2 | 2 | 2 |", "| gradient | 4 | 2 | 4 | 1.5 |"]
     assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "50", "--early"]) == 0
     assert "| gradient | 4 | 4 | 4 | 4 | 1.5 |" in capsys.readouterr().out
+    # --per-op: genetic's runs on A reach 95% on their last trial or never (both count as not reached)
+    rows = {r.split(" | ")[0][2:]: r for r in ratio_intervals.per_op_table(runs, "gradient").splitlines()[2:]}
+    assert rows[A.name].startswith(f"| {A.name} | 1.5 (2/2) | >3 (0/2) | ")
+    assert rows[B.name] == f"| {B.name} | 1.5 (2/2) | 1 (2/2) | 1.000 |"
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", str(path), "--ref", "nope"])
 
