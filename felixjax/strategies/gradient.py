@@ -21,7 +21,7 @@ tile space on measurements); pessimism (``pessimism``, ``pessimism_share``: desc
 the score minus a pretrained ensemble's disagreement); an evolutionary pool (``evolve``: the
 model's best mutants of the measured configs, bred as the genetic search breeds them, ranked in one
 pool with the descents' points); a sketch the measurements have left behind held to a trickle of
-candidates (``prune``); the batch size. Every round records in ``last_round`` how the soft
+candidates (``prune``); a task's first round bred by the genetic search (``breed_share``); the batch size. Every round records in ``last_round`` how the soft
 objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
 rounding costs (``rounding_loss``, ``left_basin``).
 
@@ -261,10 +261,10 @@ class GradientSearch:
         breed_share, breed_rounds: in a task's first ``breed_rounds`` rounds, this share of the model's picks
             are the genetic search's (Ansor's evolution under the same model: a population of 2048, 4
             generations, its best unmeasured configs in its order), alternated with the descents' best, bred
-            first (``last_round["bred"]`` counts them). On held-out shapes the genetic search's first round,
-            crowded where the model rates best, holds a 95% config early (the 1x1 conv, dense 1280 and the
-            5x5 stem of ``fresh`` in session 60) while the descents win the later rounds of the hard spaces.
-            0 (the default) turns it off.
+            first (``last_round["bred"]`` counts them); 1: the whole first round bred, descents after. 0 (the
+            default) turns it off: 0.5 needed 1.07x [0.81, 1.67] its trials to 95% over 10 ops x 6 seeds with 1%
+            slower final kernels, 1 0.96x [0.58, 1.46] over 3 seeds, better on ``fresh`` and worse on the op suite
+            (docs/BENCHMARKS.md, issue 15 session 61).
     """
 
     MIN_ENSEMBLE = 24
