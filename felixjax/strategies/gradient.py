@@ -21,9 +21,9 @@ tile space on measurements); pessimism (``pessimism``, ``pessimism_share``: desc
 the score minus a pretrained ensemble's disagreement); an evolutionary pool (``evolve``: the
 model's best mutants of the measured configs, bred as the genetic search breeds them, ranked in one
 pool with the descents' points); a sketch the measurements have left behind held to a trickle of
-candidates (``prune``); a task's first round bred by the genetic search (``breed_share``); the batch size. Every round records in ``last_round`` how the soft
-objective ranks the proposed points next to the hard (exact) features (``soft_hard_tau``) and what
-rounding costs (``rounding_loss``, ``left_basin``).
+candidates (``prune``); a task's first round bred by the genetic search (``breed_share``); the batch
+size. Every round records in ``last_round`` how the soft objective ranks the proposed points next to
+the hard (exact) features (``soft_hard_tau``) and what rounding costs (``rounding_loss``, ``left_basin``).
 
 Example:
     >>> from felixjax.strategies import get_strategy
