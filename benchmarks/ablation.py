@@ -83,6 +83,9 @@ budget, seeds and opening — no default schedules measured first, so search log
   ``gradient_pre_breed``: the default gradient search whose first round alternates the genetic search's picks under
   the same model with the descents' (``breed_share=0.5``, bred first; later rounds descend only);
   ``gradient_pre_breed1``: the same with the whole first round the genetic search's (``breed_share=1``);
+  ``gradient_pre_pess_now``: the default gradient search descending on, and ranking by, score − 1 x the pretrained
+  ensemble's disagreement (``pessimism=1``; session 25 measured it on the defaults before spread and ``flat``);
+  ``genetic_pre_b32_pess1``: ``genetic_pre_b32`` ranking by the same pessimistic score (equal equipment);
 * ``genetic`` — Ansor's GA (64 per round) and ``genetic_b16`` (the same batch as the b16 arms).
 
 ``--arms`` picks a subset. Every arm of a task replays one shared, memoized oracle (each distinct
@@ -207,6 +210,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, harvest_every=4), "gradient_pre_hv4"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, breed_share=0.5), "gradient_pre_breed"),
         named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, breed_share=1.0), "gradient_pre_breed1"),
+        named(grad(cost_model="packaged", batch_size=32, spread=4.0, flat=0.5, pessimism=1.0), "gradient_pre_pess_now"),
         named(GeneticSearch(**none), "genetic"),
         named(GeneticSearch(**none, batch_size=16), "genetic_b16"),
         named(GeneticSearch(**none, **gbdt), "genetic_gbdt"),
@@ -219,6 +223,7 @@ def arms(ranker_data: str | None = RANKER_DATA, host_models: dict | None = None)
         named(GeneticSearch(cost_model="packaged", batch_size=32, judge="judge"), "genetic_pre_b32_judge"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0), "genetic_pre_pess1"),
         named(GeneticSearch(cost_model="packaged", pessimism=1.0, pessimism_share=0.5), "genetic_pre_hedge"),
+        named(GeneticSearch(cost_model="packaged", batch_size=32, pessimism=1.0), "genetic_pre_b32_pess1"),
     ] + [arm for name, path in (host_models or {}).items() for arm in (
         named(grad(cost_model=path, batch_size=32, spread=4.0, flat=0.5), f"gradient_host_{name}"),
         named(GeneticSearch(cost_model=path, batch_size=32), f"genetic_host_b32_{name}"))]
