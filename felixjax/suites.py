@@ -29,6 +29,17 @@ SUITES: dict[str, tuple[str, ...]] = {
         "dense:n=1,in=1280,out=1000",
         "conv2d:n=1,c=3,h=128,w=128,k=32,r=5,stride=2,pad=2",
     ),
+    # a hypothesis test (issue 15, session 63): pooled over 18 new seeds per op (sessions 60-62) the gradient search's
+    # lead over genetic@32 was on the depthwise convs and the large GEMV, so these are new shapes of those two
+    # families, fixed before any search ran on them (depthwise from MobileNetV2 / EfficientNet blocks, two GEMVs)
+    "dw_gemv": (
+        "depthwise_conv2d:n=1,c=32,h=112,w=112,r=3,pad=1",
+        "depthwise_conv2d:n=1,c=144,h=56,w=56,r=3,stride=2,pad=1",
+        "depthwise_conv2d:n=1,c=384,h=14,w=14,r=3,pad=1",
+        "depthwise_conv2d:n=1,c=240,h=28,w=28,r=5,pad=2",
+        "dense:n=1,in=3072,out=768",
+        "dense:n=1,in=2560,out=1000",
+    ),
     # calibrating tuner thresholds (issue 19's cost-aware options): neither the op suite nor "fresh"
     "calibration": (
         "matmul:m=384,n=768,k=256",
