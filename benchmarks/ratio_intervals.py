@@ -11,7 +11,9 @@ trials and seconds it spent, as in the tables. Nothing is measured.
 Files of one suite with different seeds (``--csv`` repeated) are pooled as more seeds of the same ops (each
 file's own best known decides its runs' reach); files of different suites, as more ops. A repeat of the same
 seeds in another file pools the same way (as more runs: timing noise makes a repeat a new run). ``--arms`` keeps
-only the named arms (and ``--ref``), so files whose other arms differ pool on the arms they share.
+only the named arms (and ``--ref``), so files whose other arms differ pool on the arms they share. ``--ops``
+keeps only the ops whose names start with one of its prefixes (an op family pooled across suites' files, e.g.
+``--ops dwconv2d``); each file's 95% is still taken per op, so the filter changes no run's reach.
 
     python benchmarks/ratio_intervals.py --csv docs/data/ablation_evo_s48/fresh_seeds0-2.csv.gz \
         --ref gradient_pre_b32_spread4_flat
@@ -136,18 +138,23 @@ def main(argv=None) -> int:
                     "strategy (runs reached) and its final latency over --ref (seed-paired)")
     ap.add_argument("--arms", default=None, help="comma-separated strategies to keep (with --ref), e.g. to pool "
                     "files whose other arms differ; each file's 95%% is still taken against all of its arms")
+    ap.add_argument("--ops", default=None, help="comma-separated prefixes of op names to keep (e.g. "
+                    "'dwconv2d,dense': one op family across files); default: every op")
     args = ap.parse_args(argv)
+    prefixes = None if args.ops is None else tuple(p.strip() for p in args.ops.split(",") if p.strip())
     keep = None if args.arms is None else {a.strip() for a in args.arms.split(",") if a.strip()} | {args.ref}
     runs: dict = {}
     for i, path in enumerate(args.csv):
         if not path.exists():
             ap.error(f"{path}: no such file")
         for key, cell in runs_from_csv(path, tag=f"{i}:").items():
-            if keep is not None and key[1] not in keep:
+            if (keep is not None and key[1] not in keep) or (prefixes is not None and not key[0].startswith(prefixes)):
                 continue
             mine = runs.setdefault(key, {m: [] for m in METRICS})
             for m in METRICS:
                 mine[m] += cell[m]
+    if prefixes is not None and not runs:
+        ap.error(f"--ops {args.ops!r}: no op of these files starts with it")
     if not any(s == args.ref for _, s in runs):
         ap.error(f"--ref {args.ref!r} is not a strategy of these files: {sorted({s for _, s in runs})}")
     if keep is not None and keep - {s for _, s in runs}:

@@ -175,6 +175,13 @@ def test_ratio_intervals_reads_a_comparison_csv_as_the_comparison_reads_itself(t
     assert rows[B.name] == f"| {B.name} | 1.5 (2/2) | 1 (2/2) | 1.000 |"
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", str(path), "--ref", "nope"])
+    # --ops: one op's prefix keeps that op alone; its ratio is that op's median ratio (A: genetic 3 / gradient 1.5)
+    capsys.readouterr()
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "50", "--ops", A.name]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| genetic |"))
+    assert line.startswith("| genetic | 1 | 2 | 2.00x [") and not B.name.startswith(A.name)
+    with pytest.raises(SystemExit):
+        ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--ops", "nope"])
 
 
 def test_ratio_intervals_arms_pools_files_whose_other_arms_differ(tmp_path, capsys):
