@@ -20,10 +20,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from codegen.ops import parse_spec  # noqa: E402
-from codegen.space import Space, sketches_for  # noqa: E402
-from codegen.target import Target  # noqa: E402
-from felixjax.suites import suite  # noqa: E402
+from codegen.ops import parse_spec
+from codegen.space import Space, sketches_for
+from codegen.target import Target
+from felixjax.suites import suite
 
 
 def space_size(task, target: Target, draws: int = 2000, seed: int = 0) -> dict:
