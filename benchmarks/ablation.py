@@ -233,12 +233,15 @@ class Memo:
     """One measurer per task, memoized per config and shared by every arm and seed: the replay oracle,
     or (``measured=True``) real builds and timings at 1 thread, each distinct config measured once
     (issue 15 allows this for the ablation); a memo hit costs an arm no seconds, so with ``measured``
-    only the trials columns compare arms."""
+    only the trials columns compare arms. With ``share=False`` (``--own``) nothing is memoized: every
+    run builds (into its own cache) and times its own candidates, so its seconds are its own too.
+    ``build_chunk``: the measurer's (``felixjax.Measurer``; ``None``: its default, ``0``: whole batch)."""
 
-    def __init__(self, measured: bool = False):
+    def __init__(self, measured: bool = False, share: bool = True, build_chunk: int | None = None):
         self.runners: dict = {}
         self.hits = self.misses = 0
         self.measured, self.local = measured, None
+        self.share, self.build_chunk = share, build_chunk
 
     def _inner(self, task, target):
         if not self.measured:
@@ -248,10 +251,13 @@ class Memo:
         from felixjax.measurer import Measurer
 
         self.local = self.local or LocalRunner()
+        chunk = {} if self.build_chunk is None else {"build_chunk": self.build_chunk or None}
         return Measurer(task, target, self.local, threads=1,
-                        protocol=TimingProtocol(warmup=1, min_repeat_ms=10, repeats=3))
+                        protocol=TimingProtocol(warmup=1, min_repeat_ms=10, repeats=3), **chunk)
 
     def __call__(self, task, target):
+        if not self.share:  # the session keeps one measurer per task; runs set its build cache per step
+            return self._inner(task, target)
         if task.key not in self.runners:
             inner = self._inner(task, target)
             cache: dict = {}
@@ -265,18 +271,28 @@ class _MemoRunner:
         self.trial_s = getattr(inner, "trial_s", 0.0)
 
     def measure(self, configs, on_result):
+        """Each result is passed on as soon as it and every config before it in the batch are known
+        (memo hits at once, misses as the inner measurer reports them), so an arm's clock reads when
+        its result would have arrived had it measured the batch itself."""
         todo = [c for c in configs if c not in self.cache]
         self.memo.hits += len(configs) - len(todo)
         self.memo.misses += len(todo)
-        if todo:
+        done = 0
+        stop = False
+
+        def flush() -> bool:
+            nonlocal done, stop
+            while not stop and done < len(configs) and configs[done] in self.cache:
+                stop = not on_result(configs[done], self.cache[configs[done]])
+                done += 1
+            return not stop
+
+        if flush() and todo:
             def keep(cfg, res):
                 self.cache[cfg] = res
-                return True
+                return flush()
 
             self.inner.measure(todo, keep)
-        for c in configs:
-            if not on_result(c, self.cache[c]):
-                break
 
 
 def search_stats(cmp) -> list[str]:
@@ -357,6 +373,10 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
     ap.add_argument("--measured", action="store_true", help="real builds and timings (1 thread, each distinct "
                     "config once per op, shared by the arms) instead of the replay oracle; compare trials only")
+    ap.add_argument("--own", action="store_true", help="with --measured: no memo; every run builds (into its own "
+                    "cache) and times its own candidates, so seconds compare arms too")
+    ap.add_argument("--build-chunk", type=int, default=None, help="candidates built before they are timed "
+                    "(default: felixjax.Measurer's; 0: the whole batch first)")
     ap.add_argument("--out", default="results/ablation")
     ap.add_argument("--db", default=None, help="also record every measurement (configs included) in this database "
                     "(default: none; the CSV under --out holds latencies only)")
@@ -393,7 +413,9 @@ def main(argv=None) -> int:
         # an empty build cache: every arm's clock pays its own compiles (kernels an earlier run compiled would be
         # free for the arm that proposes them again, e.g. the same arm with the same seed)
         os.environ["FELIXJAX_CACHE"] = tempfile.mkdtemp(prefix="fj_ablation_build_")
-    memo = Memo(measured=args.measured)
+    if args.own and not args.measured:
+        ap.error("--own needs --measured")
+    memo = Memo(measured=args.measured, share=not args.own, build_chunk=args.build_chunk)
     # JIT warm-up on the first op, untimed and thrown away: no arm's clock pays the one-off compilations
     warm = [a for a in arms(None) if a.name in ("gradient_b16_trust_ucb", "genetic_b16")]
     fj.compare(tasks[:1], warm, trials=48, seeds=[99], db=None, replay=True, progress=False, remeasure=0,
@@ -401,8 +423,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        own = tempfile.mkdtemp(prefix="fj_ablation_runs_") if args.own else None  # a build cache per run
         cmp = fj.compare(tasks, chosen, trials=args.trials, seeds=seeds, db=args.db, replay=memo, out=args.out,
-                         progress=True, remeasure=0, defaults=False)
+                         progress=True, remeasure=0, defaults=False, run_caches=own)
     finally:
         if memo.local is not None:
             memo.local.close()
@@ -412,7 +435,10 @@ def main(argv=None) -> int:
         if args.out:
             cmp.save(args.out)  # table.md and curves.png labelled as measured
     text = cmp.table()
-    if args.measured:
+    if args.measured and args.own:
+        text = text.replace("latencies: measured", "latencies: measured (real builds and timings, 1 thread; every run "
+                            "builds into an empty cache of its own and times its own candidates: seconds are its own)")
+    elif args.measured:
         text = text.replace("latencies: measured", "latencies: measured (real builds and timings, 1 thread; each "
                             "distinct config measured once per op and shared by the arms: a memo hit costs an arm "
                             "no seconds; builds from an empty cache)")
@@ -424,7 +450,8 @@ def main(argv=None) -> int:
         text += "\n\n" + "\n".join(interval_table(cmp, 2000, paired=True))  # the arms of a seed share random numbers
     print(text)
     print(proposal_medians(Path(args.out) / "cmp.csv"))
-    print(f"memoized oracle: {memo.hits} hits, {memo.misses} evaluations; {minutes:.1f} min", file=sys.stderr)
+    print(f"memoized oracle: {memo.hits} hits, {memo.misses} evaluations; {minutes:.1f} min"
+          + (" (--own: no memo)" if args.own else ""), file=sys.stderr)
     if args.write:
         from benchmarks.kernels import write_doc
 
