@@ -91,3 +91,22 @@ def test_random_batch_is_distinct_valid_and_seeded():
     spaces = {sk: Space(TASK, sk, TARGET) for sk in {c.sketch for c in a}}
     for c in a:
         spaces[c.sketch].validate(c)
+
+
+def test_chunk_effect_reads_arrivals_and_one_bar_across_both_files(tmp_path):
+    from benchmarks.chunk_effect import compare_files, tuning_runs
+
+    head = "strategy,seed,task,phase,trial,elapsed_s,latency_s,best_so_far_s,status\n"
+
+    def write(name, rows):
+        p = tmp_path / name
+        p.write_text(head + "".join(f"g,0,t,tune,{i},{s},{lat},{lat},ok\n" for i, (s, lat) in enumerate(rows)))
+        return tuning_runs(p)
+
+    # 32 results each; file a reaches the shared bar (95% of 1.0, the best of both) at 3 s, b never (its 20 s)
+    a = write("a.csv", [(1.0, 1.2), (2.0, 2.0), (3.0, 1.0)] + [(3.0 + i, 2.0) for i in range(1, 30)])
+    b = write("b.csv", [(5.0 + i / 2, 1.5) for i in range(30)] + [(19.0, 1.5), (20.0, 1.5)])
+    row = compare_files(a, b)["g"]
+    assert row["a_result1"] == 1.0 and row["b_result1"] == 5.0 and row["b_result32"] == 20.0
+    assert row["a_to95"] == pytest.approx(3.0) and row["b_to95"] == pytest.approx(20.0)
+    assert row["ratio"] == pytest.approx(20.0 / 3.0)
