@@ -101,8 +101,13 @@ basin``) and the score lost to rounding (``rounding loss``, log-latency units).
 The replay oracle is :class:`felixjax.testing.SyntheticOracle`: an analytic stand-in for hardware, so
 these numbers rank levers, they do not replace the measured comparison.
 
+``--measured`` builds and times real kernels instead (one timing per distinct config, shared by the arms:
+compare trials); ``--measured --own`` lets every run build and time its own candidates (seconds compare too).
+
 Usage:
     python benchmarks/ablation.py --ops conv28,dw28,matmul512,dense4096 --seeds 2 --trials 96 --write
+    python benchmarks/ablation.py --measured --own --suite dw_gemv --seeds 3 --trials 128 \
+        --arms gradient_pre_b32_spread4_flat,genetic_pre_b32
 """
 from __future__ import annotations
 
