@@ -29,24 +29,20 @@ sys.path.insert(0, str(ROOT))
 
 from codegen.measure import LocalRunner
 from codegen.measure_records import TimingProtocol
-from codegen.space import Space, sketches_for
+from codegen.spaces import spaces_for
 from codegen.target import Target
+from felixjax.context import SearchContext
 from felixjax.measurer import Measurer
+from felixjax.strategies.random import RandomSearch
 from felixjax.suites import suite
 
 MARKS = (1, 4, 8, 16)
 
 
 def random_batch(task, target: Target, n: int, seed: int) -> list:
-    """``n`` distinct valid configs drawn uniformly over the task's sketches (fixed by ``seed``)."""
-    rng = np.random.default_rng(seed)
-    spaces = [Space(task, sk, target) for sk in sketches_for(task, target)]
-    out: dict = {}
-    for _ in range(50 * n):
-        if len(out) >= n:
-            break
-        out.setdefault(spaces[int(rng.integers(len(spaces)))].sample(rng), None)
-    return list(out)
+    """``n`` distinct valid configs, as the random search proposes them (fixed by ``seed``)."""
+    ctx = SearchContext(task, target, spaces_for(task, target), np.random.default_rng(seed))
+    return RandomSearch().propose(ctx, n)
 
 
 def arrivals(task, target, runner, configs, chunk: int | None) -> tuple[list[float], int]:
