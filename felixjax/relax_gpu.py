@@ -47,6 +47,7 @@ from felixjax.relax import (
     N_X,
     Relaxation,
     RelaxedSpace,
+    first_appearance,
     log_tiles,
     project,
 )
@@ -258,12 +259,8 @@ class GpuRelaxation(Relaxation):
             for i in np.flatnonzero(bad):
                 cfg = super().configs_from_x(pts[i: i + 1])[0]  # already repaired (strict_validation)
                 pts[i] = self.to_x(cfg)
-            uniq, first, inverse = np.unique(pts, axis=0, return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")
-            slot = np.empty(len(first), np.int64)
-            slot[order] = np.arange(len(first))
-            index = slot[inverse.reshape(-1)][index]
-            pts = uniq[order]
+            pts, merged = first_appearance(pts)
+            index = merged[index]
         return pts.astype(np.float32), index
 
 

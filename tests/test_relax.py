@@ -25,9 +25,11 @@ from felixjax.relax import (
     N_X,
     Relaxation,
     constraints,
+    first_appearance,
     penalty,
     project,
     tile_exponents,
+    unique_rows,
 )
 
 TARGET = Target(cores=2, simd_lanes=16, vector_registers=32, l1d_bytes=48 * 1024, l2_bytes=2 << 20,
@@ -172,6 +174,26 @@ def test_round_unique_dedupes_and_indexes():
     uniq, idx = rel.round_unique(x)
     assert len(set(uniq)) == len(uniq) < len(x)
     assert [uniq[i] for i in idx] == rel.round_x(x)
+
+
+@settings(derandomize=True, deadline=None, max_examples=60)
+@given(rows=st.integers(0, 40), cols=st.integers(1, 12), values=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_unique_rows_equals_numpys_unique(rows, cols, values, seed):
+    # the search's fast dedup returns exactly what np.unique(axis=0) returns: rows, order, first index, inverse
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-1, values, size=(rows, cols)).astype(np.float32)
+    a[:, rng.random(cols) < 0.3] = 2.0  # constant columns (most of a point's slots)
+    u, first, inverse = unique_rows(a)
+    if rows:
+        ref_u, ref_first, ref_inverse = np.unique(a, axis=0, return_index=True, return_inverse=True)
+        np.testing.assert_array_equal(u, ref_u)
+        np.testing.assert_array_equal(first, ref_first)
+        np.testing.assert_array_equal(inverse, ref_inverse.reshape(-1))
+    else:
+        assert u.shape == (0, cols) and len(first) == len(inverse) == 0
+    pts, index = first_appearance(a)
+    np.testing.assert_array_equal(pts[index], a)  # every row maps back to itself
+    assert len(pts) == len(u) and sorted(first.tolist()) == [int(np.flatnonzero((a == p).all(1))[0]) for p in pts]
 
 
 def test_repair_lowers_vec_and_shrinks_the_register_block():

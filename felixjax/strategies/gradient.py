@@ -43,6 +43,7 @@ from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
 from ..context import check_opening, check_pessimism, check_judge, check_ranker, judge_for, pessimistic
+from ..relax import first_appearance
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
@@ -583,7 +584,8 @@ class GradientSearch:
             nb, owner = rel.neighbours_by_row(xs[rows])
             if not len(nb):  # no valid neighbour anywhere: these rows keep their scores
                 continue
-            nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
+            uniq, back = first_appearance(nb)  # a point next to several rows is scored once
+            nb_scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))[back]
             count = np.bincount(owner, minlength=len(rows))
             total = np.bincount(owner, weights=nb_scores, minlength=len(rows))
             means = np.where(count > 0, total / np.maximum(count, 1), scores[rows])
