@@ -7,9 +7,13 @@ seconds at which its k-th result arrived compare the two ways of building direct
 run times its own candidates), so reaching 95% is judged against one bar per op: 95% of the best latency any
 run of either file found. Per arm: median seconds at which results 1, 8 and 32 arrived, and the geomean over
 ops of the median seconds to that bar (runs that never reach it enter at the seconds they spent), per file,
-with their ratio.
+with their ratio; then each round's clock per file: seconds from one round's last result to the next round's
+first (the search's own time and the first chunk), and on to its last.
 
     python benchmarks/chunk_effect.py --a results/own_s64/dwg_chunk8/cmp.csv --b results/own_s64/dwg_all/cmp.csv
+
+Any two such runs read the same way: session 65 compared the runs of two commits (a search made cheaper without
+changing its picks) with ``--marks 1,32,64,96,128``, the results at which each round ends.
 """
 from __future__ import annotations
 
@@ -44,8 +48,8 @@ def seconds_to(recs: list, bar: float) -> float:
     return next((t for _, t, lat in recs if lat <= bar), recs[-1][1])
 
 
-def compare_files(a: dict, b: dict) -> dict[str, dict]:
-    """Per strategy: arrival seconds of results ``MARKS`` and geomean seconds to one 95% bar per op, both files."""
+def compare_files(a: dict, b: dict, marks: tuple[int, ...] = MARKS) -> dict[str, dict]:
+    """Per strategy: arrival seconds of results ``marks`` and geomean seconds to one 95% bar per op, both files."""
     best: dict = defaultdict(lambda: math.inf)
     for runs in (a, b):
         for (task, _, _), recs in runs.items():
@@ -55,7 +59,7 @@ def compare_files(a: dict, b: dict) -> dict[str, dict]:
         row: dict = {}
         for tag, runs in (("a", a), ("b", b)):
             mine = {k: v for k, v in runs.items() if k[1] == s}
-            for m in MARKS:
+            for m in marks:
                 row[f"{tag}_result{m}"] = float(np.median([v[m - 1][1] for v in mine.values() if len(v) >= m]))
             per_op = defaultdict(list)
             for (task, _, _), recs in mine.items():
@@ -66,18 +70,44 @@ def compare_files(a: dict, b: dict) -> dict[str, dict]:
     return out
 
 
+def round_clock(runs: dict, batch: int = 32) -> dict[str, tuple[float, float]]:
+    """Per strategy, means over runs and rounds: seconds from a round's last result to the next round's first
+    (the model's update, the search's propose and the first chunk's builds; from the run's start for the first
+    round), and from a round's first result to its last (the rest of its builds and timings)."""
+    gaps: dict = defaultdict(lambda: ([], []))
+    for (_, s, _), recs in runs.items():
+        t = [e for _, e, _ in recs]
+        for r in range(len(t) // batch):
+            lo = r * batch
+            gaps[s][0].append(t[lo] - (t[lo - 1] if r else 0.0))
+            gaps[s][1].append(t[lo + batch - 1] - t[lo])
+    return {s: (float(np.mean(a)), float(np.mean(b))) for s, (a, b) in sorted(gaps.items())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", type=Path, required=True, help="per-trial CSV of one way (e.g. chunked builds)")
     ap.add_argument("--b", type=Path, required=True, help="per-trial CSV of the other (e.g. the whole batch first)")
+    ap.add_argument("--marks", default=",".join(map(str, MARKS)),
+                    help="the results whose arrival is reported, comma-separated (default 1,8,32)")
+    ap.add_argument("--batch", type=int, default=32, help="candidates per round of the runs (default 32)")
     args = ap.parse_args(argv)
-    rows = compare_files(tuning_runs(args.a), tuning_runs(args.b))
+    marks = tuple(int(m) for m in args.marks.split(","))
+    rows = compare_files(tuning_runs(args.a), tuning_runs(args.b), marks)
     print(f"a = {args.a}, b = {args.b}; seconds since each run began (median over runs; 95%: of the best of both)\n")
-    print("| arm | " + " | ".join(f"result {m}: a / b" for m in MARKS) + " | to 95%, a | to 95%, b | b / a |")
-    print("| --- | " + " | ".join("---:" for _ in MARKS) + " | ---: | ---: | ---: |")
+    print("| arm | " + " | ".join(f"result {m}: a / b" for m in marks) + " | to 95%, a | to 95%, b | b / a |")
+    print("| --- | " + " | ".join("---:" for _ in marks) + " | ---: | ---: | ---: |")
     for s, r in rows.items():
-        print(f"| {s} | " + " | ".join(f"{r[f'a_result{m}']:.2f} / {r[f'b_result{m}']:.2f}" for m in MARKS)
+        print(f"| {s} | " + " | ".join(f"{r[f'a_result{m}']:.2f} / {r[f'b_result{m}']:.2f}" for m in marks)
               + f" | {r['a_to95']:.2f} | {r['b_to95']:.2f} | {r['ratio']:.2f} |")
+    clocks = {tag: round_clock(tuning_runs(path), args.batch) for tag, path in (("a", args.a), ("b", args.b))}
+    print(f"\nEach round's clock ({args.batch} per round; means over runs and rounds, seconds): to its first result from the"
+          " last of the round before (update, propose, first chunk), then to its last\n")
+    print("| arm | to the first result, a / b | rest of the round, a / b |")
+    print("| --- | ---: | ---: |")
+    for s in sorted(set(clocks["a"]) & set(clocks["b"])):
+        (fa, ra), (fb, rb) = clocks["a"][s], clocks["b"][s]
+        print(f"| {s} | {fa:.2f} / {fb:.2f} | {ra:.2f} / {rb:.2f} |")
     return 0
 
 

@@ -16,6 +16,14 @@ statistics and the soft/hard tau of the picks).
     python benchmarks/search_overhead.py --strategies gradient,gradient_stats,genetic@32
     python benchmarks/search_overhead.py --strategies gradient,gradient_noflat,genetic@32 --seeds 1 --trials 96
 
+With ``--trace FILE`` it also writes every run's measured configs in trial order (JSON); ``--same-as FILE``
+compares this run's with such a trace written by another checkout (say, the commit before a speed-up that
+should not change what the search proposes) and prints how many runs proposed exactly the same configs:
+
+    git worktree add /tmp/before HEAD~1 && cp benchmarks/search_overhead.py /tmp/before/benchmarks/
+    (cd /tmp/before && python benchmarks/search_overhead.py --ops dw_gemv,fresh --seeds 1 --trace /tmp/before.json)
+    python benchmarks/search_overhead.py --ops dw_gemv,fresh --seeds 1 --same-as /tmp/before.json
+
 ``gradient_stats`` is the gradient search with its per-round statistics on (``stats=True``, the default
 until session 33); the picks are the same with them on or off (tested in tests/test_gradient_levers.py),
 so any difference in seconds is the statistics' cost. Timings on a busy machine are noisy: compare the
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import sys
 import time
@@ -75,6 +84,26 @@ def parts(profile: cProfile.Profile) -> dict[str, float]:
     return out
 
 
+def trace_of(cmp) -> dict[str, list[str]]:
+    """Every run's measured configs in trial order, keyed ``task|strategy|seed`` (the replay oracle is
+    deterministic, so two checkouts that propose the same configs write the same trace)."""
+    return {f"{task}|{label}|{seed}": [repr(r.config) for r in recs]
+            for (task, label, seed), recs in sorted(cmp.histories.items())}
+
+
+def same_picks(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> dict:
+    """How two traces compare: runs in both, runs whose configs are identical in order, and for each run
+    that differs the first trial at which it does."""
+    common = sorted(set(ours) & set(theirs))
+    differ = {}
+    for key in common:
+        a, b = ours[key], theirs[key]
+        if a != b:
+            differ[key] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"runs": len(common), "identical": len(common) - len(differ), "first_difference": differ,
+            "only_one_side": sorted(set(ours) ^ set(theirs))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default="fresh", help="suite names or op specs (';' between an op's fields), comma-separated (default fresh)")
@@ -83,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="profile the gradient search's propose by part")
+    ap.add_argument("--trace", help="write every run's measured configs in trial order to this JSON file")
+    ap.add_argument("--same-as", help="compare the runs' configs with a trace written by --trace (another checkout)")
     args = ap.parse_args(argv)
     tasks = [t for spec in args.ops.split(",") for t in (suite(spec) if spec in SUITES
                                                          else [parse_spec(spec.replace(";", ","))])]
@@ -109,6 +140,13 @@ def main(argv=None) -> int:
         prop = sum(s["propose_s"] for s in runs)
         upd = sum(s["update_s"] for s in runs)
         print(f"| {n} | {rounds} | {prop / rounds:.3f} | {upd / rounds:.3f} | {(prop + upd) / len(runs):.2f} |")
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(trace_of(cmp)))
+    if args.same_as:
+        cmpd = same_picks(trace_of(cmp), json.loads(Path(args.same_as).read_text()))
+        print(f"\nsame configs as {args.same_as}: {cmpd['identical']} of {cmpd['runs']} runs identical in trial order"
+              + (f"; first differences: {cmpd['first_difference']}" if cmpd["first_difference"] else "")
+              + (f"; in one trace only: {cmpd['only_one_side']}" if cmpd["only_one_side"] else ""))
     if prof:
         rounds = sum(s["rounds"] for (_, label, _), s in cmp.stats.items() if label.startswith("gradient"))
         print(f"\ngradient searches' propose by part (cumulative seconds per round, {rounds} rounds; "

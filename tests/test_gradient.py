@@ -111,11 +111,11 @@ def test_the_soft_score_of_one_point_equals_the_model_on_a_batch_of_one():
     target = fj.Target.cpu()
     spaces = {s.name: Space(CONV, s, target) for s in sketches_for(CONV)}
     scorer = CostModelScorer(spaces, target, seed=0)  # the packaged model: the MLP is active
-    name = sorted(spaces)[0]
+    name = min(spaces)
     rel, inputs = scorer.relaxations[name], scorer.inputs[name]
+    blend = scorer.differentiable
     xs = np.asarray(rel.sample_x(jax.random.PRNGKey(0), 4))
     for weight in (1.0, 0.0):  # the MLP, then the prior, through the same blend
-        blend = scorer.differentiable
         params = dict(blend.params, w=np.float32(weight))
         soft = scorer.soft_score(1.0)
 

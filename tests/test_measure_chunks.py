@@ -110,3 +110,13 @@ def test_chunk_effect_reads_arrivals_and_one_bar_across_both_files(tmp_path):
     assert row["a_result1"] == 1.0 and row["b_result1"] == 5.0 and row["b_result32"] == 20.0
     assert row["a_to95"] == pytest.approx(3.0) and row["b_to95"] == pytest.approx(20.0)
     assert row["ratio"] == pytest.approx(20.0 / 3.0)
+
+
+def test_round_clock_splits_each_round_at_its_first_result():
+    from benchmarks.chunk_effect import round_clock
+
+    # two rounds of 4: results at 1..4 s and 7..10 s; the second round's first result comes 3 s after the first's last
+    runs = {("t", "g", "0"): [(i, s, 1.0) for i, s in enumerate([1.0, 2.0, 3.0, 4.0, 7.0, 8.0, 9.0, 10.0])],
+            ("t", "g", "1"): [(i, s, 1.0) for i, s in enumerate([2.0, 2.5, 3.0, 3.5])]}  # one round, 2 s to its first
+    first, rest = round_clock(runs, batch=4)["g"]
+    assert first == pytest.approx((1.0 + 3.0 + 2.0) / 3) and rest == pytest.approx((3.0 + 3.0 + 1.5) / 3)
