@@ -41,13 +41,13 @@ import numpy as np
 from codegen.cuda.sim import row_major_strides
 from codegen.cuda.space import REG_OVERHEAD, STATIC_SMEM_LIMIT, CudaSpace
 from codegen.ops import Access
+from felixjax.points import first_appearance
 from felixjax.relax import (
     I_PAR,
     MAX_AXES,
     N_X,
     Relaxation,
     RelaxedSpace,
-    first_appearance,
     log_tiles,
     project,
 )

@@ -14,6 +14,7 @@ from codegen.knobs import knob_slot
 from codegen.ops import conv2d, dense, depthwise_conv2d, matmul
 from codegen.space import MAX_UNROLL_STEP, Config, Space, sketches_for
 from codegen.target import Target
+from felixjax.points import first_appearance, unique_rows
 from felixjax.relax import (
     CONSTRAINTS,
     FREE_LEVELS,
@@ -25,11 +26,9 @@ from felixjax.relax import (
     N_X,
     Relaxation,
     constraints,
-    first_appearance,
     penalty,
     project,
     tile_exponents,
-    unique_rows,
 )
 
 TARGET = Target(cores=2, simd_lanes=16, vector_registers=32, l1d_bytes=48 * 1024, l2_bytes=2 << 20,

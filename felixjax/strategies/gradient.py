@@ -43,7 +43,7 @@ from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
 from ..context import check_opening, check_pessimism, check_judge, check_ranker, judge_for, pessimistic
-from ..relax import first_appearance
+from ..points import first_appearance
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
