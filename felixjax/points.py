@@ -1,8 +1,8 @@
 """Integer points of a relaxed space as rows of an array: the distinct ones, fast.
 
 The gradient search rounds thousands of points a round and deduplicates them (and their neighbourhoods) before
-scoring; ``np.unique(axis=0)`` sorts such rows as records of every column, ~10x slower than a stable lexsort over
-the few columns that vary (session 65).
+scoring; ``np.unique(axis=0)`` sorts such rows as records of every column, 10-27x slower than a stable lexsort
+over the few columns that vary (``benchmarks/unique_rows.py``, session 65).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``np.unique(a, axis=0, return_index=True, return_inverse=True)`` of a 2-D array, with the same
     rows, order and indices (rows sorted lexicographically by value, ``first`` the first occurrence of each,
-    ``inverse`` flat), ~10x faster on the search's points: a stable ``np.lexsort`` over only the
+    ``inverse`` flat), 10-27x faster on the search's points: a stable ``np.lexsort`` over only the
     columns that vary, instead of sorting the rows as structured records of every column.
 
     Example:
