@@ -465,8 +465,8 @@ def _soft_score_for(model, temperature: float, feature_fn=features):
         def one(params, inputs, x):
             f = feature_fn(inputs, x, soft)
             # one point's features as they are, not as a batch of one ([None] ... [0]): under the
-            # descent's vmap and grad that axis made XLA's CPU backward pass of the MLP ~4x slower
-            # (session 65: the descents of a round 0.58 -> 0.35 s); every model's apply takes [..., A, F]
+            # descent's vmap and grad that axis made XLA's CPU backward pass of the MLP ~3.4x slower
+            # (benchmarks/descent_grad.py, session 65); every model's apply takes [..., A, F]
             return model.apply(params, f)
 
         _SOFT_SCORE[key] = one

@@ -98,7 +98,7 @@ def test_trust_penalty_is_zero_inside_and_pulls_back_outside():
 
 def test_the_soft_score_of_one_point_equals_the_model_on_a_batch_of_one():
     """The descent scores one point's features without a batch axis (XLA's CPU backward pass of the MLP
-    is ~4x faster that way than through a batch of one); value and gradient are the model's on the
+    is ~3.4x faster that way than through a batch of one); value and gradient are the model's on the
     batch of one, for the pretrained MLP and the roofline prior alike, and the hard scores too."""
     import jax
     import jax.numpy as jnp
