@@ -27,6 +27,7 @@ from codegen.space import Config, Space
 from codegen.target import Target
 
 from . import model as _model
+from .points import first_appearance  # noqa: F401  (re-exported: strategies import only the context)
 from .ranker import check_ranker  # noqa: F401  (re-exported: strategies import only the context)
 
 

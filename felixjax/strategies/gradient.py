@@ -42,8 +42,8 @@ import optax
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import check_opening, check_pessimism, check_judge, check_ranker, judge_for, pessimistic
-from ..points import first_appearance
+from ..context import (check_opening, check_pessimism, check_judge, check_ranker, first_appearance, judge_for,
+                       pessimistic)
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
