@@ -1,9 +1,10 @@
 """When do a batch's results arrive? Building the whole batch first against building it in chunks.
 
 A tuning round proposes a batch (32 at the defaults) in the order its strategy ranks it, and the session
-commits each result as it arrives. :class:`felixjax.Measurer` builds every candidate of the batch (gcc,
-2 in parallel) before timing the first, so a round's best-ranked candidate is known only after all of
-its builds; with ``build_chunk=k`` it builds ``k``, times them, builds the next ``k``. This script builds
+commits each result as it arrives. With ``build_chunk=None`` :class:`felixjax.Measurer` builds every
+candidate of the batch (gcc, 2 in parallel) before timing the first (its only behaviour before session 64),
+so a round's best-ranked candidate is known only after all of its builds; with ``build_chunk=k`` (8 by
+default since session 64) it builds ``k``, times them, builds the next ``k``. This script builds
 and times the same random batch of each op both ways, from an empty build cache each time, modes
 interleaved per repeat, and reports when result 1, 4, 8, 16 and the whole batch arrived (median over
 repeats; seconds since the batch began). Every kernel is checked against numpy before and after it is
