@@ -7,7 +7,8 @@ no kernels built, so what is left is the search's own time), interleaved per rou
 runs them, after an untimed warm-up that pays the JIT compilations, and reports per strategy the mean
 seconds per round spent in ``propose`` and in ``update`` (the session's ``TaskRun.stats``).
 
-With ``--profile`` it also profiles the gradient search's ``propose`` (cProfile, cumulative seconds
+With ``--profile`` it also profiles the gradient search's ``propose`` (cProfile, which sees one thread:
+the gradient searches then run with ``workers=1``; cumulative seconds
 per round of its parts: the descents, rounding, scoring the pool, the ±1 neighbourhood, the rounding
 statistics and the soft/hard tau of the picks).
 
@@ -24,6 +25,8 @@ should not change what the search proposes) and prints how many runs proposed ex
     (cd /tmp/before && python benchmarks/search_overhead.py --ops dw_gemv,fresh --seeds 1 --trace /tmp/before.json)
     python benchmarks/search_overhead.py --ops dw_gemv,fresh --seeds 1 --same-as /tmp/before.json
 
+``gradient_serial`` is the gradient search with ``workers=1``: its descents, and then its sketches' rounding and
+scoring, one after another instead of in threads over the cores (session 66; the same picks).
 ``gradient_stats`` is the gradient search with its per-round statistics on (``stats=True``, the default
 until session 33); the picks are the same with them on or off (tested in tests/test_gradient_levers.py),
 so any difference in seconds is the statistics' cost. Timings on a busy machine are noisy: compare the
@@ -48,7 +51,7 @@ from felixjax.suites import SUITES, suite  # noqa: E402
 
 #: the gradient search's parts that ``--profile`` reports (function name in gradient.py / relax.py / model.py)
 PARTS = {
-    "descents (jitted Adam)": "_descend",
+    "descents (jitted Adam)": "_run_descent",
     "rounding (round_points)": "round_points",
     "scoring (hard features + MLP)": "_score",
     "±1 neighbourhood": "neighbours_x",
@@ -59,15 +62,18 @@ PARTS = {
 }
 
 
-VARIANTS = {"gradient_stats": {"stats": True}, "gradient_noflat": {"flat": 0.0}}
+VARIANTS = {"gradient_stats": {"stats": True}, "gradient_noflat": {"flat": 0.0}, "gradient_serial": {"workers": 1}}
 
 
-def strategy(name: str):
+def strategy(name: str, serial: bool = False):
     """What ``fj.compare`` is given for a name: ``gradient_stats`` becomes the gradient search with
-    ``stats=True``, ``gradient_noflat`` with ``flat=0`` (the default before session 35); any other name (``NAME@N`` too) is passed as it is."""
-    if name not in VARIANTS:
+    ``stats=True``, ``gradient_noflat`` with ``flat=0`` (the default before session 35), ``gradient_serial``
+    with ``workers=1`` (its descents and sketches one after another, as before session 66); any other name
+    (``NAME@N`` too) is passed as it is. ``serial``: every gradient search with ``workers=1`` (a profile
+    sees only this thread)."""
+    if name not in VARIANTS and not (serial and name.startswith("gradient")):
         return name
-    st = GradientSearch(**VARIANTS[name])
+    st = GradientSearch(**{**VARIANTS.get(name, {}), **({"workers": 1} if serial else {})})
     st.name = name
     return st
 
@@ -108,10 +114,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default="fresh", help="suite names or op specs (';' between an op's fields), comma-separated (default fresh)")
     ap.add_argument("--strategies", default="gradient,gradient_stats,genetic@32",
-                    help="comma-separated: gradient, gradient_stats, gradient_noflat, genetic, NAME@N")
+                    help="comma-separated: gradient, gradient_stats, gradient_noflat, gradient_serial, genetic, NAME@N")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--trials", type=int, default=128)
-    ap.add_argument("--profile", action="store_true", help="profile the gradient search's propose by part")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the gradient search's propose by part (its work then in one thread: workers=1)")
     ap.add_argument("--trace", help="write every run's measured configs in trial order to this JSON file")
     ap.add_argument("--same-as", help="compare the runs' configs with a trace written by --trace (another checkout)")
     args = ap.parse_args(argv)
@@ -119,13 +126,13 @@ def main(argv=None) -> int:
                                                          else [parse_spec(spec.replace(";", ","))])]
     names = args.strategies.split(",")
     # JIT warm-up, untimed: every strategy once on the first op
-    fj.compare(tasks[:1], [strategy(n) for n in names], trials=64, seeds=[99], db=None, replay=True,
+    fj.compare(tasks[:1], [strategy(n, args.profile) for n in names], trials=64, seeds=[99], db=None, replay=True,
                progress=False, remeasure=0, defaults=False)
     prof = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()
     if prof:
         prof.enable()
-    cmp = fj.compare(tasks, [strategy(n) for n in names], trials=args.trials, seeds=args.seeds, db=None,
+    cmp = fj.compare(tasks, [strategy(n, args.profile) for n in names], trials=args.trials, seeds=args.seeds, db=None,
                      replay=True, progress=False, remeasure=0, defaults=False)
     if prof:
         prof.disable()

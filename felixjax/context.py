@@ -29,6 +29,7 @@ from codegen.target import Target
 from . import model as _model
 from .points import first_appearance  # noqa: F401  (re-exported: strategies import only the context)
 from .ranker import check_ranker  # noqa: F401  (re-exported: strategies import only the context)
+from .threads import in_threads, usable_cores  # noqa: F401  (re-exported: strategies import only the context)
 
 
 @dataclass

@@ -112,8 +112,9 @@ def test_the_pessimism_hedge_descends_and_ranks_on_both_objectives():
                        defaults=False) as s:
         run = s.add(task, g, seed=0, trials=16)
         s.step(run)
-        assert [o is None for _, _, o in g._ends] == [False, True] * g.warmup_passes  # both objectives
-        assert all(len(x0) == 8 for x0, _, _ in g._ends)
+        for ends in g._ends.values():  # every sketch's descents: both objectives, half the starts each
+            assert [o is None for _, _, o in ends] == [False, True] * g.warmup_passes
+            assert all(len(x0) == 8 for x0, _, _ in ends)
         other = s.add(task, gen, seed=1, trials=16)
         picks = gen.propose(other.ctx, 16)
         assert len(set(picks)) == 16 and not set(picks) & other.ctx.measured

@@ -96,7 +96,7 @@ def test_the_residual_lever_reads_the_runs_measurements_in_descent_and_ranking()
         g._residuals = (1e-4, 0.0, {name: bump})
         g.perturbed_share = 0.0  # random starts only
         iterates = g._descend(run.ctx, scorer, name, rel)
-        x0, xt, _ = g._ends[0]
+        x0, xt, _ = g._ends[name][0]
         before = np.linalg.norm(x0 - target, axis=1).mean()
         after = np.linalg.norm(xt - target, axis=1).mean()
         assert after < 0.5 * before and len(iterates) > len(x0)

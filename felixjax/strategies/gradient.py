@@ -32,26 +32,23 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from costmodels import kendall_tau
 from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 
-from ..context import (check_opening, check_pessimism, check_judge, check_ranker, first_appearance, judge_for,
-                       pessimistic)
+from ..context import (check_opening, check_pessimism, check_judge, check_ranker, first_appearance, in_threads,
+                       judge_for, pessimistic, usable_cores)
+from .descent import _descent_for, trust_penalty  # noqa: F401 (trust_penalty: read from here by tests)
 from .base import SearchContext, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
-from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual, gp_mean
+from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual
 
-GRAD_RATIO = 5.0  # penalty gradient is rescaled to this multiple of the objective's (per start)
-
-
-_COMPILED: dict = {}
 _SOFT_BATCH: dict = {}
 SOFT_CHUNK = 256  # soft scores of integer points are computed in chunks of this many rows (one compilation)
 
@@ -70,6 +67,11 @@ def _soft_scores(score_fn, params, inputs, pts: np.ndarray) -> np.ndarray:
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
 
+def _run_descent(run, args: tuple) -> np.ndarray:
+    """One descent's iterates ``[steps, S, N_X]`` as numpy (a thread waits here while XLA runs it)."""
+    return np.asarray(run(*args))
+
+
 def _key(x: np.ndarray) -> bytes:
     """A hashable key of an integer point (exponents and scalar knobs are small integers)."""
     return np.rint(x).astype(np.int16).tobytes()
@@ -78,60 +80,6 @@ def _key(x: np.ndarray) -> bytes:
 ANCHORS = 16  # measured points a trust region is built around (padded with masked rows: one compilation)
 FLAT_TOP = 8  # with ``flat``, this many candidates per pick are re-scored over their neighbourhoods
 RESIDUAL_ROWS = 256  # measured points per sketch the residual GP keeps, best first (padded: one compilation)
-
-
-def _descent_for(score_fn, rel, steps: int):
-    """The jitted descent for one soft objective and relaxation kind (compiled once per process)."""
-    key = (id(score_fn), type(rel), steps)
-    if key not in _COMPILED:
-        _COMPILED[key] = _descent(score_fn, type(rel).penalty_of, type(rel).project_of, steps)
-    return _COMPILED[key]
-
-
-def trust_penalty(x, anchors, mask, radius):
-    """``max(0, d² − radius²)`` with ``d`` the (soft) distance from ``x`` to the nearest anchor: zero
-    inside the trust region around the measured points, quadratic outside."""
-    d2 = jnp.sum((anchors - x) ** 2, axis=-1)
-    d2 = jnp.where(mask > 0, d2, 1e6)
-    nearest = -0.5 * jax.nn.logsumexp(-d2 / 0.5)  # a soft minimum (temperature 0.5 in squared exponent units)
-    return jnp.maximum(nearest - radius ** 2, 0.0)
-
-
-def _descent(score_fn, penalty, project, steps: int):
-    """``jit(params, inputs, rs, x0 [S, N_X], lr, anchors [A, N_X], mask [A], trust, slope, gp) ->
-    iterates [steps, S, N_X]``: Adam on ``-(slope · score_fn(params, inputs, x) + gp_mean(x, *gp))``
-    (the residual GP's mean: 0 where there is none; plus ``trust = (weight, radius)`` times the
-    trust-region penalty around the anchors) and the constraint penalty, projected after every step.
-    The model, the task's feature inputs, the relaxed space and the GP are arguments, so one
-    compilation serves every task and round."""
-
-    def run(params, inputs, rs, x0, lr, anchors, mask, trust, slope, gp):
-        sched = optax.piecewise_constant_schedule(lr, {int(0.3 * steps): 0.2})
-        opt = optax.adam(sched)
-
-        def objective(p, i, x):
-            return (-(slope * score_fn(p, i, x) + gp_mean(x, *gp))
-                    + trust[0] * trust_penalty(x, anchors, mask, trust[1]))
-
-        g_obj_fn = jax.vmap(jax.grad(objective, argnums=2), in_axes=(None, None, 0))
-        g_pen_fn = jax.vmap(jax.grad(lambda x: penalty(rs, x)))
-
-        def step(carry, _):
-            x, state = carry
-            g_obj = g_obj_fn(params, inputs, x)
-            g_pen = g_pen_fn(x)
-            n_obj = jnp.linalg.norm(g_obj, axis=-1, keepdims=True)
-            n_pen = jnp.linalg.norm(g_pen, axis=-1, keepdims=True)
-            scale = jnp.where(n_pen > 0, GRAD_RATIO * n_obj / jnp.maximum(n_pen, 1e-12), 1.0)
-            g = jnp.nan_to_num(g_obj + scale * g_pen)
-            upd, state = opt.update(g, state)
-            x = jax.vmap(lambda v: project(rs, v))(x + upd)
-            return (x, state), x
-
-        (_, _), traj = jax.lax.scan(step, (x0, opt.init(x0)), None, length=steps)
-        return traj
-
-    return jax.jit(run)
 
 
 @register("gradient")
@@ -266,6 +214,10 @@ class GradientSearch:
             default) turns it off: 0.5 needed 1.07x [0.81, 1.67] its trials to 95% over 10 ops x 6 seeds with 1%
             slower final kernels, 1 0.96x [0.58, 1.46] over 3 seeds, better on ``fresh`` and worse on the op suite
             (docs/BENCHMARKS.md, issue 15 session 61).
+        workers: threads a round's descents, and then its sketches' rounding, scoring and neighbourhoods, run
+            on (``None``, the default: the cores this process may use; nothing is being timed while a search
+            proposes). The starts are drawn before, in sketch order, so the picks are the same for any
+            number; 1 runs everything one after another in this thread, as before session 66.
     """
 
     MIN_ENSEMBLE = 24
@@ -283,7 +235,8 @@ class GradientSearch:
                  residual: bool = False, residual_beta: float = 0.0, residual_rank: bool = True,
                  spread: float = 4.0, spread_from: int = 0, flat: float = 0.5, judge: str | None = None,
                  judge_weight: float = 0.5, climb: int = 0, prune: float = 0.0, prune_after: int = 16,
-                 prune_keep: int = 1, opening: str = "shared", breed_share: float = 0.0, breed_rounds: int = 1):
+                 prune_keep: int = 1, opening: str = "shared", breed_share: float = 0.0, breed_rounds: int = 1,
+                 workers: int | None = None):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
@@ -324,6 +277,9 @@ class GradientSearch:
         if not 0.0 <= breed_share <= 1.0 or breed_rounds < 0:
             raise ValueError(f"breed_share must be in [0, 1] and breed_rounds >= 0 (got {breed_share}, {breed_rounds})")
         self.breed_share, self.breed_rounds = float(breed_share), int(breed_rounds)
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be None or >= 1 (got {workers})")
+        self.workers = usable_cores() if workers is None else int(workers)
         self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._judge = None  # this round's
@@ -334,6 +290,7 @@ class GradientSearch:
         self.last_round: dict = {}
         self._keys: dict[str, set] = {}
         self._keyed = (None, 0)  # (context, history records already keyed)
+        self._ends: dict = {}  # sketch -> (starts, final iterates, objective) of this round's descents
 
     def _ensure_scorer(self, ctx: SearchContext):
         """The ``scorer`` option when given, else the context's (the session's shared model, seen
@@ -408,15 +365,13 @@ class GradientSearch:
         x_pert = np.asarray(rel.project(jnp.asarray(pick + noise, jnp.float32)))
         return np.concatenate([x_rand, x_pert]).astype(np.float32)
 
-    def _descend(self, ctx: SearchContext, scorer, name: str, rel) -> np.ndarray:
-        """Every harvested iterate ``[H, N_X]`` of this round's descents on one sketch (a sketch with
-        no measurement yet gets ``warmup_passes`` passes; each pass is the same compiled shape)."""
-        keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
-        if keep[-1] != self.steps - 1:
-            keep.append(self.steps - 1)
+    def _descents(self, ctx: SearchContext, scorer, name: str, rel) -> list[tuple]:
+        """This round's descents on one sketch, ready to run: ``(run, x0, objective)`` each, ``run()``
+        returning the iterates ``[steps, S, N_X]`` (a sketch with no measurement yet gets
+        ``warmup_passes`` passes; each pass is the same compiled shape). The starts are drawn here, from
+        ``ctx.rng`` in sketch order, so running the descents in threads leaves the picks as they were."""
         measured = any(r.config.sketch == name for r in ctx.history)
         out = []
-        self._ends = []  # (starts, final iterates, objective) of every descent: the rounding statistics
         passes = [(obj, n) for _ in range(1 if measured else max(1, self.warmup_passes))
                   for obj, n in self._split(scorer)]
         for obj, n_starts in passes:
@@ -429,11 +384,27 @@ class GradientSearch:
             slope, fits = self._residuals[0], self._residuals[2]
             # no GP: zero rows with the lever off (no kernel sum per step), padded rows with it on (one compilation)
             gp = fits[name].arrays() if name in fits else empty_arrays(x0.shape[-1], RESIDUAL_ROWS * self.residual)
-            traj = np.asarray(run(model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr,
-                                  anchors, mask, trust, jnp.float32(slope), gp))
-            out.append(np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1]))
-            self._ends.append((x0, traj[-1], obj))
-        return np.concatenate(out)
+            args = (model.params, scorer.inputs[name], arrays, jnp.asarray(x0), self.lr, anchors, mask, trust,
+                    jnp.float32(slope), gp)
+            out.append((functools.partial(_run_descent, run, args), x0, obj))
+        return out
+
+    def _descend(self, ctx: SearchContext, scorer, name: str, rel) -> np.ndarray:
+        """Every harvested iterate ``[H, N_X]`` of this round's descents on one sketch, run here (their ends
+        recorded in ``_ends[name]``)."""
+        descents = self._descents(ctx, scorer, name, rel)
+        trajs = in_threads([run for run, _, _ in descents], self.workers)
+        self._ends[name] = [(x0, t[-1], obj) for (_, x0, obj), t in zip(descents, trajs)]
+        return self._harvest(descents, trajs)
+
+    def _harvest(self, descents: list[tuple], trajs: list[np.ndarray]) -> np.ndarray:
+        """Every harvested iterate ``[H, N_X]`` of one sketch's descents (their starts, then every
+        ``harvest_every``-th step and the last)."""
+        keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
+        if keep[-1] != self.steps - 1:
+            keep.append(self.steps - 1)
+        return np.concatenate([np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1])
+                               for (_, x0, _), traj in zip(descents, trajs)])
 
     @staticmethod
     def _anchors(ctx: SearchContext, rel, name: str, n_x: int) -> tuple[jax.Array, jax.Array]:
@@ -494,14 +465,14 @@ class GradientSearch:
         mu, sd = fits[name].predict(pts)
         return a * scores + b + mu + self.residual_beta * sd
 
-    def _round_stats(self, scorer, name: str, rel, stats: dict) -> None:
+    def _round_stats(self, scorer, name: str, rel, ends: list[tuple], stats: dict) -> None:
         """What rounding does to this round's trajectories of one sketch (in model-score units):
         ``rounding_loss`` sums ``soft(x_T) − soft(round(x_T))`` over trajectories (the predicted
         score the end point loses to rounding, one model, soft features), ``left_basin`` counts
         trajectories whose rounded end point scores (hard) below their rounded start (rounding
         undid the descent)."""
         inputs = scorer.inputs[name]
-        for x0, xt, obj in self._ends:
+        for x0, xt, obj in ends:  # (starts, final iterates, objective) of each descent
             fn = scorer.soft_score(self.temperature, obj)
             params = (obj if obj is not None else scorer.differentiable).params
             u_t, i_t = rel.round_points(xt)
@@ -578,23 +549,31 @@ class GradientSearch:
         other rows are put below them, in their order)."""
         top = np.argsort(-scores, kind="stable")[: max(FLAT_TOP * k, 64)]
         out = scores.copy()
-        for name in sorted({sketch[i] for i in top}):
-            rows = [i for i in top if sketch[i] == name]
-            rel = scorer.relaxations[name]
-            nb, owner = rel.neighbours_by_row(xs[rows])
-            if not len(nb):  # no valid neighbour anywhere: these rows keep their scores
-                continue
-            uniq, back = first_appearance(nb)  # a point next to several rows is scored once
-            nb_scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))[back]
-            count = np.bincount(owner, minlength=len(rows))
-            total = np.bincount(owner, weights=nb_scores, minlength=len(rows))
-            means = np.where(count > 0, total / np.maximum(count, 1), scores[rows])
-            out[rows] = (1.0 - self.flat) * scores[rows] + self.flat * means
+        names = sorted({sketch[i] for i in top})
+        rows = {name: [i for i in top if sketch[i] == name] for name in names}
+        means = in_threads([functools.partial(self._neighbourhood_means, scorer, name, xs[rows[name]], scores[rows[name]])
+                            for name in names], self.workers)
+        for name, m in zip(names, means):
+            if m is not None:  # None: no valid neighbour anywhere, these rows keep their scores
+                out[rows[name]] = (1.0 - self.flat) * scores[rows[name]] + self.flat * m
         rest = np.ones(len(scores), bool)
         rest[top] = False
         if rest.any():  # every unsmoothed row below every smoothed one, in its order
             out[rest] = scores[rest] - scores[rest].max() + out[top].min() - 1.0
         return out
+
+    def _neighbourhood_means(self, scorer, name: str, xs: np.ndarray, scores: np.ndarray) -> np.ndarray | None:
+        """Each point's mean score over its valid ±1 neighbours (its own score where it has none; ``None``
+        where no point has one)."""
+        rel = scorer.relaxations[name]
+        nb, owner = rel.neighbours_by_row(xs)
+        if not len(nb):
+            return None
+        uniq, back = first_appearance(nb)  # a point next to several rows is scored once
+        nb_scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))[back]
+        count = np.bincount(owner, minlength=len(xs))
+        total = np.bincount(owner, weights=nb_scores, minlength=len(xs))
+        return np.where(count > 0, total / np.maximum(count, 1), scores)
 
     def _acquire(self, ctx: SearchContext, scorer, xs: np.ndarray, scores: np.ndarray, sketch: list,
                  k: int) -> np.ndarray:
@@ -614,6 +593,54 @@ class GradientSearch:
                          beta=self.ucb_beta, rng=ctx.rng)
         return spread_picks(short[ranked], xs, sketch, k, radius)
 
+    def _sketch_pool(self, scorer, name: str, rel, pts: np.ndarray, measured: set, bred: np.ndarray | None,
+                     pruned: bool, hedge: bool) -> tuple:
+        """One sketch's candidates from its harvested iterates: rounded, measured points dropped, the
+        evolutionary pool's points added (``bred``), scored, the ±1 neighbourhoods of the best added (and
+        climbed with ``climb``), a pruned sketch cut to its best few. Returns ``(points, scores, plain
+        scores or None, counts, keys of the bred points kept)``; reads the search's state and writes none,
+        so the sketches run in threads."""
+        counts = {"harvested": len(pts), "rounded": 0, "neighbours": 0}
+        uniq, _ = rel.round_points(pts)
+        uniq = uniq[[_key(x) not in measured for x in uniq]] if measured else uniq
+        counts["rounded"] = len(uniq)
+        extra_keys: set = set()
+        if bred is not None:  # the evolutionary pool's points the descents did not reach
+            have = {_key(x) for x in uniq}
+            extra = bred[[_key(x) not in have for x in bred]]
+            extra_keys = {_key(x) for x in extra}
+            uniq = np.concatenate([uniq, extra]) if len(uniq) else extra
+        if not len(uniq):
+            return uniq, np.zeros(0), None, counts, extra_keys
+        scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))
+        plain = self._score(scorer, name, rel, uniq, plain=True) if hedge else None
+        expanded = np.zeros(len(uniq), bool)
+        have = measured | {_key(x) for x in uniq}
+        for step in range(1 + self.climb):  # the best points' ±1 neighbourhoods; with ``climb``, again
+            best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
+            best = best[~expanded[best]]  # the top's points not expanded yet (all of them at first)
+            if hedge and step == 0:  # the neighbourhoods of both orders' best
+                best = np.unique(np.concatenate([best, np.argsort(-plain, kind="stable")[: self.neighbours_of]]))
+            if not len(best):
+                break  # the climb has reached a top whose neighbourhoods are all scored
+            expanded[best] = True
+            nb = rel.neighbours_x(uniq[best])
+            nb = nb[[_key(x) not in have for x in nb]] if len(nb) else nb
+            if not len(nb):
+                continue
+            have |= {_key(x) for x in nb}
+            counts["neighbours"] += len(nb)
+            nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
+            uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, nb_scores])
+            expanded = np.concatenate([expanded, np.zeros(len(nb), bool)])
+            if hedge:
+                plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
+        if pruned:  # a sketch the measurements have left behind: only its best few compete
+            keep = np.argsort(-scores, kind="stable")[: self.prune_keep]
+            uniq, scores = uniq[keep], scores[keep]
+            plain = plain[keep] if hedge else None
+        return uniq, scores, plain, counts, extra_keys
+
     def propose(self, ctx: SearchContext, n: int) -> list:
         """Descend, harvest, round, drop measured points, add the ±1 neighbourhood of the best
         ``neighbours_of`` per sketch, rank everything by the model; all on integer-point arrays, so
@@ -631,50 +658,22 @@ class GradientSearch:
         self._fit_residuals(ctx, scorer)
         if self.residual:
             stats.update(residual_slope=self._residuals[0], residual_fits=len(self._residuals[2]))
-        for name, rel in scorer.relaxations.items():
-            pts = self._descend(ctx, scorer, name, rel)
+        rels = scorer.relaxations
+        descents = {name: self._descents(ctx, scorer, name, rel) for name, rel in rels.items()}  # draws: in order
+        trajs = iter(in_threads([run for name in rels for run, _, _ in descents[name]], self.workers))
+        trajs = {name: [next(trajs) for _ in descents[name]] for name in rels}
+        self._ends = {name: [(x0, t[-1], obj) for (_, x0, obj), t in zip(descents[name], trajs[name])] for name in rels}
+        pools = in_threads([functools.partial(self._sketch_pool, scorer, name, rel, self._harvest(descents[name], trajs[name]),
+                                              keys[name], bred.get(name), name in pruned, hedge)
+                            for name, rel in rels.items()], self.workers)
+        for name, (uniq, scores, plain, counts, extra_keys) in zip(rels, pools):
             if self.stats:
-                self._round_stats(scorer, name, rel, stats)
-            stats["harvested"] += len(pts)
-            uniq, _ = rel.round_points(pts)
-            uniq = uniq[[_key(x) not in keys[name] for x in uniq]] if keys[name] else uniq
-            stats["rounded"] += len(uniq)
-            if name in bred:  # the evolutionary pool's points the descents did not reach
-                have = {_key(x) for x in uniq}
-                extra = bred[name][[_key(x) not in have for x in bred[name]]]
-                bred_keys |= {(name, _key(x)) for x in extra}
-                uniq = np.concatenate([uniq, extra]) if len(uniq) else extra
+                self._round_stats(scorer, name, rels[name], self._ends[name], stats)
+            for key, v in counts.items():
+                stats[key] += v
+            bred_keys |= {(name, k) for k in extra_keys}
             if not len(uniq):
                 continue
-            scores = self._corrected(name, uniq, self._score(scorer, name, rel, uniq))
-            plain = self._score(scorer, name, rel, uniq, plain=True) if hedge else None
-            expanded = np.zeros(len(uniq), bool)
-            have = keys[name] | {_key(x) for x in uniq}
-            for step in range(1 + self.climb):  # the best points' ±1 neighbourhoods; with ``climb``, again
-                best = np.argsort(-scores, kind="stable")[: self.neighbours_of]
-                best = best[~expanded[best]]  # the top's points not expanded yet (all of them at first)
-                if hedge and step == 0:  # the neighbourhoods of both orders' best
-                    best = np.unique(np.concatenate([best, np.argsort(-plain, kind="stable")[: self.neighbours_of]]))
-                if not len(best):
-                    break  # the climb has reached a top whose neighbourhoods are all scored
-                expanded[best] = True
-                nb = rel.neighbours_x(uniq[best])
-                nb = nb[[_key(x) not in have for x in nb]] if len(nb) else nb
-                if not len(nb):
-                    continue
-                have |= {_key(x) for x in nb}
-                stats["neighbours"] += len(nb)
-                nb_scores = self._corrected(name, nb, self._score(scorer, name, rel, nb))
-                uniq, scores = np.concatenate([uniq, nb]), np.concatenate([scores, nb_scores])
-                expanded = np.concatenate([expanded, np.zeros(len(nb), bool)])
-                if hedge:
-                    plain = np.concatenate([plain, self._score(scorer, name, rel, nb, plain=True)])
-            if name in pruned:  # a sketch the measurements have left behind: only its best few compete
-                keep = np.argsort(-scores, kind="stable")[: self.prune_keep]
-                uniq, scores = uniq[keep], scores[keep]
-                plain = plain[keep] if hedge else None
-                if not len(uniq):
-                    continue
             pool_x.append(uniq)
             pool_s.append(scores)
             pool_p.append(plain)
@@ -698,7 +697,6 @@ class GradientSearch:
                 rows = [i for i in top if pool_sketch[i] == name]
                 config_of.update(zip(rows, scorer.relaxations[name].configs_from_x(xs[rows])))
                 if self.stats and len(rows) >= 4:
-                    rel = scorer.relaxations[name]
                     obj = self._objective(scorer)
                     soft = _soft_scores(scorer.soft_score(self.temperature, obj),
                                         (obj if obj is not None else scorer.differentiable).params,

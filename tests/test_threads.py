@@ -1,0 +1,64 @@
+"""A search's own work in threads (session 66): the helper runs its jobs side by side and keeps their
+order, and the gradient search proposes the same configs, and the shared scorer computes the same
+features, whatever the number of threads."""
+import threading
+
+import numpy as np
+import pytest
+
+import felixjax as fj
+from codegen.space import Space, sketches_for
+from felixjax.model import CostModelScorer
+from felixjax.session import TuningSession
+from felixjax.strategies.gradient import GradientSearch
+from felixjax.testing import ReplayRunner
+from felixjax.threads import in_threads, usable_cores
+
+
+def test_in_threads_runs_jobs_side_by_side_and_keeps_their_order():
+    meet = threading.Barrier(2, timeout=20)  # broken unless both jobs are running at once
+
+    def job(i):
+        meet.wait()
+        return i, threading.get_ident()
+
+    out = in_threads([lambda i=i: job(i) for i in range(2)], workers=2)
+    assert [i for i, _ in out] == [0, 1] and out[0][1] != out[1][1]
+    here = threading.get_ident()
+    assert in_threads([lambda i=i: (i, threading.get_ident()) for i in range(3)], workers=1) == [(i, here) for i in range(3)]
+    assert in_threads([], workers=4) == [] and usable_cores() >= 1
+
+
+def _history(workers: int) -> list:
+    """Two rounds of the gradient search on a conv with four sketches (replay oracle): its configs in order."""
+    task = fj.ops.conv2d(1, 16, 10, 10, out_channels=16, kernel=3, padding=1)
+    g = GradientSearch(batch_size=16, starts=16, steps=8, workers=workers)
+    with TuningSession(fj.Target.cpu(), measurer=lambda t, tg: ReplayRunner.from_oracle(t), progress=False,
+                       defaults=False) as s:
+        run = s.add(task, g, seed=3, trials=32)
+        while s.step(run):
+            pass
+        assert len(g._ends) == 4 and g.last_round["harvested"] > 0
+        return [r.config for r in run.ctx.history]
+
+
+def test_gradient_picks_do_not_depend_on_the_threads():
+    serial = _history(1)
+    assert len(serial) == 32 and len(set(serial)) == 32
+    assert _history(2) == serial
+    with pytest.raises(ValueError, match="workers"):
+        GradientSearch(workers=0)
+
+
+def test_scorer_features_in_threads_equal_each_sketch_alone():
+    task = fj.ops.conv2d(1, 16, 10, 10, out_channels=16, kernel=3, padding=1)
+    spaces = {s.name: Space(task, s, fj.Target.cpu()) for s in sketches_for(task, fj.Target.cpu())}
+    scorer = CostModelScorer(spaces, fj.Target.cpu(), seed=0)
+    rng = np.random.default_rng(0)
+    names = sorted(spaces)
+    configs = [spaces[names[i % len(names)]].sample(rng) for i in range(24)]  # the sketches interleaved
+    f = scorer.features(configs)
+    for i, c in enumerate(configs):
+        one = scorer.features_x(c.sketch, scorer.relaxations[c.sketch].to_x(c)[None])
+        for k in ("access", "mask", "glob"):
+            np.testing.assert_array_equal(getattr(f, k)[i], getattr(one, k)[0])
