@@ -23,7 +23,6 @@ from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES, batch_features, feat
 from .features_gpu import batch_gpu_features, gpu_feature_inputs, gpu_features
 from .relax_gpu import GpuRelaxation, relaxation_for
 from .smooth import Smooth
-from .threads import in_threads, usable_cores
 
 
 @runtime_checkable
@@ -318,16 +317,13 @@ class CostModelScorer:
             parts.append(Features(*(np.asarray(a)[:n] for a in f)))
         return Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("access", "mask", "glob")))
 
-    def _features_of(self, sketch: str, configs: list[Config]):
-        return self.features_x(sketch, np.stack([self.relaxations[sketch].to_x(c) for c in configs]))
-
     def features(self, configs: list[Config]):
         """Hard-mode features of configs (any mix of sketches), in order, as numpy ``Features``."""
-        names = sorted({c.sketch for c in configs})
-        idx = {name: [i for i, c in enumerate(configs) if c.sketch == name] for name in names}
-        order = [i for name in names for i in idx[name]]
-        parts = in_threads([functools.partial(self._features_of, name, [configs[i] for i in idx[name]])
-                            for name in names], usable_cores())  # each sketch's features: jitted, side by side
+        order, parts = [], []
+        for name in sorted({c.sketch for c in configs}):
+            idx = [i for i, c in enumerate(configs) if c.sketch == name]
+            parts.append(self.features_x(name, np.stack([self.relaxations[name].to_x(configs[i]) for i in idx])))
+            order += idx
         inv = np.argsort(np.asarray(order))
         return Features(*(np.concatenate([getattr(p, f) for p in parts])[inv] for f in ("access", "mask", "glob")))
 

@@ -1,14 +1,10 @@
 """A search's own work in threads (session 66): the helper runs its jobs side by side and keeps their
-order, and the gradient search proposes the same configs, and the shared scorer computes the same
-features, whatever the number of threads."""
+order, and the gradient search proposes the same configs whatever the number of threads."""
 import threading
 
-import numpy as np
 import pytest
 
 import felixjax as fj
-from codegen.space import Space, sketches_for
-from felixjax.model import CostModelScorer
 from felixjax.session import TuningSession
 from felixjax.strategies.gradient import GradientSearch
 from felixjax.testing import ReplayRunner
@@ -49,16 +45,3 @@ def test_gradient_picks_do_not_depend_on_the_threads():
     with pytest.raises(ValueError, match="workers"):
         GradientSearch(workers=0)
 
-
-def test_scorer_features_in_threads_equal_each_sketch_alone():
-    task = fj.ops.conv2d(1, 16, 10, 10, out_channels=16, kernel=3, padding=1)
-    spaces = {s.name: Space(task, s, fj.Target.cpu()) for s in sketches_for(task, fj.Target.cpu())}
-    scorer = CostModelScorer(spaces, fj.Target.cpu(), seed=0)
-    rng = np.random.default_rng(0)
-    names = sorted(spaces)
-    configs = [spaces[names[i % len(names)]].sample(rng) for i in range(24)]  # the sketches interleaved
-    f = scorer.features(configs)
-    for i, c in enumerate(configs):
-        one = scorer.features_x(c.sketch, scorer.relaxations[c.sketch].to_x(c)[None])
-        for k in ("access", "mask", "glob"):
-            np.testing.assert_array_equal(getattr(f, k)[i], getattr(one, k)[0])
