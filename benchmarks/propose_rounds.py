@@ -20,10 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felixjax as fj
-from codegen.ops import parse_spec
+from benchmarks.search_overhead import tasks_of, warm_up
 from felixjax.strategies.genetic import GeneticSearch
 from felixjax.strategies.gradient import GradientSearch
-from felixjax.suites import SUITES, suite
 
 TIMES: dict = defaultdict(list)  # (task name, strategy name) -> seconds of each propose call, in order
 
@@ -48,13 +47,11 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4, help="rounds shown per run (default 4)")
     args = ap.parse_args(argv)
-    tasks = [t for spec in args.ops.split(",") for t in (suite(spec) if spec in SUITES
-                                                         else [parse_spec(spec.replace(";", ","))])]
+    tasks = tasks_of(args.ops)
     names = args.strategies.split(",")
     for cls in (GradientSearch, GeneticSearch):
         timed(cls)
-    fj.compare(tasks[:1], names, trials=64, seeds=[99], db=None, replay=True, progress=False, remeasure=0,
-               defaults=False)
+    warm_up(tasks, names)
     TIMES.clear()
     fj.compare(tasks, names, trials=args.trials, seeds=1, db=None, replay=True, progress=False, remeasure=0,
                defaults=False)

@@ -44,10 +44,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import felixjax as fj  # noqa: E402
-from codegen.ops import parse_spec  # noqa: E402
-from felixjax.strategies.gradient import GradientSearch  # noqa: E402
-from felixjax.suites import SUITES, suite  # noqa: E402
+import felixjax as fj
+from codegen.ops import parse_spec
+from felixjax.strategies.gradient import GradientSearch
+from felixjax.suites import SUITES, suite
 
 #: the gradient search's parts that ``--profile`` reports (function name in gradient.py / relax.py / model.py)
 PARTS = {
@@ -110,6 +110,17 @@ def same_picks(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> dict
             "only_one_side": sorted(set(ours) ^ set(theirs))}
 
 
+def tasks_of(ops: str) -> list:
+    """The tasks of ``--ops``: suite names or op specs (``;`` between an op's fields), comma-separated."""
+    return [t for spec in ops.split(",") for t in (suite(spec) if spec in SUITES else [parse_spec(spec.replace(";", ","))])]
+
+
+def warm_up(tasks: list, strategies: list) -> None:
+    """The JIT warm-up, untimed: every strategy once on the first op (64 trials, seed 99, replayed)."""
+    fj.compare(tasks[:1], strategies, trials=64, seeds=[99], db=None, replay=True, progress=False, remeasure=0,
+               defaults=False)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default="fresh", help="suite names or op specs (';' between an op's fields), comma-separated (default fresh)")
@@ -122,12 +133,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", help="write every run's measured configs in trial order to this JSON file")
     ap.add_argument("--same-as", help="compare the runs' configs with a trace written by --trace (another checkout)")
     args = ap.parse_args(argv)
-    tasks = [t for spec in args.ops.split(",") for t in (suite(spec) if spec in SUITES
-                                                         else [parse_spec(spec.replace(";", ","))])]
+    tasks = tasks_of(args.ops)
     names = args.strategies.split(",")
-    # JIT warm-up, untimed: every strategy once on the first op
-    fj.compare(tasks[:1], [strategy(n, args.profile) for n in names], trials=64, seeds=[99], db=None, replay=True,
-               progress=False, remeasure=0, defaults=False)
+    warm_up(tasks, [strategy(n, args.profile) for n in names])
     prof = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()
     if prof:
