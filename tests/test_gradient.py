@@ -133,3 +133,20 @@ def test_the_soft_score_of_one_point_equals_the_model_on_a_batch_of_one():
     hard = jax.jit(jax.vmap(lambda x: blend.apply(blend.params, Features(
         *(a[None] for a in features(inputs, x, Smooth.hard_mode()))))[0]))(jnp.asarray(pts))
     np.testing.assert_allclose(scorer.score_x(name, pts), hard, rtol=1e-5, atol=1e-5)
+
+
+def test_scorer_features_of_interleaved_sketches_keep_the_configs_order():
+    """The shared scorer groups configs by sketch to compute their features, then puts them back in order."""
+    from codegen.space import Space, sketches_for
+
+    task = fj.ops.conv2d(1, 16, 10, 10, out_channels=16, kernel=3, padding=1)
+    spaces = {s.name: Space(task, s, fj.Target.cpu()) for s in sketches_for(task, fj.Target.cpu())}
+    scorer = CostModelScorer(spaces, fj.Target.cpu(), seed=0)
+    rng = np.random.default_rng(0)
+    names = sorted(spaces)
+    configs = [spaces[names[i % len(names)]].sample(rng) for i in range(24)]  # the sketches interleaved
+    f = scorer.features(configs)
+    for i, c in enumerate(configs):
+        one = scorer.features_x(c.sketch, scorer.relaxations[c.sketch].to_x(c)[None])
+        for k in ("access", "mask", "glob"):
+            np.testing.assert_array_equal(getattr(f, k)[i], getattr(one, k)[0])
