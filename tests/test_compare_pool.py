@@ -216,3 +216,45 @@ def test_ratio_intervals_arms_pools_files_whose_other_arms_differ(tmp_path, caps
     # a.csv: gradient reaches 95% at trials 2, 1, genetic at 3, 2; b.csv: none reaches 0.5 / 0.95 (censored at 3).
     # Against the shared arms alone b.csv would repeat a.csv (medians 1.5 and 2.5).
     assert "| genetic | 4 | 4 | 4 | 4 | 3 |" in out and "| gradient | 4 | 4 | 4 | 4 | 2.5 |" in out
+
+
+def test_ratio_intervals_bound_rewrites_the_ref_runs_as_a_perfect_lever_would():
+    """``--bound`` (session 68): each bound moves a run's first trial within 95% where a perfect lever would have
+    put it, and leaves the other arms as measured."""
+    from benchmarks.ratio_intervals import bounded
+
+    miss, late, early, never = [False] * 6, [False, False, False, False, True, False], [False, True] + [False] * 4, []
+    #         first round: trials 0-1 (batch 2); a hit at 4 is in the third round, a hit at 1 in the first
+    assert [bounded(h, "later-rounds", 2) for h in (miss, late, early)] == [2, 2, 1]
+    assert [bounded(h, "first-order", 2) for h in (miss, late, early)] == [None, 4, 0]
+    assert [bounded(h, "every-order", 2) for h in (miss, late, early)] == [None, 4, 0]
+    assert [bounded(h, "both", 2) for h in (miss, late, early)] == [2, 2, 0]
+    assert bounded([False, False], "later-rounds", 2) is None and bounded(never, "both", 2) is None  # no second round
+    with pytest.raises(ValueError, match="unknown bound"):
+        bounded(late, "perfect", 2)
+
+
+def test_ratio_intervals_bound_moves_only_the_ref_arm(tmp_path, capsys):
+    from benchmarks import ratio_intervals
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    def run(name, seed, lats):
+        return [TuningRecord(A, "k", f"{name}:{seed}", i, f"{name}{i}", MeasureResult("ok", (lat,)), 0.5 * (i + 1))
+                for i, lat in enumerate(lats)]
+
+    arms = {"gradient": [[2.0, 2.0, 2.0, 1.0], [2.0, 1.0, 2.0, 2.0]], "genetic": [[2.0, 2.0, 2.0, 1.0]] * 2}
+    hist = {(A.name, name, s): run(name, s, lats) for name, per_seed in arms.items() for s, lats in enumerate(per_seed)}
+    path = str(Comparison([A], list(arms), [0, 1], 4, None, hist).to_csv(tmp_path / "cmp.csv"))
+    runs = ratio_intervals.runs_from_csv(Path(path), bound="both", of="gradient", batch=2)
+    assert runs[(A.name, "gradient")]["trials95"] == [3, 1]  # a miss in round one: trial 3; a late hit in it: trial 1
+    assert runs[(A.name, "gradient")]["seconds95"] == [1.5, 0.5]  # the run's own clock at the rewritten trial
+    assert runs[(A.name, "genetic")]["trials95"] == [4, 4]  # as measured (bounded, both would be 3)
+    assert ratio_intervals.main(["--csv", path, "--ref", "gradient", "--n", "50", "--bound", "first-order",
+                                 "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "gradient bounded: first-order (rounds of 2)" in out
+    assert "| genetic | 1 | 2 | 1.60x [" in out  # genetic 4 / gradient median(4: no hit in round one, 1) = 2.5
+    with pytest.raises(SystemExit):
+        ratio_intervals.main(["--csv", path, "--ref", "gradient", "--bound", "both", "--batch", "0"])
