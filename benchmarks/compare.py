@@ -269,6 +269,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--intervals", type=int, default=0, metavar="N",
                     help="with --summarize: also 90%% bootstrap intervals of the geomeans, N resamples of each op's "
                          "seeds (what three seeds per op leave open; e.g. 2000)")
+    ap.add_argument("--csv-out", type=Path, default=None, metavar="PATH",
+                    help="with --summarize: also write the finished ops' per-trial CSV here (as cmp.csv; for "
+                         "ratio_intervals.py and lever_bounds.py)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
@@ -281,6 +284,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--margins re-reads finished runs: use it with --summarize")
     if args.intervals and not args.summarize:
         ap.error("--intervals re-reads finished runs: use it with --summarize")
+    if args.csv_out and not args.summarize:
+        ap.error("--csv-out writes finished runs: use it with --summarize (a measuring run writes <out>/cmp.csv)")
     try:
         args.margins = [float(x) for x in args.margins.split(",")] if args.margins else []
     except ValueError:
@@ -471,6 +476,9 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
         print(head)
         return 1
     print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
+    if args.csv_out:
+        cmp.to_csv(args.csv_out)
+        _log(f"per-trial CSV: {_rel(args.csv_out)}")
     if args.margins:
         print("\n".join(["", *margin_table(cmp, args.margins)]))
     if args.intervals:

@@ -20,9 +20,16 @@ rewritten as if the lever had been perfect, the other arms stay as measured, and
 taken again (``--batch``: the trials of a round in these runs). ``later-rounds``: a run that misses 95% in its
 first round reaches it on the first trial of its second (the most any lever acting after the first round can buy);
 ``first-order``: a run whose first round holds a config within 95% measures it first (a perfect order of the first
-round, the same picks); ``every-order``: each round in a perfect order; ``both``: ``later-rounds`` and
-``first-order`` together. Seconds are the run's own clock at the rewritten trial. The bar (95% of the file's best)
-is held where it is: a lever that found faster kernels than any run did would also move it.
+round, the same picks); ``rest-order``: the first round's trials after its first ``--chunk`` in a perfect order (the
+most a re-ranking of the round's rest by its first results as they arrive could buy); ``every-order``: each round
+in a perfect order; ``both``: ``later-rounds`` and ``first-order`` together; ``oracle``: every run there at its
+first trial (no search can do better: the ceiling of the ratios themselves). Seconds are the run's own clock at the
+rewritten trial. The bar (95% of the file's best) is held where it is: a lever that found faster kernels than any
+run did would also move it.
+
+``--settled first`` keeps the ops where at least half of all runs (every arm kept, as measured) reached 95% within
+their first round (``--batch`` trials), ``--settled later`` the others: the ops the opening round decides and the
+ops the search's later rounds do.
 
     python benchmarks/ratio_intervals.py --csv docs/data/ablation_evo_s48/fresh_seeds0-2.csv.gz \
         --ref gradient_pre_b32_spread4_flat
@@ -53,24 +60,28 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-BOUNDS = ("later-rounds", "first-order", "every-order", "both")
+BOUNDS = ("later-rounds", "first-order", "rest-order", "every-order", "both", "oracle")
 
 
-def bounded(hits: list[bool], bound: str, batch: int) -> int | None:
+def bounded(hits: list[bool], bound: str, batch: int, chunk: int = 8) -> int | None:
     """The index of a run's first trial within 95% had a perfect lever ``bound`` (:data:`BOUNDS`) steered it
     (``hits``: each trial within 95% or not, in trial order; None: it still never gets there)."""
     first = next((i for i, h in enumerate(hits) if h), None)
     if bound not in BOUNDS:
         raise ValueError(f"unknown bound {bound!r}: one of {BOUNDS}")
+    if bound == "oracle":
+        return 0 if hits else None
     if bound in ("later-rounds", "both") and (first is None or first >= batch) and len(hits) > batch:
         first = batch
     if first is not None and (bound == "every-order" or (bound in ("first-order", "both") and first < batch)):
         first = first // batch * batch
+    if bound == "rest-order" and first is not None and chunk <= first < batch:
+        first = chunk
     return first
 
 
 def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None,
-                  batch: int = 32) -> dict[tuple[str, str], dict[str, list[float]]]:
+                  batch: int = 32, chunk: int = 8) -> dict[tuple[str, str], dict[str, list[float]]]:
     """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
     several files pool); 95% is taken against the best latency of any row of the task in the file. With
     ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials)."""
@@ -94,7 +105,7 @@ def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str |
         recs.sort()
         bar = best[task] / REACH
         hits = [lat <= bar for _, _, lat in recs]
-        hit = bounded(hits, bound, batch) if bound is not None and strategy == of else next(
+        hit = bounded(hits, bound, batch, chunk) if bound is not None and strategy == of else next(
             (i for i, h in enumerate(hits) if h), None)
         i = len(recs) - 1 if hit is None else hit
         cell = out[(task, strategy)]
@@ -103,6 +114,28 @@ def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str |
         times = retimed.get((task, strategy, _seed))
         cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat in recs))
     return dict(out)
+
+
+def pooled(paths: list[Path], keep: set | None = None, prefixes: tuple | None = None, **bound) -> dict:
+    """Every file's runs (:func:`runs_from_csv`, ``bound`` passed on) as more seeds of the same ops; only the arms
+    in ``keep`` and the ops starting with one of ``prefixes`` (None: all)."""
+    runs: dict = {}
+    for i, path in enumerate(paths):
+        for key, cell in runs_from_csv(path, tag=f"{i}:", **bound).items():
+            if (keep is not None and key[1] not in keep) or (prefixes is not None and not key[0].startswith(prefixes)):
+                continue
+            mine = runs.setdefault(key, {m: [] for m in METRICS})
+            for m in METRICS:
+                mine[m] += cell[m]
+    return runs
+
+
+def settled_first(runs: dict, batch: int) -> set[str]:
+    """The ops at least half of whose runs (every arm) reached 95% within their first ``batch`` trials."""
+    trials: dict = defaultdict(list)
+    for (task, _), cell in runs.items():
+        trials[task] += cell["trials95"]
+    return {t for t, got in trials.items() if 2 * sum(x <= batch for x in got) >= len(got)}
 
 
 def point_ratios(runs: dict, ref: str) -> dict[str, dict[str, float]]:
@@ -173,22 +206,27 @@ def main(argv=None) -> int:
                     "'dwconv2d,dense': one op family across files); default: every op")
     ap.add_argument("--bound", choices=BOUNDS, default=None, help="rewrite --ref's runs as a perfect lever would "
                     "have steered them (see above); the other arms as measured")
-    ap.add_argument("--batch", type=int, default=32, help="trials per round in these runs (for --bound; default 32)")
+    ap.add_argument("--batch", type=int, default=32, help="trials per round in these runs (--bound, --settled; "
+                    "default 32)")
+    ap.add_argument("--chunk", type=int, default=8, help="results that arrive together (--bound rest-order; default "
+                    "8, the measurer's build_chunk)")
+    ap.add_argument("--settled", choices=("first", "later"), default=None, help="keep the ops at least half of whose "
+                    "runs reached 95%% within their first round (first), or the others (later)")
     args = ap.parse_args(argv)
-    if args.batch < 1:
-        ap.error("--batch must be at least 1")
+    if args.batch < 1 or args.chunk < 1:
+        ap.error("--batch and --chunk must be at least 1")
     prefixes = None if args.ops is None else tuple(p.strip() for p in args.ops.split(",") if p.strip())
     keep = None if args.arms is None else {a.strip() for a in args.arms.split(",") if a.strip()} | {args.ref}
-    runs: dict = {}
-    for i, path in enumerate(args.csv):
-        if not path.exists():
-            ap.error(f"{path}: no such file")
-        for key, cell in runs_from_csv(path, tag=f"{i}:", bound=args.bound, of=args.ref, batch=args.batch).items():
-            if (keep is not None and key[1] not in keep) or (prefixes is not None and not key[0].startswith(prefixes)):
-                continue
-            mine = runs.setdefault(key, {m: [] for m in METRICS})
-            for m in METRICS:
-                mine[m] += cell[m]
+    missing = [p for p in args.csv if not p.exists()]
+    if missing:
+        ap.error(f"{missing[0]}: no such file")
+    runs = pooled(args.csv, keep, prefixes, bound=args.bound, of=args.ref, batch=args.batch, chunk=args.chunk)
+    if args.settled is not None:
+        measured = pooled(args.csv, keep, prefixes) if args.bound else runs
+        first = settled_first(measured, args.batch)
+        runs = {k: v for k, v in runs.items() if (k[0] in first) == (args.settled == "first")}
+        if not runs:
+            ap.error(f"--settled {args.settled}: no op of these files")
     if prefixes is not None and not runs:
         ap.error(f"--ops {args.ops!r}: no op of these files starts with it")
     if not any(s == args.ref for _, s in runs):
@@ -203,7 +241,8 @@ def main(argv=None) -> int:
     print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
           f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n}"
           f"{' seed-paired' if args.paired else ''} resamples]"
-          + (f"; {args.ref} bounded: {args.bound} (rounds of {args.batch})" if args.bound else "") + "\n")
+          + (f"; {args.ref} bounded: {args.bound} (rounds of {args.batch})" if args.bound else "")
+          + (f"; ops settled in the {args.settled} round(s)" if args.settled else "") + "\n")
     print("| strategy | ops | seeds per op | trials to 95% | seconds to 95% | final latency |\n"
           "|---|---:|---:|---:|---:|---:|")
     for s, p in points.items():

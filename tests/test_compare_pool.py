@@ -26,9 +26,10 @@ def small_genetic():
     return GeneticSearch(population=128, batch_size=8)
 
 
-def _summarize(tmp_path, *dbs, margins=None):
+def _summarize(tmp_path, *dbs, margins=None, csv_out=None):
     argv = ["--summarize", "--replay", "--ops", OPS, "--strategies", ",".join(STRATS), "--seeds", "2",
             "--trials", "12", "--out", str(tmp_path / "out")] + (["--margins", margins] if margins else [])
+    argv += ["--csv-out", str(csv_out)] if csv_out else []
     for db in dbs:
         argv += ["--db", str(db)]
     return script.main(argv)
@@ -47,8 +48,13 @@ def test_summarize_pools_the_finished_ops_of_several_databases(tmp_path, capsys)
     alone = capsys.readouterr().out
     assert "1 of 2 op(s) finished" in alone and f"not yet: {B.name}" in alone
 
-    assert _summarize(tmp_path, tmp_path / "a.db", tmp_path / "b.jsonl.gz", margins="0.8") == 0
+    assert _summarize(tmp_path, tmp_path / "a.db", tmp_path / "b.jsonl.gz", margins="0.8",
+                      csv_out=tmp_path / "pooled.csv") == 0
     pooled = capsys.readouterr().out
+    # --csv-out: the pooled runs' per-trial CSV, both ops, every run of 12 trials
+    from benchmarks import ratio_intervals
+    runs = ratio_intervals.runs_from_csv(tmp_path / "pooled.csv")
+    assert {t for t, _ in runs} == {A.name, B.name} and all(len(c["trials95"]) == 2 for c in runs.values())
     assert pooled.startswith("Comparison pooled from") and "2 of 2 op(s) finished." in pooled
     assert "Geomean over 2 task(s)" in pooled and "not yet" not in pooled
     # each op's rows are those its own database gives
@@ -97,6 +103,8 @@ def test_db_needs_summarize_and_one_half(tmp_path):
         script.parse_args(["--summarize", "--defaults", "both", "--db", str(tmp_path / "x.db")])
     with pytest.raises(SystemExit):
         script.parse_args(["--intervals", "100"])
+    with pytest.raises(SystemExit):
+        script.parse_args(["--csv-out", str(tmp_path / "x.csv")])
     for bad in ("x", "0", "1.5"):
         with pytest.raises(SystemExit):
             script.parse_args(["--summarize", "--margins", bad])
@@ -230,12 +238,15 @@ def test_ratio_intervals_bound_rewrites_the_ref_runs_as_a_perfect_lever_would():
     assert [bounded(h, "every-order", 2) for h in (miss, late, early)] == [None, 4, 0]
     assert [bounded(h, "both", 2) for h in (miss, late, early)] == [2, 2, 0]
     assert bounded([False, False], "later-rounds", 2) is None and bounded(never, "both", 2) is None  # no second round
+    # rest-order: only a first-round hit after the first chunk moves, to the chunk's end (rounds of 4, chunks of 2)
+    assert [bounded(h, "rest-order", 4, 2) for h in ([False] * 3 + [True], [False, True, True], late)] == [2, 1, 4]
+    assert [bounded(h, "oracle", 2) for h in (miss, late, early, never)] == [0, 0, 0, None]  # nothing measured: None
     with pytest.raises(ValueError, match="unknown bound"):
         bounded(late, "perfect", 2)
 
 
-def test_ratio_intervals_bound_moves_only_the_ref_arm(tmp_path, capsys):
-    from benchmarks import ratio_intervals
+def _bound_csv(tmp_path) -> str:
+    """One op, two seed-paired runs of 4 trials per arm: gradient reaches 95% at trial 4 and 2, genetic at 4 and 4."""
     from codegen.measure import MeasureResult
     from felixjax.compare import Comparison
     from felixjax.database import TuningRecord
@@ -246,7 +257,13 @@ def test_ratio_intervals_bound_moves_only_the_ref_arm(tmp_path, capsys):
 
     arms = {"gradient": [[2.0, 2.0, 2.0, 1.0], [2.0, 1.0, 2.0, 2.0]], "genetic": [[2.0, 2.0, 2.0, 1.0]] * 2}
     hist = {(A.name, name, s): run(name, s, lats) for name, per_seed in arms.items() for s, lats in enumerate(per_seed)}
-    path = str(Comparison([A], list(arms), [0, 1], 4, None, hist).to_csv(tmp_path / "cmp.csv"))
+    return str(Comparison([A], list(arms), [0, 1], 4, None, hist).to_csv(tmp_path / "cmp.csv"))
+
+
+def test_ratio_intervals_bound_moves_only_the_ref_arm(tmp_path, capsys):
+    from benchmarks import ratio_intervals
+
+    path = _bound_csv(tmp_path)
     runs = ratio_intervals.runs_from_csv(Path(path), bound="both", of="gradient", batch=2)
     assert runs[(A.name, "gradient")]["trials95"] == [3, 1]  # a miss in round one: trial 3; a late hit in it: trial 1
     assert runs[(A.name, "gradient")]["seconds95"] == [1.5, 0.5]  # the run's own clock at the rewritten trial
@@ -258,3 +275,40 @@ def test_ratio_intervals_bound_moves_only_the_ref_arm(tmp_path, capsys):
     assert "| genetic | 1 | 2 | 1.60x [" in out  # genetic 4 / gradient median(4: no hit in round one, 1) = 2.5
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", path, "--ref", "gradient", "--bound", "both", "--batch", "0"])
+    # --settled: with rounds of 2, one of the 4 runs reaches 95% in its first round (settled later); rounds of 4: all
+    assert ratio_intervals.settled_first(ratio_intervals.runs_from_csv(Path(path)), 2) == set()
+    assert ratio_intervals.settled_first(ratio_intervals.runs_from_csv(Path(path)), 4) == {A.name}
+    assert ratio_intervals.main(["--csv", path, "--ref", "gradient", "--n", "50", "--batch", "2", "--settled", "later",
+                                 "--bound", "both"]) == 0
+    assert "| genetic | 1 | 2 | 2.00x [" in capsys.readouterr().out  # genetic 4 / gradient median(3, 1)
+    with pytest.raises(SystemExit):
+        ratio_intervals.main(["--csv", path, "--ref", "gradient", "--batch", "2", "--settled", "first"])
+
+
+def test_lever_bounds_tabulates_every_bound_split_by_the_round_that_settles_an_op(tmp_path, capsys):
+    """``benchmarks/lever_bounds.py``: a row per bound (and per split of the ops) with ``ratio_intervals``' numbers
+    for the same rewrite, and a plot."""
+    from benchmarks import lever_bounds
+
+    path = _bound_csv(tmp_path)
+    rows = lever_bounds.bound_rows([Path(path)], "gradient", batch=2, chunk=1, n=50)
+    got = {(r["bound"], r["ops"]): r["genetic"]["trials95"][0] for r in rows}
+    # measured: genetic 4 / gradient median(4, 2); both: gradient 3, 1; first-order: 4, 1; later-rounds: 3, 2;
+    # every-order: 3, 1; rest-order (chunks of 1): the first round's second trial is its rest, where seed 1 hit: 4, 2
+    assert got == pytest.approx({("measured", "all"): 4 / 3, ("measured", "later"): 4 / 3,
+                                 ("both", "all"): 2.0, ("both", "later"): 2.0,
+                                 ("first-order", "all"): 1.6, ("first-order", "later"): 1.6,
+                                 ("later-rounds", "all"): 1.6, ("later-rounds", "later"): 1.6,
+                                 ("rest-order", "all"): 4 / 3, ("rest-order", "later"): 4 / 3,
+                                 ("every-order", "all"): 2.0, ("every-order", "later"): 2.0,
+                                 ("oracle", "all"): 4.0, ("oracle", "later"): 4.0})
+    png = tmp_path / "b.png"
+    assert lever_bounds.main(["--csv", path, "--ref", "gradient", "--batch", "2", "--chunk", "1", "--n", "50",
+                              "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| both: first-order and later-rounds together | settled later (1) | 2.00x [" in out
+    assert png.stat().st_size > 1000
+    assert lever_bounds.first_result_seconds([Path(path)]) == {"genetic": 0.5, "gradient": 0.5}
+    assert "first result at (median over runs): genetic 0.50 s, gradient 0.50 s" in out
+    with pytest.raises(SystemExit):
+        lever_bounds.main(["--csv", path, "--ref", "nope"])

@@ -1,0 +1,170 @@
+"""How far could any lever take the gradient search on runs already measured? (issue 15, session 68)
+
+Reads per-trial CSVs of seed-paired runs (an ablation's or a comparison's; ``--csv`` repeated pools them as
+``ratio_intervals.py`` does) and prints one table: the ratios ``strategy / --ref`` (trials and seconds to 95% of the
+best any run of the file found, final latency; geomean over ops of per-op medians, with seed-paired bootstrap
+intervals) as measured, and again with ``--ref``'s runs rewritten as each perfect lever of
+:data:`benchmarks.ratio_intervals.BOUNDS` would have steered them: a perfect search after the first round
+(``later-rounds``), a perfect order of the first round's own picks (``first-order``), a perfect re-ranking of the
+first round after its first ``--chunk`` results (``rest-order``), every round in a perfect order, ``later-rounds``
+with ``first-order``, and an oracle whose first measurement is within 95% (the ceiling of any search). The other
+arms stay as measured. Each row also for the ops the first round settles (at least half of all runs within 95% in
+their first ``--batch`` trials) and for the others. With ``--plot``, the trials ratios as bars with their intervals
+and the 3x target. Measures nothing.
+
+    python benchmarks/lever_bounds.py --csv docs/data/own_s67/fresh.csv.gz --csv docs/data/own_s67/dwg.csv.gz \\
+        --csv docs/data/own_s67/ops.csv.gz --ref gradient_pre_b32_spread4_flat --plot docs/img/bounds.png
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.ratio_intervals import (
+    BOUNDS,
+    point_ratios,
+    pooled,
+    read_rows,
+    settled_first,
+)
+from felixjax.compare import METRICS, bootstrap_ratios
+
+ROWS = ("measured",) + BOUNDS
+WHAT = {"measured": "as measured",
+        "later-rounds": "a perfect search after the first round",
+        "first-order": "the first round's picks in a perfect order",
+        "rest-order": "the first round's rest in a perfect order after its first chunk",
+        "every-order": "every round's picks in a perfect order",
+        "both": "first-order and later-rounds together",
+        "oracle": "every run there at its first trial"}
+
+
+def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, n: int = 2000,
+               level: float = 0.9) -> list[dict]:
+    """One dict per (bound, ops): ``bound``, ``ops`` ('all', 'first', 'later'), ``n_ops`` and, per other strategy,
+    ``{metric: (point, low, high)}`` under ``strategy``."""
+    measured = pooled(paths)
+    if not any(s == ref for _, s in measured):
+        raise ValueError(f"{ref!r} is not a strategy of these files: {sorted({s for _, s in measured})}")
+    first = settled_first(measured, batch)
+    out = []
+    for bound in ROWS:
+        runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk)
+        for ops in ("all", "first", "later"):
+            part = runs if ops == "all" else {k: v for k, v in runs.items() if (k[0] in first) == (ops == "first")}
+            if not part:
+                continue
+            points = point_ratios(part, ref)
+            spans = bootstrap_ratios(part, ref, n=n, level=level, paired=True)
+            row = {"bound": bound, "ops": ops, "n_ops": len({t for t, _ in part})}
+            for s, p in points.items():
+                row[s] = {m: (p[m], *spans[s][m]) for m in METRICS}
+            out.append(row)
+    return out
+
+
+def first_result_seconds(paths: list[Path]) -> dict[str, float]:
+    """Per strategy, the median over its runs of the run's clock at its first result (what every bound's seconds
+    start from: no lever that keeps the search's own work and the builds can bring a run's first result sooner)."""
+    got: dict[str, list[float]] = {}
+    for path in paths:
+        for r in read_rows(path):
+            if r["phase"] == "tune" and r["trial"] == "0" and not r["strategy"].startswith("reference:"):
+                got.setdefault(r["strategy"], []).append(float(r["elapsed_s"]))
+    return {s: float(np.median(v)) for s, v in sorted(got.items())}
+
+
+def _cell(v: tuple) -> str:
+    return f"{v[0]:.2f}x [{v[1]:.2f}, {v[2]:.2f}]"
+
+
+def table(rows: list[dict], strategy: str) -> str:
+    out = [f"| {strategy} / ref, ref rewritten as | ops | trials to 95% | seconds to 95% | final latency |",
+           "| --- | --- | ---: | ---: | ---: |"]
+    names = {"all": "all", "first": "settled in round 1", "later": "settled later"}
+    for r in rows:
+        if strategy in r:
+            out.append(f"| {r['bound']}: {WHAT[r['bound']]} | {names[r['ops']]} ({r['n_ops']}) | "
+                       + " | ".join(_cell(r[strategy][m]) for m in METRICS) + " |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], strategy: str, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.27
+    for j, (ops, colour) in enumerate((("all", "tab:blue"), ("first", "tab:green"), ("later", "tab:orange"))):
+        got = {r["bound"]: r for r in rows if r["ops"] == ops and strategy in r}
+        xs = [i + (j - 1) * width for i, b in enumerate(ROWS) if b in got]
+        vals = [got[b][strategy]["trials95"] for b in ROWS if b in got]
+        if not vals:
+            continue
+        n_ops = next(iter(got.values()))["n_ops"]
+        ax.bar(xs, [v[0] for v in vals], width, color=colour,
+               label={"all": "all ops", "first": "ops settled in round 1", "later": "ops settled later"}[ops]
+               + f" ({n_ops})",
+               yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=2)
+    ax.axhline(3.0, color="red", ls="--", lw=1, label="issue 15's target (3x)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(ROWS)), ROWS, fontsize=8)
+    ax.set_ylabel(f"trials to 95%: {strategy} / ref", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--csv", type=Path, action="append", required=True, help="a per-trial CSV; repeat to pool")
+    ap.add_argument("--ref", required=True, help="the arm rewritten (the gradient search)")
+    ap.add_argument("--batch", type=int, default=32, help="trials per round in these runs (default 32)")
+    ap.add_argument("--chunk", type=int, default=8, help="results that arrive together (default 8)")
+    ap.add_argument("--n", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    ap.add_argument("--plot", type=Path, default=None, help="write the trials ratios as a bar chart (PNG)")
+    ap.add_argument("--title", default="", help="the plot's title")
+    ap.add_argument("--arm", default=None, help="the arm the plot shows over --ref (default: the first other arm)")
+    args = ap.parse_args(argv)
+    missing = [p for p in args.csv if not p.exists()]
+    if missing:
+        ap.error(f"{missing[0]}: no such file")
+    if args.batch < 1 or args.chunk < 1:
+        ap.error("--batch and --chunk must be at least 1")
+    try:
+        rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n)
+    except ValueError as e:  # no such --ref, or paired arms with different numbers of runs
+        ap.error(str(e))
+    others = [s for s in rows[0] if s not in ("bound", "ops", "n_ops")]
+    if not others:
+        ap.error(f"--ref {args.ref!r}: no other arm in these files to compare with")
+    print(f"{len(args.csv)} file(s): {', '.join(map(str, args.csv))}; {args.ref}'s runs rewritten, the other arms as "
+          f"measured; rounds of {args.batch}, chunks of {args.chunk}; 90% seed-paired bootstrap intervals, "
+          f"{args.n} resamples\n")
+    for s in others:
+        print(table(rows, s) + "\n")
+    print("first result at (median over runs): " + ", ".join(f"{s} {v:.2f} s"
+                                                             for s, v in first_result_seconds(args.csv).items()))
+    if args.arm is not None and args.arm not in others:
+        ap.error(f"--arm {args.arm!r}: not one of {others}")
+    if args.plot:
+        arm = args.arm or others[0]
+        plot(rows, arm, args.plot, args.title or f"{arm} / {args.ref}: perfect levers on measured runs")
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
