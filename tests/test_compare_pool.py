@@ -51,7 +51,7 @@ def test_summarize_pools_the_finished_ops_of_several_databases(tmp_path, capsys)
     assert _summarize(tmp_path, tmp_path / "a.db", tmp_path / "b.jsonl.gz", margins="0.8",
                       csv_out=tmp_path / "pooled.csv") == 0
     pooled = capsys.readouterr().out
-    # --csv-out: the pooled runs' per-trial CSV, both ops, every run of 12 trials
+    # --csv-out: the pooled runs' per-trial CSV: both ops, two seeds of each strategy
     from benchmarks import ratio_intervals
     runs = ratio_intervals.runs_from_csv(tmp_path / "pooled.csv")
     assert {t for t, _ in runs} == {A.name, B.name} and all(len(c["trials95"]) == 2 for c in runs.values())
