@@ -29,8 +29,8 @@ from benchmarks.ratio_intervals import (
     BOUNDS,
     point_ratios,
     pooled,
-    read_rows,
     settled_first,
+    tune_records,
 )
 from felixjax.compare import METRICS, bootstrap_ratios
 
@@ -73,9 +73,9 @@ def first_result_seconds(paths: list[Path]) -> dict[str, float]:
     start from: no lever that keeps the search's own work and the builds can bring a run's first result sooner)."""
     got: dict[str, list[float]] = {}
     for path in paths:
-        for r in read_rows(path):
-            if r["phase"] == "tune" and r["trial"] == "0" and not r["strategy"].startswith("reference:"):
-                got.setdefault(r["strategy"], []).append(float(r["elapsed_s"]))
+        for (_, strategy, _), recs in tune_records(path)[0].items():
+            if recs[0][0] == 0 and not strategy.startswith("reference:"):
+                got.setdefault(strategy, []).append(recs[0][1])
     return {s: float(np.median(v)) for s, v in sorted(got.items())}
 
 

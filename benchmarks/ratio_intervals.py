@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import gzip
 import math
 import sys
@@ -80,17 +81,22 @@ def bounded(hits: list[bool], bound: str, batch: int, chunk: int = 8) -> int | N
     return first
 
 
-def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None,
-                  batch: int = 32, chunk: int = 8) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
-    several files pool); 95% is taken against the best latency of any row of the task in the file. With
-    ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials)."""
-    tune: dict = defaultdict(list)  # (task, strategy, seed) -> [(trial, elapsed, latency)]
+def tune_records(path: Path) -> tuple[dict, dict, dict]:
+    """One CSV parsed once however many bounds read it: ``(tune, retimed, best)`` with ``tune[(task, strategy,
+    seed)]`` the run's ``(trial, elapsed, latency)`` in trial order, ``retimed[(task, strategy, seed)]`` its final
+    re-timings and ``best[task]`` the lowest latency of any row (shared: read, do not change)."""
+    st = path.stat()
+    return _parse(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict]:
+    tune: dict = defaultdict(list)
     retimed: dict = defaultdict(list)
     best: dict = defaultdict(lambda: math.inf)
-    for r in read_rows(path):
+    for r in read_rows(Path(path)):
         lat = float(r["latency_s"]) if r["latency_s"] else math.inf
-        key = (r["task"], r["strategy"], tag + r["seed"])
+        key = (r["task"], r["strategy"], r["seed"])
         if r["phase"] == "remeasure":
             if math.isfinite(lat):
                 retimed[key].append(lat)
@@ -98,11 +104,21 @@ def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str |
         best[r["task"]] = min(best[r["task"]], lat)
         if r["phase"] == "tune":
             tune[key].append((int(r["trial"]), float(r["elapsed_s"] or 0.0), lat))
+    for recs in tune.values():
+        recs.sort()
+    return dict(tune), dict(retimed), dict(best)
+
+
+def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None,
+                  batch: int = 32, chunk: int = 8) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
+    several files pool); 95% is taken against the best latency of any row of the task in the file. With
+    ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials)."""
+    tune, retimed, best = tune_records(path)
     out: dict = defaultdict(lambda: {m: [] for m in METRICS})
-    for (task, strategy, _seed), recs in sorted(tune.items()):
+    for (task, strategy, seed), recs in sorted(tune.items()):  # one tag per file: the seeds sort as tagged
         if strategy.startswith("reference:"):
             continue
-        recs.sort()
         bar = best[task] / REACH
         hits = [lat <= bar for _, _, lat in recs]
         hit = bounded(hits, bound, batch, chunk) if bound is not None and strategy == of else next(
@@ -111,7 +127,7 @@ def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str |
         cell = out[(task, strategy)]
         cell["trials95"].append(i + 1)
         cell["seconds95"].append(recs[i][1])
-        times = retimed.get((task, strategy, _seed))
+        times = retimed.get((task, strategy, seed))
         cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat in recs))
     return dict(out)
 
