@@ -12,8 +12,14 @@ arms stay as measured. Each row also for the ops the first round settles (at lea
 their first ``--batch`` trials) and for the others. With ``--plot``, the trials ratios as bars with their intervals
 and the 3x target. Measures nothing.
 
+Runs that measured the defaults first (a comparison with ``--defaults on``; CSVs written since session 69 mark
+them, column ``opening``) keep that opening where it is: every bound reorders only the search's own picks, which
+start after it, and a run the opening already took within 95% stays as measured. The ops whose opening alone
+reaches 95% are left out as the headline leaves them out (``--keep-apart``: kept).
+
     python benchmarks/lever_bounds.py --csv docs/data/own_s67/fresh.csv.gz --csv docs/data/own_s67/dwg.csv.gz \\
         --csv docs/data/own_s67/ops.csv.gz --ref gradient_pre_b32_spread4_flat --plot docs/img/bounds.png
+    python benchmarks/lever_bounds.py --csv docs/data/bounds_s69/headline_on.csv.gz --ref gradient --arm genetic@32
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.ratio_intervals import (
     BOUNDS,
+    apart_ops,
     point_ratios,
     pooled,
     settled_first,
@@ -41,20 +48,21 @@ WHAT = {"measured": "as measured",
         "rest-order": "the first round's rest in a perfect order after its first chunk",
         "every-order": "every round's picks in a perfect order",
         "both": "first-order and later-rounds together",
-        "oracle": "every run there at its first trial"}
+        "oracle": "every run there at its first trial (after the opening)"}
 
 
 def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, n: int = 2000,
-               level: float = 0.9) -> list[dict]:
+               level: float = 0.9, keep_apart: bool = False) -> list[dict]:
     """One dict per (bound, ops): ``bound``, ``ops`` ('all', 'first', 'later'), ``n_ops`` and, per other strategy,
     ``{metric: (point, low, high)}`` under ``strategy``."""
-    measured = pooled(paths)
+    measured = pooled(paths, keep_apart=keep_apart)
     if not any(s == ref for _, s in measured):
         raise ValueError(f"{ref!r} is not a strategy of these files: {sorted({s for _, s in measured})}")
     first = settled_first(measured, batch)
     out = []
     for bound in ROWS:
-        runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk)
+        runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk,
+                                                           keep_apart=keep_apart)
         for ops in ("all", "first", "later"):
             part = runs if ops == "all" else {k: v for k, v in runs.items() if (k[0] in first) == (ops == "first")}
             if not part:
@@ -68,13 +76,15 @@ def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, 
     return out
 
 
-def first_result_seconds(paths: list[Path]) -> dict[str, float]:
+def first_result_seconds(paths: list[Path], keep_apart: bool = False) -> dict[str, float]:
     """Per strategy, the median over its runs of the run's clock at its first result (what every bound's seconds
-    start from: no lever that keeps the search's own work and the builds can bring a run's first result sooner)."""
+    start from: no lever that keeps the search's own work and the builds can bring a run's first result sooner);
+    the ops the bounds leave out are left out here too."""
     got: dict[str, list[float]] = {}
     for path in paths:
-        for (_, strategy, _), recs in tune_records(path)[0].items():
-            if recs[0][0] == 0 and not strategy.startswith("reference:"):
+        tune, _, _, apart = tune_records(path)
+        for (task, strategy, _), recs in tune.items():
+            if recs[0][0] == 0 and not strategy.startswith("reference:") and (keep_apart or task not in apart):
                 got.setdefault(strategy, []).append(recs[0][1])
     return {s: float(np.median(v)) for s, v in sorted(got.items())}
 
@@ -137,6 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="write the trials ratios as a bar chart (PNG)")
     ap.add_argument("--title", default="", help="the plot's title")
     ap.add_argument("--arm", default=None, help="the arm the plot shows over --ref (default: the first other arm)")
+    ap.add_argument("--keep-apart", action="store_true", help="keep the ops whose opening alone reaches 95%% "
+                    "(default: left out, as the headline leaves them out)")
     args = ap.parse_args(argv)
     missing = [p for p in args.csv if not p.exists()]
     if missing:
@@ -144,7 +156,7 @@ def main(argv=None) -> int:
     if args.batch < 1 or args.chunk < 1:
         ap.error("--batch and --chunk must be at least 1")
     try:
-        rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n)
+        rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n, keep_apart=args.keep_apart)
     except ValueError as e:  # no such --ref, or paired arms with different numbers of runs
         ap.error(str(e))
     others = [s for s in rows[0] if s not in ("bound", "ops", "n_ops")]
@@ -152,11 +164,14 @@ def main(argv=None) -> int:
         ap.error(f"--ref {args.ref!r}: no other arm in these files to compare with")
     print(f"{len(args.csv)} file(s): {', '.join(map(str, args.csv))}; {args.ref}'s runs rewritten, the other arms as "
           f"measured; rounds of {args.batch}, chunks of {args.chunk}; 90% seed-paired bootstrap intervals, "
-          f"{args.n} resamples\n")
+          f"{args.n} resamples"
+          + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: "
+             f"{', '.join(apart_ops(args.csv))}" if apart_ops(args.csv) else "") + "\n")
     for s in others:
         print(table(rows, s) + "\n")
     print("first result at (median over runs): " + ", ".join(f"{s} {v:.2f} s"
-                                                             for s, v in first_result_seconds(args.csv).items()))
+                                                             for s, v in first_result_seconds(
+                                                                 args.csv, args.keep_apart).items()))
     if args.arm is not None and args.arm not in others:
         ap.error(f"--arm {args.arm!r}: not one of {others}")
     if args.plot:

@@ -27,6 +27,11 @@ first trial (no search can do better: the ceiling of the ratios themselves). Sec
 rewritten trial. The bar (95% of the file's best) is held where it is: a lever that found faster kernels than any
 run did would also move it.
 
+Runs that measured the defaults first (a comparison with ``--defaults on``; its CSV marks them in the column
+``opening`` since session 69) keep that shared opening where it is under every bound: the search's own picks start
+after it, and a run the opening already took within 95% stays as measured. The ops whose opening alone reaches 95%
+are left out, as the headline reports them apart (``--keep-apart``: kept); files without the column have none.
+
 ``--settled first`` keeps the ops where at least half of all runs (every arm kept, as measured) reached 95% within
 their first round (``--batch`` trials), ``--settled later`` the others: the ops the opening round decides and the
 ops the search's later rounds do.
@@ -64,33 +69,41 @@ def read_rows(path: Path) -> list[dict]:
 BOUNDS = ("later-rounds", "first-order", "rest-order", "every-order", "both", "oracle")
 
 
-def bounded(hits: list[bool], bound: str, batch: int, chunk: int = 8) -> int | None:
+def bounded(hits: list[bool], bound: str, batch: int, chunk: int = 8, opening: int = 0) -> int | None:
     """The index of a run's first trial within 95% had a perfect lever ``bound`` (:data:`BOUNDS`) steered it
-    (``hits``: each trial within 95% or not, in trial order; None: it still never gets there)."""
+    (``hits``: each trial within 95% or not, in trial order; None: it still never gets there). ``opening``: the
+    run's first trials that are the shared opening (the defaults every run measures first, at the head of its
+    first round): no lever of the search moves them, so its own picks start after them."""
     first = next((i for i, h in enumerate(hits) if h), None)
     if bound not in BOUNDS:
         raise ValueError(f"unknown bound {bound!r}: one of {BOUNDS}")
+    if first is not None and first < opening:  # the opening got there before any pick of the search
+        return first
     if bound == "oracle":
-        return 0 if hits else None
+        return opening if len(hits) > opening else None
     if bound in ("later-rounds", "both") and (first is None or first >= batch) and len(hits) > batch:
         first = batch
     if first is not None and (bound == "every-order" or (bound in ("first-order", "both") and first < batch)):
-        first = first // batch * batch
-    if bound == "rest-order" and first is not None and chunk <= first < batch:
-        first = chunk
+        first = max(first // batch * batch, opening)
+    if bound == "rest-order" and first is not None and max(chunk, opening) <= first < batch:
+        first = max(chunk, opening)
     return first
 
 
-def tune_records(path: Path) -> tuple[dict, dict, dict]:
-    """One CSV parsed once however many bounds read it: ``(tune, retimed, best)`` with ``tune[(task, strategy,
-    seed)]`` the run's ``(trial, elapsed, latency)`` in trial order, ``retimed[(task, strategy, seed)]`` its final
-    re-timings and ``best[task]`` the lowest latency of any row (shared: read, do not change)."""
+def tune_records(path: Path) -> tuple[dict, dict, dict, set]:
+    """One CSV parsed once however many bounds read it: ``(tune, retimed, best, apart)`` with ``tune[(task,
+    strategy, seed)]`` the run's ``(trial, elapsed, latency, opening)`` in trial order (``opening``: the config is
+    one of the task's shared opening; False in files written before session 69, which do not say),
+    ``retimed[(task, strategy, seed)]`` its final re-timings, ``best[task]`` the lowest latency of any row and
+    ``apart`` the tasks whose opening alone reaches 95% of it (the median over the compared runs of their best
+    opening latency, as :meth:`felixjax.compare.Comparison.opening_reaches`: the headline reports them apart).
+    Shared: read, do not change."""
     st = path.stat()
     return _parse(str(path), st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict]:
+def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict, set]:
     tune: dict = defaultdict(list)
     retimed: dict = defaultdict(list)
     best: dict = defaultdict(lambda: math.inf)
@@ -103,38 +116,46 @@ def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict]:
             continue
         best[r["task"]] = min(best[r["task"]], lat)
         if r["phase"] == "tune":
-            tune[key].append((int(r["trial"]), float(r["elapsed_s"] or 0.0), lat))
-    for recs in tune.values():
+            tune[key].append((int(r["trial"]), float(r["elapsed_s"] or 0.0), lat, r.get("opening") == "1"))
+    openings: dict = defaultdict(list)
+    for (task, _, _), recs in tune.items():
         recs.sort()
-    return dict(tune), dict(retimed), dict(best)
+        if any(o for *_, o in recs):
+            openings[task].append(min(lat for *_, lat, o in recs if o))
+    apart = {t: float(np.median(v)) <= best[t] / REACH for t, v in openings.items()}
+    return dict(tune), dict(retimed), dict(best), {t for t, a in apart.items() if a}
 
 
-def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None,
-                  batch: int = 32, chunk: int = 8) -> dict[tuple[str, str], dict[str, list[float]]]:
+def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None, batch: int = 32,
+                  chunk: int = 8, keep_apart: bool = False) -> dict[tuple[str, str], dict[str, list[float]]]:
     """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
     several files pool); 95% is taken against the best latency of any row of the task in the file. With
-    ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials)."""
-    tune, retimed, best = tune_records(path)
+    ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials, each
+    run's shared opening held where it is). The tasks whose opening alone reaches 95% are left out (the
+    headline's rule; ``keep_apart``: kept)."""
+    tune, retimed, best, apart = tune_records(path)
     out: dict = defaultdict(lambda: {m: [] for m in METRICS})
     for (task, strategy, seed), recs in sorted(tune.items()):  # one tag per file: the seeds sort as tagged
-        if strategy.startswith("reference:"):
+        if strategy.startswith("reference:") or (task in apart and not keep_apart):
             continue
         bar = best[task] / REACH
-        hits = [lat <= bar for _, _, lat in recs]
-        hit = bounded(hits, bound, batch, chunk) if bound is not None and strategy == of else next(
+        hits = [lat <= bar for _, _, lat, _ in recs]
+        opening = next((i for i, rec in enumerate(recs) if not rec[3]), len(recs))
+        hit = bounded(hits, bound, batch, chunk, opening) if bound is not None and strategy == of else next(
             (i for i, h in enumerate(hits) if h), None)
         i = len(recs) - 1 if hit is None else hit
         cell = out[(task, strategy)]
         cell["trials95"].append(i + 1)
         cell["seconds95"].append(recs[i][1])
         times = retimed.get((task, strategy, seed))
-        cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat in recs))
+        cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat, _ in recs))
     return dict(out)
 
 
 def pooled(paths: list[Path], keep: set | None = None, prefixes: tuple | None = None, **bound) -> dict:
-    """Every file's runs (:func:`runs_from_csv`, ``bound`` passed on) as more seeds of the same ops; only the arms
-    in ``keep`` and the ops starting with one of ``prefixes`` (None: all)."""
+    """Every file's runs (:func:`runs_from_csv`, ``bound`` and ``keep_apart`` passed on) as more seeds of the same
+    ops; only the arms in ``keep`` and the ops starting with one of ``prefixes`` (None: all). An op whose opening
+    reaches 95% in one file is left out of that file's runs only (each file's own best decides)."""
     runs: dict = {}
     for i, path in enumerate(paths):
         for key, cell in runs_from_csv(path, tag=f"{i}:", **bound).items():
@@ -144,6 +165,11 @@ def pooled(paths: list[Path], keep: set | None = None, prefixes: tuple | None = 
             for m in METRICS:
                 mine[m] += cell[m]
     return runs
+
+
+def apart_ops(paths: list[Path]) -> list[str]:
+    """The ops of these files whose shared opening alone reaches 95% (in any of them), sorted."""
+    return sorted(set().union(*(tune_records(p)[3] for p in paths)))
 
 
 def settled_first(runs: dict, batch: int) -> set[str]:
@@ -228,6 +254,9 @@ def main(argv=None) -> int:
                     "8, the measurer's build_chunk)")
     ap.add_argument("--settled", choices=("first", "later"), default=None, help="keep the ops at least half of whose "
                     "runs reached 95%% within their first round (first), or the others (later)")
+    ap.add_argument("--keep-apart", action="store_true", help="keep the ops whose shared opening (the defaults "
+                    "measured first, marked in CSVs since session 69) alone reaches 95%%; default: left out, as the "
+                    "headline reports them apart")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.chunk < 1:
         ap.error("--batch and --chunk must be at least 1")
@@ -236,9 +265,10 @@ def main(argv=None) -> int:
     missing = [p for p in args.csv if not p.exists()]
     if missing:
         ap.error(f"{missing[0]}: no such file")
-    runs = pooled(args.csv, keep, prefixes, bound=args.bound, of=args.ref, batch=args.batch, chunk=args.chunk)
+    runs = pooled(args.csv, keep, prefixes, bound=args.bound, of=args.ref, batch=args.batch, chunk=args.chunk,
+                  keep_apart=args.keep_apart)
     if args.settled is not None:
-        measured = pooled(args.csv, keep, prefixes) if args.bound else runs
+        measured = pooled(args.csv, keep, prefixes, keep_apart=args.keep_apart) if args.bound else runs
         first = settled_first(measured, args.batch)
         runs = {k: v for k, v in runs.items() if (k[0] in first) == (args.settled == "first")}
         if not runs:
@@ -254,11 +284,14 @@ def main(argv=None) -> int:
     except ValueError as e:  # paired arms with different numbers of runs: files whose arms differ
         ap.error(f"{e} (to pool files whose arms differ, keep the shared ones with --arms)")
     points = point_ratios(runs, args.ref)
+    apart = apart_ops(args.csv)
     print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
           f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n}"
           f"{' seed-paired' if args.paired else ''} resamples]"
           + (f"; {args.ref} bounded: {args.bound} (rounds of {args.batch})" if args.bound else "")
-          + (f"; ops settled in the {args.settled} round(s)" if args.settled else "") + "\n")
+          + (f"; ops settled in the {args.settled} round(s)" if args.settled else "")
+          + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: {', '.join(apart)}"
+             if apart else "") + "\n")
     print("| strategy | ops | seeds per op | trials to 95% | seconds to 95% | final latency |\n"
           "|---|---:|---:|---:|---:|---:|")
     for s, p in points.items():

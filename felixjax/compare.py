@@ -356,23 +356,24 @@ class Comparison:
 
     def to_csv(self, path: str | os.PathLike) -> str:
         """Every measurement: strategy, seed, task, phase (``tune`` / ``reference`` / ``remeasure``), trial index,
-        elapsed seconds of its run, latency, best so far, status."""
+        elapsed seconds of its run, latency, best so far, status, and ``opening``: 1 where the config is one of
+        the task's shared opening (the defaults every run measured first), else 0."""
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
-                        "status"])
+                        "status", "opening"])
             tagged = [(k, "tune", v) for k, v in self.histories.items()]
             tagged += [(k, "reference", v) for k, v in self.references.items()]
             for (task, s, seed), phase, recs in tagged:
-                best = math.inf
+                best, opening = math.inf, self.openings.get(task, frozenset())
                 for r in recs:
                     best = min(best, r.latency_s)
                     w.writerow([s, seed, task, phase, r.trial, f"{r.elapsed_s:.4f}", repr(r.latency_s), repr(best),
-                                r.status])
+                                r.status, int(r.config in opening)])
             for (task, s, seed), lats in self.remeasured.items():
                 for i, lat in enumerate(lats):
                     w.writerow([s, seed, task, "remeasure", i, "", repr(lat), "", "ok" if math.isfinite(lat) else
-                                "failed"])
+                                "failed", 0])
         return os.fspath(path)
 
     def plot(self, path: str | os.PathLike) -> str:

@@ -38,8 +38,12 @@ def test_one_call_writes_csv_table_and_plot(tmp_path):
     # CSV: every measurement, best so far monotone per run
     rows = list(csv.DictReader(open(out / "cmp.csv")))
     assert set(rows[0]) == {"strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
-                            "status"}
+                            "status", "opening"}
     tune = [r for r in rows if r["phase"] == "tune"]
+    for t in TASKS:  # the defaults every run measured first are marked, at the head of each run and nowhere else
+        n = len(cmp.openings[t.name])
+        assert n >= 1 and all([r["opening"] for r in tune if (r["task"], r["strategy"], r["seed"]) == (t.name, s, sd)]
+                              == ["1"] * n + ["0"] * (30 - n) for s in ("genetic", "random") for sd in ("0", "1"))
     assert len(tune) == 240 and len([r for r in rows if r["phase"] == "remeasure"]) == 8 * 3
     for key in {(r["task"], r["strategy"], r["seed"]) for r in tune}:
         run = [r for r in tune if (r["task"], r["strategy"], r["seed"]) == key]

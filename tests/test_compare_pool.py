@@ -312,3 +312,72 @@ def test_lever_bounds_tabulates_every_bound_split_by_the_round_that_settles_an_o
     assert "first result at (median over runs): genetic 0.50 s, gradient 0.50 s" in out
     with pytest.raises(SystemExit):
         lever_bounds.main(["--csv", path, "--ref", "nope"])
+
+
+def test_bounds_hold_the_shared_opening_where_it_is():
+    """Session 69: in runs that measured the defaults first (``opening`` trials at the head of the first round) a
+    perfect lever reorders only the search's own picks, and a run the opening took within 95% stays as measured."""
+    from benchmarks.ratio_intervals import BOUNDS, bounded
+
+    in_round, opened = [False] * 3 + [True] + [False] * 4, [False, True] + [False] * 6  # rounds of 4, opening of 2
+    assert [bounded(opened, b, 4, 1, opening=2) for b in BOUNDS] == [1] * len(BOUNDS)
+    assert [bounded(in_round, b, 4, 1, opening=2) for b in ("first-order", "every-order", "both", "oracle")] == [2] * 4
+    assert bounded(in_round, "later-rounds", 4, 1, opening=2) == 3
+    assert bounded(in_round, "rest-order", 4, 1, opening=2) == 2  # the first chunk (1) lies inside the opening
+    assert bounded(in_round, "rest-order", 4, 3, opening=2) == 3  # a hit inside the first chunk of 3 stays
+    assert bounded([False] * 8, "oracle", 4, opening=2) == 2 and bounded([False, False], "oracle", 4, opening=2) is None
+    late = [False] * 6 + [True, False]  # a hit in the second round: every-order takes it to that round's start
+    assert bounded(late, "every-order", 4, opening=2) == 4 and bounded(late, "first-order", 4, opening=2) == 6
+
+
+def test_csv_marks_the_opening_and_the_ops_it_settles_are_left_out(tmp_path, capsys):
+    """``Comparison.to_csv`` writes an ``opening`` column (1: the config is one of the task's shared opening);
+    ``ratio_intervals`` holds each run's opening where it is under a bound and leaves out the ops whose opening
+    alone reaches 95% (as the headline does), unless ``--keep-apart``; ``lever_bounds`` does the same."""
+    from benchmarks import lever_bounds, ratio_intervals
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    def run(task, name, seed, lats):
+        cfgs = ["d0", "d1"] + [f"{name}{seed}:{i}" for i in range(2, len(lats))]  # the opening first, as a run does
+        start = 0.0 if task is A else 10.0  # B's runs start later: the first-result clock must leave them out
+        return [TuningRecord(task, "k", f"{name}:{seed}", i, c, MeasureResult("ok", (lat,)), start + 0.5 * (i + 1))
+                for i, (c, lat) in enumerate(zip(cfgs, lats))]
+
+    lats = {(A.name, "gradient", 0): [3.0, 3.0, 3.0, 1.0, 3.0, 3.0], (A.name, "gradient", 1): [3.0] * 5 + [1.0],
+            (A.name, "genetic", 0): [3.0] * 4 + [1.0, 3.0], (A.name, "genetic", 1): [3.0] * 5 + [1.0],
+            (B.name, "gradient", 0): [1.0] + [2.0] * 5, (B.name, "gradient", 1): [1.0] * 6,
+            (B.name, "genetic", 0): [1.0] * 6, (B.name, "genetic", 1): [1.0] + [2.0] * 5}
+    hist = {k: run(A if k[0] == A.name else B, k[1], k[2], v) for k, v in lats.items()}
+    cmp = Comparison([A, B], ["gradient", "genetic"], [0, 1], 6, None, hist,
+                     openings={A.name: frozenset({"d0", "d1"}), B.name: frozenset({"d0", "d1"})})
+    assert cmp.opening_reaches(B.name) and not cmp.opening_reaches(A.name)
+    path = Path(cmp.to_csv(tmp_path / "cmp.csv"))
+    rows = ratio_intervals.read_rows(path)
+    assert [r["opening"] for r in rows if r["strategy"] == "gradient" and r["seed"] == "0" and r["task"] == A.name] \
+        == ["1", "1", "0", "0", "0", "0"]
+    assert ratio_intervals.tune_records(path)[3] == {B.name}
+    runs = ratio_intervals.runs_from_csv(path)
+    assert {t for t, _ in runs} == {A.name}
+    assert {t for t, _ in ratio_intervals.runs_from_csv(path, keep_apart=True)} == {A.name, B.name}
+    # gradient reaches 95% at trial 4 and 6, genetic at 5 and 6; rounds of 4 with the opening (2) at their head
+    assert runs[(A.name, "gradient")]["trials95"] == [4, 6]
+    for bound, want in (("first-order", [3, 6]), ("later-rounds", [4, 5]), ("every-order", [3, 5]),
+                        ("oracle", [3, 3]), ("rest-order", [3, 6])):
+        got = ratio_intervals.runs_from_csv(path, bound=bound, of="gradient", batch=4, chunk=1)
+        assert got[(A.name, "gradient")]["trials95"] == want, bound
+        assert got[(A.name, "genetic")]["trials95"] == [5, 6]
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "50"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out, the opening alone reaches 95%: {B.name}" in out and "| genetic | 1 | 2 |" in out
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "gradient", "--n", "50", "--keep-apart"]) == 0
+    out = capsys.readouterr().out
+    assert f"kept, the opening alone reaches 95%: {B.name}" in out and "| genetic | 2 | 2 |" in out
+    got = {(r["bound"], r["ops"]): r["genetic"]["trials95"][0]
+           for r in lever_bounds.bound_rows([path], "gradient", batch=4, chunk=1, n=50)}
+    assert got[("oracle", "all")] == pytest.approx(5.5 / 3) and got[("measured", "all")] == pytest.approx(1.1)
+    assert lever_bounds.first_result_seconds([path]) == {"genetic": 0.5, "gradient": 0.5}
+    assert lever_bounds.first_result_seconds([path], keep_apart=True) == {"genetic": 5.5, "gradient": 5.5}
+    assert lever_bounds.main(["--csv", str(path), "--ref", "gradient", "--batch", "4", "--n", "50"]) == 0
+    assert f"left out, the opening alone reaches 95%: {B.name}" in capsys.readouterr().out
