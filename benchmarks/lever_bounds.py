@@ -17,9 +17,13 @@ them, column ``opening``) keep that opening where it is: every bound reorders on
 start after it, and a run the opening already took within 95% stays as measured. The ops whose opening alone
 reaches 95% are left out as the headline leaves them out (``--keep-apart``: kept).
 
+``--sooner 2,4,8`` adds a row per K for a better rather than perfect later search: ``--ref``'s trials after its
+first round, until 95%, K times fewer (``ratio_intervals``' ``sooner:K``; optimistic for runs that never got
+there), which says how much better the rounds after the first would have to be for a target.
+
     python benchmarks/lever_bounds.py --csv docs/data/own_s67/fresh.csv.gz --csv docs/data/own_s67/dwg.csv.gz \\
         --csv docs/data/own_s67/ops.csv.gz --ref gradient_pre_b32_spread4_flat --plot docs/img/bounds.png
-    python benchmarks/lever_bounds.py --csv docs/data/bounds_s69/headline_on.csv.gz --ref gradient --arm genetic@32
+    python benchmarks/lever_bounds.py --csv results/headline_on.csv --ref gradient --arm genetic@32 --sooner 2,4,8
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from benchmarks.ratio_intervals import (
     point_ratios,
     pooled,
     settled_first,
+    sooner_factor,
     tune_records,
 )
 from felixjax.compare import METRICS, bootstrap_ratios
@@ -51,16 +56,23 @@ WHAT = {"measured": "as measured",
         "oracle": "every run there at its first trial (after the opening)"}
 
 
+def what(bound: str) -> str:
+    """A bound's row label."""
+    k = sooner_factor(bound)
+    return WHAT[bound] if k is None else f"the trials after the first round {k:g}x fewer"
+
+
 def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, n: int = 2000,
-               level: float = 0.9, keep_apart: bool = False) -> list[dict]:
+               level: float = 0.9, keep_apart: bool = False, sooner: tuple[float, ...] = ()) -> list[dict]:
     """One dict per (bound, ops): ``bound``, ``ops`` ('all', 'first', 'later'), ``n_ops`` and, per other strategy,
-    ``{metric: (point, low, high)}`` under ``strategy``."""
+    ``{metric: (point, low, high)}`` under ``strategy``; the bounds of :data:`ROWS`, then ``sooner:K`` for each K
+    of ``sooner``."""
     measured = pooled(paths, keep_apart=keep_apart)
     if not any(s == ref for _, s in measured):
         raise ValueError(f"{ref!r} is not a strategy of these files: {sorted({s for _, s in measured})}")
     first = settled_first(measured, batch)
     out = []
-    for bound in ROWS:
+    for bound in ROWS + tuple(f"sooner:{k:g}" for k in sooner):
         runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk,
                                                            keep_apart=keep_apart)
         for ops in ("all", "first", "later"):
@@ -99,7 +111,7 @@ def table(rows: list[dict], strategy: str) -> str:
     names = {"all": "all", "first": "settled in round 1", "later": "settled later"}
     for r in rows:
         if strategy in r:
-            out.append(f"| {r['bound']}: {WHAT[r['bound']]} | {names[r['ops']]} ({r['n_ops']}) | "
+            out.append(f"| {r['bound']}: {what(r['bound'])} | {names[r['ops']]} ({r['n_ops']}) | "
                        + " | ".join(_cell(r[strategy][m]) for m in METRICS) + " |")
     return "\n".join(out)
 
@@ -110,12 +122,13 @@ def plot(rows: list[dict], strategy: str, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    bounds = list(dict.fromkeys(r["bound"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8 + 0.6 * max(0, len(bounds) - len(ROWS)), 4))
     width = 0.27
     for j, (ops, colour) in enumerate((("all", "tab:blue"), ("first", "tab:green"), ("later", "tab:orange"))):
         got = {r["bound"]: r for r in rows if r["ops"] == ops and strategy in r}
-        xs = [i + (j - 1) * width for i, b in enumerate(ROWS) if b in got]
-        vals = [got[b][strategy]["trials95"] for b in ROWS if b in got]
+        xs = [i + (j - 1) * width for i, b in enumerate(bounds) if b in got]
+        vals = [got[b][strategy]["trials95"] for b in bounds if b in got]
         if not vals:
             continue
         n_ops = next(iter(got.values()))["n_ops"]
@@ -125,7 +138,7 @@ def plot(rows: list[dict], strategy: str, path: Path, title: str) -> None:
                yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=2)
     ax.axhline(3.0, color="red", ls="--", lw=1, label="issue 15's target (3x)")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(ROWS)), ROWS, fontsize=8)
+    ax.set_xticks(range(len(bounds)), bounds, fontsize=7)
     ax.set_ylabel(f"trials to 95%: {strategy} / ref", fontsize=8)
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
@@ -147,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="write the trials ratios as a bar chart (PNG)")
     ap.add_argument("--title", default="", help="the plot's title")
     ap.add_argument("--arm", default=None, help="the arm the plot shows over --ref (default: the first other arm)")
+    ap.add_argument("--sooner", default="", help="comma-separated K (>= 1): add a row per K with --ref's trials "
+                    "after its first round K times fewer")
     ap.add_argument("--keep-apart", action="store_true", help="keep the ops whose opening alone reaches 95%% "
                     "(default: left out, as the headline leaves them out)")
     args = ap.parse_args(argv)
@@ -156,7 +171,14 @@ def main(argv=None) -> int:
     if args.batch < 1 or args.chunk < 1:
         ap.error("--batch and --chunk must be at least 1")
     try:
-        rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n, keep_apart=args.keep_apart)
+        sooner = tuple(float(k) for k in args.sooner.split(",") if k.strip())
+    except ValueError:
+        ap.error(f"--sooner {args.sooner!r}: comma-separated numbers >= 1")
+    if any(not 1 <= k < float("inf") for k in sooner):
+        ap.error(f"--sooner {args.sooner!r}: every K must be >= 1")
+    try:
+        rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n, keep_apart=args.keep_apart,
+                          sooner=sooner)
     except ValueError as e:  # no such --ref, or paired arms with different numbers of runs
         ap.error(str(e))
     others = [s for s in rows[0] if s not in ("bound", "ops", "n_ops")]

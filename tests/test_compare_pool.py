@@ -2,6 +2,7 @@
 their JSONL exports) pooled into one table and one geomean, as issue 15's halves are judged over both
 suites (replay oracle only); and ``benchmarks/timing_spread.py``, which reads such a database for how far
 one kernel's timings spread."""
+import argparse
 import gzip
 import shutil
 import sys
@@ -381,3 +382,33 @@ def test_csv_marks_the_opening_and_the_ops_it_settles_are_left_out(tmp_path, cap
     assert lever_bounds.first_result_seconds([path], keep_apart=True) == {"genetic": 5.5, "gradient": 5.5}
     assert lever_bounds.main(["--csv", str(path), "--ref", "gradient", "--batch", "4", "--n", "50"]) == 0
     assert f"left out, the opening alone reaches 95%: {B.name}" in capsys.readouterr().out
+
+
+def test_sooner_divides_the_trials_after_the_first_round(tmp_path, capsys):
+    """``sooner:K`` (session 69): a better later search, not a perfect one: the trials after the first round until
+    95% K times fewer; a run that never got there counts as getting there on its last trial; K = 1 is as measured."""
+    from benchmarks import lever_bounds, ratio_intervals
+    from benchmarks.ratio_intervals import bound_name, bounded
+
+    late, never, early = [False] * 9 + [True], [False] * 10, [False, True] + [False] * 8  # rounds of 2
+    assert [bounded(h, "sooner:1", 2) for h in (late, never, early)] == [9, 9, 1]
+    assert [bounded(h, "sooner:2", 2) for h in (late, never, early)] == [5, 5, 1]  # 2 + 7 // 2
+    assert [bounded(h, "sooner:4", 2) for h in (late, never, early)] == [3, 3, 1]
+    assert bounded([False], "sooner:2", 2) is None  # no later round to speed up
+    assert bounded([False, True] + [False] * 6 + [True], "sooner:3", 4, opening=2) == 1  # the opening stays
+    for bad in ("sooner:0.5", "sooner:x", "sooner:inf", "faster"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bound_name(bad)
+        with pytest.raises(ValueError):
+            bounded(late, bad, 2)
+    path = _bound_csv(tmp_path)  # gradient at 95% on trial 4 and 2, genetic on 4 and 4; rounds of 2
+    got = ratio_intervals.runs_from_csv(Path(path), bound="sooner:2", of="gradient", batch=2)
+    assert got[(A.name, "gradient")]["trials95"] == [3, 2] and got[(A.name, "genetic")]["trials95"] == [4, 4]
+    assert lever_bounds.main(["--csv", path, "--ref", "gradient", "--batch", "2", "--n", "50", "--sooner", "2"]) == 0
+    out = capsys.readouterr().out  # genetic 4 / gradient median(3, 2) = 1.6
+    assert "| sooner:2: the trials after the first round 2x fewer | all (1) | 1.60x [" in out
+    for bad in ("0.5", "two"):
+        with pytest.raises(SystemExit):
+            lever_bounds.main(["--csv", path, "--ref", "gradient", "--sooner", bad])
+    with pytest.raises(SystemExit):
+        ratio_intervals.main(["--csv", path, "--ref", "gradient", "--bound", "sooner:0"])
