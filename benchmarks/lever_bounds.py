@@ -184,11 +184,12 @@ def main(argv=None) -> int:
     others = [s for s in rows[0] if s not in ("bound", "ops", "n_ops")]
     if not others:
         ap.error(f"--ref {args.ref!r}: no other arm in these files to compare with")
+    apart = apart_ops(args.csv)
     print(f"{len(args.csv)} file(s): {', '.join(map(str, args.csv))}; {args.ref}'s runs rewritten, the other arms as "
           f"measured; rounds of {args.batch}, chunks of {args.chunk}; 90% seed-paired bootstrap intervals, "
           f"{args.n} resamples"
-          + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: "
-             f"{', '.join(apart_ops(args.csv))}" if apart_ops(args.csv) else "") + "\n")
+          + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: {', '.join(apart)}"
+             if apart else "") + "\n")
     for s in others:
         print(table(rows, s) + "\n")
     print("first result at (median over runs): " + ", ".join(f"{s} {v:.2f} s"
