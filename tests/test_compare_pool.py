@@ -412,3 +412,23 @@ def test_sooner_divides_the_trials_after_the_first_round(tmp_path, capsys):
             lever_bounds.main(["--csv", path, "--ref", "gradient", "--sooner", bad])
     with pytest.raises(SystemExit):
         ratio_intervals.main(["--csv", path, "--ref", "gradient", "--bound", "sooner:0"])
+
+
+def test_ledger_split_reads_the_committed_ablations_and_splits_their_ops(capsys):
+    """``benchmarks/ledger_split.py`` (session 69): every lever's CSVs exist; the two splits partition the ops; the
+    all-ops figure is ``ratio_intervals``' paired geomean for the same files and arms."""
+    from benchmarks import ledger_split, ratio_intervals
+
+    for lever, (_, _, names) in ledger_split.LEVERS.items():
+        assert all((ledger_split.ROOT / "docs" / "data" / f"{n}.csv.gz").exists() for n in names), lever
+    rows = {r["split"]: r for r in ledger_split.lever_rows("b8_now", n=50)}
+    assert rows["first"]["ops"] + rows["later"]["ops"] == rows["all"]["ops"] == 10 and rows["later"]["ops"] > 0
+    paths = [ledger_split.ROOT / "docs" / "data" / f"{n}.csv.gz" for n in ledger_split.LEVERS["b8_now"][2]]
+    runs = ratio_intervals.pooled(paths, keep={"gradient_pre_b8_now", ledger_split.REF})
+    want = ratio_intervals.point_ratios(runs, ledger_split.REF)["gradient_pre_b8_now"]["trials95"]
+    point, low, high = rows["all"]["trials"]
+    assert point == pytest.approx(want) and low <= want <= high
+    assert ledger_split.main(["--levers", "b8_now", "--n", "50"]) == 0
+    assert "| 8 per round (`b8_now`) | 52 | 3 | " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ledger_split.main(["--levers", "nope"])
