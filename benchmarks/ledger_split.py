@@ -29,6 +29,12 @@ from felixjax.compare import bootstrap_ratios
 ROOT = Path(__file__).resolve().parent.parent
 REF = "gradient_pre_b32_spread4_flat"
 
+
+def _both(folder: str, *seeds: str) -> list[str]:
+    """The ``fresh`` and op-suite files of one ablation folder for these seed ranges (``"0-2"``, ...)."""
+    return [f"{folder}/{suite}_seeds{x}" for suite in ("fresh", "ops") for x in seeds]
+
+
 #: lever arm (after ``gradient_pre_``) -> (the ledger's row, session, the CSVs under docs/data/ that hold it).
 LEVERS = {
     "deep": ("descent depth: starts=128, steps=64", 49,
@@ -40,39 +46,26 @@ LEVERS = {
               ["prune_s51/paired_seeds0-2", "prune_s51/paired_seeds3-5"]),
     "local_now": ("measured-neighbour moves (DGD): local_share=0.5", 51, ["round2_s51/fresh_seeds0-2"]),
     "res_now": ("residual GP: residual=True", 51, ["round2_s51/fresh_seeds0-2", "round2_s51/ops_res_seeds0-2"]),
-    "b16_now": ("16 per round", 52, ["batch_s52/fresh_seeds0-2", "batch_s52/ops_seeds0-2"]),
-    "b8_now": ("8 per round", 52, ["batch_s52/fresh_seeds0-2", "batch_s52/ops_seeds0-2"]),
+    "b16_now": ("16 per round", 52, _both("batch_s52", "0-2")),
+    "b8_now": ("8 per round", 52, _both("batch_s52", "0-2")),
     "open": ("first rounds on the packaged model: opening='packaged'", 53,
              ["open_s53/fresh_seeds0-2", "open_s53/fresh_seeds3-5", "open_s53/ops_seeds0-2"]),
     "flat1": ("the neighbourhood's mean alone: flat=1", 54,
               ["flat_s54/fresh_seeds0-2", "flat_s54/fresh_seeds3-5", "flat_s54/ops_seeds0-2"]),
-    "eps0": ("no random pick: eps_greedy=0", 54, ["eps_s54/fresh_seeds0-2", "eps_s54/ops_seeds0-2"]),
-    "pert0": ("descents from random starts: perturbed_share=0", 55,
-              [f"pert_s55/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "pert90": ("descents around the bests: perturbed_share=0.9", 55,
-               [f"pert_s55/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "warm1": ("one first-round descent pass: warmup_passes=1", 55,
-              [f"warm_s55/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "warm4": ("four first-round descent passes: warmup_passes=4", 55,
-              [f"warm_s55/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "spread2": ("the batch's spread: spread=2", 56,
-                [f"spread_s56/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "spread8": ("the batch's spread: spread=8", 56,
-                [f"spread_s56/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "nb0": ("no repair after rounding: neighbours_of=0", 57,
-            [f"nb_s57/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "nb32": ("a wider repair: neighbours_of=32", 57,
-             [f"nb_s57/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "temp025": ("a sharper descent: temperature=0.25", 57,
-                [f"temp_s57/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "lr015": ("a smaller step: lr=0.15", 58,
-              [f"lr_s58/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "lr15": ("a larger step: lr=1.5", 58,
-             [f"lr_s58/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5", "6-8")]),
-    "hv1": ("every iterate a candidate: harvest_every=1", 59,
-            [f"hv_s59/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5")]),
-    "hv4": ("every fourth iterate: harvest_every=4", 59,
-            [f"hv_s59/{s}_seeds{x}" for s in ("fresh", "ops") for x in ("0-2", "3-5", "6-8")]),
+    "eps0": ("no random pick: eps_greedy=0", 54, _both("eps_s54", "0-2")),
+    "pert0": ("descents from random starts: perturbed_share=0", 55, _both("pert_s55", "0-2", "3-5")),
+    "pert90": ("descents around the bests: perturbed_share=0.9", 55, _both("pert_s55", "0-2", "3-5")),
+    "warm1": ("one first-round descent pass: warmup_passes=1", 55, _both("warm_s55", "0-2", "3-5")),
+    "warm4": ("four first-round descent passes: warmup_passes=4", 55, _both("warm_s55", "0-2", "3-5")),
+    "spread2": ("the batch's spread: spread=2", 56, _both("spread_s56", "0-2", "3-5")),
+    "spread8": ("the batch's spread: spread=8", 56, _both("spread_s56", "0-2", "3-5")),
+    "nb0": ("no repair after rounding: neighbours_of=0", 57, _both("nb_s57", "0-2", "3-5")),
+    "nb32": ("a wider repair: neighbours_of=32", 57, _both("nb_s57", "0-2", "3-5")),
+    "temp025": ("a sharper descent: temperature=0.25", 57, _both("temp_s57", "0-2", "3-5")),
+    "lr015": ("a smaller step: lr=0.15", 58, _both("lr_s58", "0-2", "3-5")),
+    "lr15": ("a larger step: lr=1.5", 58, _both("lr_s58", "0-2", "3-5", "6-8")),
+    "hv1": ("every iterate a candidate: harvest_every=1", 59, _both("hv_s59", "0-2", "3-5")),
+    "hv4": ("every fourth iterate: harvest_every=4", 59, _both("hv_s59", "0-2", "3-5", "6-8")),
     "breed": ("half the first round bred: breed_share=0.5", 61,
               ["breed_s61/fresh_seeds15-17", "breed_s61/fresh_seeds18-20", "breed_s61/ops_seeds12-14",
                "breed_s61/ops_seeds15-17"]),
@@ -80,8 +73,8 @@ LEVERS = {
                ["breed_s61/breed1_fresh_seeds15-17", "breed_s61/breed1_ops_seeds12-14", "breed_s61/fresh_seeds18-20",
                 "breed_s61/ops_seeds15-17"]),
     "pess_now": ("pessimism against extrapolation: pessimism=1", 62,
-                 [f"pess_s62/{s}" for s in ("fresh_seeds21-23", "fresh_seeds24-26", "ops_seeds18-20",
-                                             "ops_seeds21-23")]),
+                 ["pess_s62/fresh_seeds21-23", "pess_s62/fresh_seeds24-26", "pess_s62/ops_seeds18-20",
+                  "pess_s62/ops_seeds21-23"]),
 }
 
 
