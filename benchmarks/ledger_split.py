@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.ratio_intervals import point_ratios, pooled, settled_first
+from benchmarks.ratio_intervals import point_ratios, pooled, settled_first, settled_part
 from felixjax.compare import bootstrap_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def lever_rows(lever: str, *, data: Path = ROOT / "docs" / "data", batch: int = 
     first = settled_first(runs, batch)
     out = []
     for split in ("all", "first", "later"):
-        part = runs if split == "all" else {k: v for k, v in runs.items() if (k[0] in first) == (split == "first")}
+        part = settled_part(runs, first, split)
         if not part:
             out.append({"split": split, "ops": 0})
             continue

@@ -41,6 +41,7 @@ from benchmarks.ratio_intervals import (
     point_ratios,
     pooled,
     settled_first,
+    settled_part,
     sooner_factor,
     tune_records,
 )
@@ -76,7 +77,7 @@ def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, 
         runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk,
                                                            keep_apart=keep_apart)
         for ops in ("all", "first", "later"):
-            part = runs if ops == "all" else {k: v for k, v in runs.items() if (k[0] in first) == (ops == "first")}
+            part = settled_part(runs, first, ops)
             if not part:
                 continue
             points = point_ratios(part, ref)

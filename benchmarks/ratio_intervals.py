@@ -215,6 +215,11 @@ def settled_first(runs: dict, batch: int) -> set[str]:
     return {t for t, got in trials.items() if 2 * sum(x <= batch for x in got) >= len(got)}
 
 
+def settled_part(runs: dict, first: set[str], part: str) -> dict:
+    """``runs`` of all ops (``part`` 'all'), of the ops in ``first`` ('first') or of the others ('later')."""
+    return runs if part == "all" else {k: v for k, v in runs.items() if (k[0] in first) == (part == "first")}
+
+
 def point_ratios(runs: dict, ref: str) -> dict[str, dict[str, float]]:
     """The tables' geomean over ops of ``strategy / ref`` per-op medians (no resampling)."""
     tasks = sorted({t for t, _ in runs})
@@ -306,7 +311,7 @@ def main(argv=None) -> int:
     if args.settled is not None:
         measured = pooled(args.csv, keep, prefixes, keep_apart=args.keep_apart) if args.bound else runs
         first = settled_first(measured, args.batch)
-        runs = {k: v for k, v in runs.items() if (k[0] in first) == (args.settled == "first")}
+        runs = settled_part(runs, first, args.settled)
         if not runs:
             ap.error(f"--settled {args.settled}: no op of these files")
     if prefixes is not None and not runs:
