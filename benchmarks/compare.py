@@ -72,6 +72,7 @@ from codegen.target import Target  # noqa: E402
 from codegen.ops import Task  # noqa: E402
 from felixjax.compare import Comparison  # noqa: E402
 from felixjax.suites import SUITES, suite  # noqa: E402
+from felixjax.testing import ReplayRunner
 from felixjax.strategies.base import COST_MODEL_STRATEGIES  # noqa: E402
 
 DOC = ROOT / "docs" / "BENCHMARKS.md"
@@ -229,6 +230,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--remeasure", type=int, default=None, help="interleaved re-timings of each final best "
                                                                 "(default 5; quick 2)")
     ap.add_argument("--replay", action="store_true", help="synthetic oracle instead of building and timing")
+    ap.add_argument("--replay-noise", type=float, default=0.0, metavar="SIGMA",
+                    help="with --replay: time every measurement of the oracle with host-like noise, the true latency "
+                         "x exp(SIGMA |z|) (felixjax.testing.TimingNoise; 0.1: a kernel's median timing ~7%% above "
+                         "its lowest); default 0, noise-free")
     ap.add_argument("--defaults", nargs="?", const="on", default="off", choices=("off", "on", "both"),
                     help="measure each sketch's hand-written default first in every run (fj.tune's default): off "
                          "(default; the strategies' own search speed, as Felix and Ansor start), on, or both (the "
@@ -278,6 +283,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                          "<doc folder>/img/")
     ap.add_argument("--doc", type=Path, default=DOC, help=f"document --write updates (default {DOC.relative_to(ROOT)})")
     args = ap.parse_args(argv)
+    if args.replay_noise and not args.replay:
+        ap.error("--replay-noise adds noise to the synthetic oracle: use it with --replay")
+    if args.replay_noise < 0:
+        ap.error("--replay-noise: a scale >= 0")
+    if args.replay_noise and args.write:
+        ap.error("--write updates the noise-free replay's section; a noisy replay writes its folder only")
     if args.db and not args.summarize:
         ap.error("--db reads finished runs: use it with --summarize")
     if args.margins and not args.summarize:
@@ -326,6 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         args.out = out.with_name(out.name + "_defaults") if defaults and len(args.modes) > 1 else out
         rc = max(rc, run_mode(args, argv, defaults))
     return rc
+
+
+def _replay(args: argparse.Namespace):
+    """What ``fj.compare`` replays: nothing (measure), the synthetic oracle, or the oracle timed with noise."""
+    if not args.replay:
+        return None
+    if not args.replay_noise:
+        return True
+    return lambda task, target: ReplayRunner.from_oracle(task, target, noise=args.replay_noise)
 
 
 def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -> int:
@@ -377,7 +397,7 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
                  + (f" / {seconds:.0f} s per run" if seconds else "") + f"; total so far {now - started:.0f} s")
             parts.append(fj.compare([task], args.strategies, trials=args.trials, seconds=seconds, seeds=seeds,
                                     target=target, db=db, threads=args.threads,
-                                    replay=True if args.replay else None, progress=not args.quiet,
+                                    replay=_replay(args), progress=not args.quiet,
                                     protocol=None if args.replay else args.protocol, remeasure=args.remeasure,
                                     strategy_options=args.options, defaults=defaults,
                                     reference=args.reference, reference_factor=REFERENCE_FACTOR,
@@ -401,7 +421,9 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
     header = [measured, "", *machine_lines(target),
               f"- runs: strategies {', '.join(cmp.strategies)} x seeds {', '.join(map(str, seeds))} x "
               f"{len(cmp.tasks)} op(s), {budget}; "
-              + ("latencies from the synthetic oracle, 0.3 s simulated per trial" if args.replay else
+              + ("latencies from the synthetic oracle, 0.3 s simulated per trial"
+                 + (f", timed with noise x exp({args.replay_noise:g} |z|)" if args.replay_noise else "")
+                 if args.replay else
                  f"kernels at {args.threads} thread(s), timing protocol while tuning {args.protocol}; each run's "
                  f"final best re-timed {args.remeasure}x interleaved; compiled kernels cached in "
                  f"{_rel(Path(os.environ['FELIXJAX_CACHE']))}, empty at the start of a fresh run, "

@@ -10,6 +10,7 @@ compared on search logic alone, repeatably.
   (vector width, register block size, inner reduction tile, L1 and L2 footprints, unroll, parallel
   chunks and balance, sketch). Its preferred values are drawn per task from ``seed``, so the optimum
   is not where a hand-written default puts it; on small tasks :func:`dense_table` finds it exactly.
+* :class:`TimingNoise`: the oracle (or any latency) as a noisy host would time it.
 * :class:`ReplayRunner`: returns recorded latencies without timing: from a table (for instance
   every valid config of a small task, enumerated with the oracle, or the records of a database) or
   from a callable such as the oracle. Unrecorded configs fail with ``runtime_error``.
@@ -144,6 +145,45 @@ class SyntheticOracle:
         return self.flops / (self.peak * speedup * eff) + overhead
 
 
+class TimingNoise:
+    """Host-like timing noise over a noise-free latency: each measurement is the true latency times
+    ``exp(sigma * |z|)``, ``z`` standard normal, drawn afresh per measurement (a kernel is never timed
+    faster than it is; interference only slows it, so repeated timings scatter above their floor, as
+    this host's do: ``benchmarks/timing_spread.py``). ``sigma=0.1`` puts a kernel's median timing
+    about 7% above its lowest.
+
+    Args:
+        latency: ``config -> seconds``; with a vectorized ``latencies(configs)`` (a
+            :class:`SyntheticOracle`) it is used.
+        sigma: the scale of the log slowdown (> 0).
+        seed: the draws' seed (with the same order of measurements, the same draws).
+
+    Example:
+        >>> import felixjax as fj
+        >>> o = SyntheticOracle(fj.ops.matmul(64, 64, 64))
+        >>> cfg = o.spaces[0].default()
+        >>> noisy = TimingNoise(o, 0.1, seed=0)
+        >>> ts = noisy.latencies([cfg] * 200)
+        >>> bool((ts >= o(cfg)).all()), bool(1.03 < np.median(ts) / o(cfg) < 1.12)
+        (True, True)
+    """
+
+    def __init__(self, latency: Callable[[Config], float], sigma: float, *, seed: int | list[int] = 0):
+        if not sigma > 0:
+            raise ValueError(f"sigma must be > 0 (got {sigma})")
+        self.latency, self.sigma = latency, float(sigma)
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, cfg: Config) -> float:
+        return float(self.latencies([cfg])[0])
+
+    def latencies(self, configs) -> np.ndarray:
+        configs = list(configs)
+        batch = getattr(self.latency, "latencies", None)
+        base = np.asarray(batch(configs) if batch is not None else [self.latency(c) for c in configs], float)
+        return base * np.exp(self.sigma * np.abs(self.rng.standard_normal(len(base))))
+
+
 def dense_table(task: Task, target: Target | None = None, oracle: Callable | None = None, *,
                 seed: int = 0) -> dict[Config, float]:
     """Every valid config of a small task with its oracle latency (a densely recorded space).
@@ -226,10 +266,15 @@ class ReplayRunner:
 
     @classmethod
     def from_oracle(cls, task: Task, target: Target | None = None, *, seed: int = 0, dense: bool = False,
-                    trial_s: float = 0.3) -> "ReplayRunner":
+                    trial_s: float = 0.3, noise: float = 0.0) -> "ReplayRunner":
         """Replay the synthetic oracle of ``task``: analytically, or (``dense=True``, small tasks)
-        from the table of every valid config."""
+        from the table of every valid config; ``noise > 0``: every measurement with
+        :class:`TimingNoise` of that scale (analytic only; drawn from ``seed`` and the task)."""
         oracle = SyntheticOracle(task, target, seed=seed)
+        if noise and dense:
+            raise ValueError("noise applies to the analytic oracle; a dense table replays fixed latencies")
+        if noise:
+            return cls(TimingNoise(oracle, noise, seed=[seed, int(task.key[:12], 16)]), trial_s=trial_s)
         return cls(dense_table(task, target, oracle) if dense else oracle, trial_s=trial_s)
 
     @classmethod

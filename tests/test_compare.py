@@ -14,7 +14,7 @@ from felixjax.cli import main as cli
 from felixjax.compare import REACH, Comparison
 from felixjax.database import TuningRecord
 from felixjax.strategies.genetic import GeneticSearch
-from felixjax.testing import ReplayRunner, SyntheticOracle, dense_table
+from felixjax.testing import ReplayRunner, SyntheticOracle, TimingNoise, dense_table
 
 TARGET = fj.Target.cpu()
 TASKS = [fj.ops.matmul(64, 48, 32), fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)]
@@ -171,6 +171,43 @@ def test_synthetic_oracle_is_deterministic_and_has_a_nontrivial_optimum():
     o = SyntheticOracle(conv)
     sk = {s.name: Space(conv, s, TARGET) for s in sketches_for(conv)}
     assert all(o(sp.default()) > 0 for sp in sk.values())
+
+
+def test_timing_noise_only_slows_is_seeded_and_drawn_per_measurement():
+    t = TASKS[0]
+    oracle = SyntheticOracle(t)
+    cfgs = [Space(t, "gemm_packed", TARGET).sample(np.random.default_rng(i)) for i in range(40)]
+    true = oracle.latencies(cfgs)
+    a, b = TimingNoise(oracle, 0.1, seed=3), TimingNoise(oracle, 0.1, seed=3)
+    first = a.latencies(cfgs)
+    assert (first >= true).all() and (first == b.latencies(cfgs)).all()  # never faster than it is; seeded
+    again = a.latencies(cfgs)
+    assert (again != first).any()  # a new draw per measurement, as a second timing of the same kernels
+    one = np.array([a(cfgs[0]) for _ in range(400)]) / true[0]
+    # exp(0.1 |z|): median exp(0.1 * 0.674) = 1.070, 95th percentile exp(0.196) = 1.217
+    assert 1.05 < np.median(one) < 1.09 and 1.17 < np.quantile(one, 0.95) < 1.27
+    # a plain callable (no vectorized latencies) works the same
+    slow = TimingNoise(lambda c: 1e-3, 0.2, seed=0)
+    assert slow(cfgs[0]) >= 1e-3
+    with pytest.raises(ValueError, match="sigma"):
+        TimingNoise(oracle, 0.0)
+
+
+def test_noisy_replay_in_a_comparison_records_timings_above_the_truth():
+    t = TASKS[0]
+    oracle = SyntheticOracle(t)
+    with pytest.raises(ValueError, match="dense"):
+        ReplayRunner.from_oracle(t, TARGET, noise=0.1, dense=True)
+    clean = fj.compare([t], [small_genetic], trials=24, seeds=1, db=None, replay=True, progress=False,
+                       remeasure=0, defaults=False)
+    noisy = fj.compare([t], [small_genetic], trials=24, seeds=1, db=None, progress=False, remeasure=0,
+                       defaults=False, replay=lambda task, tg: ReplayRunner.from_oracle(task, tg, noise=0.1))
+    recs = noisy.histories[(t.name, "genetic", 0)]
+    measured = np.array([r.latency_s for r in recs])
+    truth = oracle.latencies([r.config for r in recs])
+    assert len(recs) == 24 and (measured >= truth).all() and (measured > truth * 1.001).mean() > 0.8
+    exact = clean.histories[(t.name, "genetic", 0)]
+    assert [r.latency_s for r in exact] == pytest.approx(list(oracle.latencies([r.config for r in exact])))
 
 
 def test_cli_compare_replay(tmp_path, capsys):

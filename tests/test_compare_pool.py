@@ -109,7 +109,22 @@ def test_db_needs_summarize_and_one_half(tmp_path):
     for bad in ("x", "0", "1.5"):
         with pytest.raises(SystemExit):
             script.parse_args(["--summarize", "--margins", bad])
+    for bad in (["--replay-noise", "0.1"], ["--replay", "--replay-noise", "-1"],
+                ["--replay", "--replay-noise", "0.1", "--write"]):
+        with pytest.raises(SystemExit):
+            script.parse_args(bad)
     assert _summarize(tmp_path, tmp_path / "missing.db") == 1
+
+
+def test_replay_noise_reaches_the_comparison(tmp_path):
+    """``--replay --replay-noise`` hands fj.compare the oracle timed with noise; without it, the oracle."""
+    assert script._replay(script.parse_args(["--ops", OPS])) is None
+    assert script._replay(script.parse_args(["--replay", "--ops", OPS])) is True
+    factory = script._replay(script.parse_args(["--replay", "--replay-noise", "0.2", "--ops", OPS]))
+    runner = factory(A, fj.Target.cpu())
+    assert runner.latency.sigma == 0.2
+    cfg = runner.latency.latency.spaces[0].default()
+    assert runner.result(cfg).latency_s >= runner.latency.latency(cfg)
 
 
 def test_timing_spread_of_one_kernel_and_of_the_re_timed_finals():
