@@ -67,12 +67,12 @@ if str(ROOT) not in sys.path:
 import felixjax as fj  # noqa: E402
 from benchmarks.kernels import SUITE, machine_lines, select_ops, write_doc  # noqa: E402
 from benchmarks.tune_ops import provenance  # noqa: E402
-from codegen.measure import TimingProtocol  # noqa: E402
+from codegen.measure import MeasureResult, TimingProtocol  # noqa: E402
 from codegen.target import Target  # noqa: E402
 from codegen.ops import Task  # noqa: E402
 from felixjax.compare import Comparison  # noqa: E402
 from felixjax.suites import SUITES, suite  # noqa: E402
-from felixjax.testing import ReplayRunner
+from felixjax.testing import ReplayRunner, SyntheticOracle
 from felixjax.strategies.base import COST_MODEL_STRATEGIES  # noqa: E402
 
 DOC = ROOT / "docs" / "BENCHMARKS.md"
@@ -277,6 +277,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--csv-out", type=Path, default=None, metavar="PATH",
                     help="with --summarize: also write the finished ops' per-trial CSV here (as cmp.csv; for "
                          "ratio_intervals.py and lever_bounds.py)")
+    ap.add_argument("--truth", action="store_true",
+                    help="with --summarize --replay: judge the runs by the oracle's noise-free latency of every config "
+                         "they measured (and of the config each run ended on) instead of the timings they saw; for a "
+                         "--replay-noise run, finding a kernel apart from drawing a low timing of it")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
@@ -291,6 +295,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--write updates the noise-free replay's section; a noisy replay writes its folder only")
     if args.db and not args.summarize:
         ap.error("--db reads finished runs: use it with --summarize")
+    if args.truth and not (args.summarize and args.replay):
+        ap.error("--truth re-reads a replayed comparison: use it with --summarize --replay")
     if args.margins and not args.summarize:
         ap.error("--margins re-reads finished runs: use it with --summarize")
     if args.intervals and not args.summarize:
@@ -497,6 +503,9 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
     if cmp is None:
         print(head)
         return 1
+    if args.truth:
+        cmp = judged_by_truth(cmp, Target.cpu())
+        head += " Judged by the oracle's noise-free latencies (--truth), not the timings the runs saw."
     print("\n".join([head, "", *verdicts(cmp), "", cmp.table(), "", *per_task_ratios(cmp)]))
     if args.csv_out:
         cmp.to_csv(args.csv_out)
@@ -508,6 +517,28 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     _log(f"convergence curves of the finished ops: {_rel(Path(cmp.plot(args.out / 'curves_partial.png')))}")
     return 0
+
+
+def judged_by_truth(cmp: Comparison, target: Target) -> Comparison:
+    """``cmp`` (a replay of the synthetic oracle, timed with noise or not) with every ok record's latency
+    replaced by the oracle's true latency of its config, and each run's final (and reference) latency by the
+    true latency of the config the run ended on: its lowest timing's, as the run picked it. The same runs,
+    the same picks; only what they are judged by changes. Noise-free, it is the comparison itself."""
+    oracles = {t.name: SyntheticOracle(t, target) for t in cmp.tasks}
+
+    def true(task: str, recs: list) -> list:
+        ok = [r for r in recs if r.ok]
+        lat = iter(oracles[task].latencies([r.config for r in ok]) if ok else [])
+        return [dataclasses.replace(r, result=MeasureResult("ok", (float(next(lat)),))) if r.ok else r for r in recs]
+
+    def final(task: str, recs: list) -> list[float]:
+        ok = [r for r in recs if r.ok]
+        return [oracles[task](min(ok, key=lambda r: r.latency_s).config)] if ok else [math.inf]
+
+    runs = {**cmp.histories, **cmp.references}
+    return dataclasses.replace(cmp, histories={k: true(k[0], v) for k, v in cmp.histories.items()},
+                               references={k: true(k[0], v) for k, v in cmp.references.items()},
+                               remeasured={k: final(k[0], runs[k]) for k in cmp.remeasured if k in runs})
 
 
 def interval_table(cmp: Comparison, n: int, level: float = 0.9, paired: bool = False) -> list[str]:

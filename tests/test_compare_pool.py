@@ -109,7 +109,7 @@ def test_db_needs_summarize_and_one_half(tmp_path):
     for bad in ("x", "0", "1.5"):
         with pytest.raises(SystemExit):
             script.parse_args(["--summarize", "--margins", bad])
-    for bad in (["--replay-noise", "0.1"], ["--replay", "--replay-noise", "-1"],
+    for bad in (["--truth"], ["--summarize", "--truth"], ["--replay", "--truth"], ["--replay-noise", "0.1"], ["--replay", "--replay-noise", "-1"],
                 ["--replay", "--replay-noise", "0.1", "--write"]):
         with pytest.raises(SystemExit):
             script.parse_args(bad)
@@ -125,6 +125,30 @@ def test_replay_noise_reaches_the_comparison(tmp_path):
     assert runner.latency.sigma == 0.2
     cfg = runner.latency.latency.spaces[0].default()
     assert runner.result(cfg).latency_s >= runner.latency.latency(cfg)
+
+
+def test_truth_judges_the_same_picks_by_the_oracle(tmp_path):
+    """``--truth``: every record at the oracle's latency of its config, each final at the true latency of the
+    config its run ended on (its lowest timing's); noise-free, the comparison unchanged."""
+    from felixjax.testing import ReplayRunner, SyntheticOracle
+
+    target = fj.Target.cpu()
+    kw = dict(KW, remeasure=1)
+    clean = fj.compare([A], [small_genetic, "random"], db=None, **kw)
+    same = script.judged_by_truth(clean, target)
+    assert same.table() == clean.table() and same.ratios() == clean.ratios()
+    kw["replay"] = lambda task, tg: ReplayRunner.from_oracle(task, tg, noise=0.3)
+    noisy = fj.compare([A], [small_genetic, "random"], db=None, **kw)
+    truth = script.judged_by_truth(noisy, target)
+    oracle = SyntheticOracle(A, target)
+    for key, recs in {**noisy.histories, **noisy.references}.items():
+        seen = {**truth.histories, **truth.references}[key]
+        assert [r.config for r in seen] == [r.config for r in recs]
+        assert [r.latency_s for r in seen] == pytest.approx(list(oracle.latencies([r.config for r in recs])))
+        assert all(a.latency_s <= b.latency_s for a, b in zip(seen, recs))  # the noise only slowed
+        picked = min(recs, key=lambda r: r.latency_s).config
+        assert truth.remeasured[key] == pytest.approx([oracle(picked)])
+    assert truth.table() != noisy.table()
 
 
 def test_timing_spread_of_one_kernel_and_of_the_re_timed_finals():
