@@ -150,29 +150,33 @@ def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict, dict, dict, set
                 retimed[key].append(lat)
             continue
         best[r["task"]] = min(best[r["task"]], lat)
-        if r["phase"] == "tune":
+        if r["phase"] in ("tune", "reference"):  # the reference runs' under their reserved names (reference:*)
             tune[key].append((int(r["trial"]), float(r["elapsed_s"] or 0.0), lat, r.get("opening") == "1"))
     openings: dict = defaultdict(list)
-    for (task, _, _), recs in tune.items():
+    for (task, strategy, _), recs in tune.items():
         recs.sort()
-        if any(o for *_, o in recs):
+        if not strategy.startswith("reference:") and any(o for *_, o in recs):
             openings[task].append(min(lat for *_, lat, o in recs if o))
     apart = {t: float(np.median(v)) <= best[t] / REACH for t, v in openings.items()}
     return dict(tune), dict(retimed), dict(best), {t for t, a in apart.items() if a}
 
 
 def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str | None = None, batch: int = 32,
-                  chunk: int = 8, keep_apart: bool = False) -> dict[tuple[str, str], dict[str, list[float]]]:
+                  chunk: int = 8, keep_apart: bool = False,
+                  references: bool = False) -> dict[tuple[str, str], dict[str, list[float]]]:
     """``{(task, strategy): {metric: [one value per seed]}}`` from one CSV (seeds tagged with ``tag`` so
     several files pool); 95% is taken against the best latency of any row of the task in the file. With
     ``bound``, the runs of strategy ``of`` reach it where :func:`bounded` says (rounds of ``batch`` trials, each
     run's shared opening held where it is). The tasks whose opening alone reaches 95% are left out (the
-    headline's rule; ``keep_apart``: kept)."""
+    headline's rule; ``keep_apart``: kept). ``references``: the reference runs (a comparison's 2x-budget runs under
+    the reserved names ``reference:<strategy>``) as the arms, by their strategies' names, instead of the compared
+    runs: the same comparison at twice the budget, judged against the same best."""
     tune, retimed, best, apart = tune_records(path)
     out: dict = defaultdict(lambda: {m: [] for m in METRICS})
-    for (task, strategy, seed), recs in sorted(tune.items()):  # one tag per file: the seeds sort as tagged
-        if strategy.startswith("reference:") or (task in apart and not keep_apart):
+    for (task, name, seed), recs in sorted(tune.items()):  # one tag per file: the seeds sort as tagged
+        if name.startswith("reference:") != references or (task in apart and not keep_apart):
             continue
+        strategy = name.removeprefix("reference:")
         bar = best[task] / REACH
         hits = [lat <= bar for _, _, lat, _ in recs]
         opening = next((i for i, rec in enumerate(recs) if not rec[3]), len(recs))
@@ -182,7 +186,7 @@ def runs_from_csv(path: Path, tag: str = "", bound: str | None = None, of: str |
         cell = out[(task, strategy)]
         cell["trials95"].append(i + 1)
         cell["seconds95"].append(recs[i][1])
-        times = retimed.get((task, strategy, seed))
+        times = retimed.get((task, name, seed))
         cell["final"].append(float(np.median(times)) if times else min(lat for _, _, lat, _ in recs))
     return dict(out)
 
@@ -295,6 +299,9 @@ def main(argv=None) -> int:
                     "8, the measurer's build_chunk)")
     ap.add_argument("--settled", choices=("first", "later"), default=None, help="keep the ops at least half of whose "
                     "runs reached 95%% within their first round (first), or the others (later)")
+    ap.add_argument("--references", action="store_true", help="the comparison's reference runs (2x the budget, "
+                    "reference:*) as the arms instead of its compared runs: the same strategies at twice the budget, "
+                    "fewer runs censored")
     ap.add_argument("--keep-apart", action="store_true", help="keep the ops whose shared opening (the defaults "
                     "measured first, marked in CSVs since session 69) alone reaches 95%%; default: left out, as the "
                     "headline reports them apart")
@@ -307,9 +314,10 @@ def main(argv=None) -> int:
     if missing:
         ap.error(f"{missing[0]}: no such file")
     runs = pooled(args.csv, keep, prefixes, bound=args.bound, of=args.ref, batch=args.batch, chunk=args.chunk,
-                  keep_apart=args.keep_apart)
+                  keep_apart=args.keep_apart, references=args.references)
     if args.settled is not None:
-        measured = pooled(args.csv, keep, prefixes, keep_apart=args.keep_apart) if args.bound else runs
+        measured = (pooled(args.csv, keep, prefixes, keep_apart=args.keep_apart, references=args.references)
+                    if args.bound else runs)
         first = settled_first(measured, args.batch)
         runs = settled_part(runs, first, args.settled)
         if not runs:
@@ -329,6 +337,7 @@ def main(argv=None) -> int:
     print(f"{', '.join(map(str, args.csv))}: strategy / {args.ref}, geomean over ops of per-op medians; "
           f"[{args.level:.0%} bootstrap interval over each op's seeds, {args.n}"
           f"{' seed-paired' if args.paired else ''} resamples]"
+          + ("; the reference runs (2x the budget) as the arms" if args.references else "")
           + (f"; {args.ref} bounded: {args.bound} (rounds of {args.batch})" if args.bound else "")
           + (f"; ops settled in the {args.settled} round(s)" if args.settled else "")
           + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: {', '.join(apart)}"

@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import felixjax as fj
@@ -149,6 +150,31 @@ def test_truth_judges_the_same_picks_by_the_oracle(tmp_path):
         picked = min(recs, key=lambda r: r.latency_s).config
         assert truth.remeasured[key] == pytest.approx([oracle(picked)])
     assert truth.table() != noisy.table()
+
+
+def test_ratio_intervals_reads_the_reference_runs_as_a_comparison_at_twice_the_budget(tmp_path):
+    """``--references``: the 2x-budget reference runs as the arms (by their strategies' names), 95% of the same
+    best, each final its own re-timing; the compared runs' tables unchanged beside them."""
+    from benchmarks import ratio_intervals
+    from felixjax.compare import REACH
+
+    cmp = fj.compare([A, B], [small_genetic, "random"], db=None, **dict(KW, remeasure=1))
+    path = Path(cmp.to_csv(tmp_path / "cmp.csv"))
+    plain = ratio_intervals.runs_from_csv(path)
+    assert {k: v["trials95"] for k, v in plain.items()} == {k: v["trials95"] for k, v in cmp.runs().items()}
+    refs = ratio_intervals.runs_from_csv(path, references=True)
+    assert set(refs) == set(cmp.runs())
+    for (task, name), cell in refs.items():
+        bar = cmp.best_known(task) / REACH
+        want = []
+        for seed in cmp.seeds:
+            recs = cmp.references[(task, "reference:" + name, seed)]
+            assert len(recs) == 2 * cmp.trials
+            want.append(next((i for i, r in enumerate(recs) if r.ok and r.latency_s <= bar), len(recs) - 1) + 1)
+        assert cell["trials95"] == want
+        assert cell["final"] == pytest.approx([float(np.median(cmp.remeasured[(task, "reference:" + name, s)]))
+                                               for s in cmp.seeds])
+    assert ratio_intervals.main(["--csv", str(path), "--ref", "random", "--references", "--n", "50"]) == 0
 
 
 def test_timing_spread_of_one_kernel_and_of_the_re_timed_finals():
