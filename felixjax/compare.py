@@ -351,7 +351,8 @@ class Comparison:
             for s, r in ratios.items():
                 lines.append(f"| {s} / {ref} | {r['trials95']:.2f} | {r['seconds95']:.2f} | {r['final']:.3f} "
                              f"| {r['censored']} | {r['bound'] or '—'} | {r['uncensored']} "
-                             f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |")
+                             + (f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |" if r["uncensored"]
+                                else "| — | — |"))  # no task uncensored for both: no geomean to show
         return "\n".join(lines)
 
     def to_csv(self, path: str | os.PathLike) -> str:

@@ -121,6 +121,9 @@ def test_reach_censoring_and_ratios():
     table = cmp.table()
     assert "| >4 |" in table and "| genetic / gradient |" in table and "1/2" in table
     assert REACH == 0.95
+    # no task uncensored for both: the uncensored columns say so instead of printing nan
+    line = next(ln for ln in table.splitlines() if ln.startswith("| genetic / gradient |"))
+    assert ratios["genetic"]["uncensored"] == 0 and line.endswith("| 0 | — | — |") and "nan" not in table
 
 
 def test_dense_replay_space_every_proposal_is_recorded():
