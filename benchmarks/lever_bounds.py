@@ -21,9 +21,16 @@ reaches 95% are left out as the headline leaves them out (``--keep-apart``: kept
 first round, until 95%, K times fewer (``ratio_intervals``' ``sooner:K``; optimistic for runs that never got
 there), which says how much better the rounds after the first would have to be for a target.
 
+``--others first-order`` (session 72) rewrites every other arm too, the same way in every row: a lever that is the
+cost model's rather than the search's (a better ranking of the first round's picks) goes to every search that ranks
+with that model, as issue 15's equally equipped genetic search does. Every arm is taken in rounds of ``--batch``
+(so a file's arm with another round size, genetic at 64 per round, is not rewritten faithfully: read the arms
+that share the batch).
+
     python benchmarks/lever_bounds.py --csv docs/data/own_s67/fresh.csv.gz --csv docs/data/own_s67/dwg.csv.gz \\
         --csv docs/data/own_s67/ops.csv.gz --ref gradient_pre_b32_spread4_flat --plot docs/img/bounds.png
     python benchmarks/lever_bounds.py --csv results/headline_on.csv --ref gradient --arm genetic@32 --sooner 2,4,8
+    python benchmarks/lever_bounds.py --csv results/headline_off.csv --ref gradient --arm genetic@32 --others first-order
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.ratio_intervals import (
     BOUNDS,
     apart_ops,
+    bound_name,
     point_ratios,
     pooled,
     settled_first,
@@ -64,18 +72,27 @@ def what(bound: str) -> str:
 
 
 def bound_rows(paths: list[Path], ref: str, *, batch: int = 32, chunk: int = 8, n: int = 2000,
-               level: float = 0.9, keep_apart: bool = False, sooner: tuple[float, ...] = ()) -> list[dict]:
+               level: float = 0.9, keep_apart: bool = False, sooner: tuple[float, ...] = (),
+               others: str | None = None) -> list[dict]:
     """One dict per (bound, ops): ``bound``, ``ops`` ('all', 'first', 'later'), ``n_ops`` and, per other strategy,
     ``{metric: (point, low, high)}`` under ``strategy``; the bounds of :data:`ROWS`, then ``sooner:K`` for each K
-    of ``sooner``."""
+    of ``sooner``. ``others``: a bound every other arm's runs are rewritten with in every row (a lever all the
+    compared searches would share, such as a better first-round ranking by the cost model they all use); None:
+    the other arms as measured. Which ops the first round settles is decided on the runs as measured."""
     measured = pooled(paths, keep_apart=keep_apart)
     if not any(s == ref for _, s in measured):
         raise ValueError(f"{ref!r} is not a strategy of these files: {sorted({s for _, s in measured})}")
     first = settled_first(measured, batch)
+    fixed = {}  # the other arms' runs, the same in every row
+    for arm in sorted({s for _, s in measured} - {ref}):
+        arm_runs = measured if others is None else pooled(paths, bound=others, of=arm, batch=batch, chunk=chunk,
+                                                          keep_apart=keep_apart)
+        fixed.update({k: v for k, v in arm_runs.items() if k[1] == arm})
     out = []
     for bound in ROWS + tuple(f"sooner:{k:g}" for k in sooner):
         runs = measured if bound == "measured" else pooled(paths, bound=bound, of=ref, batch=batch, chunk=chunk,
                                                            keep_apart=keep_apart)
+        runs = {**{k: v for k, v in runs.items() if k[1] == ref}, **fixed}
         for ops in ("all", "first", "later"):
             part = settled_part(runs, first, ops)
             if not part:
@@ -163,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--arm", default=None, help="the arm the plot shows over --ref (default: the first other arm)")
     ap.add_argument("--sooner", default="", help="comma-separated K (>= 1): add a row per K with --ref's trials "
                     "after its first round K times fewer")
+    ap.add_argument("--others", type=bound_name, default=None, help="rewrite every other arm's runs with this "
+                    "bound in every row (e.g. first-order: a better first-round ranking, which every search using "
+                    "the same cost model would get; default: the other arms as measured)")
     ap.add_argument("--keep-apart", action="store_true", help="keep the ops whose opening alone reaches 95%% "
                     "(default: left out, as the headline leaves them out)")
     args = ap.parse_args(argv)
@@ -179,15 +199,16 @@ def main(argv=None) -> int:
         ap.error(f"--sooner {args.sooner!r}: every K must be >= 1")
     try:
         rows = bound_rows(args.csv, args.ref, batch=args.batch, chunk=args.chunk, n=args.n, keep_apart=args.keep_apart,
-                          sooner=sooner)
+                          sooner=sooner, others=args.others)
     except ValueError as e:  # no such --ref, or paired arms with different numbers of runs
         ap.error(str(e))
     others = [s for s in rows[0] if s not in ("bound", "ops", "n_ops")]
     if not others:
         ap.error(f"--ref {args.ref!r}: no other arm in these files to compare with")
     apart = apart_ops(args.csv)
-    print(f"{len(args.csv)} file(s): {', '.join(map(str, args.csv))}; {args.ref}'s runs rewritten, the other arms as "
-          f"measured; rounds of {args.batch}, chunks of {args.chunk}; 90% seed-paired bootstrap intervals, "
+    print(f"{len(args.csv)} file(s): {', '.join(map(str, args.csv))}; {args.ref}'s runs rewritten, the other arms "
+          + ("as measured" if args.others is None else f"rewritten as {args.others} ({what(args.others)}) in every row")
+          + f"; rounds of {args.batch}, chunks of {args.chunk}; 90% seed-paired bootstrap intervals, "
           f"{args.n} resamples"
           + (f"; {'kept' if args.keep_apart else 'left out'}, the opening alone reaches 95%: {', '.join(apart)}"
              if apart else "") + "\n")
@@ -200,7 +221,8 @@ def main(argv=None) -> int:
         ap.error(f"--arm {args.arm!r}: not one of {others}")
     if args.plot:
         arm = args.arm or others[0]
-        plot(rows, arm, args.plot, args.title or f"{arm} / {args.ref}: perfect levers on measured runs")
+        plot(rows, arm, args.plot, args.title or f"{arm} / {args.ref}: perfect levers on measured runs"
+             + ("" if args.others is None else f" ({arm} as {args.others})"))
         print(f"plot: {args.plot}")
     return 0
 

@@ -380,6 +380,31 @@ def test_lever_bounds_tabulates_every_bound_split_by_the_round_that_settles_an_o
         lever_bounds.main(["--csv", path, "--ref", "nope"])
 
 
+def test_lever_bounds_others_rewrites_every_other_arm_in_every_row(tmp_path, capsys):
+    """Session 72: ``--others first-order`` gives the other arms the same perfect first-round order in every row (a
+    better ranking by the cost model every arm shares), while ``--ref`` is rewritten row by row as before."""
+    from benchmarks import lever_bounds
+
+    path = _bound_csv(tmp_path)
+    # rounds of 4: genetic hits at trial 4 in both seeds, inside its first round; gradient at trials 4 and 2
+    plain = {r["bound"]: r["genetic"]["trials95"][0]
+             for r in lever_bounds.bound_rows([Path(path)], "gradient", batch=4, chunk=1, n=50) if r["ops"] == "all"}
+    shared = {r["bound"]: r["genetic"]["trials95"][0]
+              for r in lever_bounds.bound_rows([Path(path)], "gradient", batch=4, chunk=1, n=50, others="first-order")
+              if r["ops"] == "all"}
+    assert plain["measured"] == pytest.approx(4 / 3) and plain["first-order"] == pytest.approx(4.0)
+    assert shared["measured"] == pytest.approx(1 / 3)  # genetic at its first trial against gradient's median 3
+    assert shared["first-order"] == pytest.approx(1.0) and shared["oracle"] == pytest.approx(1.0)
+    assert shared["later-rounds"] == pytest.approx(1 / 3)  # gradient's hits lie in its first round: nothing to move
+    assert lever_bounds.main(["--csv", path, "--ref", "gradient", "--batch", "4", "--chunk", "1", "--n", "50",
+                              "--others", "first-order"]) == 0
+    out = capsys.readouterr().out
+    assert "the other arms rewritten as first-order" in out
+    assert "| first-order: the first round's picks in a perfect order | settled in round 1 (1) | 1.00x [" in out
+    with pytest.raises(SystemExit):
+        lever_bounds.main(["--csv", path, "--ref", "gradient", "--others", "nope"])
+
+
 def test_bounds_hold_the_shared_opening_where_it_is():
     """Session 69: in runs that measured the defaults first (``opening`` trials at the head of the first round) a
     perfect lever reorders only the search's own picks, and a run the opening took within 95% stays as measured."""
