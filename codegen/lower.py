@@ -255,6 +255,17 @@ class Plan:
             flat = np.concatenate([flat, pad, sums.astype("<i4").view(np.int8)])
         return flat
 
+    def weight_key(self) -> tuple:
+        """Everything :meth:`pack_weight` depends on besides the weights: plans with equal keys pack the same weights
+        into the same bytes, so a caller packs once per key. The layout alone is not enough: an int8 plan with pairs
+        or VNNI quads interleaves the same layout differently and appends per-channel sums."""
+        key: tuple = (self.buffers["weight"].layout, self.arg_dtypes()[1].str, self.pairs)
+        if self.pairs > 1:
+            key += (self.buffers["weight"].stride(_pair_loop(self).var),)
+        if self.space.sketch.base in _wg.VARIANTS:
+            key += (_wg.variant_of(self.space.sketch), _wg.schedule(self.space, self.config)["KV"])
+        return key
+
     @property
     def wsum_offset(self) -> int:
         """Byte offset of the per-channel weight sums in a VNNI plan's packed weights."""

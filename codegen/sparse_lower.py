@@ -59,6 +59,10 @@ class SparsePlan(Plan):
     def sparse(self) -> bool:
         return True
 
+    def weight_key(self) -> tuple:
+        """The weights are constants compiled into the kernel: its packed argument is a token for those weights."""
+        return ("sparse", self.weights_fingerprint)
+
     def pack_weight(self, weight: np.ndarray) -> np.ndarray:
         """Check ``weight`` against the compiled-in weights; the kernel's weight argument (unused)."""
         got = fingerprint(weight)

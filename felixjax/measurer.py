@@ -66,12 +66,12 @@ class Measurer:
         return lower(self.spaces[cfg.sketch], cfg)
 
     def _inputs(self, plan: Plan) -> list[np.ndarray]:
-        wl = plan.buffers["weight"].layout
-        if wl not in self._packed:
+        key = plan.weight_key()  # not the layout alone: int8 pairs / quads pack the same layout differently
+        if key not in self._packed:
             if len(self._packed) > 8:
                 self._packed.clear()
-            self._packed[wl] = plan.pack_weight(self.arrays[1])
-        ins = [np.ascontiguousarray(self.arrays[0]), self._packed[wl]]
+            self._packed[key] = plan.pack_weight(self.arrays[1])
+        ins = [np.ascontiguousarray(self.arrays[0]), self._packed[key]]
         return ins + list(self.arrays[2:])
 
     def measure(self, configs: list[Config], on_result: Callable[[Config, MeasureResult], bool]) -> None:

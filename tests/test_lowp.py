@@ -381,3 +381,34 @@ def test_int8_groups_of_four_avx2_is_exact_at_the_extremes(task):
         bad[1].reshape(-1)[0] = 64  # out of the 7-bit range: would saturate; refused at packing
         with pytest.raises(ValueError, match="weight_bits=7"):
             plan.pack_weight(bad[1])
+
+
+@pytest.mark.parametrize("target", [Target.cpu(cores=2, simd_lanes=16, vector_registers=32, avx512_vnni=True),
+                                    Target.cpu(cores=2, simd_lanes=8, vector_registers=16, avx512_vnni=False)],
+                         ids=["vnni", "avx2"])
+@pytest.mark.parametrize("task", [
+    ops.conv2d(1, 8, 6, 6, out_channels=8, kernel=3, padding=1, dtype="int8", residual=True, out_dtype="int8",
+               act="relu"),
+    ops.matmul(24, 16, 32, dtype="int8"),
+    ops.conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1),  # float32: Winograd sketches beside the direct ones
+    ops.dense(1, 64, 32, sparsity=0.7, bias=True)], ids=["conv_i8", "matmul_i8", "conv_f32", "dense_sparse"])
+def test_measurer_packs_each_plans_weights_as_the_plan_does(task, target):
+    """Session 72: the measurer packed weights once per weight *layout*, but an int8 plan with pairs or VNNI quads
+    packs the same layout differently (interleaved, sums appended), so a candidate measured after another of the
+    same layout got the other's bytes and was recorded ``wrong_result``. Every plan must get its own packing."""
+    from codegen.measure import LocalRunner
+    from felixjax.measurer import Measurer
+
+    m = Measurer(task, target, LocalRunner())
+    rng = np.random.default_rng(0)
+    cfgs = [c for sk in sketches_for(task, target) for sp in [Space(task, sk, target)]
+            for c in [sp.default(), *sp.sample_many(rng, 5)]]
+    packed: dict = {}
+    for cfg in cfgs:
+        plan = m.plan(cfg)
+        want = plan.pack_weight(m.arrays[1])
+        got = m._inputs(plan)[1]
+        assert got.dtype == want.dtype and np.array_equal(got, want), (cfg.sketch, plan.pairs)
+        packed.setdefault(plan.buffers["weight"].layout, set()).add(want.tobytes())
+    if task.dtype == "int8" and target.avx512_vnni and task.op == "conv2d":  # the case that failed: one layout, two packings
+        assert any(len(v) > 1 for v in packed.values())
