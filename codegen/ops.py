@@ -333,8 +333,14 @@ class Task:
         else:
             dw = p["groups"] == p["c"] and p["groups"] > 1
             kind = "dwconv2d" if dw else "conv2d"
+            # a stride, padding or dilation that differs per side is spelled out in full (names of the square,
+            # symmetric, undilated convs, and everything keyed on them, unchanged)
+            stride, pad, dil = tuple(p["stride"]), tuple(p["pad"]), tuple(p.get("dilation", (1, 1)))
             s = (f"{kind}_{p['n']}x{p['c']}x{p['h']}x{p['w']}_k{p['k']}_{p['r']}x{p['s']}"
-                 f"_s{p['stride'][0]}_p{p['pad'][0]}")
+                 f"_s{'x'.join(map(str, stride)) if len(set(stride)) > 1 else stride[0]}"
+                 f"_p{'x'.join(map(str, pad)) if len(set(pad)) > 1 else pad[0]}")
+            if dil != (1, 1):
+                s += f"_d{'x'.join(map(str, dil)) if len(set(dil)) > 1 else dil[0]}"
             if p["groups"] > 1 and not dw:
                 s += f"_g{p['groups']}"
         if self.bias:
@@ -371,6 +377,8 @@ class Task:
             for name, v in (("m", m), ("n", n), ("k", k)):
                 if v < 1:
                     raise ValueError(f"{self.op}: {name} must be >= 1, got {v}")
+            if batch < 0:  # 0 / None: no batch axis
+                raise ValueError(f"{self.op}: batch must be >= 1 (or left out), got {batch}")
             b = max(batch, 1)
             axes = (Axis("b", b, False), Axis("m", m, False), Axis("n", n, False), Axis("k", k, True))
             bd = ((("b", 1),),) if batch else ()
@@ -728,6 +736,8 @@ def parse_spec(spec: str) -> Task:
             raise ValueError(f"spec item {item!r} is not key=value (in {spec!r})")
         if key.strip() not in _SPEC_KEYS[kind]:
             raise ValueError(f"unknown key {key!r} for {kind}; valid keys: {', '.join(sorted(_SPEC_KEYS[kind]))}")
+        if key.strip() in kv:
+            raise ValueError(f"{kind}: {key.strip()}= is given twice in {spec!r}")
         kv[key.strip()] = val.strip()
 
     def num(name: str, default: int | None = None) -> int:
@@ -740,11 +750,16 @@ def parse_spec(spec: str) -> Task:
         except ValueError:
             raise ValueError(f"{kind}: {name}={kv[name]!r} is not an integer") from None
 
-    flag = {"bias": kv.get("bias", "0") not in ("0", "false", "False", ""),
-            "residual": kv.get("residual", "0") not in ("0", "false", "False", ""),
+    def yes(name: str) -> bool:
+        v = kv.get(name, "0").lower()
+        if v not in ("0", "false", "no", "off", "", "1", "true", "yes", "on"):
+            raise ValueError(f"{kind}: {name}={kv[name]!r} is not a yes/no value (1/0, true/false, yes/no, on/off)")
+        return v in ("1", "true", "yes", "on")
+
+    flag = {"bias": yes("bias"), "residual": yes("residual"),
             "act": (kv.get("act") or None) if kv.get("act") not in ("none", "None") else None,
             "dtype": kv.get("dtype", "float32"),
-            "act_signed": kv.get("act_signed", "0") not in ("0", "false", "False", ""),
+            "act_signed": yes("act_signed"),
             "out_dtype": kv.get("out_dtype") or None}
     if "weight_bits" in kv:
         flag["weight_bits"] = num("weight_bits")

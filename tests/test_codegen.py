@@ -474,3 +474,38 @@ def test_matmul_default_sketch_pads_awkward_rows_where_the_block_gains():
     arrays = t.random_inputs(seed=2)
     ok, msg = check_output(Kernel(plan, b.lib_path, threads=2)(*arrays), t.reference(*arrays), plan.con.reduction_size)
     assert ok, msg
+
+
+def test_task_names_tell_apart_every_conv_geometry():
+    """Session 72: a conv's name spelled only the first stride and padding and no dilation, so tasks of different
+    shapes shared a name (``compare`` refused them as "listed twice"; pretraining grouped records by name). Per-side
+    strides and paddings and any dilation are spelled out now; the square, symmetric, undilated names (and
+    everything keyed on them) are unchanged."""
+    base = {"out_channels": 10, "kernel": (3, 2), "groups": 2, "bias": True}
+    variants = [ops.conv2d(2, 6, 11, 9, stride=2, padding=1, **base),
+                ops.conv2d(2, 6, 11, 9, stride=(2, 1), padding=1, **base),
+                ops.conv2d(2, 6, 11, 9, stride=2, padding=(1, 0, 2, 1), **base),
+                ops.conv2d(2, 6, 11, 9, stride=2, padding=1, dilation=(1, 2), **base),
+                ops.conv2d(2, 6, 11, 9, stride=2, padding=1, dilation=2, **base)]
+    assert len({t.key for t in variants}) == len({t.name for t in variants}) == len(variants)
+    assert variants[0].name == "conv2d_2x6x11x9_k10_3x2_s2_p1_g2_bias"
+    assert variants[1].name == "conv2d_2x6x11x9_k10_3x2_s2x1_p1_g2_bias"
+    assert variants[2].name == "conv2d_2x6x11x9_k10_3x2_s2_p1x0x2x1_g2_bias"
+    assert variants[3].name == "conv2d_2x6x11x9_k10_3x2_s2_p1_d1x2_g2_bias"
+    assert variants[4].name == "conv2d_2x6x11x9_k10_3x2_s2_p1_d2_g2_bias"
+    assert ops.conv2d(1, 64, 56, 56, out_channels=64, kernel=3, padding=1).name == "conv2d_1x64x56x56_k64_3x3_s1_p1"
+
+
+def test_spec_flags_are_yes_or_no_and_keys_once_and_batch_positive():
+    """Session 72: ``bias=no`` (or ``off``) parsed as a bias, a key given twice kept its last value, and a negative
+    batch made a task of its own that computed batch 1."""
+    assert not ops.parse_spec("matmul:m=4,n=4,k=4,bias=no,residual=off").bias
+    assert ops.parse_spec("matmul:m=4,n=4,k=4,bias=ON,residual=yes").residual
+    assert ops.parse_spec("matmul:m=4,n=4,k=4,bias=1").name == ops.parse_spec("matmul:m=4,n=4,k=4,bias=true").name
+    assert ops.parse_spec("matmul:m=4,n=4,k=4,batch=0").name == "matmul_4x4x4"
+    for spec, match in (("matmul:m=4,n=4,k=4,bias=maybe", "yes/no"), ("matmul:m=4,m=5,n=4,k=4", "given twice"),
+                        ("matmul:m=4,n=4,k=4,batch=-1", "batch must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            ops.parse_spec(spec)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        ops.matmul(4, 4, 4, batch=-2)
