@@ -93,11 +93,15 @@ def _parser() -> argparse.ArgumentParser:
                         "network (default 3; 0: off)")
 
     r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
-    r.add_argument("db")
-    r.add_argument("--plot", default=None, help="write the tuning curves to this PNG")
+    r.add_argument("db", help="the tuning database (an SQLite file written by felixjax tune / compare)")
+    r.add_argument("--plot", default=None, help="write the tuning curves to this PNG (.png added when the name has "
+                                                 "no suffix)")
 
     c = add("compare", "compare search strategies on operators: same budgets, interleaved, several seeds")
-    c.add_argument("--suite", default=None, help="a named operator suite: ops (see felixjax/suites.py)")
+    from .suites import SUITES
+
+    c.add_argument("--suite", default=None, help=f"a named operator suite: {', '.join(sorted(SUITES))} "
+                                                  "(see felixjax/suites.py)")
     c.add_argument("--op", action="append", default=[], metavar="SPEC", help="operator spec (repeatable)")
     c.add_argument("--strategies", default=None,
                    help="comma-separated strategy names (default: the registered ones of gradient,genetic,random); "
@@ -124,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="task name to leave out, e.g. one a comparison will tune (repeatable)")
     pt.add_argument("--holdout", type=float, default=0.2, help="share of whole tasks held out (default 0.2)")
     pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--min-records", type=int, default=16, metavar="N",
+                    help="leave out tasks with fewer than N distinct correctly measured configs (default 16; "
+                         "the ones left out are listed)")
 
     b = add("build", "compile an ONNX model into one C library from its best tuned schedules and export a "
                      "standalone folder (C source, header, Makefile, weights) that builds with make")
@@ -309,9 +316,15 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
             raise UserError(f"{db}: no such database")
     if not 0 <= args.holdout < 1:
         raise UserError(f"--holdout must be in [0, 1) (got {args.holdout})")
-    rep = pretrain(args.db, args.output, exclude=args.exclude, holdout=args.holdout, seed=args.seed, progress=True)
+    if args.min_records < 1:
+        raise UserError(f"--min-records must be at least 1 (got {args.min_records})")
+    rep = pretrain(args.db, args.output, exclude=args.exclude, holdout=args.holdout, seed=args.seed, progress=True,
+                   min_records=args.min_records)
     print(f"trained on {len(rep['train_tasks'])} task(s), {rep['train_rows']} configs, in {rep['seconds']:.0f} s; "
           f"wrote {args.output} and {args.output}.json")
+    if rep["skipped"]:
+        print(f"left out {len(rep['skipped'])} task(s) with fewer than {args.min_records} correctly measured configs "
+              f"(--min-records): " + ", ".join(f"{x['task']} ({x['configs']})" for x in rep["skipped"]))
     if rep["heldout_tasks"]:
         print(f"held-out tasks ({len(rep['heldout_tasks'])}): within-task pairwise accuracy, MLP "
               f"{rep['heldout_mlp_pairwise']:.3f} vs roofline prior {rep['heldout_prior_pairwise']:.3f}")

@@ -46,6 +46,8 @@ class PretrainData:
     groups: np.ndarray
     prior: np.ndarray
     tasks: tuple[str, ...]  # per group: the task's name (a task measured on two machines is two groups)
+    #: (task name, distinct correctly measured configs) of each task left out for having fewer than ``min_records``
+    skipped: tuple[tuple[str, int], ...] = ()
 
     def __len__(self) -> int:
         return len(self.latencies)
@@ -85,7 +87,7 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
     from .database import Database
 
     excluded = set(exclude)
-    per_task: dict[tuple, dict] = {}  # (task name, target key) -> {config: record}: one group per task and machine
+    per_task: dict[tuple, dict] = {}  # (task key, target key) -> {config: record}: one group per task and machine
     meta: dict[tuple, tuple] = {}
     for path in dbs:
         if not Path(path).exists():
@@ -96,20 +98,29 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
             for task, target_key in db.tasks():
                 if task.name in excluded:
                     continue
-                best = per_task.setdefault((task.name, target_key), {})
+                best = per_task.setdefault((task.key, target_key), {})
                 for r in db.records(task=task, target=target_key):
                     if r.ok and (r.config not in best or r.latency_s < best[r.config].latency_s):
                         best[r.config] = r
-                meta.setdefault((task.name, target_key), (task, target_key))
-    feats, lats, groups, priors, names = [], [], [], [], []
-    for key in sorted(per_task):
+                meta.setdefault((task.key, target_key), (task, target_key))
+    feats, lats, groups, priors, names, skipped = [], [], [], [], [], []
+    for key in sorted(per_task, key=lambda k: (meta[k][0].name, k)):
         recs = list(per_task[key].values())
         task, _ = meta[key]
-        name = key[0]
+        name = task.name
         target = Target.from_json(recs[0].target) if recs and recs[0].target else Target.cpu()
-        spaces = {s.name: Space(task, s, target) for s in sketches_for(task)}
+        spaces = {s.name: Space(task, s, target) for s in sketches_for(task, target)}
+        for sketch in {r.config.sketch for r in recs} - set(spaces):  # a padded variant: its name spells its extents
+            try:
+                spaces[sketch] = Space(task, sketch, target)
+            except (KeyError, ValueError):  # a sketch this version no longer has: its records are left out
+                pass
         recs = [r for r in recs if r.config.sketch in spaces]
         if len(recs) < min_records:
+            skipped.append((name, len(recs)))
+            if progress:
+                print(f"[pretrain] {name}: {len(recs)} configs, fewer than {min_records}: skipped",
+                      file=sys.stderr, flush=True)
             continue
         scorer = CostModelScorer(spaces, target)
         f = scorer.features([r.config for r in recs])
@@ -122,9 +133,10 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
             print(f"[pretrain] {name}: {len(recs)} configs", file=sys.stderr, flush=True)
     if not names:
         raise ValueError(f"no task with >= {min_records} correctly measured configs in {list(map(str, dbs))}"
-                         + (f" (excluded: {sorted(excluded)})" if excluded else ""))
+                         + (f" (excluded: {sorted(excluded)})" if excluded else "")
+                         + (f" (skipped: {', '.join(f'{n} {k}' for n, k in skipped)})" if skipped else ""))
     return PretrainData(concat_features(feats), np.concatenate(lats), np.concatenate(groups), np.concatenate(priors),
-                        tuple(names))
+                        tuple(names), tuple(skipped))
 
 
 def _take(data: PretrainData, rows: np.ndarray) -> tuple[Features, np.ndarray, np.ndarray]:
@@ -190,7 +202,8 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
 
     report = {"checkpoint": str(out), "databases": [str(p) for p in dbs], "excluded": sorted(set(exclude)),
               "train_tasks": sorted(train_tasks), "heldout_tasks": sorted(held_tasks), "rows": len(data),
-              "train_rows": int(len(lat)), "seed": seed, "hidden": hidden, "members": members,
+              "train_rows": int(len(lat)), "min_records": min_records,
+              "skipped": [{"task": n, "configs": k} for n, k in data.skipped], "seed": seed, "hidden": hidden, "members": members,
               "fit": {k: float(v) for k, v in fit.items()},
               "heldout_mlp_pairwise": mean("mlp_pairwise"), "heldout_prior_pairwise": mean("prior_pairwise"),
               "heldout": per_task, "seconds": time.perf_counter() - t0}

@@ -155,3 +155,30 @@ def test_cli_pretrain_and_cost_model_errors(oracle_db, tmp_path, capsys):
         assert cli(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_dataset_keeps_padded_variants_and_lists_the_tasks_it_skips(tmp_path, capsys):
+    """Session 72: ``load_dataset`` built its spaces from the task's sketches alone and silently dropped every record
+    of a padded variant (``gemm_packed.pad_m264``: a sketch named after its extents, as the measurer builds them);
+    and a task under ``min_records`` was skipped without a word."""
+    task, small = fj.ops.matmul(257, 48, 32), fj.ops.matmul(32, 32, 32)
+    # pad_m264 is this target's own variant (sketches_for(task, target)); pad_m272 one another run may have built
+    spaces = [Space(task, name, TARGET) for name in ("gemm_packed", "gemm_packed.pad_m264", "gemm_packed.pad_m272")]
+    rng = np.random.default_rng(0)
+    cfgs = list(dict.fromkeys(sp.sample(rng) for sp in spaces for _ in range(8)))
+    assert {c.sketch for c in cfgs} == {sp.sketch.name for sp in spaces}
+    path = tmp_path / "pad.db"
+    with fj.Database(path) as db:
+        for i, c in enumerate(cfgs):
+            db.add(TuningRecord(task, TARGET.key, "random:0", i, c, MeasureResult("ok", (1e-3 * (1 + i / 50),)), 0))
+        for i, c in enumerate(Space(small, "gemm_packed", TARGET).sample_many(rng, 3)):
+            db.add(TuningRecord(small, TARGET.key, "random:0", i, c, MeasureResult("ok", (1e-3 + i * 1e-4,)), 0))
+    data = load_dataset([path], min_records=4, progress=True)
+    assert data.tasks == (task.name,) and len(data) == len(cfgs)  # both padded variants' configs kept
+    assert data.skipped == ((small.name, 3),)
+    assert f"{small.name}: 3 configs, fewer than 4: skipped" in capsys.readouterr().err
+    assert cli(["pretrain", str(path), "-o", str(tmp_path / "m.npz"), "--min-records", "4", "--holdout", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out 1 task(s) with fewer than 4 correctly measured configs (--min-records): {small.name} (3)" in out
+    assert json.loads((tmp_path / "m.npz.json").read_text())["skipped"] == [{"task": small.name, "configs": 3}]
+    assert cli(["pretrain", str(path), "-o", str(tmp_path / "m.npz"), "--min-records", "0"]) == 2
