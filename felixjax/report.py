@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from .database import Database
 
@@ -58,7 +59,7 @@ def plot_curves(db: Database, path: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     series: dict[tuple[str, str], dict[str, list[float]]] = {}
     names: dict[tuple[str, str], str] = {}
@@ -99,7 +100,11 @@ def plot_curves(db: Database, path: str) -> str:
         ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        seen = [v for ys in series[key].values() for v in ys if math.isfinite(v)]
+        if seen and max(seen) < 10 * min(seen):  # within a decade the minor ticks carry the only labels
+            ax.yaxis.set_minor_formatter(plain)
+        else:  # across decades labelled minor ticks (2, 3, ..., 9 of each) run into each other
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(which="both", labelsize=7)
         ax.grid(True, which="both", alpha=0.25)
         if i % cols == 0:
@@ -117,6 +122,8 @@ def plot_curves(db: Database, path: str) -> str:
     legend_rows = math.ceil(len(run_names) / max(1, min(len(run_names), cols * 2)))
     height = 2.6 * rows + 0.5
     fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.2 * legend_rows) / height) if handles else 0, 1, 1))
+    if not Path(path).suffix:  # matplotlib appends its default format's suffix: say where the file really is
+        path = f"{path}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -80,3 +80,20 @@ def test_plot_stays_bounded_with_many_tasks(tmp_path, monkeypatch):
     assert max(len(ax.get_lines()) for ax in axes) == 2     # two runs on the tasks tuned twice
     h, w = matplotlib.image.imread(png).shape[:2]
     assert w <= 4 * 3.6 * 100 + 1 and h <= 2000, (w, h)
+
+
+def test_plot_path_without_suffix_is_reported_where_it_is_written(six_task_db, tmp_path, monkeypatch):
+    """Session 72: ``--plot curves`` wrote ``curves.png`` (matplotlib adds its format's suffix) but the report said
+    ``curves``. And minor ticks are labelled only on panels that span less than a decade (else the labels ran into
+    each other)."""
+    from matplotlib.ticker import NullFormatter
+
+    seen = _panels(monkeypatch)
+    text = report_mod.report(six_task_db, plot=str(tmp_path / "curves"))
+    assert f"tuning curves: {tmp_path / 'curves.png'}" in text and (tmp_path / "curves.png").stat().st_size > 1000
+    assert not (tmp_path / "curves").exists()
+    (axes,) = seen
+    for ax in axes:
+        ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+        wide = max(ys) >= 10 * min(ys)
+        assert isinstance(ax.yaxis.get_minor_formatter(), NullFormatter) == wide
