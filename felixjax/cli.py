@@ -242,8 +242,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
             continue
+        during = res.best_while_tuning
+        retimed = best is not during and during is not None
         print(f"\n{task.name}: best of {len(res.history)} trials ({args.strategy}): "
-              f"{best.latency_s * 1e3:.4f} ms, {best.gflops:.1f} GFLOP/s")
+              f"{_ms(best.latency_s)}, {best.gflops:.1f} GFLOP/s"
+              + (f" (timed again at the end of the run; {_ms(during.latency_s)} while tuning, the minimum over "
+                 "noisy timings that `felixjax report` lists)" if retimed else ""))
         print(f"  config: {best.config.dumps()}")
         if args.show_source:
             print(res.source)
@@ -253,7 +257,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         rows.append(row)
     if rows:
         print("\n" + _table(rows))
+        if any("felixjax_median_ms" in r for r in rows):
+            print("felixjax_ms: the best kernel's time above; felixjax_median_ms and onnxruntime_ms: medians of the "
+                  "two timed side by side just now (same threads, interleaved)")
     return 0
+
+
+def _ms(seconds: float) -> str:
+    """A latency in ms with 4 significant digits (tiny kernels are not '0.0000 ms')."""
+    return f"{seconds * 1e3:.4g} ms"
 
 
 def _cost_aware(early_stop: str | None, filter_p: float | None):
@@ -340,6 +352,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError(f"{args.model}: no such file")
     if args.db is not None and not os.path.exists(args.db):
         raise UserError(f"{args.db}: no such database")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise UserError(f"-o {args.output}: a file is there; give a folder to write the build into")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1 (got {args.threads})")
     return build_model_cli(args, _target(args.threads))

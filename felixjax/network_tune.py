@@ -114,7 +114,7 @@ def _default_strategy() -> str:
 
 def _round_progress(p: dict) -> None:
     best = p["best"]
-    b = f"best {best.latency_s * 1e3:.4f} ms ({best.gflops:.1f} GFLOP/s)" if best else "no correct kernel yet"
+    b = f"best {best.latency_s * 1e3:.4g} ms ({best.gflops:.1f} GFLOP/s)" if best else "no correct kernel yet"
     print(f"[felixjax] round {p['round']:3d}  task {p['index'] + 1}/{p['tasks']} {p['task'].name} (x{p['weight']}): "
           f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.3f} ms | "
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)

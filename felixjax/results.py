@@ -91,5 +91,5 @@ class TuneResult:
 
     def __repr__(self) -> str:
         b = self.best
-        s = f"{b.gflops:.1f} GFLOP/s, {b.latency_s * 1e3:.4f} ms" if b else "no correct kernel"
+        s = f"{b.gflops:.1f} GFLOP/s, {b.latency_s * 1e3:.4g} ms" if b else "no correct kernel"
         return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s})"

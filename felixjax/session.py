@@ -507,7 +507,7 @@ class _ProgressPrinter:
         self._last = now
         name, run = p["task"].name, p["run"]
         best = p["best"]
-        b = f"best {best.gflops:7.1f} GFLOP/s ({best.latency_s * 1e3:.4f} ms)" if best else "best  -"
+        b = f"best {best.gflops:7.1f} GFLOP/s ({best.latency_s * 1e3:.4g} ms)" if best else "best  -"
         budget = f"/{p['budget']}" if p.get("budget") else ""
         if p["event"] == "resumed":
             msg = f"resumed: {p['resumed']} records found in the database, {b}"

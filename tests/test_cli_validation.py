@@ -49,6 +49,16 @@ def test_build_threads(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     fj.zoo.save("transformer_block", str(model))
     one_line_exit_2(["build", str(model), "-o", str(tmp_path / "b"), "--threads", "0"], capsys, "--threads must be")
+    (tmp_path / "f").write_text("mine")  # session 72: -o naming a file was a bare "[Errno 17] File exists"
+    one_line_exit_2(["build", str(model), "-o", str(tmp_path / "f")], capsys, "a file is there; give a folder")
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_tune_summary_ms_keeps_tiny_kernels_readable():
+    """Session 72: a kernel of a few microseconds printed as '0.0000 ms'."""
+    from felixjax.cli import _ms
+
+    assert _ms(3.3e-6) == "0.0033 ms" and _ms(2.5e-9) == "2.5e-06 ms" and _ms(0.0123456) == "12.35 ms"
 
 
 def test_compare_out_naming_an_existing_file(tmp_path, capsys):
