@@ -382,7 +382,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"unknown suite {args.suite!r}; available: {', '.join(sorted(SUITES))}")
     if args.trials < 1 or args.seeds < 1:
         raise UserError(f"--trials and --seeds must be >= 1 (got {args.trials}, {args.seeds})")
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies else None
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies is not None else None
+    if names is not None and not names:
+        raise UserError(f"--strategies {args.strategies!r}: no strategy named (comma-separated, e.g. gradient,genetic)")
+    if names is not None and len(set(names)) < len(names):
+        raise UserError(f"--strategies {args.strategies!r}: a strategy is named twice")
     for name in names or []:  # "genetic@32": a registered strategy at 32 candidates per round
         try:
             base, _ = split_name(name)
@@ -424,6 +428,10 @@ def _check_budgets(args: argparse.Namespace) -> None:
     v = getattr(args, "seconds", None)
     if v is not None and not (v > 0 and math.isfinite(v)):
         raise UserError(f"--seconds must be a positive number of seconds (got {v:g})")
+    threads, cores = getattr(args, "threads", None), os.cpu_count() or 1
+    if threads is not None and threads > cores:  # allowed (a target's own count), but timings here will suffer
+        print(f"felixjax {args.cmd}: warning: --threads {threads} is more than this machine's {cores} cores; kernels "
+              "will share cores and their timings say little", file=sys.stderr)
 
 
 COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,

@@ -45,6 +45,15 @@ def test_compare_budgets_and_threads(flag, value, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("strategies, msg", [(",", "no strategy named"), ("random,random", "named twice")])
+def test_compare_strategy_lists(strategies, msg, tmp_path, capsys):
+    """Session 72: these failed after the --out folder was made."""
+    out = tmp_path / "cmp"
+    one_line_exit_2(["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--out", str(out), "--strategies",
+                     strategies], capsys, msg)
+    assert not out.exists()
+
+
 def test_build_threads(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     fj.zoo.save("transformer_block", str(model))
@@ -157,3 +166,15 @@ def test_quiet_compare_prints_no_progress(tmp_path, capsys):
     assert quiet.err.strip() == "" and "random" in quiet.out
     assert cli(argv[:-1] + [str(tmp_path / "loud")]) == 0
     assert capsys.readouterr().err.strip() != ""  # without --quiet, progress lines on stderr
+
+
+def test_more_threads_than_cores_is_a_warning(tmp_path, capsys):
+    """Session 72: ``--threads 64`` on a small machine ran without a word."""
+    from felixjax.cli import _check_budgets
+
+    args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", str((os.cpu_count() or 1) + 1)])
+    _check_budgets(args)
+    assert "more than this machine's" in capsys.readouterr().err
+    args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", "1"])
+    _check_budgets(args)
+    assert capsys.readouterr().err == ""
