@@ -203,7 +203,8 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     report = {"checkpoint": str(out), "databases": [str(p) for p in dbs], "excluded": sorted(set(exclude)),
               "train_tasks": sorted(train_tasks), "heldout_tasks": sorted(held_tasks), "rows": len(data),
               "train_rows": int(len(lat)), "min_records": min_records,
-              "skipped": [{"task": n, "configs": k} for n, k in data.skipped], "seed": seed, "hidden": hidden, "members": members,
+              "skipped": [{"task": n, "configs": k} for n, k in data.skipped],
+              "seed": seed, "hidden": hidden, "members": members,
               "fit": {k: float(v) for k, v in fit.items()},
               "heldout_mlp_pairwise": mean("mlp_pairwise"), "heldout_prior_pairwise": mean("prior_pairwise"),
               "heldout": per_task, "seconds": time.perf_counter() - t0}

@@ -172,7 +172,8 @@ def test_more_threads_than_cores_is_a_warning(tmp_path, capsys):
     """Session 72: ``--threads 64`` on a small machine ran without a word."""
     from felixjax.cli import _check_budgets
 
-    args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", str((os.cpu_count() or 1) + 1)])
+    many = str((os.cpu_count() or 1) + 1)
+    args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", many])
     _check_budgets(args)
     assert "more than this machine's" in capsys.readouterr().err
     args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", "1"])

@@ -390,7 +390,7 @@ def test_int8_groups_of_four_avx2_is_exact_at_the_extremes(task):
     ops.conv2d(1, 8, 6, 6, out_channels=8, kernel=3, padding=1, dtype="int8", residual=True, out_dtype="int8",
                act="relu"),
     ops.matmul(24, 16, 32, dtype="int8"),
-    ops.conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1),  # float32: Winograd sketches beside the direct ones
+    ops.conv2d(1, 16, 12, 12, out_channels=16, kernel=3, padding=1),  # float32: Winograd beside direct sketches
     ops.dense(1, 64, 32, sparsity=0.7, bias=True)], ids=["conv_i8", "matmul_i8", "conv_f32", "dense_sparse"])
 def test_measurer_packs_each_plans_weights_as_the_plan_does(task, target):
     """Session 72: the measurer packed weights once per weight *layout*, but an int8 plan with pairs or VNNI quads
@@ -410,5 +410,5 @@ def test_measurer_packs_each_plans_weights_as_the_plan_does(task, target):
         got = m._inputs(plan)[1]
         assert got.dtype == want.dtype and np.array_equal(got, want), (cfg.sketch, plan.pairs)
         packed.setdefault(plan.buffers["weight"].layout, set()).add(want.tobytes())
-    if task.dtype == "int8" and target.avx512_vnni and task.op == "conv2d":  # the case that failed: one layout, two packings
+    if task.dtype == "int8" and target.avx512_vnni and task.op == "conv2d":  # the failing case: 1 layout, 2 packings
         assert any(len(v) > 1 for v in packed.values())
