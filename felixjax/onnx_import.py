@@ -39,7 +39,7 @@ from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
 from felixjax.layout import LAYOUTS, resolve as resolve_layout
 from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
-from felixjax.onnx_shapes import data_prop_safe, fix_hint, fold_model
+from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model
 
 MIN_OPSET = 6
 # ----------------------------------------------------------------------------------------------
@@ -304,11 +304,24 @@ def _infer_types(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
         raise ModelFormatError(f"invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
-    try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
-                                                  data_prop=data_prop_safe(model.graph))
-    except Exception as e:  # onnx.shape_inference.InferenceError
-        raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    for _ in range(len(light.node) + 1):  # once, or again per ceil_mode pool whose extra window shape inference kept
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                         data_prop=data_prop_safe(model.graph))
+        except Exception as e:  # onnx.shape_inference.InferenceError
+            raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        fixes = ceil_pool_pads(inferred)
+        if not fixes:
+            break
+        for i, pads in fixes.items():  # shapes only: the node run keeps its own attributes (op_table's pools)
+            node = model.graph.node[i]
+            kept = [at for at in node.attribute if at.name not in ("ceil_mode", "pads")]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute("ceil_mode", 0), helper.make_attribute("pads", pads)])
+        del model.graph.value_info[:]  # shapes declared after such a pool (an exporter's own inference) follow it
+        for vi in model.graph.output:
+            vi.type.tensor_type.ClearField("shape")
+    model = inferred
     types: dict[str, tuple[int, tuple | None]] = {}
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
         tt = vi.type.tensor_type

@@ -96,6 +96,44 @@ def _shape_of(vi: onnx.ValueInfoProto) -> tuple | None:
     return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
 
 
+def ceil_pool_pads(model: onnx.ModelProto) -> dict[int, list[int]]:
+    """Pools whose inferred output keeps a window onnxruntime drops: ``{node index: pads}``, the pads under which
+    the same node with ``ceil_mode=0`` has the output onnxruntime gives it.
+
+    With ``ceil_mode=1`` a last window that would start past the input and its leading pad is dropped (the ONNX
+    spec, onnxruntime, onnx's reference evaluator, PyTorch); onnx's shape inference (1.1x) keeps it, and every shape
+    after it follows. ``model`` is shape-inferred; only explicit pads (``auto_pad`` NOTSET) are looked at."""
+    shapes = {vi.name: _shape_of(vi) for vi in
+              list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output)}
+    out: dict[int, list[int]] = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in ("MaxPool", "AveragePool") or node.domain not in ("", "ai.onnx"):
+            continue
+        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        if not a.get("ceil_mode") or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b""):
+            continue
+        xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
+        k = list(a.get("kernel_shape", []))
+        n = len(k)
+        if not n or not xs or not ys or len(xs) != n + 2 or len(ys) != n + 2 \
+                or not all(isinstance(v, int) and v > 0 for v in list(xs[2:]) + list(ys[2:])):
+            continue
+        s, d = list(a.get("strides", [1] * n)), list(a.get("dilations", [1] * n))
+        pads = list(a.get("pads", [0] * (2 * n)))
+        new, changed = list(pads), False
+        for j in range(n):
+            size, span = xs[2 + j], (k[j] - 1) * d[j] + 1
+            o = -(-(size + pads[j] + pads[n + j] - span) // s[j]) + 1
+            if (o - 1) * s[j] >= size + pads[j]:  # the last window would start in the trailing pad: dropped
+                o -= 1
+            if ys[2 + j] != o:  # the largest end pad whose floor division gives o windows (>= the given one)
+                new[n + j] = (o - 1) * s[j] + span - size - pads[j] + s[j] - 1
+                changed = True
+        if changed:
+            out[i] = new
+    return out
+
+
 DATA_PROP_MAX_ELEMENTS = 1 << 16  # a 1-D integer tensor longer than this is no shape: no data propagation
 
 

@@ -435,3 +435,30 @@ def test_onnx_backend_node_cases():
     regressed = [r["key"] for r, e in zip(results, manifest["cases"]) if e["status"] == "pass" != r["status"]]
     assert not regressed, f"cases that passed when the manifest was written no longer pass: {regressed}"
     assert len(results) > 200
+
+
+# ---- ceil_mode pools: the window onnxruntime drops ---------------------------------------------
+
+@pytest.mark.parametrize("op, size, k, s, p, cip", [
+    ("MaxPool", 6, 2, 3, 0, 0), ("AveragePool", 5, 2, 2, 1, 0), ("AveragePool", 5, 2, 2, 1, 1),
+    ("MaxPool", 7, 3, 2, 1, 0), ("AveragePool", 6, 3, 3, 0, 1), ("MaxPool", 5, 2, 2, 0, 0)])
+def test_ceil_mode_pools_drop_the_window_past_the_input(op, size, k, s, p, cip):
+    """Session 72: with ``ceil_mode=1`` a last window that would start past the input and its leading pad is
+    dropped (onnxruntime, onnx's reference evaluator, the spec); onnx's shape inference keeps it, so the pool gave an
+    extra row and column of -inf / NaN, and every shape after it followed. A Conv after the pool and an output shape
+    declared by an exporter's own inference (the wrong one) are in the graph too."""
+    attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4, "ceil_mode": 1}
+    if op == "AveragePool":
+        attrs["count_include_pad"] = cip
+    rng = np.random.default_rng(size * 100 + k * 10 + s)
+    w = numpy_helper.from_array(rng.standard_normal((3, 2, 1, 1)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs), helper.make_node("Conv", ["y", "w"], ["z"])],
+                          "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, size, size])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [w])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)],
+                                                                ir_version=9))
+    x = rng.standard_normal((1, 2, size, size)).astype(np.float32)
+    plain = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    (want,) = _ort(plain, {"x": x})
+    got = load_onnx(model).run_numpy(x)
+    assert got.shape == want.shape and np.allclose(got, want, atol=1e-5), (got.shape, want.shape)
