@@ -104,7 +104,7 @@ class Kernel:
         if cached is not None and cached[0] is w and _same_bytes(cached[1], w):
             return cached[2]
         copy = np.array(w, copy=True, order="C")
-        packed = self.plan.pack_weight(copy)
+        packed = self.plan.pack_weight(_exact(copy, self._dts[1], self._name, 1))
         # (weights seen, their copy, packed, the copy's address and size (ctypes; ints), packed's address):
         # the fast paths' check
         self._packed = (w, copy, packed, ctypes.c_void_p(copy.ctypes.data), ctypes.c_size_t(copy.nbytes),
@@ -113,8 +113,8 @@ class Kernel:
 
     def _run(self, x, packed, rest) -> np.ndarray:
         dts = self._dts
-        bufs = [np.ascontiguousarray(x, dtype=dts[0]), packed]
-        bufs += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(rest, dts[2:-1])]
+        bufs = [_exact(x, dts[0], self._name, 0), packed]
+        bufs += [_exact(a, dt, self._name, i) for i, (a, dt) in enumerate(zip(rest, dts[2:-1]), 2)]
         out = np.empty(self._out_shape, dtype=dts[-1])
         self._fn(self._ptr_type(*[b.ctypes.data for b in bufs], out.ctypes.data, self._ws_ptr))
         return out
@@ -157,7 +157,7 @@ class Kernel:
         """Pack ``weights`` once (a private copy) and return ``f(data, *rest) -> output``."""
         if np.shape(weights) != self._shapes[1]:
             raise ValueError(f"{self._name}: weights have shape {np.shape(weights)}, expected {self._shapes[1]}")
-        return BoundKernel(self, self.plan.pack_weight(np.array(weights, copy=True)))
+        return BoundKernel(self, self.plan.pack_weight(_exact(np.array(weights, copy=True), self._dts[1], self._name, 1)))
 
 
 class BoundKernel:
@@ -204,8 +204,8 @@ class BoundKernel:
         k = self.kernel
         k._check((data, np.empty(k._shapes[1], np.uint8), *rest))
         dts = k._dts
-        keep = [np.ascontiguousarray(data, dtype=dts[0])]
-        keep += [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(rest, dts[2:-1])]
+        keep = [_exact(data, dts[0], k._name, 0)]
+        keep += [_exact(a, dt, k._name, i) for i, (a, dt) in enumerate(zip(rest, dts[2:-1]), 2)]
         out = np.empty(self._out_shape, dtype=self._out_dt)
         ptrs[0] = keep[0].ctypes.data
         for i, a in zip(self._rest_slots, keep[1:]):
@@ -217,6 +217,22 @@ class BoundKernel:
 
 _addressof, _c_char = ctypes.addressof, ctypes.c_char
 _ndarray, _empty = np.ndarray, np.empty
+
+
+def _exact(a, dt: np.dtype, name: str, index: int) -> np.ndarray:
+    """``a`` as a C-contiguous array of ``dt``. Into an integer type only exactly: a float that is not an integer,
+    or a value out of the type's range, is a ValueError (numpy's cast would truncate or wrap it silently, and an
+    int8 kernel would compute on other numbers than the caller's)."""
+    src = np.asarray(a)
+    if dt.kind not in "iu" or src.dtype == dt:
+        return np.ascontiguousarray(src, dtype=dt)
+    with np.errstate(invalid="ignore"):  # NaN / inf into an integer type: caught just below
+        out = np.ascontiguousarray(src, dtype=dt)
+        same = np.array_equal(out, src)
+    if not same:
+        raise ValueError(f"{name}: input {index} ({src.dtype}) does not convert exactly to {dt}: a value is not an "
+                         f"integer or is out of {dt}'s range; pass {dt} arrays (or exact integers)")
+    return out
 
 
 def _ready(arrays, sig) -> bool:

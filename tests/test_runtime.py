@@ -105,3 +105,25 @@ def test_fast_path_and_checked_path_agree_on_unusual_arrays():
     np.testing.assert_allclose(k(x, w_f, bias), ref, rtol=1e-4, atol=1e-4)  # weights in another layout
     w_f *= 2  # edited in place: repacked
     np.testing.assert_allclose(k(x, w_f, bias), task.reference(x, w_f, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cc
+def test_int8_kernels_refuse_inputs_that_do_not_convert_exactly():
+    """Session 72: float weights of 0.9 were truncated to 0 (an all-zero result) and int32 weights of 1000 wrapped
+    modulo 256, silently; exact integers of another type still convert."""
+    task = dense(2, 64, 16, dtype="int8", weight_bits=7)
+    k = _kernel(task)
+    x, w, *rest = task.random_inputs(seed=0)
+    want = k(x, w, *rest)
+    np.testing.assert_allclose(want, task.reference(x, w, *rest), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(k(x.astype(np.int64), w.astype(np.float32), *rest), want)  # exact: fine
+    for bad_w in (np.full_like(w, 0.9, dtype=np.float32), np.full(w.shape, 1000, np.int32)):
+        with pytest.raises(ValueError, match="does not convert exactly"):
+            k(x, bad_w, *rest)
+        with pytest.raises(ValueError, match="does not convert exactly"):
+            k.bind(bad_w)
+    with pytest.raises(ValueError, match="input 0"):
+        k(x.astype(np.float32) + 0.5, w, *rest)
+    bound = k.bind(w)
+    with pytest.raises(ValueError, match="input 0"):
+        bound(np.full(x.shape, 300, np.int64), *rest)
