@@ -71,8 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
+    from codegen.cuda.specs import SPECS
+
     t.add_argument("--target", default="cpu", metavar="cpu|cuda-sim:GPU",
-                   help="this CPU (default) or a simulated GPU: cuda-sim:a100, h100, a10g, orin")
+                   help=f"this CPU (default) or a simulated GPU (timed by felixjax's model, no GPU runs): "
+                        f"cuda-sim:{', '.join(SPECS)}")
     t.add_argument("--no-compare", action="store_true", help="skip timing onnxruntime next to the best kernel")
     t.add_argument("--show-source", action="store_true", help="print the best kernel's C source")
     t.add_argument("--cost-model", default=None, metavar="NPZ",
@@ -204,7 +207,10 @@ def _target(threads: int | None, name: str = "cpu"):
         except ValueError as e:
             raise UserError(str(e)) from None
     if name != "cpu":
-        raise UserError(f"unknown --target {name!r}; use cpu or cuda-sim:GPU (a100, h100, a10g, orin)")
+        from codegen.cuda.specs import SPECS
+
+        raise UserError(f"unknown --target {name!r}; use cpu or cuda-sim:GPU ({', '.join(SPECS)}); the tuner times "
+                        "GPU kernels with its simulator only (no real-GPU timing path yet)")
     return Target.cpu()
 
 
@@ -243,11 +249,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
             continue
         during = res.best_while_tuning
-        retimed = best is not during and during is not None
+        retimed = best is not during and during is not None and target.kind != "cuda-sim"
         print(f"\n{task.name}: best of {len(res.history)} trials ({args.strategy}): "
               f"{_ms(best.latency_s)}, {best.gflops:.1f} GFLOP/s"
               + (f" (timed again at the end of the run; {_ms(during.latency_s)} while tuning, the minimum over "
-                 "noisy timings that `felixjax report` lists)" if retimed else ""))
+                 "noisy timings that `felixjax report` lists)" if retimed else "")
+              + (f" (simulated: felixjax's model of the {target.spec.full_name}, no GPU ran)"
+                 if target.kind == "cuda-sim" else ""))
         print(f"  config: {best.config.dumps()}")
         if args.show_source:
             print(res.source)

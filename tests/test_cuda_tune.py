@@ -132,8 +132,12 @@ def test_cli_target(no_nvcc, tmp_path):
                         timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "__global__" in ok.stdout and "GFLOP/s" in ok.stdout
+    # session 72: the result says it is simulated, and not "timed again ... noisy timings"
+    assert "(simulated: felixjax's model of the NVIDIA A100" in ok.stdout and "noisy" not in ok.stdout
     bad = subprocess.run(base + ["--target", "cuda-sim:rtx9090"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "known: a100" in bad.stderr and "Traceback" not in bad.stderr
+    real = subprocess.run(base + ["--target", "cuda"], capture_output=True, text=True, timeout=300)
+    assert real.returncode == 2 and "simulator only" in real.stderr and "Traceback" not in real.stderr
     onnx_path = tmp_path / "tiny.onnx"
     onnx_path.write_bytes(_tiny_model_bytes())
     model = subprocess.run([sys.executable, "-m", "felixjax.cli", "tune", str(onnx_path), "--target", "cuda-sim:orin",
