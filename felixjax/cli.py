@@ -436,6 +436,11 @@ def _check_budgets(args: argparse.Namespace) -> None:
     v = getattr(args, "seconds", None)
     if v is not None and not (v > 0 and math.isfinite(v)):
         raise UserError(f"--seconds must be a positive number of seconds (got {v:g})")
+    for flag in ("input_shape", "input_value"):  # NAME=... pairs: a name given twice would keep the last silently
+        names = [name for name, _ in getattr(args, flag, None) or []]
+        if len(set(names)) < len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise UserError(f"--{flag.replace('_', '-')} names {', '.join(twice)} more than once")
     threads, cores = getattr(args, "threads", None), os.cpu_count() or 1
     if threads is not None and threads > cores:  # allowed (a target's own count), but timings here will suffer
         print(f"felixjax {args.cmd}: warning: --threads {threads} is more than this machine's {cores} cores; kernels "

@@ -37,7 +37,9 @@ def tune_model_cli(args: Any, target: Target) -> int:
 
     model = _load(args, target)
     if not model.tasks:
-        print(f"{model.name}: no tunable tasks (no Conv / Gemm / MatMul with constant weights)")
+        print(f"{model.name}: no op maps to a tunable task (Conv, and Gemm / MatMul with constant weights in the "
+              f"forms the importer fuses); its ops run as generic kernels, so nothing was tuned and no database "
+              f"written: build it with `felixjax build {args.model} -o DIR` (no --db)")
         return 0
     quiet = getattr(args, "quiet", False)
     if not quiet:

@@ -179,3 +179,22 @@ def test_more_threads_than_cores_is_a_warning(tmp_path, capsys):
     args = _parser().parse_args(["tune", *OP, "--db", str(tmp_path / "t.db"), "--threads", "1"])
     _check_budgets(args)
     assert capsys.readouterr().err == ""
+
+
+def test_an_input_named_twice_is_an_error(tmp_path, capsys):
+    """Session 72: a repeated ``--input-shape`` for one input kept the last silently."""
+    model = tmp_path / "m.onnx"
+    fj.zoo.save("transformer_block", str(model))
+    one_line_exit_2(["build", str(model), "-o", str(tmp_path / "b"), "--input-shape", "x=1x8x32",
+                     "--input-shape", "x=2x8x32"], capsys, "--input-shape names x more than once")
+
+
+def test_approx_summary_is_strict_json():
+    """Session 72: approx.json held NaN (a point whose time was not measured), which strict parsers reject."""
+    import json
+
+    from felixjax.approx.cli import _finite
+
+    got = _finite({"a": float("nan"), "b": [1.0, float("inf"), {"c": 2}], "d": (3, "x")})
+    assert got == {"a": None, "b": [1.0, None, {"c": 2}], "d": [3, "x"]}
+    json.dumps(got, allow_nan=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -101,10 +102,21 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],
                "layers": [d.__dict__ for d in res.layers]}
     with open(os.path.join(out, "approx.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+        json.dump(_finite(summary), f, indent=1, default=str)  # strict JSON: NaN / inf as null
     print(res.table())
     print(f"standalone C build: {out}", file=sys.stderr)
     return 0
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every non-finite float (a point whose time was not measured) as None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def precisions_of(args: Any) -> tuple[str, ...]:
