@@ -433,12 +433,14 @@ class TuningSession:
         return []
 
     # ---- re-timing -----------------------------------------------------------------------------
-    def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 2,
+    def retime(self, runs: list[TaskRun], *, top: int = 3, repeats: int = 3,
                extra: Sequence[Config] = ()) -> dict[str, list[TuningRecord]]:
         """Time the ``top`` best configs of each run of one task again, interleaved (A B C A B C ...),
         ``repeats`` times, with the ``extra`` configs (say the task's default schedule) beside them, and
         store one row per config in run ``"retime:<run>"`` (no budget, no history). Returns ``{run:
-        [re-timed records, best first]}``."""
+        [re-timed records, best first]}``. A row's latency is the median of its ``repeats`` timings: with
+        three, one timing disturbed past what the measuring process can see (a multi-threaded kernel's
+        thread preempted while the others spin) does not become the result, as it did with two (their mean)."""
         out: dict[str, list[TuningRecord]] = {}
         if top < 1 or repeats < 1 or not runs:
             return out
