@@ -384,11 +384,12 @@ class Approximator:
             self.reference = out  # the float32 baseline is the reference
         return metric_value(out, self.metric, labels=self.y, reference=self.reference)
 
-    def latency(self, exe: CompiledModel, *, repeats: int = 5) -> float:
-        """Seconds per call of the C build: the best of ``repeats`` timings (each about 0.1 s)."""
+    def latency(self, exe: CompiledModel, *, repeats: int = 21) -> float:
+        """Seconds per call of the C build: the best of ``repeats`` short timings (about 5 ms each), the
+        protocol of :meth:`latency_pair`, so the baseline's figure and the points' paired ones compare (with
+        five 0.1 s timings a loaded machine preempted every one of them, and the baseline read 800x slow)."""
         x0 = self.x[0]
-        once = exe.timeit(x0, number=1)
-        number = max(1, int(0.1 / max(once, 1e-6)))
+        number = max(1, int(0.005 / max(exe.timeit(x0, number=1), 1e-6)))
         return min(exe.timeit(x0, number=number) for _ in range(repeats))
 
     def latency_pair(self, exe: CompiledModel, base: CompiledModel, *, repeats: int = 21) -> tuple[float, float]:
