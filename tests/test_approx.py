@@ -228,6 +228,11 @@ def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny):
     assert main(["approx", str(model), "--data", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o")]) == 2
     np.savez(tmp_path / "e.npz", z=x)
     assert main(["approx", str(model), "--data", str(tmp_path / "e.npz"), "-o", str(tmp_path / "o")]) == 2
+    # session 72: an .npy (numpy returns an array, no .files: a traceback) and a non-numpy file (numpy's
+    # message blamed pickled data)
+    np.save(tmp_path / "f.npy", x)
+    for wrong in (tmp_path / "f.npy", model):
+        assert main(["approx", str(model), "--data", str(wrong), "-o", str(tmp_path / "o")]) == 2
 
 
 # ---- one small measured run --------------------------------------------------------------------

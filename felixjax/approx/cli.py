@@ -79,8 +79,12 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     for path in (args.model, args.data):
         if not os.path.exists(path):
             raise user_error(f"{path}: no such file")
+    with open(args.data, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":  # np.savez writes a zip; anything else (an .npy, a pickle, a model) is refused here
+        raise user_error(f"{args.data}: not an .npz file (write one with np.savez(path, x=inputs, y=labels))")
     try:
-        npz = np.load(args.data)
+        npz = np.load(args.data, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise user_error(f"{args.data}: not a readable .npz file ({e})") from None
     if "x" not in npz.files:
