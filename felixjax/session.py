@@ -175,6 +175,9 @@ class TuningSession:
                  progress: bool | Callable[[dict], None] = True, defaults: bool = True,
                  cost_aware: CostAware | None = None, run_caches: str | os.PathLike | None = None):
         self.target = target or Target.cpu()
+        pinned = len(getattr(runner, "measure_cpus", None) or ())  # fj.DaskRunner(measure_cpus=...) caps threads
+        if pinned and pinned < (threads or self.target.cores):
+            threads = pinned  # its kernels run at that many threads: their records belong under that count's key
         # records at another thread count than the target's cores go under that count's key
         self.target_key = target_key or self.target.at_threads(threads).key
         self._target_json = self.target.to_json()

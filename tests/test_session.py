@@ -173,3 +173,16 @@ def test_ranking_quality_of_each_round_is_recorded():
     # random search ranks with no model: nothing to record
     assert "ranking" not in fj.tune(T2, strategy="random", trials=16, measurer=replay, progress=False,
                                     retime=0).stats
+
+
+def test_a_runner_pinned_to_fewer_cpus_keys_records_at_its_thread_count():
+    """Session 72: ``--dask local`` pins measurements to one CPU (kernels at 1 thread) but its records went under
+    the all-cores key, so a later 2-thread run resumed 1-thread timings as its own."""
+    from types import SimpleNamespace
+
+    target = fj.Target.cpu(cores=4)
+    pinned = SimpleNamespace(measure_cpus=(0,))
+    assert TuningSession(target, runner=pinned).target_key == target.at_threads(1).key
+    assert TuningSession(target, runner=pinned, threads=4).target_key == target.at_threads(1).key
+    assert TuningSession(target, runner=SimpleNamespace(measure_cpus=(0, 1, 2, 3))).target_key == target.key
+    assert TuningSession(target, runner=SimpleNamespace(measure_cpus=None)).target_key == target.key
