@@ -102,6 +102,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         True
     """
     task = _as_task(task)                                                      # the operator, as a Task
+    if batch is not None and not batch >= 1:
+        raise ValueError(f"batch must be >= 1 candidates per round (got {batch})")
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
                        defaults=defaults,

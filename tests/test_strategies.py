@@ -295,3 +295,23 @@ def test_genetic_round_is_fast_enough_to_profile():
     g.propose(make_ctx(CONV), 64)
     assert g.stats["rounds"] == 1 and g.stats["scored"] > 2048
     assert set(g.stats) >= {"sample_s", "evolve_s", "score_s", "pick_s", "propose_s"}
+
+
+def test_strategy_options_are_checked():
+    """Session 72: an unknown option was a raw TypeError ("RandomSearch() takes no arguments"), options given with a
+    strategy instance were dropped silently, and a batch of 0 or less gave an empty run with no error."""
+    import felixjax as fj
+    from felixjax.strategies import get_strategy
+    from felixjax.strategies.gradient import GradientSearch
+
+    with pytest.raises(ValueError, match="has no option 'bogus'"):
+        get_strategy("gradient", bogus=1)
+    with pytest.raises(ValueError, match="has no option"):
+        get_strategy("random", batch_size=8)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        get_strategy("genetic", batch_size=-3)
+    with pytest.raises(ValueError, match="set them on the GradientSearch instance"):
+        get_strategy(GradientSearch(), batch_size=4)
+    assert get_strategy("gradient", batch_size=8).batch_size == 8
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        fj.tune(fj.ops.matmul(8, 8, 8), strategy="random", trials=2, batch=-1, progress=False)

@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -67,11 +68,23 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
     if not isinstance(strategy, str):
         if not isinstance(strategy, Strategy):
             raise TypeError(f"{strategy!r} is not a strategy: it needs a name, propose(ctx, n) and update(ctx, recs)")
+        if kwargs:  # they would be dropped: the instance is already built
+            raise ValueError(f"options {sorted(kwargs)} apply to a strategy given by name; set them on the "
+                             f"{type(strategy).__name__} instance instead")
         return strategy
     names = registered()
     if strategy not in _REGISTRY:
         raise ValueError(f"unknown strategy {strategy!r}; registered: {', '.join(names)}")
-    return _REGISTRY[strategy](**kwargs)
+    cls = _REGISTRY[strategy]
+    known = [p.name for p in inspect.signature(cls).parameters.values()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+        raise ValueError(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
+                         f"{', '.join(known) or 'none'}")
+    if "batch_size" in kwargs and not int(kwargs["batch_size"]) >= 1:
+        raise ValueError(f"batch_size must be >= 1 (got {kwargs['batch_size']})")
+    return cls(**kwargs)
 
 
 def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:
