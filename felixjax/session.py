@@ -60,6 +60,10 @@ from .strategies import Strategy, get_strategy
 from .strategies.base import opening_defaults
 
 RETIME_PREFIX = "retime:"  # re-timings of a run's best configs live in run "retime:<run>": no budget, no history
+#: A round whose every proposal another live tuner of the same run has claimed waits this long, picks up that
+#: tuner's records and proposes again, at most :data:`CLAIM_WAITS` times in a row before the run ends "claimed".
+CLAIM_WAIT_S = 1.0
+CLAIM_WAITS = 300
 
 
 def stream(*parts: Any) -> np.random.Generator:
@@ -94,7 +98,8 @@ class TaskRun:
         clock: seconds this run has spent (resumed runs continue from their last record).
         rounds, done, resumed: rounds stepped here, whether the run is over, records found at start.
         stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``,
-            ``"early_stop"``: cost-aware tuning judged further trials not worth it).
+            ``"early_stop"``: cost-aware tuning judged further trials not worth it; ``"claimed"``: another
+            tuner on the same run held every proposal for :data:`CLAIM_WAITS` rounds of waiting).
         screen: the run's cost-aware state (:class:`~felixjax.cost_aware.Screen`; None when off).
         share: the trials this run may expect when it has no budget of its own (a network's task: the
             session's budget over its tasks); cost-aware ``min_share`` counts against it.
@@ -119,6 +124,7 @@ class TaskRun:
                                                  "rounds": 0})
     screen: Any = None
     share: int | None = None
+    waits: int = 0  # rounds in a row whose every proposal another tuner of this run had claimed
 
     @property
     def history(self) -> list[TuningRecord]:
@@ -354,6 +360,15 @@ class TuningSession:
         claim = getattr(self.db, "claim", None)
         if claim is not None and cands:
             cands = claim(tr.task, self.target_key, tr.run, cands)
+            if not cands:  # another live tuner on this run holds every proposal: wait for its records, propose again
+                tr.waits += 1
+                if tr.waits > CLAIM_WAITS:
+                    return self._finish(tr, "claimed", t0)
+                time.sleep(CLAIM_WAIT_S)
+                self._pick_up_others(tr)
+                tr.clock += time.perf_counter() - t0
+                return []
+            tr.waits = 0
         if not cands:
             return self._finish(tr, "exhausted", t0)
         predicted = self._predict(tr, cands)

@@ -186,3 +186,33 @@ def test_a_runner_pinned_to_fewer_cpus_keys_records_at_its_thread_count():
     assert TuningSession(target, runner=pinned, threads=4).target_key == target.at_threads(1).key
     assert TuningSession(target, runner=SimpleNamespace(measure_cpus=(0, 1, 2, 3))).target_key == target.key
     assert TuningSession(target, runner=SimpleNamespace(measure_cpus=None)).target_key == target.key
+
+
+def test_a_round_whose_proposals_another_tuner_holds_waits_instead_of_ending(tmp_path, monkeypatch):
+    """Session 72: a second tuner started on the same run (same seed: the same proposals, all claimed by the first)
+    ended at once with 0 trials and stop reason "exhausted". It now waits, picks up the other's records, proposes
+    again, and ends "claimed" only after CLAIM_WAITS such rounds in a row."""
+    from felixjax.database import Database
+
+    monkeypatch.setattr(session_mod, "CLAIM_WAIT_S", 0.0)
+    replay = lambda t, tg: ReplayRunner.from_oracle(t, tg)
+    with Database(tmp_path / "c.db") as db:
+        real, busy = db.claim, {"left": 2}
+
+        def claim(*args, **kwargs):  # the first two rounds: everything held by another live tuner
+            if busy["left"] > 0:
+                busy["left"] -= 1
+                return []
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(db, "claim", claim)
+        res = fj.tune(fj.ops.matmul(32, 32, 32), strategy="random", trials=6, db=db, measurer=replay, progress=False,
+                      retime=0)
+        assert len(res.history) == 6 and busy["left"] == 0
+        monkeypatch.setattr(session_mod, "CLAIM_WAITS", 3)
+        monkeypatch.setattr(db, "claim", lambda *a, **k: [])
+        with TuningSession(db=db, measurer=replay, progress=False) as s:
+            tr = s.add(fj.ops.matmul(48, 32, 32), "random", trials=6)
+            while not tr.done:
+                s.step(tr)
+            assert tr.stop_reason == "claimed" and tr.history == [] and tr.waits == 4
