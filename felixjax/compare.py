@@ -622,6 +622,12 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         ref_runs = [session.add(t, make(), seed=seed, label=REFERENCE_PREFIX + name, trials=ref_trials,
                                 seconds=ref_seconds, group=(REFERENCE_PREFIX, name, seed))
                     for t in task_list for seed in seed_list for name, make in ref_factories]
+        over = [r for r in runs + ref_runs if r.trials is not None and len(r.history) > r.trials]
+        if over:  # a resumed comparison with a smaller budget would judge runs longer than it says
+            r = over[0]
+            raise ValueError(f"the database holds {len(r.history)} trials of run {r.run!r} on {r.task.name}, more than "
+                             f"this comparison's budget of {r.trials} ({len(over)} run(s) like it): compare into a new "
+                             f"database / --out, or with the budget it was run with")
         openings = _openings(task_list, target) if defaults else {}
         runs_all = runs + ref_runs
         settled = {(r.task.key, r.run) for r in runs_all if r.done}  # finished in an earlier, resumed call

@@ -300,6 +300,9 @@ def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
     assert sorted(retimes()) == ["retime:random:0", "retime:random:0", "retime:random:1", "retime:random:1",
                                  "retime:random:2"]
     assert set(third.remeasured) == {(TASKS[0].name, "random", s) for s in range(3)}
+    # session 72: resumed with a smaller budget, the runs are longer than the comparison says: refused
+    with pytest.raises(ValueError, match="more than this comparison's budget of 8"):
+        fj.compare(TASKS[:1], ["random"], seeds=3, **{**kw, "trials": 8})
 
 
 class _CacheSpy:
