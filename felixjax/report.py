@@ -32,11 +32,14 @@ def summary_rows(db: Database) -> list[dict]:
             row["failed"] += 1
             row.setdefault("statuses", {}).setdefault(rec.status, 0)
             row["statuses"][rec.status] += 1
+    several = len({k[1] for k in rows}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell the rows apart
     out = []
-    for row in rows.values():
+    for (_, target_key, _), row in rows.items():
         st = row.pop("statuses", {})
         row["failures"] = ", ".join(f"{k}={v}" for k, v in sorted(st.items())) or "-"
         del row["failed"]
+        if several:
+            row = {"task": row["task"], "target": target_key, **row}
         out.append(row)
     return out
 

@@ -97,3 +97,19 @@ def test_plot_path_without_suffix_is_reported_where_it_is_written(six_task_db, t
         ys = [y for line in ax.get_lines() for y in line.get_ydata()]
         wide = max(ys) >= 10 * min(ys)
         assert isinstance(ax.yaxis.get_minor_formatter(), NullFormatter) == wide
+
+
+def test_report_rows_of_several_targets_say_which(tmp_path):
+    """Session 72: one task tuned at 1 and at 2 threads gave two identical-looking rows."""
+    path = str(tmp_path / "two.db")
+    target = fj.Target.cpu(cores=2)
+    for threads in (1, 2):
+        fj.tune("matmul:m=32,n=32,k=32", target, measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg),
+                progress=False, retime=0, strategy="random", trials=2, threads=threads, db=path)
+    with fj.Database(path, readonly=True) as db:
+        rows = report_mod.summary_rows(db)
+    assert sorted(r["target"] for r in rows) == sorted([target.at_threads(1).key, target.key])
+    single = str(tmp_path / "one.db")
+    _tune(single, SPECS[:1])
+    with fj.Database(single, readonly=True) as db:
+        assert "target" not in report_mod.summary_rows(db)[0]  # one target: no column
