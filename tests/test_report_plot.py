@@ -104,8 +104,9 @@ def test_report_rows_of_several_targets_say_which(tmp_path):
     path = str(tmp_path / "two.db")
     target = fj.Target.cpu(cores=2)
     for threads in (1, 2):
-        fj.tune("matmul:m=32,n=32,k=32", target, measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg),
-                progress=False, retime=0, strategy="random", trials=2, threads=threads, db=path)
+        fj.tune("matmul:m=32,n=32,k=32", target, progress=False, retime=0, strategy="random", trials=2,
+                threads=threads, db=path,
+                measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg))
     with fj.Database(path, readonly=True) as db:
         rows = report_mod.summary_rows(db)
     assert sorted(r["target"] for r in rows) == sorted([target.at_threads(1).key, target.key])
