@@ -232,8 +232,9 @@ print(f"\\n{len(iterates)} iterates -> {len(unique)} distinct valid configs "
 round, dedupe, rank by the model, plus a 5% random share) → build (gcc, in worker processes) →
 measure (one kernel at a time in a separate process, output checked against numpy before and after
 timing) → record → update the model. 16 trials at one thread, with a quick timing protocol; random
-search with the same budget next to it. (With so few trials the cost model is still the roofline
-prior: the Flax MLP takes over once it out-ranks the prior on held-out measurements.)"""),
+search with the same budget next to it. (The descent's cost model starts from the MLP shipped with
+felixjax, `cost_model="auto"`, pretrained on other layers, and is fine-tuned on these measurements; the roofline
+prior takes over wherever the MLP ranks the task's held-out measurements worse.)"""),
     ("code", """from codegen.measure import TimingProtocol
 from felixjax.strategies.gradient import GradientSearch
 
