@@ -216,3 +216,12 @@ def test_a_round_whose_proposals_another_tuner_holds_waits_instead_of_ending(tmp
             while not tr.done:
                 s.step(tr)
             assert tr.stop_reason == "claimed" and tr.history == [] and tr.waits == 4
+
+
+def test_retiming_takes_three_timings_so_one_disturbed_timing_is_not_the_result():
+    """Session 72: with two re-timings a row's latency was their mean, so one disturbed timing (a 2 us kernel
+    at 8 ms) became the reported result."""
+    replay = lambda t, tg: ReplayRunner.from_oracle(t, tg)
+    res = fj.tune(fj.ops.matmul(32, 32, 32), strategy="random", trials=4, measurer=replay, progress=False, retime=2)
+    assert res.retimed and all(len(r.result.latencies) == 3 for r in res.retimed)
+    assert res.best.latency_s == sorted(res.best.result.latencies)[1]  # the median of three
