@@ -76,10 +76,10 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
     if strategy not in _REGISTRY:
         raise ValueError(f"unknown strategy {strategy!r}; registered: {', '.join(names)}")
     cls = _REGISTRY[strategy]
-    known = [p.name for p in inspect.signature(cls).parameters.values()
-             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    params = inspect.signature(cls).parameters.values()
+    known = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     unknown = sorted(set(kwargs) - set(known))
-    if unknown and not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
         raise ValueError(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
                          f"{', '.join(known) or 'none'}")
     if "batch_size" in kwargs and not int(kwargs["batch_size"]) >= 1:
