@@ -408,7 +408,8 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
                                     strategy_options=args.options, defaults=defaults,
                                     reference=args.reference, reference_factor=REFERENCE_FACTOR,
                                     run_caches=None if args.replay or args.shared_cache
-                                    else Path(os.environ["FELIXJAX_CACHE"]) / "runs"))
+                                    else Path(os.environ["FELIXJAX_CACHE"]) / "runs",
+                                    warmup=0))  # warmed once above (--warmup), not again per op
     finally:
         db.close()
     if not parts:

@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cost-model", default=None, metavar="NPZ",
                    help="pretrained cost model (felixjax pretrain) for every strategy that has one (gradient, "
                         "genetic): both start from the same model")
+    c.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help="trials per strategy of a throwaway replayed run before the runs, so that no run's clock pays "
+                        "the one-off JAX compilations (default: 64 when measuring, 0 with --replay; 0: off)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     c.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
@@ -390,6 +393,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"unknown suite {args.suite!r}; available: {', '.join(sorted(SUITES))}")
     if args.trials < 1 or args.seeds < 1:
         raise UserError(f"--trials and --seeds must be >= 1 (got {args.trials}, {args.seeds})")
+    if args.warmup is not None and args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0 (got {args.warmup})")
     names = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies is not None else None
     if names is not None and not names:
         raise UserError(f"--strategies {args.strategies!r}: no strategy named (comma-separated, e.g. gradient,genetic)")
@@ -419,7 +424,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                          db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
                          replay=True if args.replay else None, strategy_options=options, progress=not args.quiet,
-                         runner=runner)
+                         runner=runner, warmup=args.warmup)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
     return 0

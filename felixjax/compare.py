@@ -32,6 +32,7 @@ import csv
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -50,6 +51,7 @@ from .testing import ReplayRunner
 
 DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
 REACH = 0.95  # "reached" = latency <= best known / REACH
+WARMUP_TRIALS = 64  # two rounds of a 32-candidate strategy: descent, features and the model's training all compile
 REFERENCE_PREFIX = "reference:"  # reserved run names of the strong reference (no strategy's history or budget)
 
 
@@ -135,6 +137,7 @@ class Comparison:
         remeasured: ``{(task name, strategy, seed): [latency, ...]}`` of each run's final best,
             timed interleaved with the other runs' bests of the task.
         replay: True when latencies came from the synthetic oracle / a replay (no timing).
+        warmup_s: wall seconds of the JIT warm-up before the runs (``compare(warmup=...)``), in no run's clock.
         references: ``{(task name, "reference:<strategy>", seed): [TuningRecord, ...]}``: the strong
             reference, runs of ``reference_factor`` x the budget under reserved run names
             (``"reference:<strategy>:<seed>"``) that no compared run's history, budget or cost model
@@ -160,6 +163,7 @@ class Comparison:
     openings: dict[str, frozenset] = field(default_factory=dict)
     stats: dict[tuple[str, str, int], dict] = field(default_factory=dict)
     reach_frac: float = REACH
+    warmup_s: float = 0.0
 
     # ---- per run -------------------------------------------------------------------------------
     def best_known(self, task: str) -> float:
@@ -311,7 +315,9 @@ class Comparison:
         budget = f"{self.trials} trials" + (f" / {self.seconds:g} s" if self.seconds else "")
         mode = "replay (synthetic oracle, simulated seconds)" if self.replay else "measured"
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
-                 f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found).", "",
+                 f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
+                 + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else ""),
+                 "",
                  "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
                  "| seconds to 95% | reached |",
                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -524,7 +530,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             progress: bool = True, protocol: TimingProtocol | None = None, runner: LocalRunner | None = None,
             remeasure: int = 3, strategy_options: dict | None = None, defaults: bool = True,
             cost_aware=None, reference: bool | Iterable = False, reference_factor: float = 2.0,
-            run_caches: str | os.PathLike | None = None) -> Comparison:
+            run_caches: str | os.PathLike | None = None, warmup: int | None = None) -> Comparison:
     """Compare search strategies on tasks with equal budgets, interleaved, and summarize.
 
     Args:
@@ -564,6 +570,12 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             shared cache, where a run proposing a kernel another run already compiled gets it free (the runs
             later in each round's order gain most: session 33 found 14-67% of the genetic runs' trials
             compiled free against 3-21% of the gradient's, on ``fresh``). Measured runs only.
+        warmup: trials per strategy of a throwaway run on the replay oracle of the first task before the
+            runs, so that no run's clock pays the one-off JAX compilations (descent, features, cost-model
+            training) that every later run reuses (the first learned run's seconds otherwise read several
+            seconds high; 18 s on a 2-core machine with a cold compilation cache). ``None`` (the default):
+            ``WARMUP_TRIALS`` for a measured comparison, 0 for a replayed one; 0: off. Nothing of it is
+            stored; its wall seconds are ``Comparison.warmup_s``.
 
     Returns:
         A :class:`Comparison` (``.table()``, ``.to_csv(path)``, ``.plot(path)``).
@@ -605,6 +617,9 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError(f"trials must be >= 1 (got {trials})")
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0 (got {seconds})")
+    warmup = (WARMUP_TRIALS if replay is None else 0) if warmup is None else int(warmup)
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0 (got {warmup})")
     target = target or Target.cpu()
     target_key = "replay:" + target.key if replay is not None else target.at_threads(threads).key
     measurer = None if replay is None else (lambda t, tg: _replay_measurer(replay, t, tg))
@@ -631,6 +646,19 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         openings = _openings(task_list, target) if defaults else {}
         runs_all = runs + ref_runs
         settled = {(r.task.key, r.run) for r in runs_all if r.done}  # finished in an earlier, resumed call
+        warmup_s = 0.0
+        if warmup and len(settled) < len(runs_all):
+            t0 = time.perf_counter()
+            try:
+                compare(task_list[:1], strategies, trials=warmup, seeds=[0], target=target, db=None, replay=True,
+                        progress=False, remeasure=0, strategy_options=strategy_options, defaults=defaults, warmup=0)
+                warmup_s = time.perf_counter() - t0
+            except Exception as e:  # a fairness aid only: the comparison goes on, saying its clocks may read high
+                print(f"[compare] JIT warm-up failed ({type(e).__name__}: {e}); the first run of each learned "
+                      "strategy pays its compilations in its clock", file=sys.stderr, flush=True)
+            if progress and warmup_s:
+                print(f"[compare] JIT warm-up: {warmup} replayed trials per strategy on {task_list[0].name}, "
+                      f"{warmup_s:.1f} s (in no run's clock)", file=sys.stderr, flush=True)
         # interleave: always advance the run that used the smallest share of its budget (ties: in order)
         while True:
             active = [r for r in runs_all if not r.done]
@@ -647,7 +675,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
                             replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
-                            openings, {(r.task.name, r.label, r.seed): dict(r.stats) for r in runs})
+                            openings, {(r.task.name, r.label, r.seed): dict(r.stats) for r in runs},
+                            warmup_s=warmup_s)
     if out is not None:
         result.save(out)
     return result

@@ -37,7 +37,8 @@ def test_tune_budgets_and_threads(flag, value, msg, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value", [("--seconds", "0"), ("--seconds", "-1"), ("--threads", "0"),
-                                         ("--threads", "-2"), ("--trials", "-1"), ("--seeds", "0")])
+                                         ("--threads", "-2"), ("--trials", "-1"), ("--seeds", "0"),
+                                         ("--warmup", "-1")])
 def test_compare_budgets_and_threads(flag, value, tmp_path, capsys):
     out = tmp_path / "cmp"
     one_line_exit_2(["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--out", str(out), flag, value], capsys,

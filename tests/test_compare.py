@@ -272,6 +272,25 @@ def test_tiny_real_compare(runner, tmp_path):
     assert all(len(v) == 3 and all(x > 0 for x in v) for v in cmp.remeasured.values())
     assert not cmp.replay and "measured" in cmp.table()
     assert fj.Database(tmp_path / "real.db").runs() == ["genetic:0", "random:0"]
+    # a measured comparison warms the JAX compilations up first, by default, outside every run's clock
+    assert cmp.warmup_s > 0 and "JIT warm-up before the runs" in cmp.table()
+
+
+def test_the_jit_warm_up_draws_nothing_from_the_runs(tmp_path):
+    # session 73: the warm-up is a throwaway replayed run; the runs after it propose what they would
+    # without it, and neither the database nor the histories hold a record of it
+    kw = {"trials": 24, "seeds": [0, 1], "replay": True, "progress": False, "remeasure": 0}
+    plain = fj.compare(TASKS[:1], [small_genetic, "random"], db=None, **kw)
+    assert plain.warmup_s == 0  # replayed comparisons have no warm-up unless asked
+    db = str(tmp_path / "w.db")
+    warm = fj.compare(TASKS[:1], [small_genetic, "random"], db=db, warmup=16, **kw)
+    assert warm.warmup_s > 0 and "JIT warm-up before the runs" in warm.table()
+    assert {k: [r.config for r in v] for k, v in warm.histories.items()} == \
+        {k: [r.config for r in v] for k, v in plain.histories.items()}
+    database = fj.Database(db)
+    assert database.runs() == ["genetic:0", "genetic:1", "random:0", "random:1"] and len(database) == 4 * 24
+    with pytest.raises(ValueError, match="warmup must be >= 0"):
+        fj.compare(TASKS[:1], ["random"], db=None, warmup=-1, **kw)
 
 
 def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
