@@ -104,6 +104,11 @@ def test_session_picks_the_gpu_measurer_and_compare_runs(no_nvcc, tmp_path):
     cmp = fj.compare([t], strategies=["random"], trials=3, seeds=1, target=fj.Target.cuda_sim("a10g"),
                      db=str(tmp_path / "cmp.db"), progress=False, remeasure=0)
     assert "random" in cmp.table()
+    # no JIT warm-up by default on a simulated GPU (the oracle models CPU sketches); asked for, it runs the simulator
+    assert cmp.warmup_s == 0
+    warm = fj.compare([t], strategies=["random"], trials=3, seeds=1, target=fj.Target.cuda_sim("a10g"), db=None,
+                      progress=False, remeasure=0, warmup=2)
+    assert warm.warmup_s > 0
 
 
 def _tiny_model_bytes() -> bytes:
