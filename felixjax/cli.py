@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                         "genetic): both start from the same model")
     c.add_argument("--warmup", type=int, default=None, metavar="N",
                    help="trials per strategy of a throwaway replayed run before the runs, so that no run's clock pays "
-                        "the one-off JAX compilations (default: 64 when measuring on a CPU, 0 with --replay or a cuda-sim target; 0: off)")
+                        "the one-off JAX compilations (default: 64 when measuring on a CPU, 0 with --replay or a "
+                        "cuda-sim target; 0: off)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     c.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
