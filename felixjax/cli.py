@@ -232,6 +232,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     target = _target(args.threads, args.target)
     args.cost_aware = _cost_aware(args.early_stop, args.filter_p)
     args.no_compare = args.no_compare or target.is_gpu  # onnxruntime runs on this CPU, not the simulated GPU
+    if target.is_gpu and args.dask:  # the GPU simulator builds, checks and simulates in this process
+        print(f"felixjax tune: note: --dask is not used for {args.target} (the GPU simulator runs in this process)",
+              file=sys.stderr)
+        args.dask = None
     if args.model:
         with _runner(args) as args.runner:
             return _tune_model(args, target)

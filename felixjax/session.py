@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Sequence
@@ -181,6 +182,9 @@ class TuningSession:
                  progress: bool | Callable[[dict], None] = True, defaults: bool = True,
                  cost_aware: CostAware | None = None, run_caches: str | os.PathLike | None = None):
         self.target = target or Target.cpu()
+        if self.target.is_gpu and runner is not None and measurer is None:
+            warnings.warn(f"{self.target.kind} targets build, check and simulate in this process: the runner "
+                          f"{type(runner).__name__} is not used", stacklevel=2)
         pinned = len(getattr(runner, "measure_cpus", None) or ())  # fj.DaskRunner(measure_cpus=...) caps threads
         if pinned and pinned < (threads or self.target.cores):
             threads = pinned  # its kernels run at that many threads: their records belong under that count's key

@@ -183,3 +183,36 @@ def test_gradient_rounding_lands_in_the_gpu_space():
     xs = np.random.default_rng(0).uniform(-2, 12, size=(64, N_X))
     cfgs = rel.round_x(xs)
     assert len(cfgs) == 64 and all(sp.is_valid(c) for c in cfgs)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float16"])
+def test_low_precision_tasks_are_refused_on_gpu_targets(dtype, no_nvcc, tmp_path, capsys):
+    # session 73: the CUDA renderer writes float32 buffers; an int8 task failed every trial to compile (its
+    # emulator passed the scales too) and a float16 one emitted float* parameters for half data
+    from felixjax.cli import main as cli
+
+    t = fj.ops.dense(2, 32, 16, dtype=dtype)
+    with pytest.raises(ValueError, match="not generated for GPU targets"):
+        fj.tune(t, fj.Target.cuda_sim("a100"), strategy="random", trials=2, db=None, progress=False)
+    db = tmp_path / "g.db"
+    assert cli(["tune", "--op", f"dense:n=2,in=32,out=16,dtype={dtype}", "--target", "cuda-sim:a100", "--trials", "2",
+                "--strategy", "random", "--db", str(db), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not generated for GPU targets" in err and len(err.splitlines()) == 1
+
+
+def test_a_runner_is_not_used_on_gpu_targets_and_says_so(no_nvcc, monkeypatch, tmp_path, capsys):
+    # session 73: --dask / runner= were silently ignored on cuda-sim targets (the simulator runs in-process)
+    from felixjax import dask_runner
+    from felixjax.cli import main as cli
+
+    with pytest.warns(UserWarning, match="is not used"):
+        TuningSession(fj.Target.cuda_sim("a100"), runner=object(), progress=False).close()
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a cluster was started for a cuda-sim target")
+
+    monkeypatch.setattr(dask_runner, "connect", no_cluster)
+    assert cli(["tune", "--op", "matmul:m=16,n=16,k=16", "--target", "cuda-sim:a100", "--dask", "local", "--trials",
+                "2", "--strategy", "random", "--db", str(tmp_path / "d.db"), "--quiet"]) == 0
+    assert "--dask is not used for cuda-sim:a100" in capsys.readouterr().err

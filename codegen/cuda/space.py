@@ -120,6 +120,10 @@ class CudaSpace(Space):
         name = sketch.name if isinstance(sketch, Sketch) else sketch
         if name != SKETCH:
             raise ValueError(f"sketch {name!r} does not apply to a GPU target; valid: {SKETCH}")
+        if task.dtype != "float32" or task.dtypes is not None or task.out_dtype not in (None, "float32"):
+            # the CUDA renderer, its emulator and the simulator's byte counts are float32 only
+            raise ValueError(f"{task.name}: {task.dtype} kernels are not generated for GPU targets yet (CUDA "
+                             "kernels are float32); tune it on a CPU target, or tune the float32 task")
         self.task, self.target, self.spec = task, target, target.spec
         self.con = task.contraction()
         self.axes = self.con.axes
