@@ -12,14 +12,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from codegen.target import Target
+
 from .database import Database
 
 
 def summary_rows(db: Database) -> list[dict]:
     """One row per (task, target, run): trials, statuses, best latency and GFLOP/s."""
     rows: dict[tuple, dict] = {}
+    labels: dict[str, dict] = {}
     for rec in db.records():
         key = (rec.task.key, rec.target_key, rec.run)
+        labels.setdefault(rec.target_key, rec.target)
         row = rows.setdefault(key, {"task": rec.task.name, "run": rec.run, "trials": 0, "ok": 0, "failed": 0,
                                     "best_ms": math.inf, "gflops": 0.0, "sketch": "-", "seconds": 0.0})
         row["trials"] += 1
@@ -39,9 +43,26 @@ def summary_rows(db: Database) -> list[dict]:
         row["failures"] = ", ".join(f"{k}={v}" for k, v in sorted(st.items())) or "-"
         del row["failed"]
         if several:
-            row = {"task": row["task"], "target": target_key, **row}
+            row = {"task": row["task"], "target": target_label(target_key, labels.get(target_key)), **row}
         out.append(row)
     return out
+
+
+def target_label(target_key: str, target_json: dict | None) -> str:
+    """A readable name of the target a record was filed under: ``cpu AMD EPYC, 1 thread``,
+    ``cuda-sim a100``, ``replay: ...``; the key itself when the record's target JSON is unknown."""
+    replay, _, key = target_key.rpartition(":") if target_key.startswith("replay:") else ("", "", target_key)
+    if not target_json:
+        return target_key
+    try:
+        target = Target.from_json(dict(target_json))
+    except (TypeError, ValueError):
+        return target_key
+    label = f"{target.kind} {target.name}"
+    if not target.is_gpu:  # records at another thread count than the machine's cores carry that count's key
+        threads = next((n for n in range(1, max(target.cores, 1) + 1) if target.at_threads(n).key == key), None)
+        label += f", {threads} thread{'s' if threads != 1 else ''}" if threads else f" ({key[:8]})"
+    return (replay + ": " if replay else "") + label
 
 
 #: At most this many columns of panels, and this many panels in one figure (the tasks with the most
@@ -66,9 +87,11 @@ def plot_curves(db: Database, path: str) -> str:
 
     series: dict[tuple[str, str], dict[str, list[float]]] = {}
     names: dict[tuple[str, str], str] = {}
+    labels: dict[str, dict] = {}
     for rec in db.records():
         key = (rec.task.key, rec.target_key)
         names.setdefault(key, rec.task.name)
+        labels.setdefault(rec.target_key, rec.target)
         s = series.setdefault(key, {}).setdefault(rec.run, [])
         lat = rec.latency_s if rec.ok and math.isfinite(rec.latency_s) and rec.latency_s > 0 else math.inf
         s.append(min(s[-1] if s else math.inf, lat))
@@ -99,7 +122,7 @@ def plot_curves(db: Database, path: str) -> str:
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
                     linestyle=styles[run], linewidth=1.3, label=run)
-        title = names[key] + (f" @ {key[1]}" if several_targets else "")
+        title = names[key] + (f" @ {target_label(key[1], labels.get(key[1]))}" if several_targets else "")
         ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(plain)

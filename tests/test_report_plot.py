@@ -109,7 +109,13 @@ def test_report_rows_of_several_targets_say_which(tmp_path):
                 measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg))
     with fj.Database(path, readonly=True) as db:
         rows = report_mod.summary_rows(db)
-    assert sorted(r["target"] for r in rows) == sorted([target.at_threads(1).key, target.key])
+    # session 73: named readably (they showed the key's hash), threads included
+    assert sorted(r["target"] for r in rows) == [f"cpu {target.name}, 1 thread",
+                                                f"cpu {target.name}, 2 threads"]
+    gpu = fj.Target.cuda_sim("a100")
+    assert report_mod.target_label(gpu.key, gpu.to_json()) == "cuda-sim a100"
+    assert report_mod.target_label("replay:" + target.key, target.to_json()) == f"replay: cpu {target.name}, 2 threads"
+    assert report_mod.target_label("0123456789abcdef", None) == "0123456789abcdef"  # no JSON: the key
     single = str(tmp_path / "one.db")
     _tune(single, SPECS[:1])
     with fj.Database(single, readonly=True) as db:
