@@ -159,6 +159,50 @@ def test_soft_mask_is_the_top_n_mask_at_integers_and_differentiable():
     assert float(d) > 0
 
 
+def test_accuracy_of_a_graph_pinned_to_batch_2_scores_each_image():
+    # session 73: a graph pinned to batch 2 answers (2, 10) per sample of x; accuracy took one argmax over
+    # all 20 scores (an index in [0, 20) against labels in [0, 10)) and labels of shape (N,) passed
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((8, 2, 10))
+    truth = out.argmax(axis=2)  # (8, 2): every image classified right
+    assert quality.metric_value(out, "accuracy", labels=truth) == 1.0
+    wrong = truth.copy()
+    wrong[:, 1] = (wrong[:, 1] + 1) % 10
+    assert quality.metric_value(out, "accuracy", labels=wrong) == 0.5
+    # the differentiable stand-in is the mean cross-entropy per image
+    ce = -np.mean(jax.nn.log_softmax(out.reshape(16, 10))[np.arange(16), truth.reshape(-1)])
+    np.testing.assert_allclose(float(quality.surrogate(jnp.asarray(out), "accuracy", labels=jnp.asarray(truth))),
+                               ce, rtol=1e-5)
+    x = rng.standard_normal((8, 2, 1, 4, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"expected \(8, 2\), one class index per image"):
+        quality.check_data(x, truth[:, 0], (2, 1, 4, 4), (2, 10), "accuracy")
+    xs, ys = quality.check_data(x, truth, (2, 1, 4, 4), (2, 10), "accuracy")
+    assert xs.shape == (8, 2, 1, 4, 4) and ys.shape == (8, 2)
+    with pytest.raises(ValueError, match=r"data x has shape \(8, 4, 4\)"):  # the shape as given, not reshaped
+        quality.check_data(x[:, 0, 0], truth[:, 0], (1, 1, 4, 4), (1, 10), "accuracy")
+
+
+def test_fidelity_is_an_error_measure_for_outputs_that_are_not_class_scores():
+    # session 73: every output of more than one value was scored as a classifier (argmax agreement): a
+    # feature map that kept only its largest value scored fidelity 1.0
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((3, 1, 4, 8, 8))
+    spiky = np.zeros_like(ref)
+    flat = ref.reshape(3, -1)
+    spiky.reshape(3, -1)[np.arange(3), flat.argmax(axis=1)] = flat.max(axis=1)
+    l2 = 1 - np.linalg.norm(spiky - ref) / np.linalg.norm(ref)
+    np.testing.assert_allclose(quality.metric_value(spiky, "fidelity", reference=ref), l2)
+    assert quality.metric_value(ref * 0.9, "fidelity", reference=ref) == pytest.approx(0.9)
+    rel = float(quality.surrogate(jnp.asarray(spiky), "fidelity", reference=jnp.asarray(ref)))
+    np.testing.assert_allclose(rel, np.sum((spiky - ref) ** 2) / np.sum(ref ** 2), rtol=1e-5)
+    # class scores, with unit axes or several rows per sample, stay top-1 agreement per row
+    scores = rng.standard_normal((5, 2, 10, 1, 1))
+    other = scores.copy()
+    other[:, 1] = -other[:, 1]  # the second image's top-1 changes
+    assert quality.metric_value(other, "fidelity", reference=scores) == 0.5
+    assert quality.within(1 - 0.99, 0.01) and not quality.within(0.02, 0.01)
+
+
 # ---- latency tables ----------------------------------------------------------------------------
 
 def test_latency_slope_comes_from_the_schedules_table_not_flops():
@@ -218,7 +262,7 @@ def test_bad_input_is_a_clear_error(tiny, case, match):
         fj.approximate(proto, progress=False, **kwargs)
 
 
-def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny):
+def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny, capsys):
     from felixjax.cli import main
 
     proto, x, y = tiny
@@ -228,11 +272,38 @@ def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny):
     assert main(["approx", str(model), "--data", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o")]) == 2
     np.savez(tmp_path / "e.npz", z=x)
     assert main(["approx", str(model), "--data", str(tmp_path / "e.npz"), "-o", str(tmp_path / "o")]) == 2
+    np.savez(tmp_path / "nolabels.npz", x=x)  # the CLI's words, not the Python API's data=(x, y)
+    capsys.readouterr()
+    assert main(["approx", str(model), "--data", str(tmp_path / "nolabels.npz"), "-o", str(tmp_path / "o")]) == 2
+    assert "--metric fidelity" in capsys.readouterr().err
     # session 72: an .npy (numpy returns an array, no .files: a traceback) and a non-numpy file (numpy's
     # message blamed pickled data)
     np.save(tmp_path / "f.npy", x)
     for wrong in (tmp_path / "f.npy", model):
         assert main(["approx", str(model), "--data", str(wrong), "-o", str(tmp_path / "o")]) == 2
+
+
+
+def test_cli_pins_a_dynamic_batch_with_input_shape(tmp_path, tiny, capsys):
+    # session 73: the error for a dynamic model said to use --input-shape, which approx did not have
+    from felixjax.cli import main
+
+    proto, x, y = tiny
+    dyn = onnx.ModelProto()
+    dyn.CopyFrom(proto)
+    dim = dyn.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.ClearField("dim_value")
+    dim.dim_param = "N"
+    model = tmp_path / "dyn.onnx"
+    onnx.save(dyn, model)
+    np.savez(tmp_path / "d.npz", x=x, y=y + 20)  # labels out of range: the error after the model loaded
+    argv = ["approx", str(model), "--data", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--input-shape" in capsys.readouterr().err
+    name = dyn.graph.input[0].name
+    assert main(argv + ["--input-shape", f"{name}=1x{'x'.join(map(str, x.shape[1:]))}"]) == 2
+    err = capsys.readouterr().err
+    assert "labels y range" in err and "--input-shape" not in err
 
 
 # ---- one small measured run --------------------------------------------------------------------

@@ -35,13 +35,17 @@ def sparsity_levels(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: {why}") from None
 
 
-def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register the ``approx`` subcommand (``add`` is cli.py's subparser factory)."""
+def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
+               model_inputs: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """Register the ``approx`` subcommand (``add`` is cli.py's subparser factory, ``model_inputs`` adds its
+    ``--input-shape`` / ``--input-value`` options)."""
     a = add("approx", "prune each conv / dense layer's channels (and pick its precision / sparsity) under "
                       "a quality budget, in one objective with the schedules; every reported figure is measured "
                       "on the C build")
     a.add_argument("model", help="the ONNX model (one input)")
     a.add_argument("--data", required=True, metavar="NPZ", help="x (inputs) and, for accuracy, y (labels)")
+    if model_inputs is not None:
+        model_inputs(a)
     a.add_argument("--budget", type=float, default=0.01, help="allowed absolute drop of the metric (default 0.01)")
     a.add_argument("--metric", default="accuracy", help="accuracy | fidelity (default accuracy)")
     a.add_argument("--output-name", default=None, help="the model output the metric reads (default: the first)")
@@ -90,10 +94,19 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     if "x" not in npz.files:
         raise user_error(f"{args.data} has no array 'x' (it has {npz.files})")
     data: Any = (npz["x"], npz["y"]) if "y" in npz.files else (npz["x"],)
+    if "y" not in npz.files and args.metric == "accuracy":
+        raise user_error(f"{args.data} has no labels 'y' for --metric accuracy (it has {npz.files}); add y to the "
+                         "file, or use --metric fidelity (agreement with the float32 model's outputs)")
     if args.budget < 0:
         raise user_error(f"--budget must be >= 0 (got {args.budget})")
     target = Target.cpu(cores=args.threads) if args.threads else Target.cpu()
-    res = approximate(args.model, target, data=data, quality_budget=args.budget, metric=args.metric,
+    model: Any = args.model
+    shapes, values = dict(getattr(args, "input_shape", None) or []), dict(getattr(args, "input_value", None) or [])
+    if shapes or values:  # a model with dynamic dimensions, pinned as tune / build pin them
+        from ..onnx_import import load_onnx
+
+        model = load_onnx(args.model, input_shapes=shapes or None, input_values=values or None)
+    res = approximate(model, target, data=data, quality_budget=args.budget, metric=args.metric,
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
                       search=args.search, measure=args.measure,

@@ -76,11 +76,12 @@ def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequenc
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     x = np.asarray(x, dtype=np.float32)
+    given = x.shape
     sample = tuple(input_shape[1:]) if input_shape and input_shape[0] == 1 else tuple(input_shape)
     if x.ndim == len(sample):
         x = x[None]
     if x.ndim != len(sample) + 1 or tuple(x.shape[1:]) != sample or len(x) == 0:
-        raise ValueError(f"data x has shape {x.shape}; the model takes samples of shape {sample}, so x must be "
+        raise ValueError(f"data x has shape {given}; the model takes samples of shape {sample}, so x must be "
                          f"(N, {', '.join(map(str, sample))})")
     if not np.isfinite(x).all():
         raise ValueError("data x has NaN or infinite values")
@@ -89,8 +90,15 @@ def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequenc
     if y is None:
         raise ValueError('metric="accuracy" needs labels: data=(x, y); without labels use metric="fidelity"')
     y = np.asarray(y)
-    if y.ndim != 1 or len(y) != len(x):
-        raise ValueError(f"labels y have shape {y.shape}; expected ({len(x)},), one class index per sample of x")
+    # a graph whose batch axis is pinned above 1 takes B images per sample of x and answers B rows of scores:
+    # its labels are (N, B), and accuracy compares each row with its own label (never one argmax over B rows)
+    batch = 1
+    if len(input_shape) >= 2 and len(output_shape) >= 2 and int(input_shape[0]) == int(output_shape[0]) > 1:
+        batch = int(input_shape[0])
+    want = (len(x),) if batch == 1 else (len(x), batch)
+    if y.shape != want:
+        raise ValueError(f"labels y have shape {y.shape}; expected {want}, one class index per "
+                         + ("sample of x" if batch == 1 else f"image ({batch} per sample of x)"))
     if not np.issubdtype(y.dtype, np.integer):
         if not np.all(np.equal(np.mod(y, 1), 0)):
             raise ValueError("labels y must be integer class indices")
@@ -101,34 +109,70 @@ def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequenc
     return x.reshape((len(x),) + tuple(input_shape)), y.astype(np.int64)
 
 
+def within(loss: float, budget: float) -> bool:
+    """Whether a quality loss is within the budget (a loss of exactly one sample in a hundred is 0.01
+    in decimal but 0.010000000000000009 in floats: the budget gets that rounding's slack).
+
+    Example:
+        >>> within(1 - 0.99, 0.01), within(0.0101, 0.01)
+        (True, False)
+    """
+    return loss <= budget + 1e-9
+
+
+def score_rows(sample_shape: Sequence[int]) -> int | None:
+    """Rows of class scores in one sample's output, or ``None`` when it is not a classifier's: a
+    classifier answers ``(rows, classes)`` with any unit axes after the rows (``(1, 10)``,
+    ``(1, 10, 1, 1)``, ``(4, 10)`` for a graph pinned to batch 4), or a bare ``(classes,)`` vector;
+    feature maps such as ``(1, 4, 16, 16)`` or a sequence ``(1, 16, 32)`` are not.
+
+    Example:
+        >>> score_rows((1, 10)), score_rows((4, 10, 1, 1)), score_rows((1, 4, 16, 16)), score_rows((1, 1))
+        (1, 4, None, None)
+    """
+    shape = tuple(int(d) for d in sample_shape)
+    if len(shape) == 1:
+        return 1 if shape[0] > 1 else None
+    return shape[0] if len(shape) > 1 and sum(d > 1 for d in shape[1:]) == 1 else None
+
+
 def metric_value(outputs: np.ndarray, metric: str, *, labels: np.ndarray | None = None,
                  reference: np.ndarray | None = None) -> float:
-    """The metric (higher is better) of outputs ``[N, ...]``: accuracy, or fidelity to ``reference``.
+    """The metric (higher is better) of outputs ``[N, ...]``: accuracy (labels ``[N]``, or ``[N, B]`` for a
+    graph answering B rows per sample), or fidelity to ``reference``: top-1 agreement per row of scores for
+    a classifier's outputs (:func:`score_rows`), else 1 - the relative L2 error.
 
     Example:
         >>> out = np.array([[0.1, 0.9], [0.8, 0.2]])
         >>> metric_value(out, "accuracy", labels=np.array([1, 1]))
         0.5
     """
-    o = np.asarray(outputs, np.float64).reshape(len(outputs), -1)
+    outputs = np.asarray(outputs, np.float64)
     if metric == "accuracy":
-        return float(np.mean(o.argmax(axis=1) == labels))
-    r = np.asarray(reference, np.float64).reshape(len(reference), -1)
-    if o.shape[1] > 1:
+        lab = np.asarray(labels).reshape(-1)
+        return float(np.mean(outputs.reshape(lab.size, -1).argmax(axis=1) == lab))
+    r = np.asarray(reference, np.float64)
+    rows = score_rows(outputs.shape[1:])
+    if rows is not None:
+        o, r = outputs.reshape(len(outputs) * rows, -1), r.reshape(len(r) * rows, -1)
         return float(np.mean(o.argmax(axis=1) == r.argmax(axis=1)))
-    return float(1.0 - np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+    return float(1.0 - np.linalg.norm(outputs - r) / max(np.linalg.norm(r), 1e-30))
 
 
 def surrogate(outputs: Any, metric: str, *, labels: Any = None, reference: Any = None) -> Any:
     """The differentiable stand-in of a metric's loss: cross-entropy to the labels (accuracy), to the
-    float32 network's softmax (fidelity of a classifier), else the relative squared error."""
-    o = outputs.reshape(outputs.shape[0], -1)
+    float32 network's softmax (fidelity of a classifier, per row of scores), else the relative squared
+    error."""
     if metric == "accuracy":
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(o), labels[:, None], axis=1))
-    r = reference.reshape(reference.shape[0], -1)
-    if o.shape[1] > 1:
+        lab = labels.reshape(-1)
+        o = outputs.reshape(lab.shape[0], -1)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(o), lab[:, None], axis=1))
+    rows = score_rows(outputs.shape[1:])
+    if rows is not None:
+        o = outputs.reshape(outputs.shape[0] * rows, -1)
+        r = reference.reshape(reference.shape[0] * rows, -1)
         return -jnp.mean(jnp.sum(jax.nn.softmax(r) * jax.nn.log_softmax(o), axis=1))
-    return jnp.sum((o - r) ** 2) / jnp.maximum(jnp.sum(r ** 2), 1e-30)
+    return jnp.sum((outputs - reference) ** 2) / jnp.maximum(jnp.sum(reference ** 2), 1e-30)
 
 
 def binomial_ci(p: float, n: int, z: float = 1.96) -> tuple[float, float]:

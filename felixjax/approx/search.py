@@ -53,7 +53,7 @@ from .objective import (
     round_formats,
 )
 from .precision import FormatLatency, assign, calibrate_ranges, with_formats
-from .quality import check_data, metric_value
+from .quality import check_data, metric_value, within
 
 
 @dataclass(frozen=True)
@@ -601,7 +601,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                                formats=chosen)                                # prune, re-tune, build, measure
         points.append(pt)
         table.observe(ax.measured())                                          # measured kernels feed back
-        ok = seen[key] = pt.quality_loss <= quality_budget
+        ok = seen[key] = within(pt.quality_loss, quality_budget)
         say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
             f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)"
             + (f", {fm.describe(chosen)}" if chosen else ""))
@@ -657,7 +657,7 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
         pt, exe, pm = ax.point(dict(k), method, baseline=base, base_exe=base_exe, note=note, formats=chosen)
         points.append(pt)
         measured[mk] = pt
-        ok = pt.quality_loss <= quality_budget + 1e-9
+        ok = within(pt.quality_loss, quality_budget)
         seen[mk] = ok
         if observe:
             table.observe({**ax.layer_latencies(exe), **ax.measured()})  # measured kernels feed back
@@ -687,8 +687,8 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
         better = local_search(k, qual(k), latency=lat, quality=qual, ladders=ladders)
         if key(better) != key(k):
             cands.append((f"local from {note[5:]}", better))
-    within = [k for _, k in starts + cands if qual(k) >= floor_budget] or [full]
-    fastest = min(within, key=lat)                                            # the fastest within budget, faster
+    ok_keeps = [k for _, k in starts + cands if qual(k) >= floor_budget] or [full]
+    fastest = min(ok_keeps, key=lat)                                            # the fastest within budget, faster
     cands.insert(0, ("local within budget", local_search(fastest, floor_budget, latency=lat, quality=qual,
                                                          ladders=ladders)))
     # measure the candidates; the last slot goes to a local search from the fastest *measured* point
@@ -738,7 +738,7 @@ def _formats_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, bas
                                formats=dict.fromkeys(names, f))
         points.append(pt)
         seeds.append((pt, exe, pm))
-        seen[(pt.keep, pt.formats)] = pt.quality_loss <= quality_budget + 1e-9
+        seen[(pt.keep, pt.formats)] = within(pt.quality_loss, quality_budget)
         if table.kind == "cost_model":
             table.observe({**ax.layer_latencies(exe), **ax.measured()})
         ax._say(f"approx: all-{fm.label(f)} ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
@@ -758,7 +758,7 @@ def _formats_stage(ax: Approximator, formats: tuple, points: list, build: Callab
     flat, qparams, masks, _ = formats
     qual = MaskedQuality(ax, qparams=qparams, formats=flat.formats, masks=masks)
     starts = [full] + [dict(p.keep) for p in sorted(points, key=lambda p: -p.speedup)
-                       if not p.formats and p.quality_loss <= quality_budget + 1e-9]
+                       if not p.formats and within(p.quality_loss, quality_budget)]
     done, tried = 0, set()
     for k in starts:
         if done >= measure:
