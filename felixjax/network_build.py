@@ -259,8 +259,11 @@ class CompiledModel:
 
     def _inputs(self, x: Any) -> list[np.ndarray]:
         names = self.model.input_names
-        if isinstance(x, np.ndarray):
-            x = [x]
+        if isinstance(x, (list, tuple)) and len(names) == 1 and (
+                len(x) != 1 or np.shape(x) == tuple(self.net.input_shapes[0])):
+            x = [x]  # nested lists holding the one input's values, not a list of inputs
+        elif not isinstance(x, (list, tuple, Mapping)) and (hasattr(x, "__array__") or hasattr(x, "shape")):
+            x = [x]  # one array of any kind: numpy, JAX, torch on the CPU, ...
         if isinstance(x, Mapping):
             unknown = set(x) - set(names)
             if unknown:
@@ -289,7 +292,9 @@ class CompiledModel:
             return lib.call_fast((x,))
         return lib.call_fast(self._inputs(x))
 
-    def __call__(self, x: Any) -> np.ndarray | list[np.ndarray]:
+    def __call__(self, x: Any, *more: Any) -> np.ndarray | list[np.ndarray]:
+        if more:  # exe(a, b): the inputs in order, as exe([a, b])
+            x = (x, *more)
         y = self.library.call_one(x)  # one ready array in, one out: the short path (None: anything else)
         if y is not None:
             return y

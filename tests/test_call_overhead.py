@@ -57,5 +57,12 @@ def test_unusual_inputs_take_the_checked_path(exe):
     np.testing.assert_array_equal(exe(big[..., ::2]), ref)  # not contiguous
     np.testing.assert_array_equal(exe({exe.input_names[0]: x}), ref)  # by name
     np.testing.assert_array_equal(exe.library.call_fast([x])[0], ref)
+    # session 73: a JAX array or nested lists were split along their first axis as if a list of inputs
+    import jax.numpy as jnp
+
+    np.testing.assert_array_equal(exe(jnp.asarray(x)), ref)
+    np.testing.assert_array_equal(exe(x.tolist()), ref)
+    np.testing.assert_array_equal(exe([x]), ref)  # a list of the inputs, still
+    np.testing.assert_array_equal(exe(*[x]), ref)
     with pytest.raises(ValueError, match="expects"):
         exe(np.zeros(shape[:-1] + (shape[-1] + 1,), np.float32))
