@@ -52,10 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
     t = add("tune", "tune operators (--op SPEC) or every task of an ONNX model")
     t.add_argument("model", nargs="?", help="an ONNX model to tune (instead of --op)")
-    t.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
-                   help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
-    t.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
-                   help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
+    _model_input_args(t)
     t.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
                         "to the next) or auto (both, and each conv in the layout it ran faster in, built with default "
@@ -142,10 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     b = add("build", "compile an ONNX model into one C library from its best tuned schedules and export a "
                      "standalone folder (C source, header, Makefile, weights) that builds with make")
     b.add_argument("model", help="the ONNX model")
-    b.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
-                   help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
-    b.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
-                   help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
+    _model_input_args(b)
     b.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
                    help="the convolutions' layout: nchw (default), nchwc (channel-blocked NCHW8c from one conv "
                         "to the next) or auto (both, and each conv in the layout it ran faster in, built with default "
@@ -161,11 +155,15 @@ def _parser() -> argparse.ArgumentParser:
 
     from .approx import cli as approx_cli
 
-    approx_cli.add_parser(add)
+    approx_cli.add_parser(add, _model_input_args)
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
-    z.add_argument("--dataset", default="cifar10", help="cifar10 (32x32) | imagenet (224x224)")
+    z.add_argument("--dataset", default=None, help="the CNNs' input size and classes: cifar10 (32x32, the default) | "
+                                                   "imagenet (224x224)")
+    z.add_argument("--batch", type=int, default=1, help="the model's batch (default 1)")
+    for opt, default in (("seq", 128), ("dim", 256), ("heads", 4)):
+        z.add_argument(f"--{opt}", type=int, default=None, help=f"transformer_block only: {opt} (default {default})")
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("-o", "--output", required=True, help="output .onnx path")
 
@@ -197,7 +195,18 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
     if args.name not in zoo.MODELS:
         raise UserError(f"unknown zoo model {args.name!r}; available: {', '.join(zoo.MODELS)}")
-    path = zoo.save(args.name, args.output, dataset=args.dataset, seed=args.seed)
+    options = {k: getattr(args, k) for k in ("seq", "dim", "heads") if getattr(args, k) is not None}
+    if args.name == "transformer_block" and args.dataset is not None:
+        raise UserError("--dataset sets the CNNs' input size; transformer_block takes --seq, --dim and --heads")
+    if args.name != "transformer_block" and options:
+        raise UserError(f"--{', --'.join(options)}: transformer_block options; {args.name} takes --dataset")
+    if args.batch < 1 or any(v < 1 for v in options.values()):
+        raise UserError("--batch, --seq, --dim and --heads must be >= 1")
+    try:
+        path = zoo.save(args.name, args.output, dataset=args.dataset or "cifar10", seed=args.seed, batch=args.batch,
+                        **options)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     print(f"wrote {path}")
     return 0
 
@@ -465,6 +474,14 @@ def _cmd_approx(args: argparse.Namespace) -> int:
     from .approx import cli as approx_cli
 
     return approx_cli.run(args, UserError)
+
+
+def _model_input_args(p: argparse.ArgumentParser) -> None:
+    """``--input-shape`` / ``--input-value`` of the commands that load an ONNX model."""
+    p.add_argument("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=DIMS",
+                   help="pin a model input's dynamic shape, e.g. x=1x3x224x224 (repeatable)")
+    p.add_argument("--input-value", action="append", default=[], type=_input_value, metavar="NAME=V,...",
+                   help="give a non-float model input a constant value, e.g. im_shape=640,640 (repeatable)")
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:

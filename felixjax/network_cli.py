@@ -1,6 +1,7 @@
 """Command-line glue of the whole-network commands (``felixjax tune model.onnx``, ``felixjax build``)."""
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
@@ -88,5 +89,5 @@ def build_model_cli(args: Any, target: Target) -> int:
     print(exe.summary())
     if getattr(args, "report", False):
         print(exe.layer_report())
-    print(f"wrote {out}/ (model.c, model.h, main.c, Makefile, weights.bin, README.txt); build it with `make -C {out}`")
+    print(f"wrote {out}/ (model.c, model.h, main.c, Makefile, weights.bin, README.txt); build it with `make -C {shlex.quote(str(out))}`")
     return 0

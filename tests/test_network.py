@@ -423,11 +423,16 @@ def test_cli_bad_models_exit_2_with_one_line(cmd, tmp_path, capsys):
 
 
 def test_cli_build_writes_a_folder(tmp_path, capsys):
+    # session 73: the zoo command takes the transformer's sizes (it always wrote seq 128, dim 256)
     path = tmp_path / "tb.onnx"
-    onnx.save(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), str(path))
-    assert cli.main(["build", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert cli.main(["zoo", "transformer_block", "--seq", "8", "--dim", "16", "--heads", "2", "-o", str(path)]) == 0
+    assert [d.dim_value for d in onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim] == [1, 8, 16]
+    assert cli.main(["zoo", "transformer_block", "--dataset", "imagenet", "-o", str(path)]) == 2  # was ignored
+    out_dir = tmp_path / "out dir"  # the printed make command works in a folder with a space
+    assert cli.main(["build", str(path), "-o", str(out_dir)]) == 0
     out = capsys.readouterr().out
-    assert "4 tasks (0 tuned, 4 default)" in out and (tmp_path / "out" / "model.c").exists()
+    assert "4 tasks (0 tuned, 4 default)" in out and (out_dir / "model.c").exists()
+    assert f"make -C '{out_dir}'" in out
 
 
 @pytest.mark.slow  # a real tuning run through the command line: runner start-up and a few builds
