@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import threading
@@ -166,7 +168,10 @@ def build(
         return BuildResult(status, path, error, time.perf_counter() - start, cached, key)
 
     if lib.exists():
-        return result("ok", cached=True)
+        if elf_intact(lib):
+            return result("ok", cached=True)
+        with contextlib.suppress(OSError):  # cut short (a crash or power loss mid-write): built again below
+            lib.unlink()
     _clean_once(cache)
     fd, tmp_c = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{key[:16]}-", suffix=".c", dir=cache)
     tmp_so = tmp_c[:-2] + ".so"
@@ -177,12 +182,53 @@ def build(
         if status != "ok":
             return result(status, _trim(error.replace(tmp_c, _SOURCE_NAME)))
         os.replace(tmp_c, cache / f"{key}.c")  # kept next to the library, for reading
+        _fsync(tmp_so)  # on disk before its name is: a crash leaves no library cut short under the key
         os.replace(tmp_so, lib)  # atomic: concurrent builders of one key agree
         return result("ok")
     finally:
         for leftover in (tmp_c, tmp_so):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def elf_intact(path: str | os.PathLike) -> bool:
+    """Whether an ELF file (a cached library or executable) holds every byte its header says it has:
+    the program and section header tables end inside the file (a file cut short loses them first, and
+    loading it would crash the measuring process with SIGBUS rather than fail cleanly).
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "x.so"; _ = p.write_bytes(b"not an ELF file")
+        >>> elf_intact(p)
+        False
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return False
+    end = "<" if head[5] == 1 else ">"
+    if head[4] == 2:  # 64-bit
+        if len(head) < 64:
+            return False
+        phoff, shoff = struct.unpack_from(end + "QQ", head, 0x20)
+        phent, phnum, shent, shnum = struct.unpack_from(end + "HHHH", head, 0x36)
+    else:
+        phoff, shoff = struct.unpack_from(end + "II", head, 0x1C)
+        phent, phnum, shent, shnum = struct.unpack_from(end + "HHHH", head, 0x2A)
+    return phoff + phent * phnum <= size and shoff + shent * shnum <= size
+
+
+def _fsync(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def build_many(

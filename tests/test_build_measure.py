@@ -262,6 +262,28 @@ def test_build_cache_hit_and_flag_key(tmp_path):
 
 
 @pytest.mark.cc
+def test_a_cached_library_cut_short_is_built_again(tmp_path):
+    # session 73: a truncated .so in the cache was trusted; every kernel loaded from it crashed the
+    # measuring process (SIGBUS), recorded as runtime_error, in every later run on that cache
+    import ctypes
+
+    from codegen.build import elf_intact
+
+    src = "int fj_add1(int x) { return x + 1; }\n"
+    first = build(src, cache_dir=tmp_path)
+    size = os.path.getsize(first.lib_path)
+    for cut in (size - 1, size // 2, 16):
+        with open(first.lib_path, "r+b") as f:
+            f.truncate(cut)
+        assert not elf_intact(first.lib_path)
+        again = build(src, cache_dir=tmp_path)
+        assert again.status == "ok" and not again.cached and again.lib_path == first.lib_path
+        assert elf_intact(again.lib_path)
+    last = build(src, cache_dir=tmp_path)
+    assert last.cached and ctypes.CDLL(last.lib_path).fj_add1(41) == 42  # loaded only now: never cut while mapped
+
+
+@pytest.mark.cc
 def test_build_compile_error_and_timeout(tmp_path):
     bad = build("void fj_kernel(float* const* bufs) { undeclared_thing = 1; }", cache_dir=tmp_path)
     assert bad.status == "compile_error" and bad.lib_path is None

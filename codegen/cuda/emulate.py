@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..build import elf_intact
 from ..measure import check_output
 from ..space import Config
 from .render import CUDA, CudaDialect, CudaKernel, render
@@ -173,7 +174,7 @@ def build_emulator(space: CudaSpace, kernel: CudaKernel, *, timeout: float = 120
                              threads=kernel.block, grid=kernel.grid)
     key = hashlib.sha256("\0".join([SHIM, kernel.source, harness]).encode()).hexdigest()[:24]
     exe = _cache_dir() / f"emu_{key}"
-    if exe.exists():
+    if exe.exists() and elf_intact(exe):
         return str(exe), ""
     with tempfile.TemporaryDirectory(prefix="fj_emu_") as tmp:
         (Path(tmp) / "kernel.cu").write_text(kernel.source)  # the emitted source, byte for byte
