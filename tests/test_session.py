@@ -225,3 +225,19 @@ def test_retiming_takes_three_timings_so_one_disturbed_timing_is_not_the_result(
     res = fj.tune(fj.ops.matmul(32, 32, 32), strategy="random", trials=4, measurer=replay, progress=False, retime=2)
     assert res.retimed and all(len(r.result.latencies) == 3 for r in res.retimed)
     assert res.best.latency_s == sorted(res.best.result.latencies)[1]  # the median of three
+
+
+def test_a_one_trial_run_measures_the_schedule_an_untuned_build_runs():
+    # session 73: the opening took the sketches' defaults by name, so a one-trial run (approximate's
+    # re-tuning of a pruned layer) measured another sketch's default and the network build then warned
+    # that this version's default schedule was never measured
+    from codegen.space import default_sketch
+    from codegen.spaces import spaces_for
+    from felixjax.network_build import default_config_for
+
+    conv = fj.ops.conv2d(1, 32, 14, 14, out_channels=32, kernel=3, padding=1)
+    target = fj.Target.cpu()
+    assert default_sketch(conv, target).name != min(spaces_for(conv, target))  # Winograd's, not conv_direct's
+    res = fj.tune(conv, target, strategy="random", trials=1, db=None, progress=False, retime=0,
+                  measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
+    assert [r.config for r in res.history] == [default_config_for(conv, target)]

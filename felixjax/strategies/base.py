@@ -17,7 +17,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from codegen.space import Config
+from codegen.space import Config, default_sketch
 
 from ..context import SearchContext
 
@@ -101,7 +101,9 @@ def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:
 
 def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
     """The first round's head start: every sketch's hand-written default schedule
-    (:meth:`~codegen.space.Space.default`), at most ``n``, on a run with no record yet.
+    (:meth:`~codegen.space.Space.default`), at most ``n``, on a run with no record yet; the default
+    sketch's first (:func:`~codegen.space.default_sketch`: the schedule an untuned network build runs,
+    so a budget of one trial measures it), then the others by name.
 
     The tuning loops (``fj.tune``, ``fj.compare``) measure these before the strategy's proposals,
     whatever the strategy, so no run ends worse than the untuned default and comparisons stay
@@ -110,7 +112,11 @@ def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
     if ctx.history:
         return []
     out = []
-    for name in sorted(ctx.spaces):
+    try:
+        first = default_sketch(ctx.task, ctx.target).name
+    except (ValueError, KeyError, AttributeError):  # no CPU sketch applies (a GPU target's spaces)
+        first = None
+    for name in sorted(ctx.spaces, key=lambda name: (name != first, name)):
         try:
             cfg = ctx.spaces[name].default()
         except ValueError:  # a space whose default cannot be built: the strategy alone proposes
