@@ -356,7 +356,7 @@ class Task:
             s += "_q8out" if self.out_dtype == "int8" else ""
             s += "_w7" if self.weight_bits == 7 else ""
         if self.sparsity:
-            s += f"_sp{self.sparsity:g}"
+            s += f"_sp{float(self.sparsity)!r}"  # every digit: 0.9999999 is not "_sp1"
         return s
 
     def __str__(self) -> str:

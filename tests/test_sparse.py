@@ -56,7 +56,7 @@ def test_identity_keys_and_spec():
     assert s.to_json()["sparsity"] == 0.9 and s.key != d.key and Task.from_json(s.to_json()) == s
     assert parse_spec("dense:in=64,out=32,sparsity=0.9") == s
     assert parse_spec("conv2d:c=4,h=6,w=6,k=8,r=3,pad=1,sparsity=0.5").sparsity == 0.5
-    assert s.name.endswith("_sp0.9")
+    assert s.name.endswith("_sp0.9") and dense(1, 64, 32, sparsity=0.9999999).name.endswith("_sp0.9999999")  # not _sp1
     assert [sk.name for sk in sketches_for(s, TARGET)] == [SPARSE_SKETCH]
 
 
