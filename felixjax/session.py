@@ -327,7 +327,7 @@ class TuningSession:
         tuners on one database and run share its budget and never measure a config twice)."""
         for r in self.db.records(tr.task, self.target_key, run=tr.run, since=tr.last_id):
             tr.last_id = max(tr.last_id, r.id or 0)
-            if r.config not in tr.ctx.measured:
+            if r.config not in tr.ctx.measured:  # this tuner's own records are measured already
                 tr.ctx.history.append(r)
                 tr.ctx.measured.add(r.config)
 
@@ -390,7 +390,12 @@ class TuningSession:
             ctx.history.append(rec)
             ctx.measured.add(cfg)
             new.append(rec)
-            tr.last_id = max(tr.last_id, rec.id or 0)
+            # another tuner's records of this run since we last looked (before ours: never skipped by last_id)
+            # count against the shared budget as they arrive, not only from the next round on
+            if self.db.count(tr.task, self.target_key, run=tr.run, since=tr.last_id) > 1:
+                self._pick_up_others(tr)
+            else:  # ours alone
+                tr.last_id = max(tr.last_id, rec.id or 0)
             self.used += 1
             self._event(tr, "measured", in_round=len(new), round_size=len(cands), clock=clock)
             return not (tr.out_of_budget(clock) or self.out_of_budget())

@@ -155,6 +155,38 @@ def test_two_tuners_on_one_run_share_its_budget_and_measure_nothing_twice(tmp_pa
     a.close(), b.close()
 
 
+def test_another_tuners_records_count_against_the_budget_inside_a_round(tmp_path):
+    # session 73: two `felixjax tune --trials 24` on one database sized their one round from a snapshot at its
+    # start and counted only their own records inside it: 46 records for a budget of 24
+    from codegen.spaces import spaces_for
+    from felixjax.database import TuningRecord
+
+    db = fj.Database(tmp_path / "race.db")
+    space = spaces_for(T1, TARGET)["gemm_packed"]
+    theirs = iter(space.sample_many(np.random.default_rng(99), 64))
+
+    class Racing:
+        """Measures like the replay oracle; before each result, the other tuner files one of its own."""
+
+        def __init__(self, task, target):
+            self.inner = ReplayRunner.from_oracle(task, target)
+
+        def measure(self, cfgs, on_result):
+            def each(cfg, res):
+                other = next(c for c in theirs if c not in cfgs)
+                db.add(TuningRecord(T1, TARGET.key, "random:0", 0, other, res, 0.0, TARGET.to_json()))
+                return on_result(cfg, res)
+            return self.inner.measure(cfgs, each)
+
+    with TuningSession(TARGET, db=db, measurer=Racing, progress=False, defaults=False) as s:
+        run = s.add(T1, "random", trials=24)
+        s.step(run, 24)  # one round of 24, as a 24-trial run has
+        assert run.done and run.stop_reason == "trials"
+    rows = db.records(T1, TARGET, run="random:0")
+    assert 24 <= len(rows) <= 25  # ours and theirs together; at most the one in flight over
+    assert len({r.config for r in rows}) == len(rows)
+
+
 def test_spec_strings_are_accepted_by_tune():
     res = fj.tune("matmul:m=32,n=32,k=32", strategy="random", trials=2, measurer=replay, progress=False, retime=0)
     assert res.task == fj.ops.matmul(32, 32, 32) and len(res.history) == 2
