@@ -181,6 +181,8 @@ def _writable(path: str) -> bool:
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return False
+    if any(os.path.exists(f) and not os.access(f, os.W_OK) for f in (path + "-wal", path + "-shm")):
+        return False
     return os.access(folder, os.W_OK | os.X_OK)
 
 
@@ -200,6 +202,13 @@ def _corrupted(path: str, why: str) -> DatabaseError:
 
 
 def _readonly_error(path: str) -> DatabaseError:
+    # a journal file another user's (or a read-only open's) SQLite left behind, not writable by us, blocks
+    # writing as surely as the database file: name it, the database and folder look writable
+    stuck = [f for f in (path + "-wal", path + "-shm") if os.path.exists(f) and not os.access(f, os.W_OK)]
+    if stuck and os.access(path, os.W_OK):
+        return DatabaseError(f"{path}: its journal file {os.path.basename(stuck[0])} is read-only (left by another "
+                             f"user's or a read-only process); with no other process using the database, delete "
+                             f"{' and '.join(map(os.path.basename, stuck))} or make {'them' if len(stuck) > 1 else 'it'} writable")
     return DatabaseError(f"{path}: the database is read-only (no write permission on the file or its folder); "
                          f"reading commands (report, build, pretrain) work, writing (tune, compare) needs a writable "
                          f"copy")

@@ -178,7 +178,10 @@ def report(path: str, *, plot: str | None = None) -> str:
         rows = summary_rows(db)
         if not rows:
             return "(empty database)"
-        text = f"{path}: {len(db)} measurements, {len({r['task'] for r in rows})} task(s)\n\n" + text_table(rows)
+        trials = sum(r["trials"] for r in rows)  # the table's; end-of-run re-timings are counted apart
+        again = len(db) - trials
+        text = (f"{path}: {trials} measurements" + (f" (and {again} re-timings of bests)" if again else "")
+                + f", {len({r['task'] for r in rows})} task(s)\n\n" + text_table(rows))
         if plot:
             text += f"\n\ntuning curves: {plot_curves(db, plot)}"
     return text

@@ -246,6 +246,20 @@ def test_writing_a_readonly_file_says_read_only(tmp_path, monkeypatch):
         load_dataset([path])
 
 
+def test_a_read_only_journal_file_left_behind_is_named(tmp_path, monkeypatch):
+    # session 73: a read-only -shm (SQLite gives it the database's mode when a reading process makes it) blocked
+    # tuning into a database that had been made writable again, with "no write permission on the file or its
+    # folder", both of which were writable
+    path = tmp_path / "w.db"
+    filled(path, 2)
+    shm = str(path) + "-shm"
+    Path(shm).write_bytes(b"")
+    real = os.access
+    monkeypatch.setattr(fjdb.os, "access", lambda p, mode: False if str(p) == shm and mode & os.W_OK else real(p, mode))
+    with pytest.raises(DatabaseError, match=r"journal file w.db-shm is read-only.*delete w.db-shm or make it writable"):
+        Database(path)
+
+
 @pytest.mark.skipif(ROOT, reason="root ignores file permissions")
 def test_chmod_readonly_file_and_folder(tmp_path):
     folder = tmp_path / "ro"

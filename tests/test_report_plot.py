@@ -120,3 +120,14 @@ def test_report_rows_of_several_targets_say_which(tmp_path):
     _tune(single, SPECS[:1])
     with fj.Database(single, readonly=True) as db:
         assert "target" not in report_mod.summary_rows(db)[0]  # one target: no column
+
+
+def test_report_counts_trials_and_retimings_apart(tmp_path):
+    # session 73: the header counted the end-of-run re-timing rows as measurements ("52" over 46 trials)
+    path = str(tmp_path / "r.db")
+    fj.tune("matmul:m=32,n=32,k=32", fj.Target.cpu(), progress=False, retime=2, strategy="random", trials=6,
+            db=path, measurer=lambda t, tg: felixjax.testing.ReplayRunner.from_oracle(t, tg))
+    with fj.Database(path, readonly=True) as db:
+        again = len(db) - 6
+    assert again > 0
+    assert f": 6 measurements (and {again} re-timings of bests), 1 task(s)" in report_mod.report(path)
