@@ -39,8 +39,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from codegen.measure import LocalRunner, TimingProtocol
-from codegen.run.gpusim import GpuSimMeasurer
 from codegen.ops import Task, parse_spec
+from codegen.run.gpusim import GpuSimMeasurer
 from codegen.spaces import spaces_for
 from codegen.target import Target
 
@@ -574,7 +574,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         warmup: trials per strategy of a throwaway run on the replay oracle of the first task before the
             runs, so that no run's clock pays the one-off JAX compilations (descent, features, cost-model
             training) that every later run reuses (the first learned run's seconds otherwise read several
-            seconds high; 9 s on a 2-core machine with no compilation cache). ``None`` (the default):
+            seconds high: 8.6 s on a 2-core machine with no compilation cache, benchmarks/compare_warmup.py). ``None`` (the default):
             ``WARMUP_TRIALS`` for a measured comparison on a CPU, 0 for a replayed one or a simulated GPU
             (whose warm-up runs the GPU simulator without nvcc: ~45 s for 64 trials of two strategies on a
             2-core machine); 0: off. Nothing of it is stored; its wall seconds are ``Comparison.warmup_s``.
