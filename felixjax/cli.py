@@ -11,10 +11,11 @@ import argparse
 import contextlib
 import math
 import os
+import signal
 import sys
 import textwrap
+import threading
 
-from .report import text_table as _table
 
 EXAMPLES = {
     "tune": """examples:
@@ -281,7 +282,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             row.update(_against_onnxruntime(res, args.threads or target.cores))
         rows.append(row)
     if rows:
-        print("\n" + _table(rows))
+        from .report import text_table
+
+        print("\n" + text_table(rows))
         if any("felixjax_median_ms" in r for r in rows):
             print("felixjax_ms: the best kernel's time above; felixjax_median_ms and onnxruntime_ms: medians of the "
                   "two timed side by side just now (same threads, interleaved)")
@@ -502,10 +505,40 @@ def _input_value(text: str) -> tuple[str, list[float]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+@contextlib.contextmanager
+def _ctrl_c():
+    """Ctrl-C that is never lost: Python raises KeyboardInterrupt in whatever Python code runs when the
+    signal is handled, and where that is a garbage-collector callback (jax registers one) or a finalizer,
+    the exception is printed as "Exception ignored" and dropped, so a Ctrl-C while jax loads or collects
+    went unheeded (session 73: every one sent 0.6-1.0 s after `felixjax tune` started). A KeyboardInterrupt
+    dropped that way sends the signal again a moment later, to land in the command itself."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``felixjax`` command."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)  # the parser loads the suites (codegen): a moment to be interrupted in
+    except KeyboardInterrupt:
+        print("felixjax: interrupted", file=sys.stderr)
+        return 130
+    with _ctrl_c():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         _check_budgets(args)
         return COMMANDS[args.cmd](args)
