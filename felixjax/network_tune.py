@@ -133,12 +133,13 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
     sched = TaskScheduler(tasks, weights, alpha=alpha, beta=beta, window=window, seed=seed)
     info = [TaskTuning(r.task, w) for r, w in zip(runs, weights)]
     for i, (tr, tt) in enumerate(zip(runs, info)):  # resume: this run's records as rounds of `per_round`
-        tt.trials, best = len(tr.history), math.inf
+        tt.trials, best, busy = len(tr.history), math.inf, False
         for k, r in enumerate(tr.history):
             if r.ok:
                 best = min(best, r.latency_s)
+            busy = busy or r.status == "noisy"
             if (k + 1) % per_round == 0 or k == len(tr.history) - 1:
-                sched.record(i, best if math.isfinite(best) else None, 1)
+                sched.record(i, best if math.isfinite(best) else None, 1, disturbed=busy)
                 tt.rounds += 1
         tt.best = session.db.best(tr.task, session.target_key)
         if tt.best is not None:
@@ -156,7 +157,8 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         new = session.step(tr, per_round)
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
         tt.best = session.db.best(tr.task, session.target_key)
-        sched.record(i, tt.best.latency_s if tt.best is not None else None, len(new))
+        sched.record(i, tt.best.latency_s if tt.best is not None else None, len(new),
+                     disturbed=any(r.status == "noisy" for r in new))
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),

@@ -349,6 +349,17 @@ def test_scheduler_backward_window_and_similarity_groups():
         TaskScheduler([a], [1, 2])
 
 
+def test_scheduler_keeps_a_task_whose_kernels_were_timed_on_a_busy_machine():
+    # session 73: three rounds of `noisy` records (correct kernels, every timing disturbed) dropped a task
+    # as "no correct kernel" for the rest of the run and after resuming; a task with no correct kernel drops
+    a, b = matmul(64, 64, 64), matmul(128, 64, 32)
+    s = TaskScheduler([a, b], [1, 1], max_failed_rounds=3)
+    for _ in range(4):
+        s.record(0, None, 8, disturbed=True)
+        s.record(1, None, 8)
+    assert s.dead == {1}
+
+
 def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     proto = zoo.make_model("transformer_block", seq=8, dim=16, heads=2)
     model = load_onnx(proto)
