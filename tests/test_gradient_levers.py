@@ -391,3 +391,13 @@ def test_the_first_round_alternates_bred_and_descended_picks():
         assert g1.propose(run.ctx, 16) == g1._breeder[1].last_round["good"] and g1.last_round["bred"] == 16
     with pytest.raises(ValueError, match="breed_share"):
         GradientSearch(breed_share=1.5)
+
+
+@pytest.mark.parametrize("option, value", [("steps", 0), ("harvest_every", 0), ("starts", 0), ("batch_size", 0),
+                                           ("eps_greedy", -1), ("eps_greedy", 2), ("perturbed_share", 3),
+                                           ("lr", -1), ("temperature", 0), ("trust_weight", -1), ("steps", 2.5)])
+def test_out_of_range_options_are_refused_up_front(option, value):
+    # session 73: steps=0 failed later with an IndexError, harvest_every=0 with a range() message, and
+    # eps_greedy=2, lr=-1, temperature=0, ... were accepted (eps_greedy=-1 proposed twice the batch)
+    with pytest.raises(ValueError, match=option):
+        GradientSearch(**{option: value})

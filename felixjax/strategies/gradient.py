@@ -241,6 +241,18 @@ class GradientSearch:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
             raise ValueError(f"local_share must be in [0, 1] (got {local_share})")
+        for name, value in (("starts", starts), ("steps", steps), ("harvest_every", harvest_every),
+                            ("batch_size", batch_size), ("warmup_passes", warmup_passes)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        for name, value in (("eps_greedy", eps_greedy), ("perturbed_share", perturbed_share)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1] (got {value!r})")
+        for name, value in (("lr", lr), ("temperature", temperature)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 (got {value!r})")
+        if not trust_weight >= 0 or neighbours_of < 0:
+            raise ValueError(f"trust_weight and neighbours_of must be >= 0 (got {trust_weight!r}, {neighbours_of!r})")
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
