@@ -127,7 +127,13 @@ class OnlineCostModel:
             self.mlp = MLPCostModel(n_access, n_glob, hidden=hidden, seed=seed, config=cfg)
             self.pretrained = None
         else:
-            self.mlp = load_pretrained(pretrained) if isinstance(pretrained, (str, os.PathLike)) else pretrained
+            self.mlp = (load_pretrained(pretrained, widths=(n_access, n_glob))
+                        if isinstance(pretrained, (str, os.PathLike)) else pretrained)
+            if (self.mlp.n_access_features, self.mlp.n_glob_features) != (n_access, n_glob):
+                raise ValueError(f"the cost model {pretrained} takes {self.mlp.n_access_features} / "
+                                 f"{self.mlp.n_glob_features} access / global features; a {target.kind} target's "
+                                 f"are {n_access} / {n_glob} (a CPU checkpoint on a GPU, or the reverse): pretrain "
+                                 f"on records of this kind of target, or use cost_model='none'")
             self.mlp.config = cfg  # online fine-tuning, from the pretrained weights and standardization
             self.mlp._rng = np.random.default_rng(seed)
             self.pretrained = str(pretrained) if isinstance(pretrained, (str, os.PathLike)) else "object"
@@ -588,18 +594,21 @@ class Pessimistic:
         return self._base.apply(params["base"], features) - params["beta"] * std
 
 
-def load_pretrained(path: str | os.PathLike) -> MLPCostModel:
+def load_pretrained(path: str | os.PathLike, *, widths: tuple[int, int] | None = None) -> MLPCostModel:
     """The MLP of a checkpoint written by :func:`felixjax.pretrain.pretrain`, checked against this
-    feature set (a clear ``ValueError`` for a file that is not such a checkpoint); ``"packaged"`` is the
-    model shipped with felixjax (:data:`PACKAGED_MODEL`)."""
+    feature set (``widths``: access / global feature counts, default the CPU's; a clear ``ValueError``
+    for a file that is not such a checkpoint); ``"packaged"`` is the model shipped with felixjax
+    (:data:`PACKAGED_MODEL`)."""
     if str(path) == "packaged":
         path = PACKAGED_MODEL
     if not Path(path).exists():
         raise FileNotFoundError(f"no cost-model checkpoint at {path} (make one with `felixjax pretrain`)")
     model = MLPCostModel.load(path)
-    if (model.n_access_features, model.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
+    n_access, n_glob = widths or (N_ACCESS_FEATURES, N_GLOBAL_FEATURES)
+    if (model.n_access_features, model.n_glob_features) != (n_access, n_glob):
         raise ValueError(f"{path} was trained on {model.n_access_features} access / {model.n_glob_features} global "
-                         f"features; this felixjax computes {N_ACCESS_FEATURES} / {N_GLOBAL_FEATURES}: pretrain again")
+                         f"features; this felixjax computes {n_access} / {n_glob} for this target: pretrain again "
+                         f"(on records of this kind of target)")
     if not model.fitted:
         raise ValueError(f"{path} holds an untrained model")
     return model

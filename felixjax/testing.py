@@ -81,6 +81,9 @@ class SyntheticOracle:
     def __init__(self, task: Task, target: Target | None = None, *, seed: int = 0):
         self.task = task
         self.target = target or Target.cpu()
+        if self.target.is_gpu:
+            raise ValueError(f"the synthetic oracle models CPU sketches, not {self.target.kind} targets: replay a "
+                             "simulated GPU's own database, or tune it (its timings are simulated already)")
         # the exact sketches first (spaces[0] is the first), then the padded variants (codegen.padding)
         exact = [Space(task, sk, self.target) for sk in sketches_for(task)]
         self.spaces = exact + [Space(task, sk, self.target) for sk in sketches_for(task, self.target) if sk.pad]

@@ -216,3 +216,17 @@ def test_a_runner_is_not_used_on_gpu_targets_and_says_so(no_nvcc, monkeypatch, t
     assert cli(["tune", "--op", "matmul:m=16,n=16,k=16", "--target", "cuda-sim:a100", "--dask", "local", "--trials",
                 "2", "--strategy", "random", "--db", str(tmp_path / "d.db"), "--quiet"]) == 0
     assert "--dask is not used for cuda-sim:a100" in capsys.readouterr().err
+
+
+def test_the_synthetic_oracle_refuses_a_gpu_target():
+    # session 73: replay=True on a cuda-sim target ended in KeyError: 'cuda_tiled'
+    with pytest.raises(ValueError, match="synthetic oracle models CPU sketches"):
+        fj.compare(["matmul:m=32,n=32,k=32"], strategies="random", trials=2, seeds=1, replay=True,
+                   target=fj.Target.cuda_sim("a100"), db=None, progress=False)
+
+
+def test_a_cpu_checkpoint_on_a_gpu_target_is_one_clear_error(no_nvcc):
+    # session 73: the packaged (CPU) cost model on cuda-sim failed in the first round with a JAX broadcasting error
+    with pytest.raises(ValueError, match="features; this felixjax computes .* for this target"):
+        fj.tune(fj.ops.matmul(32, 32, 32), fj.Target.cuda_sim("a100"), strategy="gradient", trials=2, db=None,
+                progress=False, strategy_options={"cost_model": "packaged"})
