@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 
-
 EXAMPLES = {
     "tune": """examples:
   felixjax tune --op "matmul:m=512,n=512,k=512" --trials 64 --db runs.db
@@ -363,8 +362,9 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"trained on {len(rep['train_tasks'])} task(s), {rep['train_rows']} configs, in {rep['seconds']:.0f} s; "
           f"wrote {args.output} and {args.output}.json")
     if rep["skipped"]:
-        print(f"left out {len(rep['skipped'])} task(s) with fewer than {args.min_records} correctly measured configs "
-              f"(--min-records): " + ", ".join(f"{x['task']} ({x['configs']})" for x in rep["skipped"]))
+        print(f"left out {len(rep['skipped'])} task(s) (fewer than {args.min_records} correctly measured configs, "
+              f"--min-records, unless said otherwise): " + ", ".join(f"{x['task']} ({x['configs']} configs)"
+                                                                     for x in rep["skipped"]))
     if rep["heldout_tasks"]:
         print(f"held-out tasks ({len(rep['heldout_tasks'])}): within-task pairwise accuracy, MLP "
               f"{rep['heldout_mlp_pairwise']:.3f} vs roofline prior {rep['heldout_prior_pairwise']:.3f}")

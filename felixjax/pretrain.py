@@ -20,7 +20,10 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +62,10 @@ class PretrainData:
 
 def split_tasks(tasks: Sequence[str], *, holdout: float, seed: int) -> tuple[list[str], list[str]]:
     """(training tasks, held-out tasks): a seeded share ``holdout`` of whole tasks, at least one
-    held out when there are three or more, none with fewer."""
+    held out when there are three or more, none with fewer, and never all of them."""
     order = [tasks[i] for i in np.random.default_rng(seed).permutation(len(tasks))]
     n_out = max(1, int(round(holdout * len(tasks)))) if len(tasks) >= 3 and holdout > 0 else 0
+    n_out = min(n_out, len(tasks) - 1)  # at least one task to train on (0.95 of 6 tasks held out all 6)
     return order[n_out:], order[:n_out]
 
 
@@ -86,23 +90,34 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
 
     from .database import Database
 
-    excluded = set(exclude)
+    excluded, seen_names = set(exclude), set()
     per_task: dict[tuple, dict] = {}  # (task key, target key) -> {config: record}: one group per task and machine
     meta: dict[tuple, tuple] = {}
     for path in dbs:
         if not Path(path).exists():
             raise FileNotFoundError(f"no tuning database at {path}")
-        if str(path).endswith(".jsonl.gz"):  # a dataset file (the packaged one's format): loaded into a temporary database
-            path, _ = packaged_database(path)
-        with Database(path, readonly=True) as db:
-            for task, target_key in db.tasks():
-                if task.name in excluded:
-                    continue
-                best = per_task.setdefault((task.key, target_key), {})
-                for r in db.records(task=task, target=target_key):
-                    if r.ok and (r.config not in best or r.latency_s < best[r.config].latency_s):
-                        best[r.config] = r
-                meta.setdefault((task.key, target_key), (task, target_key))
+        temporary = None
+        try:
+            if str(path).endswith((".jsonl.gz", ".jsonl")):  # a dataset file (the packaged one's format, export_jsonl's)
+                temporary = tempfile.mkdtemp(prefix="fj_pretrain_")
+                path, _ = packaged_database(path, os.path.join(temporary, "records.db"))
+            with Database(path, readonly=True) as db:
+                for task, target_key in db.tasks():
+                    seen_names.add(task.name)
+                    if task.name in excluded:
+                        continue
+                    best = per_task.setdefault((task.key, target_key), {})
+                    for r in db.records(task=task, target=target_key):
+                        if r.ok and (r.config not in best or r.latency_s < best[r.config].latency_s):
+                            best[r.config] = r
+                    meta.setdefault((task.key, target_key), (task, target_key))
+        finally:
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+    unmatched = sorted(excluded - seen_names)
+    if unmatched and progress:  # a mistyped name leaves the task it meant in the training data
+        print(f"[pretrain] warning: --exclude names no task in the databases: {', '.join(unmatched)}", file=sys.stderr,
+              flush=True)
     feats, lats, groups, priors, names, skipped = [], [], [], [], [], []
     for key in sorted(per_task, key=lambda k: (meta[k][0].name, k)):
         recs = list(per_task[key].values())
@@ -115,6 +130,12 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
                 spaces[sketch] = Space(task, sketch, target)
             except (KeyError, ValueError):  # a sketch this version no longer has: its records are left out
                 pass
+        if target.is_gpu:  # its records' features are the GPU set: a CPU checkpoint cannot learn from them
+            skipped.append((f"{name} ({target.kind}: pretraining learns CPU records only)", len(recs)))
+            if progress:
+                print(f"[pretrain] {name}: {len(recs)} configs on a {target.kind} target: skipped (pretraining learns "
+                      "CPU records only)", file=sys.stderr, flush=True)
+            continue
         recs = [r for r in recs if r.config.sketch in spaces]
         if len(recs) < min_records:
             skipped.append((name, len(recs)))
@@ -210,8 +231,19 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
               "heldout": per_task, "seconds": time.perf_counter() - t0}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
-    Path(str(out) + ".json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    # strict JSON: a mean over no held-out task is NaN in the returned report, null in the file
+    Path(str(out) + ".json").write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
     return report
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
 
 
 PACKAGED = Path(__file__).resolve().parent / "data" / "pretrain_cpu.jsonl.gz"
@@ -254,16 +286,24 @@ def packaged_database(path: str | os.PathLike | None = None, db: str | os.PathLi
     out = str(db) if db is not None else os.path.join(tempfile.mkdtemp(), "pretrain.db")
     prov: dict = {}
     store = Database(out)
+    n = 0
     try:
-        with gzip.open(src, "rt") as f:
-            for line in f:
+        with (gzip.open(src, "rt") if src.suffix == ".gz" else open(src)) as f:
+            for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                row = json.loads(line)
-                if "provenance" in row:
-                    prov = row["provenance"]
-                    continue
-                store.add(TuningRecord.from_json(row))
+                try:
+                    row = json.loads(line)
+                    if "provenance" in row:
+                        prov = row["provenance"]
+                        continue
+                    rec = TuningRecord.from_json(row)
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    raise ValueError(f"{src}, line {n}: not a tuning record ({type(e).__name__}: {e})") from None
+                store.add(rec)
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or non-gzip file named .gz, binary data
+        raise ValueError(f"{src}: not a readable {'gzip-compressed ' if src.suffix == '.gz' else ''}JSON-lines "
+                         f"dataset (line {n + 1}: {type(e).__name__}: {e})") from None
     finally:
         store.close()
     return out, prov

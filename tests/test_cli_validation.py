@@ -215,11 +215,10 @@ def test_a_ctrl_c_swallowed_by_a_finalizer_is_sent_again():
 
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with cli_mod._ctrl_c():
-                sys.unraisablehook(types.SimpleNamespace(exc_type=KeyboardInterrupt, exc_value=KeyboardInterrupt(),
-                                                         exc_traceback=None, err_msg=None, object=None))
-                time.sleep(5)  # the signal sent again lands here
+        with pytest.raises(KeyboardInterrupt), cli_mod._ctrl_c():
+            sys.unraisablehook(types.SimpleNamespace(exc_type=KeyboardInterrupt, exc_value=KeyboardInterrupt(),
+                                                     exc_traceback=None, err_msg=None, object=None))
+            time.sleep(5)  # the signal sent again lands here
     finally:
         signal.signal(signal.SIGINT, old)
 

@@ -109,6 +109,44 @@ def test_pretrain_reads_dataset_files(tmp_path):
     assert data.tasks == (task.name,) and len(data) >= 12
 
 
+
+def test_damaged_or_plain_dataset_files(tmp_path, capsys):
+    # session 73: a bad line, a truncated gzip or a plain file named .gz were tracebacks (KeyError, EOFError,
+    # BadGzipFile); a plain .jsonl (what Database.export_jsonl writes) was "not an SQLite file"; every read
+    # left a temporary database copy behind
+    import os
+    import tempfile
+
+    task = parse_spec(SHAPES[-1])
+    target = fj.Target.cpu()
+    cfg = next(iter(spaces_for(task, target).values())).default()
+    good = json.dumps(TuningRecord(task, target.key, "r:0", 0, cfg, MeasureResult("ok", (1e-4,)), 1.0).to_json())
+    bad = tmp_path / "bad.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write(good + "\n" + good.replace('"task"', '"tsak"') + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz, line 2: not a tuning record \(KeyError"):
+        load_dataset([bad], min_records=1)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(((good + "\n") * 50).encode())[:-20])
+    with pytest.raises(ValueError, match="not a readable gzip-compressed JSON-lines dataset"):
+        load_dataset([cut], min_records=1)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(good + "\n")
+    before = set(os.listdir(tempfile.gettempdir()))
+    assert load_dataset([plain], min_records=1).tasks == (task.name,)
+    assert not {f for f in set(os.listdir(tempfile.gettempdir())) - before if f.startswith("fj_pretrain_")}
+    # a mistyped --exclude is said (the task it meant stays in the training data)
+    load_dataset([plain], min_records=1, exclude=["no_such_task"], progress=True)
+    assert "--exclude names no task in the databases: no_such_task" in capsys.readouterr().err
+
+
+def test_a_holdout_share_never_holds_out_every_task():
+    from felixjax.pretrain import split_tasks
+
+    train, held = split_tasks([f"t{i}" for i in range(6)], holdout=0.95, seed=0)  # was: all 6 held out, a crash
+    assert len(train) == 1 and len(held) == 5
+
+
 def test_the_packaged_ensemble_loads_and_its_members_disagree_off_the_data():
     """The shipped ensemble (``pessimism``'s uncertainty) matches this feature set, its members rank
     held-out tasks above the prior (its own transfer check), and they agree more on configs of
