@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--trials", type=int, default=256,
                    help="measurement budget per operator, or in total over a model's tasks (default 256; "
                         "a model with 0: only re-time its best records beside the current default schedules)")
-    t.add_argument("--seconds", type=float, default=None, help="wall-clock budget per operator")
+    t.add_argument("--seconds", type=float, default=None,
+                   help="wall-clock budget per operator, or in total over a model's tasks (whichever of --trials and "
+                        "--seconds ends first)")
     t.add_argument("--strategy", default=None, help="gradient | genetic | random (default gradient)")
     t.add_argument("--db", default="runs.db", help="SQLite database of measurements (default runs.db)")
     t.add_argument("--seed", type=int, default=0)
@@ -451,10 +453,13 @@ def _check_budgets(args: argparse.Namespace) -> None:
     """Budgets and thread counts that would run nothing, or forever, are user errors."""
     for name in ("trials", "seeds", "threads"):
         v = getattr(args, name, None)
-        if name == "trials" and v == 0 and args.cmd == "tune" and getattr(args, "model", None):
+        model = name == "trials" and args.cmd == "tune" and getattr(args, "model", None)
+        if model and v == 0:
             continue  # a model's re-timing only: tune_model(trials=0)
         if v is not None and v < 1:
-            raise UserError(f"--{name} must be >= 1 (got {v})")
+            raise UserError(f"--{name} must be >= {0 if model else 1} (got {v})")
+    if getattr(args, "in_network", 0) < 0:
+        raise UserError(f"--in-network must be >= 0 (got {args.in_network}; 0: off)")
     v = getattr(args, "seconds", None)
     if v is not None and not (v > 0 and math.isfinite(v)):
         raise UserError(f"--seconds must be a positive number of seconds (got {v:g})")

@@ -64,6 +64,10 @@ def test_build_threads(tmp_path, capsys):
     (tmp_path / "f").write_text("mine")  # session 72: -o naming a file was a bare "[Errno 17] File exists"
     one_line_exit_2(["build", str(model), "-o", str(tmp_path / "f")], capsys, "a file is there; give a folder")
     assert (tmp_path / "f").read_text() == "mine"
+    # session 73: a model's --trials may be 0 (re-time only), and the message said ">= 1"; --in-network -1 passed
+    one_line_exit_2(["tune", str(model), "--db", str(tmp_path / "t.db"), "--trials", "-1"], capsys, "must be >= 0")
+    one_line_exit_2(["tune", str(model), "--db", str(tmp_path / "t.db"), "--in-network", "-1"], capsys,
+                    "--in-network must be >= 0")
 
 
 def test_tune_summary_ms_keeps_tiny_kernels_readable():
