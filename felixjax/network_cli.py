@@ -1,8 +1,11 @@
 """Command-line glue of the whole-network commands (``felixjax tune model.onnx``, ``felixjax build``)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,18 +20,52 @@ from .ort_compare import compare_onnxruntime
 
 def _load(args: Any, target: Target):
     """The model of a tune / build command, in its ``--layout`` (``auto``: :func:`choose_layout` measures
-    NCHW, NCHW8c and a per-conv mix with default schedules and says which it keeps)."""
+    NCHW, NCHW8c and a per-conv mix with default schedules and says which it keeps; ``tune`` stores the
+    choice in its database, and a later ``--layout auto`` with that database builds in it again rather
+    than choosing anew by timing, which could pick a layout whose tasks were never tuned)."""
     options = {"input_shapes": dict(getattr(args, "input_shape", None) or []) or None,
                "input_values": dict(getattr(args, "input_value", None) or []) or None}
     layout = getattr(args, "layout", "nchw")
     if layout == "auto":
-        layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
-        if times:
-            kept = layout if isinstance(layout, str) else (
-                f"mixed ({sum(v == 'nchw' for v in layout.values())} convs NCHW: {', '.join(sorted(layout))})")
-            print("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items())
-                  + f" (default schedules): {kept}")
+        key, db = _layout_key(args.model, options), getattr(args, "db", None)
+        stored = _stored_layout(db, key)
+        if stored is not None:
+            layout = stored
+            print(f"layout: {_describe(layout)} (chosen when {db} was tuned with --layout auto)")
+        else:
+            layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
+            if times:
+                print("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items())
+                      + f" (default schedules): {_describe(layout)}")
+            if getattr(args, "cmd", None) == "tune" and db:
+                from .database import Database
+
+                with Database(db) as d:
+                    d.set_meta(key, json.dumps(layout, sort_keys=True))
     return load_onnx(args.model, layout=layout, **options)
+
+
+def _describe(layout: str | dict) -> str:
+    return layout if isinstance(layout, str) else (
+        f"per conv ({sum(v == 'nchw' for v in layout.values())} of {len(layout)} convs NCHW: "
+        f"{', '.join(sorted(k for k, v in layout.items() if v == 'nchw'))})")
+
+
+def _layout_key(model: str, options: dict) -> str:
+    """The database key of a model's ``--layout auto`` choice: its bytes and import options."""
+    digest = hashlib.sha256(Path(model).read_bytes())
+    digest.update(json.dumps(options, sort_keys=True, default=str).encode())
+    return "layout:" + digest.hexdigest()[:24]
+
+
+def _stored_layout(db: str | None, key: str) -> str | dict | None:
+    if not db or not Path(db).exists():
+        return None
+    from .database import Database
+
+    with Database(db, readonly=True) as d:
+        value = d.get_meta(key)
+    return None if value is None else json.loads(value)
 
 
 def tune_model_cli(args: Any, target: Target) -> int:

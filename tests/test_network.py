@@ -538,3 +538,32 @@ def test_a_tuned_record_never_measured_against_the_current_default_is_stale_unti
         exe = build_model(model, target, db=db, threads=1)
     sched = next(s for s in exe.schedules if s.task == task)
     assert not sched.stale and sched.config == best.config
+
+
+def test_layout_auto_is_chosen_once_by_tune_and_built_again_from_the_database(tmp_path, monkeypatch, capsys):
+    # session 73: `--layout auto` timed the layouts again in every command, so `build` could pick a layout whose
+    # tasks the tuning run never measured (a ResNet-18 tuned mixed was built plain NCHW, then another mix)
+    import argparse
+
+    from felixjax import network_cli
+
+    path = tmp_path / "tb.onnx"
+    onnx.save(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), str(path))
+    picks = iter([{"conv_a": "nchw", "conv_b": "nchwc"}, "nchwc"])
+    calls = []
+
+    def timed(model, target, **kw):
+        calls.append(model)
+        return next(picks), {"nchw": 1e-3, "nchwc": 2e-3}
+
+    monkeypatch.setattr(network_cli, "choose_layout", timed)
+    monkeypatch.setattr(network_cli, "load_onnx", lambda model, layout, **kw: layout)
+    db = str(tmp_path / "r.db")
+    args = argparse.Namespace(model=str(path), layout="auto", db=db, cmd="tune", input_shape=[], input_value=[])
+    first = network_cli._load(args, fj.Target.cpu())
+    again = network_cli._load(argparse.Namespace(**{**vars(args), "cmd": "build"}), fj.Target.cpu())
+    assert first == again == {"conv_a": "nchw", "conv_b": "nchwc"} and len(calls) == 1
+    assert "chosen when" in capsys.readouterr().out
+    # another database, or none: chosen by timing
+    assert network_cli._load(argparse.Namespace(**{**vars(args), "cmd": "build", "db": None}),
+                             fj.Target.cpu()) == "nchwc" and len(calls) == 2
