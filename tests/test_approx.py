@@ -178,6 +178,8 @@ def test_accuracy_of_a_graph_pinned_to_batch_2_scores_each_image():
         quality.check_data(x, truth[:, 0], (2, 1, 4, 4), (2, 10), "accuracy")
     xs, ys = quality.check_data(x, truth, (2, 1, 4, 4), (2, 10), "accuracy")
     assert xs.shape == (8, 2, 1, 4, 4) and ys.shape == (8, 2)
+    x1 = x[:, :1]  # (N, 1, 1, 4, 4): samples with the batch axis of 1, as the docstring allows
+    assert quality.check_data(x1, truth[:, 0], (1, 1, 4, 4), (1, 10), "accuracy")[0].shape == (8, 1, 1, 4, 4)
     with pytest.raises(ValueError, match=r"data x has shape \(8, 4, 4\)"):  # the shape as given, not reshaped
         quality.check_data(x[:, 0, 0], truth[:, 0], (1, 1, 4, 4), (1, 10), "accuracy")
 

@@ -80,6 +80,8 @@ def check_data(x: Any, y: Any, input_shape: Sequence[int], output_shape: Sequenc
     sample = tuple(input_shape[1:]) if input_shape and input_shape[0] == 1 else tuple(input_shape)
     if x.ndim == len(sample):
         x = x[None]
+    elif x.ndim == len(sample) + 2 and len(sample) < len(input_shape) and x.shape[1] == 1:
+        x = x[:, 0]  # (N, 1, ...): each sample with the graph's batch axis of 1
     if x.ndim != len(sample) + 1 or tuple(x.shape[1:]) != sample or len(x) == 0:
         raise ValueError(f"data x has shape {given}; the model takes samples of shape {sample}, so x must be "
                          f"(N, {', '.join(map(str, sample))})")
