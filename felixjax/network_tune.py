@@ -4,6 +4,7 @@ gradient task scheduler (:func:`scheduled_rounds`, :class:`NetworkTuneResult`); 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -120,6 +121,26 @@ def _round_progress(p: dict) -> None:
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
 
 
+def round_best(records) -> float | None:
+    """What the task scheduler is told a task's best is: its fastest correct record, else the fastest
+    timing of a correct kernel timed only on a busy machine (a ``noisy`` record: an upper bound on its
+    latency), else ``None`` (no correct kernel: after a few such rounds the task drops out). Session 73:
+    a task whose records were all ``noisy`` was dropped as having no correct kernel, also after resuming.
+
+    Example:
+        >>> from codegen.measure import MeasureResult
+        >>> from types import SimpleNamespace as R
+        >>> round_best([R(result=MeasureResult("noisy", (3e-3, 2e-3, 4e-3)))])
+        0.003
+    """
+    ok = [r.result.latency_s for r in records if r.result.ok]
+    if ok:
+        return min(ok)
+    bounds = [statistics.median(r.result.latencies) for r in records
+              if r.result.status == "noisy" and r.result.latencies]
+    return min(bounds) if bounds else None
+
+
 def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[int], *, per_round: int,
                      alpha: float = 0.2, beta: float = 2.0, window: int = 3, seed: int = 0,
                      show: Callable[[dict], None] | None = None) -> tuple[list[TaskTuning], list[dict]]:
@@ -133,13 +154,10 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
     sched = TaskScheduler(tasks, weights, alpha=alpha, beta=beta, window=window, seed=seed)
     info = [TaskTuning(r.task, w) for r, w in zip(runs, weights)]
     for i, (tr, tt) in enumerate(zip(runs, info)):  # resume: this run's records as rounds of `per_round`
-        tt.trials, best, busy = len(tr.history), math.inf, False
-        for k, r in enumerate(tr.history):
-            if r.ok:
-                best = min(best, r.latency_s)
-            busy = busy or r.status == "noisy"
+        tt.trials = len(tr.history)
+        for k in range(len(tr.history)):
             if (k + 1) % per_round == 0 or k == len(tr.history) - 1:
-                sched.record(i, best if math.isfinite(best) else None, 1, disturbed=busy)
+                sched.record(i, round_best(tr.history[:k + 1]), 1)
                 tt.rounds += 1
         tt.best = session.db.best(tr.task, session.target_key)
         if tt.best is not None:
@@ -157,8 +175,7 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         new = session.step(tr, per_round)
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
         tt.best = session.db.best(tr.task, session.target_key)
-        sched.record(i, tt.best.latency_s if tt.best is not None else None, len(new),
-                     disturbed=any(r.status == "noisy" for r in new))
+        sched.record(i, tt.best.latency_s if tt.best is not None else round_best(tr.history), len(new))
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),

@@ -36,8 +36,8 @@ class TaskScheduler:
     expected reduction of ``sum_i w_i g_i``); ``record(i, best_latency_s, new_trials)`` reports a round.
     A task drops out when a round adds no trial (its space is exhausted) or after ``max_failed_rounds``
     rounds without any correct kernel (Ansor would give such a task, "infinitely slow", every round); a
-    round whose kernels were correct but timed only while the machine was busy (``disturbed``: their
-    records ``noisy``) is not such a round.
+    correct kernel timed only on a busy machine (a ``noisy`` record) reports its timing as an upper bound
+    (:func:`felixjax.network_tune.round_best`), so its task stays in, priced at that bound.
 
     Example:
         >>> from codegen.ops import matmul
@@ -63,7 +63,6 @@ class TaskScheduler:
         self.rounds = [0] * n
         self.history: list[list[float]] = [[] for _ in range(n)]
         self.dead: set[int] = set()
-        self.disturbed = [False] * n  # some round's kernels were correct but timed on a busy machine only
         self.flops = [float(t.flops) for t in tasks]
         self.tags: list[str | None] = [similarity_tag(t) for t in tasks]
         self.groups: dict[str, list[int]] = {}
@@ -109,16 +108,13 @@ class TaskScheduler:
             return alive[int(self.rng.integers(len(alive)))]
         return alive[int(np.argmin(vals))]
 
-    def record(self, i: int, best_latency_s: float | None, new_trials: int, *, disturbed: bool = False) -> None:
-        """Report one round of task ``i``: its best latency so far, how many trials the round added, and
-        whether any of them was a correct kernel timed only on a busy machine (a ``noisy`` record)."""
+    def record(self, i: int, best_latency_s: float | None, new_trials: int) -> None:
+        """Report one round of task ``i``: its best latency so far and how many trials the round added."""
         if best_latency_s is not None and math.isfinite(best_latency_s):
             self.best[i] = min(self.best[i], float(best_latency_s))
         self.rounds[i] += 1
         self.history[i].append(self.best[i])
-        self.disturbed[i] = self.disturbed[i] or disturbed
-        failed = self.best[i] >= NO_LATENCY and not self.disturbed[i]  # no correct kernel, not a busy machine
-        if new_trials <= 0 or (failed and self.rounds[i] >= self.max_failed_rounds):
+        if new_trials <= 0 or (self.best[i] >= NO_LATENCY and self.rounds[i] >= self.max_failed_rounds):
             self.dead.add(i)  # exhausted, or no correct kernel at all: spend the budget elsewhere
         self._adjust_group(i)
 
