@@ -82,7 +82,14 @@ class MeasureLock:
                 got.set()
 
         threading.Thread(target=wait, name="felixjax-measure-lock", daemon=True).start()
-        got.wait(timeout_s)
+        try:
+            got.wait(timeout_s)
+        except BaseException:  # interrupted while waiting (Ctrl-C, a test's time limit): never keep it afterwards
+            with mu:
+                if got.is_set() and not state["abandoned"]:
+                    os.close(fd)  # the helper took it just now: give it back
+                state["abandoned"] = True  # else the helper closes fd if it ever gets the lock
+            raise
         with mu:
             if got.is_set() and not state["abandoned"]:
                 return self._held(fd)

@@ -153,6 +153,36 @@ def test_lock_waiter_gets_it_when_released(private_lock_dir):
     assert ok == "True" and 0.3 < float(waited) < 30
 
 
+def test_a_waiter_interrupted_while_waiting_never_keeps_the_lock(private_lock_dir):
+    # session 73: an exception raised in acquire()'s wait (Ctrl-C, the README test's time limit) left its helper
+    # thread to take the lock when the holder let go, and nothing released it: every later measurement of every
+    # process on the machine waited behind it (the README and notebook tests deadlocked under load)
+    import signal
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    a = MeasureLock("unit")
+    assert a.acquire(0.1)
+    b = MeasureLock("unit", timeout_s=30.0)
+    old = signal.signal(signal.SIGALRM, stop)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Stop):
+            b.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    a.release()
+    time.sleep(0.3)  # the interrupted waiter's helper thread takes the lock now, and must give it back
+    c = MeasureLock("unit", timeout_s=2.0)
+    assert c.acquire() and c.describe_holder() == f"process {os.getpid()}"
+    c.release()
+
+
 @pytest.mark.cc
 def test_lock_timeout_measures_but_records_noisy(tmp_path):
     good = build(VADD_BODY + TIMING_HARNESS_C, cache_dir=tmp_path / "build")
