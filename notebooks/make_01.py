@@ -36,9 +36,10 @@ print(target.name, f"{target.cores} cores, {target.simd_lanes} fp32 lanes, L1d {
 
 A *sketch* fixes the loop structure and data layouts; a `Config` holds its integer knobs: tile sizes
 per axis (4 spatial levels, 2 reduction levels, loop order `S0 S1 R0 S2 R1 S3`), how many outer loops
-are fused into the OpenMP parallel loop, the SIMD width and the unroll factor. Convolutions have two
-sketches: direct NCHW (vectorized along the output width) and spatial pack (NCHW[x]c, vectorized along
-output channels)."""),
+are fused into the OpenMP parallel loop, the SIMD width and the unroll factor. Convolutions have several
+sketches: direct NCHW (vectorized along the output width), spatial pack (NCHW[x]c, vectorized along
+output channels), and for 3x3 stride-1 convolutions Winograd F(2x2, 3x3) and F(4x4, 3x3) (padded
+variants of awkward extents join them when tuning; `codegen.space.default_sketch` picks the untuned one)."""),
     ("code", """spaces = {sk.name: fj.Space(task, sk, target) for sk in fj.sketches_for(task)}
 rng = np.random.default_rng(0)
 for name, space in spaces.items():
