@@ -139,15 +139,18 @@ class Contender:
         return f"{type(self).__name__}({self.task.name}, threads={self.threads})"
 
 
-def _aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:
+def _aligned_empty(shape: tuple[int, ...], align: int = 64, dtype=np.float32) -> np.ndarray:
+    dtype = np.dtype(dtype)
     n = max(1, math.prod(shape))
-    raw = np.empty(n + align // 4, dtype=np.float32)
-    skip = (-raw.ctypes.data % align) // 4
-    return raw[skip: skip + n][: math.prod(shape)].reshape(shape)
+    raw = np.empty((n + align) * dtype.itemsize, dtype=np.uint8)
+    skip = -raw.ctypes.data % align
+    return raw[skip: skip + n * dtype.itemsize].view(dtype)[: math.prod(shape)].reshape(shape)
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:
-    out = _aligned_empty(a.shape)
+    """A 64-byte aligned copy of ``a`` in its own dtype (an int8 kernel reads uint8 data, int8 weights,
+    int32 zero points; a float16 one float16: session 73, every one was copied as float32)."""
+    out = _aligned_empty(a.shape, dtype=a.dtype)
     out[...] = a
     return out
 
@@ -541,7 +544,7 @@ class KernelContender(Contender):
         lib = load_kernel_library(lib_path)
         self._lib = lib
         self._bufs = [_aligned_copy(a) for a in plan.kernel_inputs(list(arrays))]
-        self._out = _aligned_empty(task.output_shape)
+        self._out = _aligned_empty(task.output_shape, dtype=plan.arg_dtypes()[-1])  # float16 / int8 outputs too
         self._ws = _aligned_empty((max(int(plan.workspace), 1),))
         self._bufs += [self._out, self._ws]
         self._ptrs = (ctypes.c_void_p * len(self._bufs))(*[b.ctypes.data for b in self._bufs])

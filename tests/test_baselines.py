@@ -64,6 +64,23 @@ def test_our_kernel_contender(name, inputs):
     c.check(run=False)
 
 
+@pytest.mark.cc
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("task", [conv2d(1, 5, 9, 11, out_channels=7, kernel=3, stride=2, padding=1, bias=True,
+                                         act="relu6", dtype="int8"),
+                                  matmul(4, 16, 8, dtype="float16"),
+                                  dense(2, 32, 16, dtype="int8", out_dtype="int8")])
+def test_low_precision_kernel_contenders_get_their_own_dtypes(task):
+    # session 73: every contender buffer was float32, so an int8 / float16 kernel read float32 bytes as its own
+    # type and `felixjax tune --op ...dtype=int8` reported a correct kernel as a wrong result
+    target = Target.cpu()
+    arrays = task.random_inputs(seed=0)
+    for sketch in sketches_for(task, target):
+        c = baselines.kernel_contender(task, Space(task, sketch, target).default(), arrays, threads=1, target=target)
+        c.check()
+        assert c.output().dtype == c.plan.arg_dtypes()[-1]
+
+
 def test_wrong_output_is_caught(inputs):
     pytest.importorskip("onnxruntime")
     arrays, expected = inputs["matmul"]
