@@ -3,7 +3,6 @@ gradient task scheduler (:func:`scheduled_rounds`, :class:`NetworkTuneResult`); 
 :func:`felixjax.pipeline.tune_model`."""
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
