@@ -150,6 +150,18 @@ class TuningRecord:
                             float(d.get("elapsed_s", 0.0)), d.get("target") or {}, info=d.get("info") or {})
 
 
+def finite_json(v):
+    """``v`` (dicts, lists, tuples, scalars) with every non-finite float as None: what strict JSON holds
+    of a figure that was not measured (a NaN mean over nothing, an inf latency)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_json(x) for x in v]
+    return v
+
+
 def _target_key(target: Target | str) -> str:
     return target if isinstance(target, str) else target.key
 

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -33,6 +32,7 @@ import numpy as np
 
 from costmodels import Features
 
+from .database import finite_json
 from .model import CostModelScorer, load_pretrained  # noqa: F401  (load_pretrained: public here too)
 
 
@@ -232,18 +232,8 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
     # strict JSON: a mean over no held-out task is NaN in the returned report, null in the file
-    Path(str(out) + ".json").write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    Path(str(out) + ".json").write_text(json.dumps(finite_json(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
     return report
-
-
-def _json_safe(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
 
 
 PACKAGED = Path(__file__).resolve().parent / "data" / "pretrain_cpu.jsonl.gz"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import Any, Callable
@@ -126,14 +125,11 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
 
 
 def _finite(v: Any) -> Any:
-    """``v`` with every non-finite float (a point whose time was not measured) as None."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
+    """``v`` with every non-finite float (a point whose time was not measured) as None (strict JSON)."""
+    # imported here, not with the module: the CLI's parser loads this module on every command
+    from ..database import finite_json
+
+    return finite_json(v)
 
 
 def precisions_of(args: Any) -> tuple[str, ...]:
