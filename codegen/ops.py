@@ -500,7 +500,13 @@ class Task:
         return [out[n] for n in self.input_names()]
 
     def _check_quant(self, named: dict[str, np.ndarray]) -> None:
-        """Clear errors for unusable quantization parameters."""
+        """Clear errors for unusable quantization parameters and out-of-range weights."""
+        self.check_quant_params(named)
+        check_weight_range(self, named["weight"])
+
+    def check_quant_params(self, named: dict[str, np.ndarray]) -> None:
+        """Clear errors for unusable quantization parameters (scales finite and > 0, zero points in
+        the data's range): the same checks in :meth:`reference` and in a built kernel's call."""
         for n in ("x_scale", "w_scales", "y_scale"):
             if n in named:
                 v = np.asarray(named[n], dtype=np.float64)
@@ -512,7 +518,6 @@ class Task:
             raise ValueError(f"{self.name}: x_zp={zp} is outside the data range [{lo}, {hi}]")
         if "y_zp" in named and not -128 <= int(np.asarray(named["y_zp"]).ravel()[0]) <= 127:
             raise ValueError(f"{self.name}: y_zp must be in [-128, 127]")
-        check_weight_range(self, named["weight"])
 
     def reference(self, *arrays: np.ndarray, limits: "_limits.Limits | dict | None" = None) -> np.ndarray:
         """Numpy reference output (computed in float64, returned as float32).

@@ -26,6 +26,10 @@ import numpy as np
 from . import fastcall
 from .lower import Plan
 from .measure import load_kernel_library
+from .ops import check_weight_range
+
+#: an int8 task's quantization parameters among its inputs (checked by value when they change)
+_QUANT_NAMES = ("x_scale", "x_zp", "w_scales", "y_scale", "y_zp")
 
 
 class Kernel:
@@ -88,6 +92,29 @@ class Kernel:
         self._fast = fastcall.load()  # the one-C-call path, or None (ctypes)
         self._fn_addr = ctypes.cast(self._fn, ctypes.c_void_p).value
         self._ptrs_addr = ctypes.addressof(self._ptrs)
+        self._task = task
+        # int8: (position, name) of each quantization parameter, and the bytes of the last ones checked
+        self._quant_at = tuple((i, n) for i, n in enumerate(task.input_names()) if n in _QUANT_NAMES) \
+            if task.quantized else ()
+        self._quant_seen: tuple | None = None
+
+    def _check_quant(self, arrays, skip: int = 0) -> None:
+        """An int8 kernel's scales and zero points checked as ``task.reference`` checks them (a scale that
+        is NaN or <= 0, a zero point outside the data's range: a ValueError, not numbers computed from
+        them). The dtype and bytes of the last ones checked are kept, so a call with the same values costs
+        a byte comparison per parameter (about a microsecond in all). ``arrays`` are the API inputs from
+        position ``skip`` on."""
+        seen = self._quant_seen
+        if seen is not None:
+            for (i, _), (dt, raw) in zip(self._quant_at, seen):
+                v = arrays[i - skip]
+                if type(v) is not _ndarray or v.dtype != dt or v.tobytes() != raw:
+                    break
+            else:
+                return
+        vals = [np.asarray(arrays[i - skip]) for i, _ in self._quant_at]
+        self._task.check_quant_params({n: v for (_, n), v in zip(self._quant_at, vals)})
+        self._quant_seen = tuple((v.dtype, v.tobytes()) for v in vals)
 
     def __repr__(self) -> str:
         return f"Kernel({self._name}, {self.plan.config.sketch})"
@@ -104,7 +131,9 @@ class Kernel:
         if cached is not None and cached[0] is w and _same_bytes(cached[1], w):
             return cached[2]
         copy = np.array(w, copy=True, order="C")
-        packed = self.plan.pack_weight(_exact(copy, self._dts[1], self._name, 1))
+        exact = _exact(copy, self._dts[1], self._name, 1)
+        check_weight_range(self._task, exact)
+        packed = self.plan.pack_weight(exact)
         # (weights seen, their copy, packed, the copy's address and size (ctypes; ints), packed's address):
         # the fast paths' check
         self._packed = (w, copy, packed, ctypes.c_void_p(copy.ctypes.data), ctypes.c_size_t(copy.nbytes),
@@ -120,6 +149,8 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        if self._quant_at and len(arrays) == self._n:
+            self._check_quant(arrays)
         fc = self._fast
         if fc is not None and len(arrays) == self._n and _shapes_ok(arrays, self._sig):
             cached, w = self._packed, arrays[1]
@@ -157,7 +188,9 @@ class Kernel:
         """Pack ``weights`` once (a private copy) and return ``f(data, *rest) -> output``."""
         if np.shape(weights) != self._shapes[1]:
             raise ValueError(f"{self._name}: weights have shape {np.shape(weights)}, expected {self._shapes[1]}")
-        return BoundKernel(self, self.plan.pack_weight(_exact(np.array(weights, copy=True), self._dts[1], self._name, 1)))
+        exact = _exact(np.array(weights, copy=True), self._dts[1], self._name, 1)
+        check_weight_range(self._task, exact)
+        return BoundKernel(self, self.plan.pack_weight(exact))
 
 
 class BoundKernel:
@@ -177,8 +210,11 @@ class BoundKernel:
         self._rest_slots, self._n_rest = tuple(range(2, n)), n - 2
         self._fn, self._out_shape, self._out_dt = kernel._fn, kernel._out_shape, kernel._dts[-1]
         self._fast, self._fn_addr, self._ptrs_addr = kernel._fast, kernel._fn_addr, ctypes.addressof(self._ptrs)
+        self._quant = bool(kernel._quant_at)
 
     def __call__(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+        if self._quant and len(rest) == self._n_rest:
+            self.kernel._check_quant(rest, skip=2)
         ptrs, fc = self._ptrs, self._fast
         if (fc is not None and type(data) is _ndarray and data.shape == self._shape0 and data.dtype == self._dt0
                 and len(rest) == self._n_rest and (not rest or _shapes_ok(rest, self._sig_rest))):

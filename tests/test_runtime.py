@@ -127,3 +127,35 @@ def test_int8_kernels_refuse_inputs_that_do_not_convert_exactly():
     bound = k.bind(w)
     with pytest.raises(ValueError, match="input 0"):
         bound(np.full(x.shape, 300, np.int64), *rest)
+
+
+@pytest.mark.cc
+def test_int8_kernels_check_scales_zero_points_and_weight_bits_as_the_reference_does():
+    """Session 73's known gap: ``task.reference`` refused x_zp=300, a NaN scale and 7-bit weights out of
+    [-64, 63], while the built kernel computed numbers from them. The kernel (and its bound form) checks
+    them too, once per change of the values."""
+    task = dense(2, 64, 16, dtype="int8", weight_bits=7)
+    k = _kernel(task)
+    x, w, xs, xzp, ws = task.random_inputs(seed=1)
+    want = task.reference(x, w, xs, xzp, ws)
+    bound = k.bind(w)
+    bad = {"x_zp=300": (xs, np.array([300], np.int32), ws), "x_scale": (np.array([np.nan], np.float32), xzp, ws),
+           "w_scales": (xs, xzp, np.where(np.arange(ws.size) == 3, 0.0, ws).astype(np.float32))}
+    for label, quant in bad.items():
+        with pytest.raises(ValueError) as ref_err:
+            task.reference(x, w, *quant)
+        for f in (lambda: k(x, w, *quant), lambda: bound(x, *quant)):
+            with pytest.raises(ValueError) as err:
+                f()
+            assert str(err.value) == str(ref_err.value), label
+    np.testing.assert_allclose(k(x, w, xs, xzp, ws), want, rtol=1e-5, atol=1e-5)  # good values again: fine
+    np.testing.assert_allclose(bound(x, xs, xzp, ws), want, rtol=1e-5, atol=1e-5)
+    xzp[0] = 300  # edited in place after a good call: seen
+    with pytest.raises(ValueError, match="x_zp=300"):
+        k(x, w, xs, xzp, ws)
+    wide = w.copy()
+    wide[0, 0] = -100  # int8, but outside 7 bits
+    with pytest.raises(ValueError, match="weight_bits=7"):
+        k(x, wide, xs, np.array([128], np.int32), ws)
+    with pytest.raises(ValueError, match="weight_bits=7"):
+        k.bind(wide)
