@@ -43,6 +43,7 @@ from .onnx_import import Model
 from .results import TuneResult
 from .session import TuningSession
 from .strategies import Strategy
+from .strategies.base import COST_MODEL_STRATEGIES, get_strategy
 
 
 def _as_task(task: Task | str) -> Task:
@@ -52,6 +53,17 @@ def _as_task(task: Task | str) -> Task:
         raise TypeError(f"{task!r} is not a task: pass fj.ops.matmul(...) or a spec such as "
                         f"'matmul:m=64,n=64,k=64'")
     return task
+
+
+def _check_cost_model(strategy: str | Strategy, options: dict | None, cost_model: str | None) -> None:
+    """A ValueError when a pretrained ``cost_model`` is given to a strategy that has no cost model (it
+    would be ignored, as the command line refuses it)."""
+    if cost_model is None:
+        return
+    strat = get_strategy(strategy, **(options or {})) if isinstance(strategy, str) else strategy
+    if not hasattr(strat, "cost_model"):
+        raise ValueError(f"cost_model={cost_model!r} needs a strategy with a cost model "
+                         f"({', '.join(COST_MODEL_STRATEGIES)}), not {getattr(strat, 'name', strategy)!r}")
 
 
 def tune_task(task: Task | str, target: Target | None = None, strategy: str | Strategy = "gradient", *,
@@ -104,6 +116,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
     task = _as_task(task)                                                      # the operator, as a Task
     if batch is not None and not batch >= 1:
         raise ValueError(f"batch must be >= 1 candidates per round (got {batch})")
+    _check_cost_model(strategy, strategy_options, cost_model)
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
                        defaults=defaults,
@@ -185,10 +198,11 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         >>> res.trials, len(res.tasks)
         (8, 4)
     """
-    model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     if trials < 0 or (trials == 0 and retime < 1):
         raise ValueError(f"trials must be >= 1, or 0 with retime >= 1 to re-time only (got {trials}, retime {retime})")
     strategy = strategy if strategy is not None else _default_strategy()
+    _check_cost_model(strategy, strategy_options, cost_model)
+    model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     sname = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
     run = run or f"{sname}:{seed}"
     pairs = model.tasks
