@@ -140,6 +140,27 @@ def round_best(records) -> float | None:
     return min(bounds) if bounds else None
 
 
+#: under a seconds budget, the trials of the first task's first round, before any time per trial is known
+WARMUP_PROBE = 8
+
+
+def warmup_round(session: TuningSession, info: list[TaskTuning], per_round: int) -> int:
+    """The size of a task's first round. Under a trial budget, ``per_round``. Under a seconds budget,
+    small enough that every task not yet measured gets its first round within a quarter of the time (as
+    ``per_round`` gives the warm-up a quarter of a trial budget): the seconds per trial so far times the
+    tasks left, at least one trial each (a task's default schedule), at most ``per_round``; the first
+    round of all is :data:`WARMUP_PROBE` trials. Without this a 64-trial first round of a slow task
+    could spend the whole time, and the other tasks kept their default schedules unmeasured."""
+    if session.seconds is None:
+        return per_round
+    if session.used == 0:
+        return min(per_round, WARMUP_PROBE)
+    elapsed = time.perf_counter() - session.start
+    left = sum(1 for t in info if t.rounds == 0)
+    fits = (session.seconds / 4 - elapsed) / (elapsed / session.used * max(left, 1))
+    return int(min(per_round, max(1, fits)))
+
+
 def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[int], *, per_round: int,
                      alpha: float = 0.2, beta: float = 2.0, window: int = 3, seed: int = 0,
                      show: Callable[[dict], None] | None = None) -> tuple[list[TaskTuning], list[dict]]:
@@ -171,7 +192,7 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
             break
         tr, tt = runs[i], info[i]
         tr.done = False  # a task run has no budget of its own here: the session's applies
-        new = session.step(tr, per_round)
+        new = session.step(tr, warmup_round(session, info, per_round) if tt.rounds == 0 else per_round)
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
         tt.best = session.db.best(tr.task, session.target_key)
         sched.record(i, tt.best.latency_s if tt.best is not None else round_best(tr.history), len(new))

@@ -157,7 +157,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         db: database path or :class:`Database` (``None``: in memory).
         strategy: the search strategy per task (default ``"gradient"`` when registered, else ``"random"``).
         seed: seeds the strategies' RNG streams, the cost model and the scheduler's tie-breaks.
-        seconds: wall-clock budget; no new round starts after it (the round in flight completes).
+        seconds: wall-clock budget; measuring stops when it is spent. Each task's first round is then
+            sized so that every task is measured within about a quarter of it
+            (:func:`~felixjax.network_tune.warmup_round`).
         progress: print one line per round and the summary table to stderr, or a callable per round.
         trials_per_round: trials of one round (default ``trials // (4 * tasks)``, clamped to 1..64,
             so about a quarter of the budget is the warm-up and the rest is scheduled).

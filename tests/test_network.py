@@ -584,3 +584,29 @@ def test_layout_auto_is_chosen_once_by_tune_and_built_again_from_the_database(tm
     # another database, or none: chosen by timing
     assert network_cli._load(argparse.Namespace(**{**vars(args), "cmd": "build", "db": None}),
                              fj.Target.cpu()) == "nchwc" and len(calls) == 2
+
+
+def test_a_seconds_budget_reaches_every_task_before_it_runs_out():
+    # session 73's known gap: with --seconds and a large --trials, the first round (64 trials) of the first task
+    # could use all the time and the other tasks kept their default schedules, unmeasured
+    import time as _time
+
+    from felixjax.testing import ReplayRunner
+
+    model = load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+
+    class Slow(ReplayRunner):  # 40 ms of wall time per trial (the session's seconds are wall time)
+        def measure(self, configs, on_result):
+            def slow(cfg, res):
+                _time.sleep(0.04)
+                return on_result(cfg, res)
+            super().measure(configs, slow)
+
+    seen = []
+    t0 = _time.perf_counter()
+    res = fj.tune_model(model, trials=100_000, seconds=4.0, strategy="random", progress=seen.append, retime=0,
+                        in_network=0, measurer=lambda t, tg: Slow(ReplayRunner.from_oracle(t, tg).latency))
+    wall = _time.perf_counter() - t0
+    assert len(model.tasks) >= 3 and all(t.trials >= 1 for t in res.tasks), [t.trials for t in res.tasks]
+    assert seen[0]["new"] == 8 and max(r["new"] for r in seen) == 64  # the probe; later rounds at full size
+    assert wall < 4.0 + 64 * 0.04 + 3  # at most one round's measurements past the budget
