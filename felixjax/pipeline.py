@@ -177,8 +177,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         cost_aware: all the cost-aware options (:class:`~felixjax.cost_aware.CostAware`) instead of
             ``filter_p``/``early_stop``.
         retime: at the end, time each task's ``retime`` best configs and its default schedule again,
-            interleaved (twice each, outside the budget); the fastest re-timed config is the task's best
-            (``res.tasks[i].best``, a ``retime:<run>`` record) and what ``build_model`` then picks.
+            interleaved (twice each, outside the budget); the fastest re-timing in the database (this
+            run's or an earlier one's) is the task's best (``res.tasks[i].best``, a ``retime:<run>``
+            record) and what ``build_model`` then picks.
             0: no re-timing (each task's best is its fastest measurement while tuning).
         in_network: at the very end, build the network with each task's best config of its first
             ``in_network`` sketch families, profile the builds layer by layer and give each task the
@@ -225,9 +226,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         if retime > 0:                                                        # the bests and defaults, again
             for tr, tt in zip(runs, info):
                 default = default_config_for(tr.task, session.target)
-                rows = session.retime([tr], top=retime, extra=[default]).get(tr.run, [])
-                if rows and rows[0].ok:
-                    tt.best = rows[0]
+                session.retime([tr], top=retime, extra=[default])
+                # what build_model picks: the fastest re-timing of the task, this one's or an earlier run's
+                tt.best = session.db.best(tr.task, session.target_key, retimed=True) or tt.best
         selection = None
         here = runner is None or isinstance(runner, LocalRunner)  # kernels were timed on this machine
         if in_network > 1 and measurer is None and here and not session.target.is_gpu:  # ⑬ chosen in-network
