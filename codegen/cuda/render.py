@@ -116,6 +116,12 @@ class _Writer:
         self.con = space.con
         self.task = space.task
         self.lines: list[str] = []
+        # spatial axes with an index to compute: referenced by a buffer, or split (a non-batched matmul's
+        # batch axis is neither: no variables for it, which nvcc would warn about as never referenced)
+        bufs = [self.con.data, self.con.weight, self.con.out] + ([self.con.bias] if self.task.bias else [])
+        used = {a for acc in bufs for dim in acc.dims for a, c in dim if c}
+        self.axes = [a for a in geo.spatial if a in used
+                     or max(geo.blocks[a], geo.threads[a], geo.vthreads[a], geo.inner[a]) > 1]
         self.depth = 0
 
     def emit(self, line: str = "") -> None:
@@ -174,10 +180,10 @@ class _Writer:
         # 1. block and thread indices (last spatial axis fastest)
         self.emit(f"{it} fj_b = {d.block_index};")
         self.emit(f"{it} fj_t = {d.thread_index};")
-        for a in reversed(g.spatial):
+        for a in reversed(self.axes):
             self.emit(f"const {it} b_{a} = fj_b % {g.blocks[a]}; fj_b /= {g.blocks[a]};")
             self.emit(f"const {it} t_{a} = fj_t % {g.threads[a]}; fj_t /= {g.threads[a]};")
-        for a in g.spatial:  # origin of the block tile and of this thread's first element, per axis
+        for a in self.axes:  # origin of the block tile and of this thread's first element, per axis
             self.emit(f"const {it} o_{a} = b_{a} * {g.block_tile[a]};")
             self.emit(f"const {it} l_{a} = t_{a} * {g.inner[a]};")
         n_acc = g.outputs_per_thread
@@ -238,7 +244,7 @@ class _Writer:
     def element_loops(self) -> None:
         g, d = self.g, self.d
         self.open("")  # one scope per element nest (closed by close_elements)
-        for a in g.spatial:
+        for a in self.axes:
             for lvl, n in (("v", g.vthreads[a]), ("i", g.inner[a])):
                 if n == 1:
                     self.emit(f"const {d.index_type} {lvl}_{a} = 0;")
