@@ -311,7 +311,9 @@ class CompiledModel:
         return self.library.timeit(ins, outs, number) / number
 
     def set_threads(self, n: int) -> None:
-        """OpenMP threads of later runs (from this Python thread)."""
+        """OpenMP threads of later runs made from this Python thread (OpenMP keeps the count per calling
+        thread: runs from other threads keep ``OMP_NUM_THREADS`` or every core). Calls from several
+        threads run one at a time (one arena)."""
         self.library.set_threads(n)
 
     def profile(self, x: Any = None, *, number: int = 10) -> list[dict]:
@@ -353,6 +355,13 @@ class CompiledModel:
         lines = [f"Model: {self.model.name}; inputs {list(self.model.input_names)}, outputs "
                  f"{list(self.model.output_names)} (in this order in inputs.bin / outputs.bin).", "Schedules:"]
         lines += [f"  {s.task.name} x{s.weight}: {s.source} ({s.config.sketch})" for s in self.schedules]
+        t = self.target
+        isa = {16: "AVX-512", 8: "AVX2 / AVX", 4: "SSE / NEON"}.get(t.simd_lanes, f"{t.simd_lanes}-lane SIMD")
+        lines.append(f"Generated for {t.kind} {t.name or ''}: {t.simd_lanes} float32 lanes ({isa}), "
+                     f"{t.vector_registers} vector registers{', VNNI' if t.avx512_vnni else ''}"
+                     f"{', AVX-512 FP16' if t.avx512_fp16 else ''}. Compile it with a -march that has these "
+                     f"vector units; for another CPU build with a Target describing it, e.g. "
+                     f"fj.Target.cpu(simd_lanes=8, vector_registers=16, avx512_vnni=False) for AVX2.")
         return netbuild.export(self.net, directory, readme="\n".join(lines))
 
     def summary(self) -> str:

@@ -367,17 +367,20 @@ class OracleUncertainty:
         return mean, np.full(len(mean), self.std)
 
 
-def run_standalone(folder: str | Path, x: np.ndarray, *, runs: int = 1) -> tuple[np.ndarray, str]:
+def run_standalone(folder: str | Path, x: np.ndarray, *, runs: int = 1,
+                   cflags: str | None = None) -> tuple[np.ndarray, str]:
     """Build an exported standalone network (``CompiledModel.export``) with ``make`` and run its demo on
     ``x`` (written as ``inputs.bin``) ``runs`` times: ``(the flat float32 outputs, the demo's stdout)``.
-    Argument lists only, never a shell.
+    ``cflags``: the Makefile's ``CFLAGS`` instead of its own (say without ``-fopenmp``). Argument lists
+    only, never a shell.
 
     Raises:
         AssertionError: ``make`` or the demo failed (their stderr in the message).
     """
     out = Path(folder)
     np.ascontiguousarray(x, dtype=np.float32).tofile(out / "inputs.bin")
-    r = subprocess.run(["make"], cwd=out, capture_output=True, text=True, timeout=300, check=False)
+    make = ["make"] + ([f"CFLAGS={cflags}"] if cflags is not None else [])
+    r = subprocess.run(make, cwd=out, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     r = subprocess.run(["./demo", "weights.bin", "inputs.bin", "outputs.bin", str(int(runs))], cwd=out,
                        capture_output=True, text=True, timeout=60, check=False)

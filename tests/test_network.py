@@ -115,6 +115,30 @@ def test_export_builds_with_make_and_matches(tmp_path):
     assert r.returncode != 0 and "expected exactly" in r.stderr
 
 
+def test_export_builds_without_openmp_and_refuses_another_builds_weights(tmp_path):
+    # session 74 (a user's review): the README said "OpenMP optional", but Winograd kernels called omp_* functions
+    # unguarded and a build without -fopenmp did not link; and a weights.bin of another export with the same size
+    # (layouts follow each build's schedules) ran and computed wrong numbers
+    from test_network_select import _two_convs
+
+    proto = _two_convs()
+    model = load_onnx(proto)
+    exe = build_model(model)
+    assert any("winograd" in s.config.sketch for s in exe.schedules)
+    out = exe.export(tmp_path / "single")
+    x = np.random.default_rng(5).standard_normal((1, 16, 8, 8)).astype(np.float32)
+    y, _ = run_standalone(out, x, cflags="-O3 -march=native")  # no -fopenmp
+    _close(y.reshape(1, 16, 8, 8), _ort(proto, {"x": x})[0])
+    text = (out / "README.txt").read_text()
+    assert "Generated for cpu" in text and "only with this model.c" in text and "OMP_NUM_THREADS" in text
+    assert "FJ_MODEL_STEPS" in (out / "model.h").read_text()
+    w = np.fromfile(out / "weights.bin", dtype="<f4")
+    w[len(w) // 2] += 1.0  # one weight of another build
+    w.tofile(out / "other.bin")
+    r = subprocess.run(["./demo", "other.bin", "inputs.bin", "o.bin"], cwd=out, capture_output=True, text=True)
+    assert r.returncode == 1 and "not the weights.bin written with this model.c" in r.stderr
+
+
 # ---- cheap ops: generated C against the numpy semantics ------------------------------------------------
 
 def _graph(nodes: list[Node], inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None,
@@ -628,3 +652,30 @@ def test_the_result_of_tune_model_names_what_build_model_picks(tmp_path):
     for t in res.tasks:
         assert t.best.run.startswith("retime:")
         assert (t.best.config, t.best.latency_s) == (picked[t.task].config, picked[t.task].latency_s)
+
+
+def test_calls_from_two_python_threads_return_each_callers_outputs():
+    # session 74 (a user's review): the C call releases the GIL and every call shared one arena and one set of
+    # pointer arrays, so two Python threads calling one executable got each other's (or mixed) outputs
+    import threading
+
+    exe = fj.build_model(load_onnx(zoo.make_model("transformer_block", seq=16, dim=32, heads=2)))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 16, 32)).astype(np.float32) for _ in range(6)]
+    want = [exe(x) for x in xs]
+    wrong = []
+
+    def work(seed, how):
+        r = np.random.default_rng(seed)
+        for _ in range(300):
+            k = int(r.integers(len(xs)))
+            y = {"call": exe, "run": lambda x: exe.run(x)[0], "float64": lambda x: exe(x.astype(np.float64))}[how](xs[k])
+            if not np.array_equal(y, want[k]):
+                wrong.append((how, k))
+
+    threads = [threading.Thread(target=work, args=(s, how)) for s, how in enumerate(["call", "run", "float64"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of 900 calls returned another call's outputs"

@@ -264,11 +264,43 @@ def emit(spec: NetSpec) -> NetSource:
     w("(void)n;")
     w("#endif")
     w.close()
+    w()
+    s1, s2 = weights_checksum(blob[:mem.weight_floats])
+    w.open("int fj_model_weights_match(const float* weights)")
+    w("/* 1 when `weights` are the ones written with this model.c (their layouts follow its schedules: another")
+    w("   export's weights.bin of the same size computes wrong numbers); two sums of the 32-bit words */")
+    w("const unsigned char* b = (const unsigned char*)weights;")
+    w("unsigned long long s1 = 0, s2 = 0;")
+    w.open(f"for (long i = 0; i < {mem.weight_floats}L; ++i)")
+    w("unsigned int v;")
+    w("memcpy(&v, b + 4 * i, 4);")
+    w("s1 += v;")
+    w("s2 += (unsigned long long)(i + 1) * v;")
+    w.close()
+    w(f"return s1 == {s1}ULL && s2 == {s2}ULL;")
+    w.close()
 
     in_shapes = tuple(values[v].shape for v in spec.inputs)
     out_shapes = tuple(values[v].shape for v in spec.outputs)
-    return NetSource(w.text(), _header(in_shapes, out_shapes, mem), blob, mem, in_shapes, out_shapes, n_kernels,
+    return NetSource(w.text(), _header(in_shapes, out_shapes, mem, len(spec.steps)), blob, mem, in_shapes, out_shapes, n_kernels,
                      len(spec.steps))
+
+
+def weights_checksum(weights: np.ndarray) -> tuple[int, int]:
+    """Two sums modulo 2**64 of the float32 blob's 32-bit words ``v[i]``: ``sum(v)`` and
+    ``sum((i + 1) * v[i])`` (position-sensitive), as ``fj_model_weights_match`` computes them in C.
+
+    Example:
+        >>> weights_checksum(np.array([1.0, 2.0], np.float32))
+        (2139095040, 3212836864)
+    """
+    words = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1).view(np.uint32)
+    s1 = s2 = 0
+    for lo in range(0, words.size, 1 << 20):  # chunks: a resnet's blob in uint64 at once would be ~0.4 GB
+        part = words[lo:lo + (1 << 20)].astype(np.uint64)
+        s1 += int(part.sum(dtype=np.uint64))
+        s2 += int((part * np.arange(lo + 1, lo + 1 + part.size, dtype=np.uint64)).sum(dtype=np.uint64))
+    return s1 % (1 << 64), s2 % (1 << 64)
 
 
 def _put(blob: np.ndarray, off: int, data: np.ndarray) -> None:
@@ -295,7 +327,7 @@ def _quantize(w: _Writer, s: int, n: int, attrs) -> None:
     w()
 
 
-def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:
+def _header(in_shapes, out_shapes, mem: MemoryPlan, steps: int) -> str:
     def arr(shapes) -> str:
         return ", ".join(f"{math.prod(s)}L" for s in shapes) or "0L"
 
@@ -310,9 +342,19 @@ def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:
         *shape_lines("output", out_shapes),
         " *",
         " * weights.bin holds FJ_MODEL_WEIGHT_FLOATS little-endian float32 values: pass them to fj_model_init",
-        " * (the pointer is kept, not copied). fj_model_run uses a static arena: one call at a time; use",
-        " * fj_model_run_with and an arena of fj_model_arena_floats() floats (64-byte aligned) per thread",
-        " * for concurrent calls. Input and output buffers must not overlap. All functions return 0 on success.",
+        " * (the pointer is kept, not copied). They are packed for this model.c's schedules (not the ONNX",
+        " * file's layout): only the weights.bin written with it fit; fj_model_weights_match checks that.",
+        " * fj_model_run uses a static arena: one call at a time; use fj_model_run_with and an arena of",
+        " * fj_model_arena_floats() floats (64-byte aligned) per thread for concurrent calls. Input and",
+        " * output buffers must not overlap. Functions returning int return 0 on success, except",
+        " * fj_model_weights_match (1: they match).",
+        " *",
+        " * Threads: built with OpenMP (-fopenmp), a run uses OpenMP's thread count of the calling thread:",
+        " * OMP_NUM_THREADS, else every core; fj_model_set_threads(n) is omp_set_num_threads(n) (the calling",
+        " * thread's setting, for later runs). Without -fopenmp everything runs on the calling thread.",
+        " *",
+        " * fj_model_time_with: seconds for `number` back-to-back runs. fj_model_profile_with: one run with",
+        " * each of the FJ_MODEL_STEPS steps timed, seconds[k] += the time of step k (zero it first).",
         " */",
         "#ifndef FJ_MODEL_H",
         "#define FJ_MODEL_H",
@@ -324,6 +366,7 @@ def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:
         f"#define FJ_MODEL_NUM_OUTPUTS {len(out_shapes)}",
         f"#define FJ_MODEL_WEIGHT_FLOATS {mem.weight_floats}L",
         f"#define FJ_MODEL_ARENA_FLOATS {mem.arena_floats}L",
+        f"#define FJ_MODEL_STEPS {steps}",
         f"static const long fj_model_input_floats[] = {{{arr(in_shapes)}}};",
         f"static const long fj_model_output_floats[] = {{{arr(out_shapes)}}};",
         "",
@@ -336,6 +379,7 @@ def _header(in_shapes, out_shapes, mem: MemoryPlan) -> str:
         "float* const* outputs, double* seconds);",
         "long fj_model_arena_floats(void);",
         "void fj_model_set_threads(int n);",
+        "int fj_model_weights_match(const float* weights);",
         "",
         "#ifdef __cplusplus",
         "}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +28,9 @@ def _address(a: np.ndarray) -> int:
 class NetLibrary:
     """A compiled network as a callable: ``net(inputs) -> outputs`` (lists of float32 arrays in
     entry-point order). Holds its own weights and arena, so several instances of one library are
-    independent. Calls are serialized by the caller (one at a time per instance).
+    independent. Calls from several Python threads run one at a time (a lock: they share the arena and
+    the pointer arrays; the C call releases the GIL, and two at once returned wrong outputs); for
+    concurrent runs use one instance per thread.
 
     Example:
         >>> import numpy as np
@@ -52,6 +55,7 @@ class NetLibrary:
         if lib.fj_model_arena_floats() != net.memory.arena_floats:
             raise RuntimeError(f"{lib_path} does not match its source (arena size differs)")
         self._lib = lib
+        self._lock = threading.Lock()  # one run at a time: the arena and the pointer arrays are shared
         if net.weights.ctypes.data % 64:
             self._weights = _aligned_zeros(net.weights.size)
             self._weights[:] = net.weights
@@ -101,7 +105,8 @@ class NetLibrary:
         if self._lib is None:
             raise RuntimeError("the library was closed")
         ins, outs = self._pointers(inputs, outputs)
-        rc = self._lib.fj_model_run_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs)
+        with self._lock:
+            rc = self._lib.fj_model_run_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs)
         if rc:
             raise RuntimeError(f"fj_model_run_with returned {rc}")
 
@@ -118,23 +123,26 @@ class NetLibrary:
         shapes = self._in_shapes
         if self._lib is None or len(inputs) != len(shapes):
             return self(inputs)
-        ins = self._ins
-        for k, x in enumerate(inputs):
-            if type(x) is not _ndarray or x.shape != shapes[k] or x.dtype != _f32:
+        for x, shape in zip(inputs, shapes):
+            if type(x) is not _ndarray or x.shape != shape or x.dtype != _f32:
                 return self(inputs)
-            try:  # the address; from_buffer takes only writable C-contiguous arrays (a third of x.ctypes.data)
-                ins[k] = _addressof(_c_char.from_buffer(x))
-            except (TypeError, ValueError):
-                if not x.flags.c_contiguous:
-                    return self(inputs)
-                ins[k] = x.ctypes.data  # read-only (or empty)
-        outs, outputs = self._outs, [_empty(s, _f32) for s in self._out_shapes]
-        for k, y in enumerate(outputs):
-            outs[k] = _address(y)
-        rc = self._run_fn(self._wptr, self._aptr, ins, outs)
-        if rc:
-            raise RuntimeError(f"fj_model_run_with returned {rc}")
-        return outputs
+        ins, outs, outputs = self._ins, self._outs, [_empty(s, _f32) for s in self._out_shapes]
+        with self._lock:
+            for k, x in enumerate(inputs):
+                try:  # the address; from_buffer takes only writable C-contiguous arrays (a third of x.ctypes.data)
+                    ins[k] = _addressof(_c_char.from_buffer(x))
+                except (TypeError, ValueError):
+                    if not x.flags.c_contiguous:
+                        break
+                    ins[k] = x.ctypes.data  # read-only (or empty)
+            else:
+                for k, y in enumerate(outputs):
+                    outs[k] = _address(y)
+                rc = self._run_fn(self._wptr, self._aptr, ins, outs)
+                if rc:
+                    raise RuntimeError(f"fj_model_run_with returned {rc}")
+                return outputs
+        return self(inputs)  # an input that is not C-contiguous: the checked path
 
     def call_one(self, x: np.ndarray) -> np.ndarray | None:
         """The single-input, single-output network's call on a ready array (writable, C-contiguous,
@@ -146,27 +154,30 @@ class NetLibrary:
         if self._fast is not None:
             y = _empty(self._oshape1, _f32)
             try:
-                rc = self._fast.run_net(*self._fast_args, x, y)
+                with self._lock:
+                    rc = self._fast.run_net(*self._fast_args, x, y)
             except (BufferError, ValueError, TypeError):  # not C-contiguous
                 return None
             if rc:
                 raise RuntimeError("fj_model_run_with failed")
             return y
-        try:
-            self._ins[0] = _addressof(_c_char.from_buffer(x))
-        except (TypeError, ValueError):
-            return None
         y = _empty(self._oshape1, _f32)
-        self._outs[0] = _addressof(_c_char.from_buffer(y)) if self._osize1 else y.ctypes.data
-        if self._run_fn(self._wptr, self._aptr, self._ins, self._outs):
-            raise RuntimeError("fj_model_run_with failed")
+        with self._lock:
+            try:
+                self._ins[0] = _addressof(_c_char.from_buffer(x))
+            except (TypeError, ValueError):
+                return None
+            self._outs[0] = _addressof(_c_char.from_buffer(y)) if self._osize1 else y.ctypes.data
+            if self._run_fn(self._wptr, self._aptr, self._ins, self._outs):
+                raise RuntimeError("fj_model_run_with failed")
         return y
 
     def timeit(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], number: int) -> float:
         """Seconds for ``number`` back-to-back runs, timed in C (no Python overhead per run)."""
         ins, outs = self._pointers(inputs, outputs)
-        return float(self._lib.fj_model_time_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
-                                                  int(number)))
+        with self._lock:
+            return float(self._lib.fj_model_time_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
+                                                      int(number)))
 
     def profile(self, inputs: Sequence[np.ndarray], *, number: int = 1) -> np.ndarray:
         """Seconds per step (spec order), averaged over ``number`` runs with every step timed in C."""
@@ -174,9 +185,10 @@ class NetLibrary:
         ins, outs = self._pointers([np.require(np.asarray(x, dtype=np.float32), requirements="C") for x in inputs],
                                    outputs)
         acc = np.zeros(self.net.steps, dtype=np.float64)
-        for _ in range(number):
-            self._lib.fj_model_profile_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
-                                            acc.ctypes.data)
+        with self._lock:
+            for _ in range(number):
+                self._lib.fj_model_profile_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
+                                                acc.ctypes.data)
         return acc / max(1, number)
 
     def close(self) -> None:

@@ -11,7 +11,8 @@ from .emission import NetSource
 
 _MAKEFILE = """\
 # Builds the felixjax network with nothing but a C compiler: `make` (demo program and shared library).
-# Drop -fopenmp to build single-threaded; replace -march=native when cross-compiling for a board.
+# Drop -fopenmp to build single-threaded. The kernels use the SIMD width of the machine they were
+# generated for (see README.txt): -march=native on that machine, or a -march that has its vector units.
 CFLAGS ?= -O3 -march=native -fopenmp -ffp-contract=fast -fno-trapping-math
 LDLIBS = -lm
 
@@ -67,6 +68,11 @@ int main(int argc, char** argv) {
     for (int k = 0; k < FJ_MODEL_NUM_INPUTS; ++k) n_in += fj_model_input_floats[k];
     for (int k = 0; k < FJ_MODEL_NUM_OUTPUTS; ++k) n_out += fj_model_output_floats[k];
     float* weights = read_floats(argv[1], FJ_MODEL_WEIGHT_FLOATS);
+    if (weights && !fj_model_weights_match(weights)) {
+        fprintf(stderr, "%s: not the weights.bin written with this model.c (its weights are packed for "
+                        "this build's schedules)\n", argv[1]);
+        return 1;
+    }
     float* inputs = read_floats(argv[2], n_in);
     float* outputs = (float*)malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1));
     if (!weights || !inputs || !outputs) return 1;
@@ -115,9 +121,13 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "") ->
                        + [f"  output {k}: {list(s)}" for k, s in enumerate(net.output_shapes)])
     (d / "README.txt").write_text(
         (readme.rstrip() + "\n\n" if readme else "")
-        + "A felixjax whole-network build. Build with `make` (needs only a C compiler; OpenMP optional).\n\n"
+        + "A felixjax whole-network build. Build with `make` (needs only a C compiler; OpenMP optional:\n"
+        "`make CFLAGS=\"-O3 -march=native\"` builds it single-threaded).\n\n"
         "  make\n  ./demo weights.bin inputs.bin outputs.bin [repeats]\n\n"
         "inputs.bin / outputs.bin: all inputs / outputs in order, raw little-endian float32, row-major.\n"
         f"Tensors:\n{shapes}\n\n"
+        "weights.bin is packed for this model.c's schedules (layouts differ from the ONNX file's and between\n"
+        "builds): use it only with this model.c (fj_model_weights_match checks; the demo refuses another).\n"
+        "Threads: OMP_NUM_THREADS, else every core (fj_model_set_threads sets the calling thread's count).\n\n"
         "Link model.c into your program and see model.h for the interface (fj_model_init, fj_model_run).\n")
     return d

@@ -57,8 +57,15 @@ class _Gen:
         V = self.s["vec"]
         w(f"typedef float {self.name}_vf __attribute__((vector_size({4 * V})));")
         w(f"typedef float {self.name}_vfu __attribute__((vector_size({4 * V}), aligned(4)));")
+        w("#ifdef _OPENMP")  # without OpenMP (an exported network built without -fopenmp): one thread
         w("int omp_get_thread_num(void);")
         w("int omp_get_max_threads(void);")
+        w("#else")
+        w("#ifndef omp_get_thread_num")
+        w("#define omp_get_thread_num() 0")
+        w("#define omp_get_max_threads() 1")
+        w("#endif")
+        w("#endif")
 
     def _input_transform(self, w: Writer) -> None:
         g, s, v = self.g, self.s, self.v
