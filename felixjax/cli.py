@@ -147,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
                         "to the next) or auto (both, and each conv in the layout it ran faster in, built with default "
                         "schedules and timed, the fastest kept); "
                         "tune and build with the same")
-    b.add_argument("--db", default=None, help="tuning database (default: none, every task gets its default schedule)")
+    b.add_argument("--db", default=None, help="tuning database (default: runs.db when it exists, as felixjax tune "
+                                             "writes it; 'none': every task gets its default schedule)")
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
@@ -380,12 +381,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     if not os.path.exists(args.model):
         raise UserError(f"{args.model}: no such file")
-    if args.db is not None and not os.path.exists(args.db):
+    if args.db not in (None, "none") and not os.path.exists(args.db):
         raise UserError(f"{args.db}: no such database")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UserError(f"-o {args.output}: a file is there; give a folder to write the build into")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1 (got {args.threads})")
+    # no --db: runs.db when it is here, as `felixjax tune` writes it (said once the model has loaded)
+    args.db_found = args.db is None and os.path.exists("runs.db")
+    args.db = "runs.db" if args.db_found else None if args.db == "none" else args.db
     return build_model_cli(args, _target(args.threads))
 
 

@@ -112,6 +112,9 @@ def build_model_cli(args: Any, target: Target) -> int:
     """``felixjax build model.onnx --db runs.db -o out/``: build from the database's best records, check
     the library against the numpy reference on a random input, export the standalone folder."""
     model = _load(args, target)
+    if getattr(args, "db_found", False):
+        print("using runs.db (felixjax tune's default database; --db none: default schedules only)",
+              file=sys.stderr)
     exe = build_model(model, target, db=args.db, threads=args.threads)
     rng = np.random.default_rng(0)
     x = [rng.standard_normal(s).astype(np.float32) for s in exe.net.input_shapes]

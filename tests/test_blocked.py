@@ -343,13 +343,14 @@ def test_a_prime_output_width_defaults_to_the_padded_blocked_sketch_and_matches_
 
 
 @pytest.mark.cc
-def test_cli_build_chooses_the_layout_by_measuring_both(tmp_path, capsys):
+def test_cli_build_chooses_the_layout_by_measuring_both(tmp_path, capsys, monkeypatch):
     """``felixjax build --layout auto``: both layouts (and a per-conv mix of them, where the per-layer
     profiles differ) built with default schedules and timed; it prints the times and the one it keeps,
     then builds and checks the model in it."""
     import felixjax as fj
     from felixjax.cli import main as cli
 
+    monkeypatch.chdir(tmp_path)  # no runs.db here: `build` would read one (what `tune` writes by default)
     path = tmp_path / "m.onnx"
     fj.zoo.save("mobilenet_v2", str(path), dataset="cifar10")
     assert cli(["build", str(path), "--layout", "auto", "--threads", "1", "-o", str(tmp_path / "out")]) == 0

@@ -474,8 +474,9 @@ def test_cli_bad_models_exit_2_with_one_line(cmd, tmp_path, capsys):
     assert "no such" in capsys.readouterr().err
 
 
-def test_cli_build_writes_a_folder(tmp_path, capsys):
+def test_cli_build_writes_a_folder(tmp_path, capsys, monkeypatch):
     # session 73: the zoo command takes the transformer's sizes (it always wrote seq 128, dim 256)
+    monkeypatch.chdir(tmp_path)  # no runs.db here: `build` would read one (what `tune` writes by default)
     path = tmp_path / "tb.onnx"
     assert cli.main(["zoo", "transformer_block", "--seq", "8", "--dim", "16", "--heads", "2", "-o", str(path)]) == 0
     assert [d.dim_value for d in onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim] == [1, 8, 16]
@@ -485,6 +486,27 @@ def test_cli_build_writes_a_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 tasks (0 tuned, 4 default)" in out and (out_dir / "model.c").exists()
     assert f"make -C '{out_dir}'" in out
+
+
+def test_cli_build_reads_the_database_tune_wrote_by_default(tmp_path, capsys, monkeypatch):
+    # session 74 (a user's review): `felixjax tune m.onnx` writes runs.db by default, while `felixjax build m.onnx`
+    # read no database unless given --db, so it silently built default schedules beside a tuned runs.db
+    path = tmp_path / "tb.onnx"
+    onnx.save(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), str(path))
+    monkeypatch.chdir(tmp_path)
+    model = load_onnx(path)
+    task = model.tasks[0][0]
+    target = fj.Target.cpu()
+    at = target.at_threads(target.cores)
+    cfg = fj.Space(task, default_sketch(task, target), target).default()
+    with Database("runs.db") as d:  # one tuned record, as `felixjax tune` leaves it
+        d.add(TuningRecord(task, at.key, "random:0", 0, cfg, MeasureResult("ok", (1e-5,)), 0.1, at.to_json()))
+    assert cli.main(["build", str(path), "-o", "out"]) == 0
+    cap = capsys.readouterr()
+    assert "using runs.db" in cap.err and "(1 tuned, 3 default)" in cap.out
+    assert cli.main(["build", str(path), "-o", "out2", "--db", "none"]) == 0
+    cap = capsys.readouterr()
+    assert "using runs.db" not in cap.err and "(0 tuned, 4 default)" in cap.out
 
 
 @pytest.mark.slow  # a real tuning run through the command line: runner start-up and a few builds
