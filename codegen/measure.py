@@ -20,7 +20,10 @@ Measurements on one device never overlap, across processes too: `LocalRunner` ho
 `MeasureLock` (an `fcntl.flock` on `felixjax-measure-<uid>-<device>.lock` in the temp directory or
 `$FELIXJAX_LOCK_DIR`) for the duration of each request. Foreign load is detected as well: over the
 timed repeats the child compares its process CPU time with the wall time; a measurement whose wall
-time exceeds `max_wall_cpu_ratio` (1.5) x its CPU time was descheduled for a third of the time and
+time exceeds `max_wall_cpu_ratio` (1.5) x its CPU time was descheduled for a third of the time, and
+so was one in which a thread of the kernel waited a third of the time for a CPU (Linux's per-thread
+run-queue delay: a multi-threaded kernel waits for its slowest thread at every barrier, while its
+other threads keep the CPU time high); such a measurement
 is timed again (up to `remeasure` = 2 more times); if it stays disturbed its status is `noisy`
 (not ok: kept with its latencies, never stored as a clean `ok`). A timer that returns NaN, inf
 or a negative time gives a `runtime_error`, never a crash.
@@ -362,15 +365,19 @@ def _interpret(out: dict[str, Any], max_ratio: float | None) -> tuple[str, tuple
     bad = invalid_latencies(latencies)
     if bad is not None:
         return "runtime_error", (), bad
-    attempts = out.get("attempts") or []
-    if attempts and all(disturbed(w, c, max_ratio) for w, c in attempts):
-        shown = ", ".join(f"{w * 1e3:.3g} ms wall / {c * 1e3:.3g} ms CPU" for w, c in attempts)
+    # (wall, CPU, longest run-queue wait of a thread or None) per timing attempt (older children: no wait)
+    attempts = [(a[0], a[1], a[2] if len(a) > 2 else None) for a in out.get("attempts") or []]
+    if attempts and all(disturbed(w, c, max_ratio, q) for w, c, q in attempts):
+        shown = ", ".join(f"{w * 1e3:.3g} ms wall / {c * 1e3:.3g} ms CPU"
+                          + (f" / a thread waited {q * 1e3:.3g} ms for a CPU" if q is not None else "")
+                          for w, c, q in attempts)
         try:
             load = " (load average %.2f %.2f %.2f)" % os.getloadavg()
         except OSError:
             load = ""
-        return "noisy", latencies, (f"disturbed measurement: the timed repeats took more than {max_ratio:g}x "
-                                    f"their CPU time in all {len(attempts)} attempts ({shown}); another process "
+        return "noisy", latencies, (f"disturbed measurement: in all {len(attempts)} attempts the timed repeats "
+                                    f"took more than {max_ratio:g}x their CPU time or a thread waited more than "
+                                    f"{1 - 1 / max_ratio:.0%} of the time for a CPU ({shown}); another process "
                                     f"was using this CPU{load}")
     return status, latencies, error
 

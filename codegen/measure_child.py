@@ -15,7 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from codegen.measure_records import _ALIGN, _CANARY_WORD, _GUARD_BYTES, TimingProtocol, _dlclose, check_output, disturbed, invalid_latencies
+from codegen.measure_records import (
+    _ALIGN,
+    _CANARY_WORD,
+    _GUARD_BYTES,
+    TimingProtocol,
+    _dlclose,
+    check_output,
+    disturbed,
+    invalid_latencies,
+    longest_wait_s,
+    run_delays,
+)
 
 
 class _Guarded:
@@ -191,21 +202,26 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
         number = _calibrate(timed, protocol)
         flush_buf = _flush_buffer(protocol, flush) if protocol.flush_cache else None
         max_ratio, attempts, latencies = p.get("max_wall_cpu_ratio"), [], []
-        best = -1.0
+        best = math.inf
         for _attempt in range(1 + int(p.get("remeasure", 0))):
-            lat, wall_s, cpu_s = [], 0.0, 0.0
+            lat, wall_s, cpu_s, waited_s = [], 0.0, 0.0, 0.0
             for _ in range(protocol.repeats):
                 if flush_buf is not None:
                     flush_buf += 1.0  # read and write every line: evicts the kernel's data
+                d0 = run_delays()  # each thread's run-queue delay so far (None: not on this OS)
                 c0, w0 = time.process_time(), time.perf_counter()
                 lat.append(timed(number) / number)
                 cpu_s += time.process_time() - c0  # every thread of this process
                 wall_s += time.perf_counter() - w0
-            attempts.append((wall_s, cpu_s))
-            share = cpu_s / wall_s if wall_s > 0 else math.inf
-            if share > best:  # keep the least disturbed attempt's latencies
-                best, latencies = share, lat
-            if not disturbed(wall_s, cpu_s, max_ratio):
+                waited = longest_wait_s(d0, run_delays())
+                waited_s = math.nan if waited is None else waited_s + waited
+            waited_s = None if math.isnan(waited_s) else waited_s
+            attempts.append((wall_s, cpu_s, waited_s))
+            # keep the least disturbed attempt's latencies: the smallest share of time lost either way
+            lost = max(1 - cpu_s / wall_s, (waited_s or 0.0) / wall_s) if wall_s > 0 else 0.0
+            if lost < best:
+                best, latencies = lost, lat
+            if not disturbed(wall_s, cpu_s, max_ratio, waited_s):
                 break
     except _InvalidTime as e:
         return fail("runtime_error", str(e), restart=False)

@@ -98,6 +98,53 @@ def test_descheduled_measurement_is_noisy_not_ok(tmp_path):
         assert r.run(_request(), build=lib).status == "ok"  # detection off
 
 
+PINNED_PAIR = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <omp.h>
+void fj_kernel(float* const* bufs) {
+  const float* a = bufs[0]; float* out = bufs[1];
+  cpu_set_t allowed;
+  sched_getaffinity(0, sizeof allowed, &allowed);
+  int first = 0;
+  while (!CPU_ISSET(first, &allowed)) ++first;
+  #pragma omp parallel num_threads(2)
+  {
+    cpu_set_t one;  /* both threads on one CPU: each waits about half the time for it */
+    CPU_ZERO(&one); CPU_SET(first, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    volatile double x = 0.0;
+    for (int k = 0; k < 300000; ++k) x += k;
+    #pragma omp for
+    for (int i = 0; i < 64; ++i) out[i] = 2.0f * a[i];
+  }
+}
+"""
+
+
+@pytest.mark.cc
+def test_a_thread_kept_off_its_cpu_makes_a_multithreaded_measurement_noisy(tmp_path):
+    # sessions 72-73: a 2-thread kernel whose threads were descheduled in turn kept the process's CPU time near its
+    # wall time (one thread always ran), so `wall > 1.5 x CPU` never fired and 10x-slow timings were recorded as ok.
+    # Here the kernel's two threads share one CPU: CPU time ~ wall time, but each thread waits half the time.
+    from codegen.measure_records import longest_wait_s, run_delays
+
+    if run_delays() is None:
+        pytest.skip("no per-thread run-queue delays (/proc/self/task/*/schedstat) on this system")
+    lib = build(PINNED_PAIR + TIMING_HARNESS_C, cache_dir=tmp_path / "build")
+    assert lib.status == "ok", lib.error
+    proto = TimingProtocol(warmup=1, min_repeat_ms=20, repeats=3)
+    with LocalRunner(protocol=proto, max_wall_cpu_ratio=1.5) as r:
+        res = r.run(_request(threads=2), build=lib)
+    assert res.status == "noisy", (res.status, res.error)
+    assert "waited" in res.error and "3 attempts" in res.error
+    with LocalRunner(protocol=proto, max_wall_cpu_ratio=None) as r:
+        assert r.run(_request(threads=2), build=lib).status == "ok"  # detection off
+    assert longest_wait_s({"1": 5}, {"1": 2_000_005, "2": 7}) == 0.002 and longest_wait_s(None, {}) is None
+    assert disturbed(0.1, 0.16, waited_s=0.05) and not disturbed(0.1, 0.16, waited_s=0.01)
+    assert not disturbed(0.1, 0.16, None, waited_s=0.09)  # detection off
+
+
 def test_wall_cpu_ratio_from_environment(monkeypatch):
     monkeypatch.setenv("FELIXJAX_MAX_WALL_CPU_RATIO", "2.5")
     assert LocalRunner().max_wall_cpu_ratio == 2.5
