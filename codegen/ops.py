@@ -106,22 +106,38 @@ class Contraction:
 # Task
 # ----------------------------------------------------------------------------------------------
 
+def _int(v: Any, name: str) -> int:
+    """``v`` as an int: an integer (numpy's too) or a float holding one; anything else (2.5, "4", a
+    bool) is a ValueError, not silently truncated.
+
+    Example:
+        >>> _int(4.0, "m"), _int(np.int64(3), "n")
+        (4, 3)
+    """
+    if not isinstance(v, (bool, np.bool_)):
+        if isinstance(v, numbers.Integral):
+            return int(v)
+        if isinstance(v, numbers.Real) and float(v).is_integer():
+            return int(v)
+    raise ValueError(f"{name} must be an integer, got {v!r}")
+
+
 def _as_pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
-        return int(v[0]), int(v[1])
-    return int(v), int(v)
+        return _int(v[0], name), _int(v[1], name)
+    return _int(v, name), _int(v, name)
 
 
 def _as_pad(v: int | tuple[int, ...] | list[int]) -> tuple[int, int, int, int]:
     if isinstance(v, (tuple, list)):
         if len(v) == 2:
-            return int(v[0]), int(v[1]), int(v[0]), int(v[1])
+            return _int(v[0], "padding"), _int(v[1], "padding"), _int(v[0], "padding"), _int(v[1], "padding")
         if len(v) != 4:
             raise ValueError(f"padding must be an int, (pad_h, pad_w) or (top, left, bottom, right), got {v!r}")
-        return tuple(int(x) for x in v)  # type: ignore[return-value]
-    return (int(v),) * 4  # type: ignore[return-value]
+        return tuple(_int(x, "padding") for x in v)  # type: ignore[return-value]
+    return (_int(v, "padding"),) * 4  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,12 @@ class Task:
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"unknown op {self.op!r}; supported: {', '.join(OPS)}")
+        for flag in ("bias", "residual"):  # 0 / 1 (numpy bools too) as bools: one key per task
+            v = getattr(self, flag)
+            if isinstance(v, (bool, np.bool_)) or (isinstance(v, numbers.Integral) and v in (0, 1)):
+                object.__setattr__(self, flag, bool(v))
+            else:
+                raise ValueError(f"{flag} must be a bool, got {v!r}")
         if self.act not in ACTIVATIONS:
             raise ValueError(f"act must be one of None, 'relu', 'relu6'; got {self.act!r}")
         if self.dtype not in PRECISIONS:
@@ -644,8 +666,8 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
         >>> matmul(512, 512, 512).flops
         268435456
     """
-    params = _params(m=int(m), n=int(n), k=int(k)) if not batch else _params(m=int(m), n=int(n), k=int(k),
-                                                                             batch=int(batch))
+    mnk = {"m": _int(m, "m"), "n": _int(n, "n"), "k": _int(k, "k")}
+    params = _params(**mnk) if not batch else _params(**mnk, batch=_int(batch, "batch"))
     with _limits.override(limits):
         return _sparse(Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype,
                             weight_bits=weight_bits), sparsity)
@@ -661,7 +683,8 @@ def dense(n: int, in_features: int, out_features: int, *, bias: bool = False, ac
         [(1, 4096), (1000, 4096), (1000,)]
     """
     with _limits.override(limits):
-        return _sparse(Task("dense", _params(n=int(n), **{"in": int(in_features)}, out=int(out_features)), bias, act,
+        return _sparse(Task("dense", _params(n=_int(n, "n"), **{"in": _int(in_features, "in_features")},
+                                           out=_int(out_features, "out_features")), bias, act,
                     residual, dtype, None, act_signed, out_dtype, weight_bits=weight_bits), sparsity)
 
 
@@ -681,9 +704,10 @@ def conv2d(n: int, c: int, h: int, w: int, *, out_channels: int, kernel: int | t
     """
     r, s = _as_pair(kernel, "kernel")
     with _limits.override(limits):
-        return _sparse(Task("conv2d", _params(n=int(n), c=int(c), h=int(h), w=int(w), k=int(out_channels), r=r, s=s,
+        return _sparse(Task("conv2d", _params(n=_int(n, "n"), c=_int(c, "c"), h=_int(h, "h"), w=_int(w, "w"),
+                                      k=_int(out_channels, "out_channels"), r=r, s=s,
                                       stride=_as_pair(stride, "stride"), pad=_as_pad(padding),
-                                      dilation=_as_pair(dilation, "dilation"), groups=int(groups)),
+                                      dilation=_as_pair(dilation, "dilation"), groups=_int(groups, "groups")),
                     bias, act, residual, dtype, None, act_signed, out_dtype, weight_bits=weight_bits), sparsity)
 
 

@@ -164,6 +164,30 @@ class Target:
         """
         return cls(**{**_detect_cpu(), **overrides})
 
+    @classmethod
+    def parse(cls, spec: "str | Target | None") -> Target:
+        """A target from its command-line spelling: ``"cpu"`` (this machine) or ``"cuda-sim:GPU"`` (a
+        simulated GPU of :data:`codegen.cuda.specs.SPECS`); a Target passes through, ``None`` is the CPU.
+
+        Example:
+            >>> Target.parse("cuda-sim:a100").name, Target.parse(None).kind
+            ('a100', 'cpu')
+        """
+        if spec is None:
+            return cls.cpu()
+        if isinstance(spec, Target):
+            return spec
+        if not isinstance(spec, str):
+            raise TypeError(f"a target is a Target or 'cpu' / 'cuda-sim:GPU', not {type(spec).__name__}")
+        if spec.startswith("cuda-sim:"):
+            return cls.cuda_sim(spec.partition(":")[2])
+        if spec != "cpu":
+            from .cuda.specs import SPECS
+
+            raise ValueError(f"unknown target {spec!r}; use 'cpu' or 'cuda-sim:GPU' ({', '.join(SPECS)}); GPU "
+                             f"kernels are timed by the simulator only (no real-GPU timing path yet)")
+        return cls.cpu()
+
     def to_json(self) -> dict[str, Any]:
         """Returns a JSON-serializable dict (the inverse of `from_json`)."""
         return dataclasses.asdict(self)

@@ -217,17 +217,10 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 def _target(threads: int | None, name: str = "cpu"):
     from codegen.target import Target
 
-    if name.startswith("cuda-sim:"):
-        try:
-            return Target.cuda_sim(name.partition(":")[2])
-        except ValueError as e:
-            raise UserError(str(e)) from None
-    if name != "cpu":
-        from codegen.cuda.specs import SPECS
-
-        raise UserError(f"unknown --target {name!r}; use cpu or cuda-sim:GPU ({', '.join(SPECS)}); the tuner times "
-                        "GPU kernels with its simulator only (no real-GPU timing path yet)")
-    return Target.cpu()
+    try:
+        return Target.parse(name)
+    except ValueError as e:
+        raise UserError(str(e).replace("unknown target", "unknown --target")) from None
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

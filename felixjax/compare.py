@@ -619,7 +619,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError(f"trials must be >= 1 (got {trials})")
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0 (got {seconds})")
-    target = target or Target.cpu()
+    target = Target.parse(target)
     warmup = (WARMUP_TRIALS if replay is None and not target.is_gpu else 0) if warmup is None else int(warmup)
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0 (got {warmup})")
@@ -699,7 +699,7 @@ def from_database(db: str | os.PathLike | Database, tasks, strategies: Iterable[
     finished; the unfinished tasks' names)``."""
     task_list = _as_tasks(tasks)
     strategies, seeds = list(strategies), list(seeds)
-    target = target or Target.cpu()
+    target = Target.parse(target)
     key = "replay:" + target.key if replay else target.at_threads(threads).key  # as compare() stores them
     own = not isinstance(db, Database)
     database = Database(db, readonly=True) if own else db

@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator
 
 from codegen.measure import MeasureResult
@@ -640,8 +641,12 @@ class Database:
         where += f" AND run LIKE '{NETWORK_PREFIX}%'"
         return next(self._rows(where, args, order="id DESC LIMIT 1"), None)
 
-    def count(self, task: Task, target: Target | str, *, run: str | None = None, since: int | None = None) -> int:
+    def count(self, task: Task, target: Target | str, *, run: str | None = None, since: int | None = None,
+              retimes: bool = False) -> int:
+        """``len(records(task, target, run=run, since=since, retimes=retimes))``, counted in SQL."""
         where, args = self._where(task, target, run, since=since)
+        if run is None and not retimes:
+            where = (where + " AND " if where else "WHERE ") + "run NOT LIKE 'retime:%'"
         return self._query(f"SELECT COUNT(*) FROM records {where}", args)[0][0]
 
     def tasks(self) -> list[tuple[Task, str]]:
@@ -662,8 +667,10 @@ class Database:
 
     # ---- sharing -------------------------------------------------------------------------------
     def export_jsonl(self, path: str | os.PathLike) -> int:
-        """Write every record as one JSON object per line; returns the count."""
+        """Write every record (re-timings included) as one JSON object per line; returns the count.
+        Missing folders of ``path`` are created, as for the database itself."""
         n = 0
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             for rec in self._rows("", ()):
                 f.write(json.dumps(rec.to_json(), sort_keys=True) + "\n")

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 import time
@@ -53,6 +54,11 @@ def _as_task(task: Task | str) -> Task:
         raise TypeError(f"{task!r} is not a task: pass fj.ops.matmul(...) or a spec such as "
                         f"'matmul:m=64,n=64,k=64'")
     return task
+
+
+def _check_retime(retime: Any) -> None:
+    if isinstance(retime, bool) or not isinstance(retime, numbers.Integral) or retime < 0:
+        raise ValueError(f"retime must be a whole number >= 0 of configs to time again (got {retime!r})")
 
 
 def _check_cost_model(strategy: str | Strategy, options: dict | None, cost_model: str | None) -> None:
@@ -116,6 +122,9 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
     task = _as_task(task)                                                      # the operator, as a Task
     if batch is not None and not batch >= 1:
         raise ValueError(f"batch must be >= 1 candidates per round (got {batch})")
+    _check_retime(retime)
+    if trials is None and seconds is None:
+        raise ValueError("trials=None needs a seconds= budget (without either the run would never end)")
     _check_cost_model(strategy, strategy_options, cost_model)
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
@@ -201,6 +210,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         >>> res.trials, len(res.tasks)
         (8, 4)
     """
+    _check_retime(retime)
     if trials < 0 or (trials == 0 and retime < 1):
         raise ValueError(f"trials must be >= 1, or 0 with retime >= 1 to re-time only (got {trials}, retime {retime})")
     strategy = strategy if strategy is not None else _default_strategy()
@@ -280,7 +290,7 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
         raise ValueError(f"build_model builds a C library for this CPU; {target.kind}:{target.name} is a GPU target "
                          "(a simulated GPU has nothing to run the network on): tune on it, build with Target.cpu()")
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
-    target = target or Target.cpu()
+    target = Target.parse(target)
     schedules = choose_schedules(model, target, db=db, configs=configs, threads=threads)  # best record (or default)
     if stale := [s.task.name for s in schedules if s.stale]:
         warnings.warn(f"{len(stale)} of {len(schedules)} tasks are built from tuned records that were never "
@@ -327,7 +337,7 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     from .layout import LAYOUTS
     from .onnx_import import load_onnx
 
-    target = target or Target.cpu()
+    target = Target.parse(target)
     models = {lay: load_onnx(model, layout=lay, **load_options) for lay in LAYOUTS}
     if not any(n.is_anchor and n.task.op == "conv2d_nchwc" for n in models["nchwc"].graph.nodes):
         return "nchw", {}

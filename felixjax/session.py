@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import os
 import re
 import sys
@@ -84,6 +85,11 @@ def _finite_result(res: MeasureResult) -> MeasureResult:
         return MeasureResult("runtime_error", error=f"the timer returned {list(res.latencies)}",
                              build_s=res.build_s, run_s=res.run_s, timestamp=res.timestamp)
     return res
+
+
+def _whole(v: Any) -> bool:
+    """Whether ``v`` is an integer (numpy's too), not a bool or a float."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclass
@@ -181,7 +187,7 @@ class TuningSession:
                  trials: int | None = None, seconds: float | None = None,
                  progress: bool | Callable[[dict], None] = True, defaults: bool = True,
                  cost_aware: CostAware | None = None, run_caches: str | os.PathLike | None = None):
-        self.target = target or Target.cpu()
+        self.target = Target.parse(target)  # a Target, None (this CPU), or "cpu" / "cuda-sim:GPU"
         if self.target.is_gpu and runner is not None and measurer is None:
             warnings.warn(f"{self.target.kind} targets build, check and simulate in this process: the runner "
                           f"{type(runner).__name__} is not used", stacklevel=2)
@@ -287,10 +293,13 @@ class TuningSession:
             task = parse_spec(task)
         if not isinstance(task, Task):
             raise TypeError(f"{task!r} is not a task: pass fj.ops.matmul(...) or a spec like 'matmul:m=64,n=64,k=64'")
-        if trials is not None and trials < 1:
-            raise ValueError(f"trials must be >= 1 (got {trials})")
+        if trials is not None and (not _whole(trials) or trials < 1):
+            raise ValueError(f"trials must be a whole number >= 1 (got {trials!r})")
         if seconds is not None and not seconds > 0:
             raise ValueError(f"seconds must be > 0 (got {seconds})")
+        if not _whole(seed) or seed < 0:
+            raise ValueError(f"seed must be a whole number >= 0 (got {seed!r}): it names the run and its random "
+                             f"streams")
         strat = get_strategy(strategy, **(strategy_options or {}))
         label = label or strat.name
         run = run or f"{label}:{seed}"

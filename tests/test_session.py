@@ -273,3 +273,35 @@ def test_a_one_trial_run_measures_the_schedule_an_untuned_build_runs():
     res = fj.tune(conv, target, strategy="random", trials=1, db=None, progress=False, retime=0,
                   measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
     assert [r.config for r in res.history] == [default_config_for(conv, target)]
+
+
+def test_arguments_a_notebook_user_gets_wrong_are_clear_errors(tmp_path):
+    """Session 74 (a user's review): tasks equal by == but with different keys (bias=1 vs True: their records
+    split), shapes truncated (2.5 -> 2), trials=None running forever, seeds of any type naming runs, a text
+    target an AttributeError, count() and records() disagreeing, export_jsonl into a missing folder."""
+    assert fj.ops.dense(1, 8, 8, bias=1).key == fj.ops.dense(1, 8, 8, bias=True).key
+    assert fj.ops.conv2d(1, 4, 6, 6, out_channels=4, residual=np.True_).residual is True
+    assert fj.ops.matmul(4.0, np.int64(4), 4) == fj.ops.matmul(4, 4, 4)
+    for bad, msg in ((lambda: fj.ops.matmul(2.5, 7, 3), "m must be an integer"),
+                     (lambda: fj.ops.matmul("4", 7, 3), "m must be an integer"),
+                     (lambda: fj.ops.dense(1, 8, 8, bias="no"), "bias must be a bool"),
+                     (lambda: fj.ops.conv2d(1, 3, 8, 8, out_channels=4, padding=(1.5, 1)), "padding must be")):
+        with pytest.raises(ValueError, match=msg):
+            bad()
+    kw = dict(strategy="random", measurer=replay, progress=False, retime=0)
+    for args, msg in (({"trials": None}, "needs a seconds"), ({"trials": 2.5}, "whole number"),
+                      ({"trials": 4, "seed": 1.5}, "seed must be"), ({"trials": 4, "seed": True}, "seed must be"),
+                      ({"trials": 4, "seed": -1}, "seed must be"), ({"trials": 4, "retime": -1}, "retime must be"),
+                      ({"trials": 4, "target": "tpu"}, "unknown target")):
+        with pytest.raises(ValueError, match=msg):
+            fj.tune(T1, **{**kw, **args})
+    res = fj.tune(T1, "cpu", trials=4, **kw)  # a target by its command-line name
+    assert res.best.ok and fj.tune(T1, target="cuda-sim:a100", trials=1, **{**kw, "measurer": None}).target.is_gpu
+    db = tmp_path / "c.db"
+    fj.tune(T1, trials=6, db=str(db), **{**kw, "retime": 2})
+    with fj.Database(str(db)) as d:
+        target = fj.Target.cpu()
+        key = target.at_threads(target.cores).key
+        assert d.count(T1, key) == len(d.records(task=T1, target=key)) == 6
+        assert d.count(T1, key, retimes=True) == len(d.records(task=T1, target=key, retimes=True)) > 6
+        assert d.export_jsonl(tmp_path / "new" / "dir" / "all.jsonl") == d.count(T1, key, retimes=True)
