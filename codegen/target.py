@@ -165,7 +165,7 @@ class Target:
         return cls(**{**_detect_cpu(), **overrides})
 
     @classmethod
-    def parse(cls, spec: "str | Target | None") -> Target:
+    def parse(cls, spec: str | Target | None) -> Target:
         """A target from its command-line spelling: ``"cpu"`` (this machine) or ``"cuda-sim:GPU"`` (a
         simulated GPU of :data:`codegen.cuda.specs.SPECS`); a Target passes through, ``None`` is the CPU.
 

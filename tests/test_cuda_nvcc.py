@@ -58,5 +58,5 @@ def test_emitted_kernels_compile_without_warnings(tmp_path):
             src = tmp_path / f"k{i}_{j}.cu"
             src.write_text(render(sp, cfg).source)
             p = subprocess.run([nvcc_path(), "-cubin", f"-arch={tg.spec.arch}", "-O3", str(src), "-o",
-                                str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=300)
+                                str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=300, check=False)
             assert p.returncode == 0 and not p.stderr.strip(), (t.name, p.stderr[:400])

@@ -144,9 +144,9 @@ def test_int8_kernels_check_scales_zero_points_and_weight_bits_as_the_reference_
     for label, quant in bad.items():
         with pytest.raises(ValueError) as ref_err:
             task.reference(x, w, *quant)
-        for f in (lambda: k(x, w, *quant), lambda: bound(x, *quant)):
+        for call in (k, bound):
             with pytest.raises(ValueError) as err:
-                f()
+                call(x, w, *quant) if call is k else call(x, *quant)
             assert str(err.value) == str(ref_err.value), label
     np.testing.assert_allclose(k(x, w, xs, xzp, ws), want, rtol=1e-5, atol=1e-5)  # good values again: fine
     np.testing.assert_allclose(bound(x, xs, xzp, ws), want, rtol=1e-5, atol=1e-5)

@@ -288,7 +288,7 @@ def test_arguments_a_notebook_user_gets_wrong_are_clear_errors(tmp_path):
                      (lambda: fj.ops.conv2d(1, 3, 8, 8, out_channels=4, padding=(1.5, 1)), "padding must be")):
         with pytest.raises(ValueError, match=msg):
             bad()
-    kw = dict(strategy="random", measurer=replay, progress=False, retime=0)
+    kw = {"strategy": "random", "measurer": replay, "progress": False, "retime": 0}
     for args, msg in (({"trials": None}, "needs a seconds"), ({"trials": 2.5}, "whole number"),
                       ({"trials": 4, "seed": 1.5}, "seed must be"), ({"trials": 4, "seed": True}, "seed must be"),
                       ({"trials": 4, "seed": -1}, "seed must be"), ({"trials": 4, "retime": -1}, "retime must be"),
