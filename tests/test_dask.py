@@ -127,6 +127,24 @@ def test_a_candidate_whose_worker_dies_twice_is_recorded_as_a_failure(client):
     client.wait_for_workers(2, timeout=60)  # the nanny restarted the measuring worker each time
 
 
+def test_a_worker_death_charges_only_the_candidate_being_measured(client):
+    # session 74 (a user's review): Dask fails every task queued on a dead worker, and each was charged a try,
+    # so a second death recorded candidates that never ran as `runtime_error` (for good: a resumed run never
+    # measures a config twice). Now a batch runs in order and only its first unfinished candidate is charged.
+    runner = DaskRunner(client, builds="device",
+                        worker_runner=functools.partial(remote.replay_runner, 0, 0.05, 4))
+    res = fj.tune(TASK, strategy="random", trials=8, batch=8, seed=0, progress=False, retime=0, runner=runner)
+    dies = remote.HashLatency(die_every=4)
+
+    def source(cfg):
+        return render(lower(fj.Space(TASK, cfg.sketch, fj.Target.cpu()), cfg))
+
+    killers = {r.config for r in res.history if (dies.bucket(source(r.config)) >> 20) % 4 == 0}
+    assert killers and len(killers) < len(res.history)  # others queued behind a killer on the same worker
+    assert {r.config for r in res.history if not r.ok} == killers
+    client.wait_for_workers(2, timeout=60)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
