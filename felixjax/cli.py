@@ -436,6 +436,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)
+    if args.replay and args.dask:  # a replay times nothing: no cluster to start
+        print("felixjax compare: note: --dask is not used with --replay (the synthetic oracle runs in this process)",
+              file=sys.stderr)
+        args.dask = None
     with _runner(args) as runner:
         cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                          db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,

@@ -235,7 +235,25 @@ class DaskRunner:
         if len(sources) != len(requests):
             raise ValueError("one source per request")
         if requests:
+            self._guard(self._await_device, len(requests))
             yield from self._stream(sources, requests, self._guard(self._builds, sources, self.build_mode()))
+
+    def _await_device(self, waiting: int) -> None:
+        """Return once a worker advertises the measuring resource; :class:`NoDeviceError` after
+        ``no_device_s`` without one. Checked before anything is sent: with no worker at all, sending the
+        arrays (a broadcast, retried, then inline) took minutes before the idle clock below began (a
+        user's review saw the error after 9 min 43 s)."""
+        since = time.monotonic()
+        while self._devices() == 0:
+            if time.monotonic() - since > self.no_device_s:
+                raise NoDeviceError(self._no_device_message(waiting))
+            time.sleep(1.0)
+
+    def _no_device_message(self, waiting: int) -> str:
+        return (f"no worker of the Dask cluster at {_address(self.client)} advertises the {self.resource!r} "
+                f"resource for {self.no_device_s:g} s: {waiting} candidates wait. Start one (dask worker ADDRESS "
+                f"--nthreads 1 --resources {self.resource}=1; workers stop when their scheduler does) and rerun "
+                f"the same command to resume.")
 
     def _guard(self, fn: Callable, *args: Any) -> Any:
         try:
@@ -245,7 +263,8 @@ class DaskRunner:
         except Exception as e:  # noqa: BLE001
             if self.client.status != "running":
                 raise SchedulerLostError(f"lost the Dask scheduler {_address(self.client)}: {e}; "
-                                         f"start it again and rerun the same command to resume") from e
+                                         f"start it and its workers again (they stop with it) and rerun the same command to "
+                                         f"resume") from e
             raise
 
     def _stream(self, sources: list, requests: list, builds: list) -> Iterator[MeasureResult]:
@@ -289,11 +308,7 @@ class DaskRunner:
                         else:
                             no_device_since = no_device_since or time.monotonic()
                             if time.monotonic() - no_device_since > self.no_device_s:
-                                raise NoDeviceError(
-                                    f"no worker of the Dask cluster at {_address(self.client)} advertises the "
-                                    f"{self.resource!r} resource for {self.no_device_s:g} s: {len(futs) - nxt} "
-                                    f"candidates wait. Start one (dask worker ADDRESS --nthreads 1 --resources "
-                                    f"{self.resource}=1) and rerun the same command to resume.")
+                                raise NoDeviceError(self._no_device_message(len(futs) - nxt))
                     continue
                 idle_since = time.monotonic()
                 i = index.get(f.key)
@@ -348,7 +363,8 @@ class DaskRunner:
     def _lost_message(self, measured: int, total: int) -> str:
         return (f"lost the Dask scheduler {_address(self.client)}: no answer for "
                 f"{self.lost_after_s:g} s; {measured} of this batch's {total} candidates were measured and "
-                f"are in the database. Start the scheduler again and rerun the same command to resume the run.")
+                f"are in the database. Start the scheduler and its workers again (they stop with it) and rerun "
+                f"the same command to resume the run.")
 
     # ---- the Runner protocol -------------------------------------------------------------------------
     def build(self, sources: Sequence[str]) -> list[BuildResult]:

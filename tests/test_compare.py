@@ -216,9 +216,10 @@ def test_noisy_replay_in_a_comparison_records_timings_above_the_truth():
 def test_cli_compare_replay(tmp_path, capsys):
     out = tmp_path / "res"
     assert cli(["compare", "--op", "matmul:m=32,n=32,k=32", "--strategies", "genetic,random", "--seeds", "1",
-                "--trials", "8", "--out", str(out), "--replay"]) == 0
-    text = capsys.readouterr().out
-    assert "| matmul_32x32x32 | genetic |" in text and "random / genetic" in text
+                "--trials", "8", "--out", str(out), "--replay", "--dask", "tcp://127.0.0.1:1"]) == 0
+    cap = capsys.readouterr()
+    assert "| matmul_32x32x32 | genetic |" in cap.out and "random / genetic" in cap.out
+    assert "--dask is not used with --replay" in cap.err  # session 74: it was silently ignored
     assert {"cmp.csv", "table.md", "curves.png", "cmp.db"} <= set(os.listdir(out))
 
 

@@ -180,6 +180,15 @@ def test_no_measuring_worker_is_a_clear_error_not_a_hang():
             runner = DaskRunner(c, builds="device", worker_runner=remote.replay_runner, no_device_s=1)
             with pytest.raises(NoDeviceError, match="advertises the 'device' resource"):
                 fj.tune(TASK, strategy="random", trials=4, progress=False, retime=0, runner=runner)
+            # no worker at all (session 74, a user's review: the arrays' broadcast waited and retried for
+            # minutes before the idle clock began; 9 min 43 s to the error at the default 120 s)
+            procs[1].kill()
+            procs[1].wait(10)
+            t0 = time.monotonic()
+            with pytest.raises(NoDeviceError, match="workers stop when their scheduler does"):
+                fj.tune(TASK, strategy="random", trials=4, progress=False, retime=0,
+                        runner=DaskRunner(c, builds="device", worker_runner=remote.replay_runner, no_device_s=2))
+            assert time.monotonic() - t0 < 25
     finally:
         _stop(procs)
 
