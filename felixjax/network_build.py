@@ -362,7 +362,8 @@ class CompiledModel:
                      f"{', AVX-512 FP16' if t.avx512_fp16 else ''}. Compile it with a -march that has these "
                      f"vector units; for another CPU build with a Target describing it, e.g. "
                      f"fj.Target.cpu(simd_lanes=8, vector_registers=16, avx512_vnni=False) for AVX2.")
-        return netbuild.export(self.net, directory, readme="\n".join(lines))
+        return netbuild.export(self.net, directory, readme="\n".join(lines),
+                               names=(self.model.input_names, self.model.output_names))
 
     def summary(self) -> str:
         """Schedules, memory and code size of the build, one line each."""

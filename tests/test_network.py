@@ -131,7 +131,8 @@ def test_export_builds_without_openmp_and_refuses_another_builds_weights(tmp_pat
     _close(y.reshape(1, 16, 8, 8), _ort(proto, {"x": x})[0])
     text = (out / "README.txt").read_text()
     assert "Generated for cpu" in text and "only with this model.c" in text and "OMP_NUM_THREADS" in text
-    assert "FJ_MODEL_STEPS" in (out / "model.h").read_text()
+    header = (out / "model.h").read_text()
+    assert "FJ_MODEL_STEPS" in header and ' *   input 0 "x": ' in header and ' *   output 0 "y": ' in header
     w = np.fromfile(out / "weights.bin", dtype="<f4")
     w[len(w) // 2] += 1.0  # one weight of another build
     w.tofile(out / "other.bin")

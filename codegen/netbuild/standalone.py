@@ -3,6 +3,8 @@ weights.bin, README.txt) that builds with ``make`` and nothing but a C compiler.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -104,16 +106,32 @@ int main(int argc, char** argv) {
 """
 
 
-def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "") -> Path:
+def _c_comment_text(name: str) -> str:
+    """A model's tensor name as safe text inside a C comment (no ``*/``, no control characters).
+
+    Example:
+        >>> _c_comment_text("a*/b\\n")
+        'a??b?'
+    """
+    return re.sub(r"[^A-Za-z0-9_.:;,#@+=\-\[\]()<> ]", "?", name)[:80]
+
+
+def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
+           names: tuple[Sequence[str], Sequence[str]] | None = None) -> Path:
     """Write a standalone folder: model.c, model.h, main.c (a demo reading / writing raw float32 files),
     Makefile, weights.bin and README.txt. ``make`` in that folder builds ``demo`` and ``libmodel.so``.
+    ``names``: the model's input and output names, written beside their shapes in model.h.
 
     Returns the folder path.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "model.c").write_text('#include "model.h"\n' + net.source)
-    (d / "model.h").write_text(net.header)
+    header = net.header
+    for kind, group in zip(("input", "output"), names or ((), ())):
+        for k, name in enumerate(group):  # " *   input 0: float32 ..." -> " *   input 0 "x": float32 ..."
+            header = header.replace(f" *   {kind} {k}: ", f" *   {kind} {k} \"{_c_comment_text(name)}\": ", 1)
+    (d / "model.h").write_text(header)
     (d / "main.c").write_text(_MAIN_C)
     (d / "Makefile").write_text(_MAKEFILE)
     np.asarray(net.weights[: net.memory.weight_floats], dtype="<f4").tofile(d / "weights.bin")
