@@ -48,7 +48,9 @@ import dataclasses
 import functools
 import hashlib
 import queue
+import socket
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -456,6 +458,28 @@ def _address(client: Any) -> str:
     return str(getattr(getattr(client, "scheduler", None), "address", "") or "")
 
 
+def _probe(spec: str) -> None:
+    """A refused connection or an unknown host at a ``tcp://host:port`` address is a
+    :class:`SchedulerLostError` at once (Dask's client retries those until its timeout, 30 s); anything
+    else (a slow network, another protocol) is left to the client."""
+    url = urllib.parse.urlsplit(spec)
+    if url.scheme != "tcp" or not url.hostname:
+        return
+    try:
+        port = url.port
+    except ValueError:
+        raise SchedulerLostError(f"cannot reach the Dask scheduler at {spec}: the port is not a number in "
+                                 f"0-65535") from None
+    if port is None:
+        return
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except (ConnectionRefusedError, socket.gaierror) as e:
+        raise SchedulerLostError(f"cannot reach the Dask scheduler at {spec}: {e}") from None
+    except OSError:  # a timeout or an unreachable network: the client's own timeout decides
+        return
+
+
 @contextlib.contextmanager
 def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iterator[DaskRunner]:
     """A :class:`DaskRunner` for ``--dask SPEC``: ``"local"`` starts a :func:`local_cluster` (closed on
@@ -472,6 +496,7 @@ def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iter
         runner_kwargs = {"measure_cpus": measure_cpus, "build_cpus": build_cpus, **runner_kwargs}
         client = Client(cluster)
     else:
+        _probe(spec)
         try:
             client = Client(spec, timeout=f"{timeout_s}s")
         except OSError as e:

@@ -229,6 +229,13 @@ def test_no_scheduler_at_the_address_is_one_clear_error():
     with pytest.raises(SchedulerLostError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:"):
         with connect(f"tcp://127.0.0.1:{_free_port()}", timeout_s=1):
             pass
+    # refused, a bad port, an unknown host: at once, not after the client's timeout (session 74: 30 s each)
+    t0 = time.monotonic()
+    for spec in (f"tcp://127.0.0.1:{_free_port()}", "tcp://127.0.0.1:99999", "tcp://nowhere.invalid:8786"):
+        with pytest.raises(SchedulerLostError, match="cannot reach"):
+            with connect(spec, timeout_s=60):
+                pass
+    assert time.monotonic() - t0 < 30
 
 
 def test_tune_model_and_compare_take_a_dask_runner(client):
