@@ -107,18 +107,9 @@ class Contraction:
 # ----------------------------------------------------------------------------------------------
 
 def _int(v: Any, name: str) -> int:
-    """``v`` as an int: an integer (numpy's too) or a float holding one; anything else (2.5, "4", a
-    bool) is a ValueError, not silently truncated.
-
-    Example:
-        >>> _int(4.0, "m"), _int(np.int64(3), "n")
-        (4, 3)
-    """
-    if not isinstance(v, (bool, np.bool_)):
-        if isinstance(v, numbers.Integral):
-            return int(v)
-        if isinstance(v, numbers.Real) and float(v).is_integer():
-            return int(v)
+    """``v`` as an int (numpy integers and floats holding one too); 2.5, "4" or a bool: a ValueError."""
+    if not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and float(v).is_integer():
+        return int(v)
     raise ValueError(f"{name} must be an integer, got {v!r}")
 
 
