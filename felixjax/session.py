@@ -87,6 +87,17 @@ def _finite_result(res: MeasureResult) -> MeasureResult:
     return res
 
 
+def _same_kind(history: list, replayed: bool, task: Task, run: str) -> None:
+    """A ValueError when ``run``'s stored records are replayed (synthetic) and this session measures,
+    or the reverse: one run's history, budget and curves would mix oracle latencies with timings (a
+    measured ``compare`` into a replayed one's database reported the oracle's records as measured)."""
+    other = sum(bool(r.info.get("replayed")) != replayed for r in history)
+    if other:
+        kinds = ("measured", "replayed (synthetic)") if replayed else ("replayed (synthetic)", "measured")
+        raise ValueError(f"run {run!r} of {task.name} holds {other} {kinds[0]} record(s) in this database; a "
+                         f"{kinds[1]} run cannot continue it: use another database or run name")
+
+
 def _whole(v: Any) -> bool:
     """Whether ``v`` is an integer (numpy's too), not a bool or a float."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -304,6 +315,7 @@ class TuningSession:
         label = label or strat.name
         run = run or f"{label}:{seed}"
         history = self.db.records(task, self.target_key, run=run)
+        _same_kind(history, bool(getattr(self.measurer(task), "replayed", False)), task, run)
         spaces = spaces_for(task, self.target)
         model_group = group
 
@@ -349,6 +361,7 @@ class TuningSession:
         self._pick_up_others(tr)
         simulated = 0.0
         trial_s = float(getattr(self.measurer(tr.task), "trial_s", 0.0))  # a replay's simulated trial cost
+        replayed = bool(getattr(self.measurer(tr.task), "replayed", False))  # marked in each record's info
         n = int(n or getattr(tr.strategy, "batch_size", 16))
         if tr.trials is not None:
             n = min(n, tr.trials - len(ctx.history))
@@ -393,9 +406,11 @@ class TuningSession:
             simulated += trial_s
             clock = tr.clock + time.perf_counter() - t0 + simulated
             info = getattr(self.measurer(tr.task), "info", None)  # e.g. GpuSimMeasurer: ptxas and simulator report
+            info = dict(info.get(cfg, {})) if isinstance(info, dict) else {}
+            if replayed:
+                info["replayed"] = True
             rec = self.db.add(TuningRecord(tr.task, self.target_key, tr.run, len(ctx.history), cfg,
-                                           _finite_result(res), clock, self._target_json,
-                                           info=dict(info.get(cfg, {})) if isinstance(info, dict) else {}))
+                                           _finite_result(res), clock, self._target_json, info=info))
             ctx.history.append(rec)
             ctx.measured.add(cfg)
             new.append(rec)

@@ -227,6 +227,10 @@ class ReplayRunner:
         ['ok']
     """
 
+    #: its records are marked ``{"replayed": true}`` (``TuningRecord.info``): a measured run never continues
+    #: a replayed one, nor the reverse (:meth:`felixjax.session.TuningSession.add`)
+    replayed = True
+
     def __init__(self, latency: Mapping[Config, float | MeasureResult] | Callable[[Config], float], *,
                  trial_s: float = 0.3):
         self.latency = latency

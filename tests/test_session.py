@@ -305,3 +305,25 @@ def test_arguments_a_notebook_user_gets_wrong_are_clear_errors(tmp_path):
         assert d.count(T1, key) == len(d.records(task=T1, target=key)) == 6
         assert d.count(T1, key, retimes=True) == len(d.records(task=T1, target=key, retimes=True)) > 6
         assert d.export_jsonl(tmp_path / "new" / "dir" / "all.jsonl") == d.count(T1, key, retimes=True)
+
+
+def test_a_measured_run_never_continues_a_replayed_one(tmp_path):
+    """Session 74 (a user's review): `compare --replay` then the same compare measured, into one database, went on
+    from the oracle's records and labelled them measured; replayed records are marked now and the runs kept apart."""
+    from felixjax.testing import ReplayRunner
+
+    db = str(tmp_path / "mix.db")
+    fj.tune(T1, strategy="random", trials=4, db=db, measurer=replay, progress=False, retime=0)
+    with fj.Database(db) as d:
+        assert all(r.info.get("replayed") for r in d.records(task=T1))
+
+    class Measured(ReplayRunner):  # stands in for the real measurer: same latencies, not marked
+        replayed = False
+
+    with pytest.raises(ValueError, match="holds 4 replayed .synthetic. record.s. in this database; a measured run"):
+        fj.tune(T1, strategy="random", trials=8, db=db, progress=False, retime=0,
+                measurer=lambda t, tg: Measured(ReplayRunner.from_oracle(t, tg).latency))
+    fj.tune(T1, strategy="random", trials=4, db=db, run="measured:0", progress=False, retime=0,
+            measurer=lambda t, tg: Measured(ReplayRunner.from_oracle(t, tg).latency))
+    with pytest.raises(ValueError, match="holds 4 measured record.s. in this database; a replayed"):
+        fj.tune(T1, strategy="random", trials=8, db=db, run="measured:0", measurer=replay, progress=False, retime=0)
