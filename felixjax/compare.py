@@ -429,9 +429,11 @@ class Comparison:
                 ax.set_title(task.name, fontsize=8)
                 ax.legend(fontsize=7)
         fig.tight_layout()
+        path = os.fspath(path)
+        path = path if os.path.splitext(path)[1] else path + ".png"  # what matplotlib writes without a suffix
         fig.savefig(path, dpi=100)
         plt.close(fig)
-        return os.fspath(path)
+        return path
 
     def save(self, out: str | os.PathLike) -> dict[str, str]:
         """Write ``cmp.csv``, ``table.md`` and ``curves.png`` into the folder ``out``."""
@@ -615,6 +617,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("seeds must be >= 1")
+    if len(set(seed_list)) < len(seed_list):  # one run counted twice ("reached 2/2")
+        raise ValueError(f"seeds are listed twice: {seed_list}")
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (got {trials})")
     if seconds is not None and not seconds > 0:

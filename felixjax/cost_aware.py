@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,6 +109,10 @@ class CostAware:
             raise ValueError("plateau, jump_weight, improve_eps and explore must be >= 0")
         if self.min_keep is not None and not 0 < self.min_keep <= 1:
             raise ValueError(f"min_keep must be in (0, 1] (got {self.min_keep})")
+        for name in ("filter_p", "early_stop"):  # numbers, not "0.05" or True (a TypeError deep inside)
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number or None (got {v!r})")
         if self.filter_p is not None and not 0 < self.filter_p < 1:
             raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
         if self.early_stop is not None and not self.early_stop > 0:
@@ -132,9 +137,21 @@ class CostAware:
         return cls(**{**kw, **overrides})
 
     @classmethod
-    def of(cls, filter_p: float | None = None, early_stop: float | None = None) -> CostAware | None:
-        """The options of ``fj.tune(filter_p=..., early_stop=...)``, or None when both are off."""
-        ca = cls(filter_p=filter_p, early_stop=early_stop)
+    def of(cls, filter_p: float | None = None, early_stop: float | str | None = None,
+           cost_aware: CostAware | None = None) -> CostAware | None:
+        """The options of ``fj.tune(filter_p=..., early_stop=..., cost_aware=...)``, or None when all are
+        off. ``early_stop="calibrated"`` is :meth:`calibrated` (as ``--early-stop calibrated``, with
+        ``filter_p``); ``cost_aware`` is all the options at once, so it goes alone."""
+        if cost_aware is not None:
+            if filter_p is not None or early_stop is not None:
+                raise ValueError("give cost_aware= alone, or filter_p= / early_stop= without it (both were given)")
+            if not isinstance(cost_aware, CostAware):
+                raise ValueError(f"cost_aware must be a CostAware (say CostAware.calibrated()), got {cost_aware!r}")
+            return cost_aware if cost_aware.enabled else None
+        if early_stop == "calibrated":
+            ca = cls.calibrated(filter_p=filter_p)
+        else:
+            ca = cls(filter_p=filter_p, early_stop=early_stop)
         return ca if ca.enabled else None
 
 

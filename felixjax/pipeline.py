@@ -79,7 +79,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
               progress: bool | Callable[[dict], None] = True, strategy_options: dict | None = None,
               defaults: bool = True, renderer: Callable[[Plan], str] = render, cost_model: str | None = None,
               retime: int = 3, measurer: Callable[[Task, Target], Any] | None = None,
-              filter_p: float | None = None, early_stop: float | None = None,
+              filter_p: float | None = None, early_stop: float | str | None = None,
               cost_aware: CostAware | None = None) -> TuneResult:
     """Tune one operator: rounds of propose -> build -> measure -> record -> update (``fj.tune``).
 
@@ -108,8 +108,9 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         measurer: ``(task, target) -> measurer`` instead of building and timing here (a replay).
         filter_p, early_stop: cost-aware tuning, off by default (:mod:`felixjax.cost_aware`): skip
             candidates less likely than ``filter_p`` to beat the best; end the run (``stop_reason``
-            ``"early_stop"``) when the expected gain per trial is below ``early_stop``.
-        cost_aware: all the cost-aware options instead (say ``CostAware.calibrated()``).
+            ``"early_stop"``) when the expected gain per trial is below ``early_stop`` (``"calibrated"``:
+            :meth:`CostAware.calibrated <felixjax.cost_aware.CostAware.calibrated>`, as ``--early-stop calibrated``).
+        cost_aware: all the cost-aware options instead (say ``CostAware.calibrated()``; not with the two above).
 
     Returns:
         A :class:`TuneResult` with ``.best``, ``.history``, ``.source`` and ``.kernel()``.
@@ -129,7 +130,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        renderer=renderer, cost_model=cost_model, seed=seed, progress=progress,
                        defaults=defaults,
-                       cost_aware=cost_aware or CostAware.of(filter_p, early_stop)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
+                       cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
         tr = session.add(task, strategy, seed=seed, trials=trials, seconds=seconds, run=run,
                          strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
         while not tr.done:
@@ -147,7 +148,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                strategy_options: dict | None = None, include_defaults: bool = True, alpha: float = 0.2,
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
                measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
-               early_stop: float | None = None, cost_aware: CostAware | None = None,
+               early_stop: float | str | None = None, cost_aware: CostAware | None = None,
                retime: int = 3, in_network: int = 3) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
@@ -227,7 +228,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
                        cost_model=cost_model, seed=seed, seconds=seconds, progress=False,
                        defaults=include_defaults,
-                       cost_aware=cost_aware or CostAware.of(filter_p, early_stop)) as session:  # ⑥ one model
+                       cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ one model
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count

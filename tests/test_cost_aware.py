@@ -1,6 +1,7 @@
 """Cost-aware tuning (issue 19): cold-candidate filtering and early stop, with the replay oracle
 (no compiling) and an oracle stand-in for the ensemble's uncertainty; one run with the real ensemble."""
 import math
+import os
 
 import pytest
 
@@ -245,8 +246,8 @@ def test_calibrated_rule_through_fj_tune_never_stops_before_half_the_budget():
 
 
 @pytest.mark.parametrize("argv, msg", [(["--early-stop", "soon"], "--early-stop takes 'calibrated' or a number"),
-                                       (["--early-stop", "-1"], "early_stop must be > 0"),
-                                       (["--filter-p", "1.5"], "filter_p must be in (0, 1)")])
+                                       (["--early-stop", "-1"], "--early-stop must be > 0"),
+                                       (["--filter-p", "1.5"], "--filter-p must be in (0, 1)")])
 def test_cli_cost_aware_flags_reject_bad_values(argv, msg, tmp_path, capsys):
     from felixjax.cli import main as cli
 
@@ -256,3 +257,29 @@ def test_cli_cost_aware_flags_reject_bad_values(argv, msg, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert msg in err and "Traceback" not in err, err
     assert not db.exists()  # nothing ran
+
+
+def test_python_cost_aware_arguments_are_checked_and_calibrated_by_name():
+    """Session 74 (a user's review): cost_aware= with early_stop= silently dropped early_stop; "0.05" or
+    "calibrated" strings were TypeErrors deep inside; early_stop=True and inf were accepted."""
+    from felixjax.cost_aware import CostAware
+
+    assert CostAware.of(early_stop="calibrated") == CostAware.calibrated()
+    assert CostAware.of(early_stop="calibrated", filter_p=0.05) == CostAware.calibrated(filter_p=0.05)
+    assert CostAware.of() is None and CostAware.of(cost_aware=CostAware.calibrated()) == CostAware.calibrated()
+    for kw, msg in (({"filter_p": "0.05"}, "filter_p must be a finite number"),
+                    ({"early_stop": True}, "early_stop must be a finite number"),
+                    ({"early_stop": math.inf}, "early_stop must be a finite number"),
+                    ({"cost_aware": CostAware(filter_p=0.5), "early_stop": 0.5}, "alone"),
+                    ({"cost_aware": "calibrated"}, "must be a CostAware")):
+        with pytest.raises(ValueError, match=msg):
+            fj.tune(fj.ops.matmul(8, 8, 8), strategy="random", trials=4, progress=False, retime=0, measurer=_replay,
+                    **kw)
+
+
+def test_compare_refuses_a_seed_twice_and_plot_names_the_file_it_writes(tmp_path):
+    with pytest.raises(ValueError, match="seeds are listed twice"):
+        fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=[0, 0], db=None, progress=False, replay=True)
+    cmp = fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=1, db=None, progress=False, replay=True)
+    path = cmp.plot(tmp_path / "noext")
+    assert path.endswith("noext.png") and os.path.getsize(path) > 0
