@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import numbers
 import os
@@ -338,10 +339,25 @@ class TuningSession:
             strat.update(ctx, list(history))
             tr.stats["update_s"] += time.perf_counter() - t
             self._event(tr, "resumed")
-        tr.stop_reason = tr.out_of_budget()
+        tr.stop_reason = tr.out_of_budget() or self._stopped_early(tr, ca)
         tr.done = bool(tr.stop_reason)
         self.runs.append(tr)
         return tr
+
+    def _early_stop_key(self, tr: TaskRun) -> str:
+        return f"early_stop:{self.target_key}:{tr.task.key}:{tr.run}"
+
+    def _stopped_early(self, tr: TaskRun, ca: CostAware | None) -> str:
+        """``"early_stop"`` when this run was stopped early with the same options and nothing was added
+        since (the rule's state, e.g. its count of cold rounds, is not in the records: rerunning the same
+        call measured one more round each time); else ``""``."""
+        if tr.screen is None or not tr.resumed:
+            return ""
+        stored = self.db.get_meta(self._early_stop_key(tr))
+        if not stored:
+            return ""
+        mark = json.loads(stored)
+        return "early_stop" if mark == {"at": tr.resumed, "options": repr(ca)} else ""
 
     def _pick_up_others(self, tr: TaskRun) -> None:
         """Records another process added to this run since we last looked count here too (two
@@ -379,6 +395,9 @@ class TuningSession:
         if tr.screen is not None:  # cost-aware: skip cold candidates, or end the run (felixjax.cost_aware)
             cands, why = tr.screen.screen(tr, cands, len(head))
             if why:
+                if why == "early_stop":  # remembered: the same call again stays stopped (_stopped_early)
+                    self.db.set_meta(self._early_stop_key(tr),
+                                     json.dumps({"at": len(ctx.history), "options": repr(tr.screen.options)}))
                 return self._finish(tr, why, t0)
         tr.stats["propose_s"] += time.perf_counter() - t0
         for c in cands:

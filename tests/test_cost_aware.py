@@ -283,3 +283,17 @@ def test_compare_refuses_a_seed_twice_and_plot_names_the_file_it_writes(tmp_path
     cmp = fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=1, db=None, progress=False, replay=True)
     path = cmp.plot(tmp_path / "noext")
     assert path.endswith("noext.png") and os.path.getsize(path) > 0
+
+
+def test_a_run_stopped_early_stays_stopped_when_the_same_call_runs_again(tmp_path):
+    # session 74 (a user's review): the rule's count of cold rounds is not in the records, so each rerun of the same
+    # call measured one more round (48, 64, 80 trials); now the stop is remembered in the database
+    db = str(tmp_path / "es.db")
+    runs = [fj.tune(fj.ops.matmul(64, 64, 64), strategy="random", trials=256, batch=16, early_stop=0.5, db=db,
+                    progress=False, retime=0, measurer=_replay) for _ in range(3)]
+    assert runs[0].stop_reason == "early_stop" and len(runs[0].history) < 256
+    assert [len(r.history) for r in runs[1:]] == [len(runs[0].history)] * 2
+    assert all(r.stop_reason == "early_stop" for r in runs)
+    more = fj.tune(fj.ops.matmul(64, 64, 64), strategy="random", trials=len(runs[0].history) + 16, batch=16, db=db,
+                   progress=False, retime=0, measurer=_replay)  # without early stop: it goes on
+    assert len(more.history) == len(runs[0].history) + 16
