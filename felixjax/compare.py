@@ -405,18 +405,22 @@ class Comparison:
                 runs = [r for r in runs if r]
                 if not runs:
                     continue
+                # every seed at every point: inf before its first correct kernel, its final best after it
+                # ended (a median over the seeds still running rose where a good seed stopped early)
                 length = max(len(r) for r in runs)
-                by_trial = np.full((len(runs), length), np.nan)
-                by_time = np.full((len(runs), len(grid_s)), np.nan)
+                by_trial = np.full((len(runs), length), np.inf)
+                by_time = np.full((len(runs), len(grid_s)), np.inf)
                 for i, recs in enumerate(runs):
                     best = np.minimum.accumulate([r.latency_s for r in recs]) * 1e3
-                    best[~np.isfinite(best)] = np.nan
+                    best[~np.isfinite(best)] = np.inf
                     by_trial[i, : len(best)] = best
+                    by_trial[i, len(best):] = best[-1]
                     pos = np.searchsorted([r.elapsed_s for r in recs], grid_s, side="right") - 1
-                    by_time[i] = np.where(pos >= 0, best[np.maximum(pos, 0)], np.nan)
+                    by_time[i] = np.where(pos >= 0, best[np.maximum(pos, 0)], np.inf)
                 for ax, x, y in ((row[0], np.arange(1, length + 1), by_trial), (row[1], grid_s, by_time)):
                     with np.errstate(all="ignore"), _quiet():
-                        med, lo, hi = np.nanmedian(y, 0), np.nanmin(y, 0), np.nanmax(y, 0)
+                        med, lo, hi = (np.where(np.isfinite(v), v, np.nan)  # inf: not drawn
+                                       for v in (np.median(y, 0), np.min(y, 0), np.max(y, 0)))
                     ax.plot(x, med, color=colors[k % len(colors)], label=s, lw=1.4)
                     ax.fill_between(x, lo, hi, color=colors[k % len(colors)], alpha=0.2, lw=0)
             for ax, xlabel in zip(row, ("trials", "seconds" + (" (simulated)" if self.replay else ""))):

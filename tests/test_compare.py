@@ -427,3 +427,28 @@ def test_arms_that_propose_alike_stay_alike_seed_by_seed():
     for t in TASKS:
         a, b = ([r.config for r in cmp.histories[(t.name, s, 0)]] for s in "ab")
         assert len(a) == 64 and a == b
+
+
+def test_curves_never_rise_when_a_seed_stops_early(tmp_path, monkeypatch):
+    # session 74 (a user's review): the median was taken over the seeds still running, so a best-so-far line rose
+    # where a good seed stopped early (trials panel) or before a slow seed started (seconds panel)
+    import matplotlib.figure
+
+    figs = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self) or real(self, *a, **k))
+    cmp = fj.compare([fj.ops.matmul(64, 64, 64)], ["random"], trials=64, seeds=4, db=None, progress=False,
+                     replay=True, defaults=False)
+    # a seed stops (as an early stop would end it) at a trial where the median of the others is above the median
+    # of all: a median over the seeds still running would rise there
+    best = {k: np.minimum.accumulate([r.latency_s for r in h]) for k, h in cmp.histories.items()}
+    key, t = next((k, t) for t in range(1, 63) for k in best
+                  if np.median([best[j][t + 1] for j in best if j != k]) > np.median([best[j][t] for j in best]))
+    cmp.histories[key] = cmp.histories[key][: t + 1]
+    cmp.plot(tmp_path / "c.png")
+    lines = [ln.get_ydata() for ax in figs[0].axes for ln in ax.get_lines() if len(ln.get_ydata()) > 2]
+    assert lines
+    for y in lines:
+        y = np.asarray(y, float)
+        y = y[np.isfinite(y)]
+        assert (np.diff(y) <= 1e-12).all()
