@@ -122,6 +122,9 @@ def plot_curves(db: Database, path: str) -> str:
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
                     linestyle=styles[run], linewidth=1.3, label=run)
+        if not any(math.isfinite(y) for ys in series[key].values() for y in ys):  # failures only: say so
+            ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes)
         title = names[key] + (f" @ {target_label(key[1], labels.get(key[1]))}" if several_targets else "")
         ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
@@ -177,7 +180,7 @@ def report(path: str, *, plot: str | None = None) -> str:
     with Database(path, readonly=True) as db:
         rows = summary_rows(db)
         if not rows:
-            return "(empty database)"
+            return "(empty database)" + (f"; no plot written to {plot}" if plot else "")
         trials = sum(r["trials"] for r in rows)  # the table's; end-of-run re-timings are counted apart
         again = len(db) - trials
         text = (f"{path}: {trials} measurements" + (f" (and {again} re-timings of bests)" if again else "")

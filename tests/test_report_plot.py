@@ -131,3 +131,20 @@ def test_report_counts_trials_and_retimings_apart(tmp_path):
         again = len(db) - 6
     assert again > 0
     assert f": 6 measurements (and {again} re-timings of bests), 1 task(s)" in report_mod.report(path)
+
+
+def test_a_task_with_failures_only_and_an_empty_database_say_so(tmp_path, monkeypatch):
+    # session 74 (a user's review): a failures-only task drew an empty axis with a legend, and `report --plot` on an
+    # empty database wrote no PNG without a word
+    from codegen.measure import MeasureResult
+
+    empty = tmp_path / "empty.db"
+    fj.Database(str(empty)).close()
+    assert "no plot written" in report_mod.report(str(empty), plot=str(tmp_path / "e.png"))
+    path = str(tmp_path / "fail.db")
+    fj.tune("matmul:m=32,n=32,k=32", strategy="random", trials=4, db=path, progress=False, retime=0,
+            measurer=lambda t, tg: felixjax.testing.ReplayRunner(lambda c: MeasureResult("wrong_result")))
+    seen = _panels(monkeypatch)
+    report_mod.report(path, plot=str(tmp_path / "f.png"))
+    (axes,) = seen
+    assert [t.get_text() for t in axes[0].texts] == ["no correct kernel measured"]
