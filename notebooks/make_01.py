@@ -95,7 +95,7 @@ best = min(ok, key=lambda c: results[c].latency_s)
 default = min((c for c in configs[: len(spaces)] if results[c].ok), key=lambda c: results[c].latency_s)
 contenders = {
     "felixjax default": baselines.kernel_contender(task, default, arrays, threads=1, expected=expected),
-    "felixjax best of 6": baselines.kernel_contender(task, best, arrays, threads=1, expected=expected),
+    f"felixjax best of {len(configs)}": baselines.kernel_contender(task, best, arrays, threads=1, expected=expected),
     "onnxruntime": baselines.ort_contender(task, arrays, threads=1, expected=expected),
 }
 for c in contenders.values():

@@ -59,7 +59,7 @@ print("strategies:", strategies)
 print("operators: ", [t.name for t in tasks])"""),
     ("md", """## A small replayed comparison
 
-96 trials per run, 2 seeds (a small gradient round: 64 starts x 32 steps, to keep this notebook short). `db=None` keeps the records in memory; give a path to keep them (an
+96 trials per run, 2 seeds (the gradient search at its default 64 starts x 32 steps; 16 x 8 when CI runs it). `db=None` keeps the records in memory; give a path to keep them (an
 interrupted comparison then resumes from the database)."""),
     ("code", """out = Path(tempfile.mkdtemp(prefix="fj03_"))
 cmp = fj.compare(tasks, strategies, trials=budget(96, 32), seeds=budget(2, 1), db=None, replay=True, out=out,

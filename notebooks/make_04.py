@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from felixjax.network import build_model, compare_onnxruntime, tune_model
 
-tmp = tempfile.TemporaryDirectory(prefix="felixjax-nb04-")  # ~86 MB; removed by the last cell (or at exit)
+tmp = tempfile.TemporaryDirectory(prefix="felixjax-nb04-")  # ~140 MB; removed by the last cell (or at exit)
 work = Path(tmp.name)
 onnx_path = fj.zoo.save("resnet18", work / "resnet18.onnx", dataset="cifar10")
 model = fj.load_onnx(onnx_path)
@@ -88,8 +88,8 @@ print(f"max |felixjax - onnxruntime| / max |onnxruntime| = {np.abs(y - ref).max(
     ("md", """## Against onnxruntime, and where the time goes
 
 Timed interleaved in this process with the same thread count (one), onnxruntime at its default options. With
-three trials per task the schedules are barely tuned: expect onnxruntime (hand-written MLAS kernels) to be
-ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
+three trials per task the schedules are barely tuned (the sketches' hand-written defaults do most of the work),
+so either side may be ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
     ("code", """cmp = compare_onnxruntime(exe, onnx_path, threads=1, rounds=3, min_time_s=0.1)
 print(f"felixjax {cmp['felixjax_ms']:.2f} ms, onnxruntime {cmp['onnxruntime_ms']:.2f} ms "
       f"({cmp['threads']} threads, medians of {cmp['rounds']})")
@@ -135,7 +135,8 @@ print("same output as NCHW:", np.allclose(build_model(blocked, threads=1)(xb), f
                                           rtol=1e-4, atol=1e-4))"""),
     ("md", """## Cleaning up
 
-The ONNX file, the database and the exported folder (about 86 MB) lived in a temporary folder; the
+The ONNX file, the database and the exported folder (about 140 MB: packed weights are larger than the ONNX
+file's) lived in a temporary folder; the
 compiled library stays in the build cache (`$FELIXJAX_CACHE`, default `~/.cache/felixjax/build`)."""),
     ("code", """tmp.cleanup()
 print(work.exists())"""),

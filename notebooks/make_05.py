@@ -106,7 +106,7 @@ axp.legend()
 plt.show()
 db.close()
 tmp.cleanup()"""),
-    ("md", """With no tuning and two rounds this is a demonstration of the loop, not of the targets:
+    ("md", """With no tuning and one round this is a demonstration of the loop, not of the targets:
 `benchmarks/approx.py` and docs/BENCHMARKS.md hold the measured comparison, including where it falls
 short."""),
 ]
