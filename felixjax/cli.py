@@ -257,6 +257,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for task, res in zip(tasks, results):
         if res.stop_reason == "early_stop":
             print(f"{task.name}: stopped early (cost-aware) after {len(res.history)} of {args.trials} trials")
+        noisy = sum(r.status == "noisy" for r in res.history)
+        if noisy:  # the machine was busy: those timings are upper bounds, the search saw a distorted landscape
+            print(f"{task.name}: note: {noisy} of {len(res.history)} timings were disturbed (`noisy`: another "
+                  f"process used the CPU while they ran; load average {os.getloadavg()[0]:.2f}); tune on a quiet "
+                  f"machine for a result to trust")
         best = res.best
         if best is None:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")

@@ -149,6 +149,30 @@ def test_cli_tune_and_report(tmp_path, capsys):
     assert "dense_1x32_16_bias_relu" in out and os.path.getsize(tmp_path / "c.png") > 1000
 
 
+def test_cli_tune_says_when_timings_were_disturbed(tmp_path, capsys, monkeypatch):
+    # session 74 (a user's review): on a busy machine most timings were `noisy` and the run ended without a word
+    from codegen.measure import MeasureResult
+    from felixjax.testing import ReplayRunner, SyntheticOracle
+
+    real = fj.tune
+
+    def busy(task, *a, **kw):  # every other timing disturbed, as on a machine shared with another job
+        oracle = SyntheticOracle(fj.ops.parse_spec(task) if isinstance(task, str) else task)
+        table = {"n": 0}
+
+        def timing(cfg):
+            table["n"] += 1
+            t = oracle(cfg)
+            return MeasureResult("noisy", (2 * t, 3 * t)) if table["n"] % 2 else t
+        return real(task, *a, **{**kw, "measurer": lambda t, tg: ReplayRunner(timing)})
+
+    monkeypatch.setattr(fj, "tune", busy)
+    assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "4", "--strategy", "random", "--db",
+                str(tmp_path / "n.db"), "--threads", "1", "--no-compare"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 4 timings were disturbed (`noisy`" in out and "tune on a quiet machine" in out
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["tune", "--op", "conv2d:n=1,c=8", "--strategy", "random"], "needs h="),
     (["tune", "--op", "nonsense", "--strategy", "random"], "unknown op kind"),
