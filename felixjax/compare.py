@@ -308,6 +308,15 @@ class Comparison:
         (``paired``: resample seeds jointly, for arms that share their random numbers seed by seed)."""
         return bootstrap_ratios(self.runs(), self.reference(), n=n, level=level, seed=seed, paired=paired)
 
+    def _early_stops(self) -> str:
+        """A sentence naming the runs a cost-aware rule stopped early (their trials and seconds to 95% are
+        bounded by where they stopped, not by the budget), or ""."""
+        stopped = sorted(k for k, s in self.stats.items() if s.get("stop_reason") == "early_stop")
+        if not stopped:
+            return ""
+        shown = ", ".join(f"{t} {s}:{seed} at {len(self.histories.get((t, s, seed), []))}" for t, s, seed in stopped)
+        return f" Stopped early (cost-aware), at the trial shown: {shown}."
+
     def table(self) -> str:
         """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians
         over seeds), trials and seconds to reach 95% of the best any strategy found (median over
@@ -317,7 +326,8 @@ class Comparison:
         mode = "replay (synthetic oracle, simulated seconds)" if self.replay else "measured"
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
                  f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
-                 + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else ""),
+                 + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else "")
+                 + self._early_stops(),
                  "",
                  "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
                  "| seconds to 95% | reached |",
@@ -687,7 +697,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         result = Comparison(task_list, labels, seed_list, trials, seconds,
                             {(r.task.name, r.label, r.seed): list(r.history) for r in runs}, remeasured,
                             replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
-                            openings, {(r.task.name, r.label, r.seed): dict(r.stats) for r in runs},
+                            openings, {(r.task.name, r.label, r.seed): dict(r.stats, stop_reason=r.stop_reason)
+                                       for r in runs},
                             warmup_s=warmup_s)
     if out is not None:
         result.save(out)

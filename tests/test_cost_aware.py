@@ -297,3 +297,12 @@ def test_a_run_stopped_early_stays_stopped_when_the_same_call_runs_again(tmp_pat
     more = fj.tune(fj.ops.matmul(64, 64, 64), strategy="random", trials=len(runs[0].history) + 16, batch=16, db=db,
                    progress=False, retime=0, measurer=_replay)  # without early stop: it goes on
     assert len(more.history) == len(runs[0].history) + 16
+
+
+def test_a_comparison_names_the_runs_a_cost_aware_rule_stopped_early():
+    # session 74 (a user's review): the table said "Budget per run: 256 trials" and showed `>128` for runs that had
+    # stopped at 128, with nothing saying why
+    cmp = fj.compare([fj.ops.matmul(64, 64, 64)], ["random"], trials=256, seeds=2, db=None, progress=False,
+                     replay=True, cost_aware=CostAware(early_stop=0.5))
+    assert all(s["stop_reason"] == "early_stop" for s in cmp.stats.values())
+    assert "Stopped early (cost-aware), at the trial shown: matmul_64x64x64 random:0 at 48" in cmp.table()
