@@ -236,6 +236,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"unknown strategy {args.strategy!r}; registered: {', '.join(fj.strategies())}")
     target = _target(args.threads, args.target)
     args.cost_aware = _cost_aware(args.early_stop, args.filter_p)
+    ca = args.cost_aware
+    if ca is not None and ca.early_stop is not None and args.op and args.trials <= ca.warmup:
+        print(f"felixjax tune: note: --early-stop waits for {ca.warmup} correct trials: with --trials {args.trials} "
+              f"it cannot stop a run early", file=sys.stderr)
     args.no_compare = args.no_compare or target.is_gpu  # onnxruntime runs on this CPU, not the simulated GPU
     if target.is_gpu and args.dask:  # the GPU simulator builds, checks and simulates in this process
         print(f"felixjax tune: note: --dask is not used for {args.target} (the GPU simulator runs in this process)",

@@ -306,3 +306,12 @@ def test_a_comparison_names_the_runs_a_cost_aware_rule_stopped_early():
                      replay=True, cost_aware=CostAware(early_stop=0.5))
     assert all(s["stop_reason"] == "early_stop" for s in cmp.stats.values())
     assert "Stopped early (cost-aware), at the trial shown: matmul_64x64x64 random:0 at 48" in cmp.table()
+
+
+def test_cli_says_an_early_stop_cannot_fire_within_its_warmup(tmp_path, capsys):
+    # session 74 (a user's review): `--early-stop calibrated --trials 48` silently did nothing (64-trial warm-up)
+    from felixjax.cli import main as cli
+
+    assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--no-compare", "--trials", "2",
+                "--early-stop", "calibrated", "--db", str(tmp_path / "w.db")]) == 0
+    assert "waits for 64 correct trials: with --trials 2" in capsys.readouterr().err
