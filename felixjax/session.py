@@ -317,6 +317,13 @@ class TuningSession:
         run = run or f"{label}:{seed}"
         history = self.db.records(task, self.target_key, run=run)
         _same_kind(history, bool(getattr(self.measurer(task), "replayed", False)), task, run)
+        key = f"strategy:{self.target_key}:{task.key}:{run}"  # one strategy per run (its history feeds the search)
+        before = self.db.get_meta(key)
+        if history and before is not None and before != strat.name:
+            raise ValueError(f"run {run!r} of {task.name} was tuned by the {before!r} strategy; {strat.name!r} cannot "
+                             f"continue it: give another run name (run=...) or database")
+        if before is None:
+            self.db.set_meta(key, strat.name)
         spaces = spaces_for(task, self.target)
         model_group = group
 

@@ -327,3 +327,13 @@ def test_a_measured_run_never_continues_a_replayed_one(tmp_path):
             measurer=lambda t, tg: Measured(ReplayRunner.from_oracle(t, tg).latency))
     with pytest.raises(ValueError, match="holds 4 measured record.s. in this database; a replayed"):
         fj.tune(T1, strategy="random", trials=8, db=db, run="measured:0", measurer=replay, progress=False, retime=0)
+
+
+def test_a_run_name_keeps_its_strategy(tmp_path):
+    # session 74 (a user's review): run="x" tuned by random, then by genetic, silently continued the random run
+    db = str(tmp_path / "s.db")
+    fj.tune(T1, strategy="random", trials=4, run="x", db=db, measurer=replay, progress=False, retime=0)
+    with pytest.raises(ValueError, match="was tuned by the 'random' strategy; 'genetic' cannot continue it"):
+        fj.tune(T1, strategy="genetic", trials=8, run="x", db=db, measurer=replay, progress=False, retime=0)
+    assert len(fj.tune(T1, strategy="random", trials=8, run="x", db=db, measurer=replay, progress=False,
+                       retime=0).history) == 8
