@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -152,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
+    b.add_argument("--prefix", default="fj_model_", metavar="NAME_",
+                   help="prefix of the exported C symbols (default fj_model_; another lets two networks link into "
+                        "one program)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     b.add_argument("--report", action="store_true",
                    help="print per layer whether it runs tuned, default or generic and its share of the time")
@@ -387,6 +391,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError(f"{args.db}: no such database")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UserError(f"-o {args.output}: a file is there; give a folder to write the build into")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.prefix):
+        raise UserError(f"--prefix must be a C identifier such as det_ (got {args.prefix!r})")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1 (got {args.threads})")
     # no --db: runs.db when it is here, as `felixjax tune` writes it (said once the model has loaded)

@@ -349,9 +349,10 @@ class CompiledModel:
         lines.append(f"total {total:.4f} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
         return "\n".join(lines)
 
-    def export(self, directory: str | os.PathLike) -> Path:
+    def export(self, directory: str | os.PathLike, *, prefix: str = "fj_model_") -> Path:
         """Write a standalone folder (model.c, model.h, main.c, Makefile, weights.bin, README.txt) that
-        builds with ``make`` and only a C compiler."""
+        builds with ``make`` and only a C compiler. ``prefix``: of the C symbols (``fj_model_run`` ...)
+        and, upper-cased, of the header's macros, so that two exported networks link into one program."""
         lines = [f"Model: {self.model.name}; inputs {list(self.model.input_names)}, outputs "
                  f"{list(self.model.output_names)} (in this order in inputs.bin / outputs.bin).", "Schedules:"]
         lines += [f"  {s.task.name} x{s.weight}: {s.source} ({s.config.sketch})" for s in self.schedules]
@@ -363,7 +364,7 @@ class CompiledModel:
                      f"vector units; for another CPU build with a Target describing it, e.g. "
                      f"fj.Target.cpu(simd_lanes=8, vector_registers=16, avx512_vnni=False) for AVX2.")
         return netbuild.export(self.net, directory, readme="\n".join(lines),
-                               names=(self.model.input_names, self.model.output_names))
+                               names=(self.model.input_names, self.model.output_names), prefix=prefix)
 
     def summary(self) -> str:
         """Schedules, memory and code size of the build, one line each."""

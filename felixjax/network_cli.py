@@ -125,7 +125,7 @@ def build_model_cli(args: Any, target: Target) -> int:
             e = float(np.abs(y - r).max()) / max(float(np.abs(r).max()), 1e-30)
             if not e <= 1e-3:
                 raise RuntimeError(f"output {k} of the build differs from the numpy reference ({e:.2g})")
-    out = exe.export(args.output)
+    out = exe.export(args.output, prefix=getattr(args, "prefix", "fj_model_"))
     print(exe.summary())
     if getattr(args, "report", False):
         print(exe.layer_report())

@@ -707,3 +707,55 @@ def test_calls_from_two_python_threads_return_each_callers_outputs():
     for t in threads:
         t.join()
     assert not wrong, f"{len(wrong)} of 900 calls returned another call's outputs"
+
+
+def test_two_exported_networks_link_into_one_program(tmp_path, capsys):
+    # session 74 (a user's review): both exports defined fj_model_run and the others: a duplicate-symbol link error
+    from test_network_select import _two_convs
+
+    a = build_model(load_onnx(_two_convs()))
+    b = build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)))
+    da, db_ = a.export(tmp_path / "a", prefix="neta_"), b.export(tmp_path / "b", prefix="netb_")
+    assert "int neta_run(" in (da / "model.h").read_text() and "NETA_STEPS" in (da / "model.h").read_text()
+    main = tmp_path / "two.c"
+    main.write_text(r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "a/model.h"
+#include "b/model.h"
+static float* load(const char* p, long n) {
+    float* w = malloc(sizeof(float) * n); FILE* f = fopen(p, "rb");
+    if (!f || fread(w, sizeof(float), n, f) != (size_t)n) return NULL;
+    fclose(f); return w;
+}
+int main(void) {
+    float* wa = load("a/weights.bin", NETA_WEIGHT_FLOATS);
+    float* wb = load("b/weights.bin", NETB_WEIGHT_FLOATS);
+    if (!wa || !wb || !neta_weights_match(wa) || !netb_weights_match(wb)) return 3;
+    static float xa[16 * 8 * 8], ya[16 * 8 * 8], xb[8 * 16], yb[8 * 16];
+    for (int i = 0; i < 16 * 8 * 8; ++i) xa[i] = (float)(i % 7) * 0.25f;
+    for (int i = 0; i < 8 * 16; ++i) xb[i] = (float)(i % 5) * 0.5f;
+    const float* ia[] = {xa}; float* oa[] = {ya};
+    const float* ib[] = {xb}; float* ob[] = {yb};
+    if (neta_init(wa) || neta_run(ia, oa) || netb_init(wb) || netb_run(ib, ob)) return 4;
+    printf("%.6f %.6f\n", ya[5], yb[7]);
+    return 0;
+}
+""")
+    objs = []
+    for d in ("a", "b"):
+        obj = tmp_path / d / "model.o"
+        subprocess.run(["gcc", "-O2", "-march=native", "-fopenmp", "-std=gnu11", "-c", "-o", str(obj),
+                        str(tmp_path / d / "model.c")], check=True, capture_output=True)
+        objs.append(str(obj))
+    subprocess.run(["gcc", "-fopenmp", "-o", str(tmp_path / "two"), str(main), *objs, "-lm"], check=True,
+                   capture_output=True, cwd=tmp_path)
+    r = subprocess.run([str(tmp_path / "two")], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    ya, yb = map(float, r.stdout.split())
+    xa = (np.arange(16 * 8 * 8) % 7 * 0.25).astype(np.float32).reshape(1, 16, 8, 8)
+    xb = (np.arange(8 * 16) % 5 * 0.5).astype(np.float32).reshape(1, 8, 16)
+    assert abs(ya - float(a(xa).ravel()[5])) < 1e-4 and abs(yb - float(b(xb).ravel()[7])) < 1e-4
+    onnx.save(_two_convs(), str(tmp_path / "x.onnx"))
+    assert cli.main(["build", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "o"), "--prefix", "1bad"]) == 2
+    assert "--prefix must be a C identifier" in capsys.readouterr().err

@@ -117,22 +117,30 @@ def _c_comment_text(name: str) -> str:
 
 
 def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
-           names: tuple[Sequence[str], Sequence[str]] | None = None) -> Path:
+           names: tuple[Sequence[str], Sequence[str]] | None = None, prefix: str = "fj_model_") -> Path:
     """Write a standalone folder: model.c, model.h, main.c (a demo reading / writing raw float32 files),
     Makefile, weights.bin and README.txt. ``make`` in that folder builds ``demo`` and ``libmodel.so``.
-    ``names``: the model's input and output names, written beside their shapes in model.h.
+    ``names``: the model's input and output names, written beside their shapes in model.h. ``prefix``:
+    of every external symbol (``fj_model_run`` ...) and, upper-cased, of the header's macros and guard,
+    so that two exported networks link into one program (``prefix="det_"``: ``det_run``, ``DET_STEPS``).
 
     Returns the folder path.
     """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+        raise ValueError(f"prefix must be a C identifier such as 'det_' (got {prefix!r})")
+
+    def named(text: str) -> str:  # every external symbol starts fj_model_, every macro FJ_MODEL_
+        return text.replace("fj_model_", prefix).replace("FJ_MODEL_", prefix.upper())
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "model.c").write_text('#include "model.h"\n' + net.source)
+    (d / "model.c").write_text(named('#include "model.h"\n' + net.source))
     header = net.header
     for kind, group in zip(("input", "output"), names or ((), ())):
         for k, name in enumerate(group):  # " *   input 0: float32 ..." -> " *   input 0 "x": float32 ..."
             header = header.replace(f" *   {kind} {k}: ", f" *   {kind} {k} \"{_c_comment_text(name)}\": ", 1)
-    (d / "model.h").write_text(header)
-    (d / "main.c").write_text(_MAIN_C)
+    (d / "model.h").write_text(named(header))
+    (d / "main.c").write_text(named(_MAIN_C))
     (d / "Makefile").write_text(_MAKEFILE)
     np.asarray(net.weights[: net.memory.weight_floats], dtype="<f4").tofile(d / "weights.bin")
     shapes = "\n".join([f"  input {k}: {list(s)}" for k, s in enumerate(net.input_shapes)]
@@ -147,5 +155,5 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
         "weights.bin is packed for this model.c's schedules (layouts differ from the ONNX file's and between\n"
         "builds): use it only with this model.c (fj_model_weights_match checks; the demo refuses another).\n"
         "Threads: OMP_NUM_THREADS, else every core (fj_model_set_threads sets the calling thread's count).\n\n"
-        "Link model.c into your program and see model.h for the interface (fj_model_init, fj_model_run).\n")
+        f"Link model.c into your program and see model.h for the interface ({prefix}init, {prefix}run).\n")
     return d
