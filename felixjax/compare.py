@@ -374,24 +374,26 @@ class Comparison:
 
     def to_csv(self, path: str | os.PathLike) -> str:
         """Every measurement: strategy, seed, task, phase (``tune`` / ``reference`` / ``remeasure``), trial index,
-        elapsed seconds of its run, latency, best so far, status, and ``opening``: 1 where the config is one of
-        the task's shared opening (the defaults every run measured first), else 0."""
+        elapsed seconds of its run, latency, best so far, status, ``opening``: 1 where the config is one of
+        the task's shared opening (the defaults every run measured first), else 0, and ``stop_reason``: why
+        the run ended (``trials``, ``seconds``, ``early_stop`` (cost-aware), ...; empty where not known)."""
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
-                        "status", "opening"])
+                        "status", "opening", "stop_reason"])
             tagged = [(k, "tune", v) for k, v in self.histories.items()]
             tagged += [(k, "reference", v) for k, v in self.references.items()]
             for (task, s, seed), phase, recs in tagged:
                 best, opening = math.inf, self.openings.get(task, frozenset())
+                why = self.stats.get((task, s, seed), {}).get("stop_reason") or ""
                 for r in recs:
                     best = min(best, r.latency_s)
                     w.writerow([s, seed, task, phase, r.trial, f"{r.elapsed_s:.4f}", repr(r.latency_s), repr(best),
-                                r.status, int(r.config in opening)])
+                                r.status, int(r.config in opening), why])
             for (task, s, seed), lats in self.remeasured.items():
                 for i, lat in enumerate(lats):
                     w.writerow([s, seed, task, "remeasure", i, "", repr(lat), "", "ok" if math.isfinite(lat) else
-                                "failed", 0])
+                                "failed", 0, ""])
         return os.fspath(path)
 
     def plot(self, path: str | os.PathLike) -> str:

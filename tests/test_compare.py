@@ -38,7 +38,7 @@ def test_one_call_writes_csv_table_and_plot(tmp_path):
     # CSV: every measurement, best so far monotone per run
     rows = list(csv.DictReader(open(out / "cmp.csv")))
     assert set(rows[0]) == {"strategy", "seed", "task", "phase", "trial", "elapsed_s", "latency_s", "best_so_far_s",
-                            "status", "opening"}
+                            "status", "opening", "stop_reason"}
     tune = [r for r in rows if r["phase"] == "tune"]
     for t in TASKS:  # the defaults every run measured first are marked, at the head of each run and nowhere else
         n = len(cmp.openings[t.name])

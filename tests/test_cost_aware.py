@@ -306,6 +306,13 @@ def test_a_comparison_names_the_runs_a_cost_aware_rule_stopped_early():
                      replay=True, cost_aware=CostAware(early_stop=0.5))
     assert all(s["stop_reason"] == "early_stop" for s in cmp.stats.values())
     assert "Stopped early (cost-aware), at the trial shown: matmul_64x64x64 random:0 at 48" in cmp.table()
+    import csv
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        with open(cmp.to_csv(os.path.join(d, "c.csv"))) as f:
+            rows = list(csv.DictReader(f))
+    assert {r["stop_reason"] for r in rows if r["phase"] == "tune"} == {"early_stop"}
 
 
 def test_cli_says_an_early_stop_cannot_fire_within_its_warmup(tmp_path, capsys):
