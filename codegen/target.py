@@ -181,7 +181,7 @@ class Target:
             raise TypeError(f"a target is a Target or 'cpu' / 'cuda-sim:GPU', not {type(spec).__name__}")
         if spec.startswith("cuda-sim:"):
             return cls.cuda_sim(spec.partition(":")[2])
-        if spec != "cpu":
+        if spec.lower() != "cpu":
             from .cuda.specs import SPECS
 
             raise ValueError(f"unknown target {spec!r}; use 'cpu' or 'cuda-sim:GPU' ({', '.join(SPECS)}); GPU "

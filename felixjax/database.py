@@ -164,7 +164,11 @@ def finite_json(v):
 
 
 def _target_key(target: Target | str) -> str:
-    return target if isinstance(target, str) else target.key
+    """A target's key; a string is a key already, except a target's name ("cpu", "cuda-sim:a100"), which is
+    that target's key (as ``fj.tune`` reads the name; a name taken for a key matched no record)."""
+    if isinstance(target, str):
+        return Target.parse(target).key if target.lower() == "cpu" or target.startswith("cuda-sim:") else target
+    return target.key
 
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -280,6 +280,9 @@ def test_python_cost_aware_arguments_are_checked_and_calibrated_by_name():
 def test_compare_refuses_a_seed_twice_and_plot_names_the_file_it_writes(tmp_path):
     with pytest.raises(ValueError, match="seeds are listed twice"):
         fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=[0, 0], db=None, progress=False, replay=True)
+    for bad in ([1.5], [True], True, 2.5, "2"):  # were truncated (1.5 -> 1, True -> 1) or a TypeError
+        with pytest.raises(ValueError, match="seeds must be a count"):
+            fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=bad, db=None, progress=False, replay=True)
     cmp = fj.compare([fj.ops.matmul(8, 8, 8)], ["random"], trials=4, seeds=1, db=None, progress=False, replay=True)
     path = cmp.plot(tmp_path / "noext")
     assert path.endswith("noext.png") and os.path.getsize(path) > 0

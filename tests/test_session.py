@@ -303,6 +303,7 @@ def test_arguments_a_notebook_user_gets_wrong_are_clear_errors(tmp_path):
         target = fj.Target.cpu()
         key = target.at_threads(target.cores).key
         assert d.count(T1, key) == len(d.records(task=T1, target=key)) == 6
+        assert d.count(T1, "cpu") == d.count(T1, target) and d.best(T1, "CPU") == d.best(T1, target)  # a name
         assert d.count(T1, key, retimes=True) == len(d.records(task=T1, target=key, retimes=True)) > 6
         assert d.export_jsonl(tmp_path / "new" / "dir" / "all.jsonl") == d.count(T1, key, retimes=True)
 
