@@ -312,9 +312,8 @@ def test_a_comparison_names_the_runs_a_cost_aware_rule_stopped_early():
     import csv
     import tempfile
 
-    with tempfile.TemporaryDirectory() as d:
-        with open(cmp.to_csv(os.path.join(d, "c.csv"))) as f:
-            rows = list(csv.DictReader(f))
+    with tempfile.TemporaryDirectory() as d, open(cmp.to_csv(os.path.join(d, "c.csv"))) as f:
+        rows = list(csv.DictReader(f))
     assert {r["stop_reason"] for r in rows if r["phase"] == "tune"} == {"early_stop"}
 
 

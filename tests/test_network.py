@@ -715,7 +715,8 @@ def test_two_exported_networks_link_into_one_program(tmp_path, capsys):
 
     a = build_model(load_onnx(_two_convs()))
     b = build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)))
-    da, db_ = a.export(tmp_path / "a", prefix="neta_"), b.export(tmp_path / "b", prefix="netb_")
+    da = a.export(tmp_path / "a", prefix="neta_")
+    b.export(tmp_path / "b", prefix="netb_")
     assert "int neta_run(" in (da / "model.h").read_text() and "NETA_STEPS" in (da / "model.h").read_text()
     main = tmp_path / "two.c"
     main.write_text(r"""
