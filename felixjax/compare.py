@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import csv
 import math
-import numbers
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ from codegen.spaces import spaces_for
 from codegen.target import Target
 
 from .database import Database, TuningRecord
-from .session import RETIME_PREFIX, TaskRun, TuningSession
+from .session import RETIME_PREFIX, TaskRun, TuningSession, seeds_of
 from .strategies import Strategy, get_strategy, registered
 from .suites import SUITES, suite
 from .testing import ReplayRunner
@@ -631,16 +630,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         ref_factories = [_strategy_factory(s, strategy_options or {}) for s in reference]
     if ref_factories and not reference_factor > 0:
         raise ValueError(f"reference_factor must be > 0 (got {reference_factor})")
-    def whole(v) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-    given = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes)) else None
-    if whole(seeds):
-        seed_list = list(range(int(seeds)))
-    elif given is not None and all(whole(s) for s in given):  # 1.5 or True were truncated into seeds 1 and 1
-        seed_list = [int(s) for s in given]
-    else:
-        raise ValueError(f"seeds must be a count (seeds=3: 0, 1, 2) or a list of whole numbers, got {seeds!r}")
+    seed_list = seeds_of(seeds)
     if not seed_list:
         raise ValueError("seeds must be >= 1")
     if len(set(seed_list)) < len(seed_list):  # one run counted twice ("reached 2/2")

@@ -39,7 +39,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -102,6 +102,22 @@ def _same_kind(history: list, replayed: bool, task: Task, run: str) -> None:
 def _whole(v: Any) -> bool:
     """Whether ``v`` is an integer (numpy's too), not a bool or a float."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def seeds_of(seeds: Any) -> list[int]:
+    """``fj.compare``'s ``seeds``: a count (3: seeds 0, 1, 2) or a list of whole numbers; anything else (1.5
+    or True, once truncated into seed 1; a float count) is a ValueError.
+
+    Example:
+        >>> seeds_of(3), seeds_of([5, 7])
+        ([0, 1, 2], [5, 7])
+    """
+    given = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes)) else None
+    if _whole(seeds):
+        return list(range(int(seeds)))
+    if given is not None and all(_whole(s) for s in given):
+        return [int(s) for s in given]
+    raise ValueError(f"seeds must be a count (seeds=3: 0, 1, 2) or a list of whole numbers, got {seeds!r}")
 
 
 @dataclass
