@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import math
 import os
-import re
 import signal
 import sys
 import textwrap
@@ -391,7 +390,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError(f"{args.db}: no such database")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UserError(f"-o {args.output}: a file is there; give a folder to write the build into")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.prefix):
+    from codegen.netbuild.standalone import C_IDENTIFIER
+
+    if not C_IDENTIFIER.fullmatch(args.prefix):
         raise UserError(f"--prefix must be a C identifier such as det_ (got {args.prefix!r})")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1 (got {args.threads})")

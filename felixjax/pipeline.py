@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 import time
@@ -42,7 +41,7 @@ from .network_select import select_in_network
 from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
 from .onnx_import import Model
 from .results import TuneResult
-from .session import TuningSession
+from .session import TuningSession, whole_number
 from .strategies import Strategy
 from .strategies.base import COST_MODEL_STRATEGIES, get_strategy
 
@@ -57,7 +56,7 @@ def _as_task(task: Task | str) -> Task:
 
 
 def _check_retime(retime: Any) -> None:
-    if isinstance(retime, bool) or not isinstance(retime, numbers.Integral) or retime < 0:
+    if not whole_number(retime) or retime < 0:
         raise ValueError(f"retime must be a whole number >= 0 of configs to time again (got {retime!r})")
 
 

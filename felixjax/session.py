@@ -99,7 +99,7 @@ def _same_kind(history: list, replayed: bool, task: Task, run: str) -> None:
                          f"{kinds[1]} run cannot continue it: use another database or run name")
 
 
-def _whole(v: Any) -> bool:
+def whole_number(v: Any) -> bool:
     """Whether ``v`` is an integer (numpy's too), not a bool or a float."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -113,9 +113,9 @@ def seeds_of(seeds: Any) -> list[int]:
         ([0, 1, 2], [5, 7])
     """
     given = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes)) else None
-    if _whole(seeds):
+    if whole_number(seeds):
         return list(range(int(seeds)))
-    if given is not None and all(_whole(s) for s in given):
+    if given is not None and all(whole_number(s) for s in given):
         return [int(s) for s in given]
     raise ValueError(f"seeds must be a count (seeds=3: 0, 1, 2) or a list of whole numbers, got {seeds!r}")
 
@@ -321,11 +321,11 @@ class TuningSession:
             task = parse_spec(task)
         if not isinstance(task, Task):
             raise TypeError(f"{task!r} is not a task: pass fj.ops.matmul(...) or a spec like 'matmul:m=64,n=64,k=64'")
-        if trials is not None and (not _whole(trials) or trials < 1):
+        if trials is not None and (not whole_number(trials) or trials < 1):
             raise ValueError(f"trials must be a whole number >= 1 (got {trials!r})")
         if seconds is not None and not seconds > 0:
             raise ValueError(f"seconds must be > 0 (got {seconds})")
-        if not _whole(seed) or seed < 0:
+        if not whole_number(seed) or seed < 0:
             raise ValueError(f"seed must be a whole number >= 0 (got {seed!r}): it names the run and its random "
                              f"streams")
         strat = get_strategy(strategy, **(strategy_options or {}))

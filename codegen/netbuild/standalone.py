@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
 """
 
 
+#: what ``export(prefix=)`` takes: a C identifier
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _c_comment_text(name: str) -> str:
     """A model's tensor name as safe text inside a C comment (no ``*/``, no control characters).
 
@@ -126,7 +130,7 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
 
     Returns the folder path.
     """
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+    if not C_IDENTIFIER.fullmatch(prefix):
         raise ValueError(f"prefix must be a C identifier such as 'det_' (got {prefix!r})")
 
     def named(text: str) -> str:  # every external symbol starts fj_model_, every macro FJ_MODEL_
