@@ -10,6 +10,8 @@ Run: ``python benchmarks/register_block_probe.py`` (about 30 s, 1 thread).
 """
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from codegen.ops import matmul
@@ -26,7 +28,12 @@ CASES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     target = Target.cpu()
     contenders, flops = {}, {}
     for name, (m, mt, nt, kt) in CASES.items():
@@ -37,10 +44,10 @@ def main() -> None:
         c = kernel_contender(task, cfg, arrays, threads=1, target=target, expected=task.reference(*arrays))
         c.check()
         contenders[name], flops[name] = c, task.flops
-    times = time_interleaved(contenders, rounds=7)
+    times = time_interleaved(contenders, rounds=args.rounds)
     for name, c in contenders.items():
         c.check()  # after timing too
-        print(f"{name:22s} {flops[name] / np.median(times[name]) / 1e9:6.1f} GFLOP/s (median of 7 rounds)")
+        print(f"{name:22s} {flops[name] / np.median(times[name]) / 1e9:6.1f} GFLOP/s (median of {args.rounds} rounds)")
 
 
 if __name__ == "__main__":

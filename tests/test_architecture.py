@@ -130,6 +130,21 @@ def test_no_module_over_800_lines():
     assert long == {}
 
 
+def _calls(path: Path) -> set[str]:
+    return {f"{n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, 'id', '')}("
+            for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)}
+
+
+def test_every_benchmark_script_parses_its_arguments():
+    """``python benchmarks/X.py --help`` shows a usage line and measures nothing: every script run as a
+    program builds an argparse parser, its own or benchmarks.shape_probe_args' (two probes once ran their whole
+    measurement on ``--help``)."""
+    scripts = [p for p in (ROOT / "benchmarks").glob("*.py") if '__name__ == "__main__"' in p.read_text()]
+    assert len(scripts) > 40
+    bare = sorted(p.name for p in scripts if not {"ArgumentParser(", "shape_probe_args("} & set(_calls(p)))
+    assert bare == []
+
+
 def test_pipeline_calls_the_stages():
     from felixjax import pipeline
 
