@@ -145,8 +145,9 @@ def plot_curves(db: Database, path: str) -> str:
         f" ({len(keys)} of {len(series)} tasks: the most-tuned; {left_out} left out)" if left_out else "")
     fig.suptitle(heading, fontsize=10)
     handles = [plt.Line2D([], [], color=colors[r], linestyle=styles[r]) for r in run_names]
-    if handles:
-        fig.legend(handles, run_names, loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7,
+    drawn = {r for k in keys for r, ys in series[k].items() if any(math.isfinite(y) for y in ys)}
+    if handles:  # a run without one correct kernel draws no line: its legend entry says so
+        fig.legend(handles, [r if r in drawn else f"{r} (no correct kernel)" for r in run_names], loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7,
                    frameon=False)
     legend_rows = math.ceil(len(run_names) / max(1, min(len(run_names), cols * 2)))
     height = 2.6 * rows + 0.5

@@ -27,8 +27,9 @@ def six_task_db(tmp_path_factory):
     return path
 
 
-def _panels(monkeypatch):
-    """Calls plot_curves for real and returns the figure's visible axes (captured before closing)."""
+def _panels(monkeypatch, legends: list | None = None):
+    """Calls plot_curves for real and returns the figure's visible axes (captured before closing); the
+    figure legends' texts go to ``legends``."""
     import matplotlib.pyplot as plt
 
     seen = []
@@ -37,6 +38,8 @@ def _panels(monkeypatch):
     def close(fig=None):
         if fig is not None and hasattr(fig, "axes"):
             seen.append([ax for ax in fig.axes if ax.get_visible()])
+            if legends is not None:
+                legends.append([t.get_text() for leg in fig.legends for t in leg.get_texts()])
         return real_close(fig)
 
     monkeypatch.setattr(plt, "close", close)
@@ -144,7 +147,9 @@ def test_a_task_with_failures_only_and_an_empty_database_say_so(tmp_path, monkey
     path = str(tmp_path / "fail.db")
     fj.tune("matmul:m=32,n=32,k=32", strategy="random", trials=4, db=path, progress=False, retime=0,
             measurer=lambda t, tg: felixjax.testing.ReplayRunner(lambda c: MeasureResult("wrong_result")))
-    seen = _panels(monkeypatch)
+    legends = []
+    seen = _panels(monkeypatch, legends)
     report_mod.report(path, plot=str(tmp_path / "f.png"))
     (axes,) = seen
     assert [t.get_text() for t in axes[0].texts] == ["no correct kernel measured"]
+    assert legends == [["random:0 (no correct kernel)"]]  # no line drawn: the legend says why
