@@ -561,13 +561,14 @@ class TuningSession:
 
         for _ in range(repeats):
             self.measurer(task).measure(configs, keep)
+        info = {"replayed": True} if getattr(self.measurer(task), "replayed", False) else {}
         for tr in runs:
             rows = []
             for i, cfg in enumerate(picks[tr.run]):
                 res = (MeasureResult("ok", tuple(lat[cfg])) if lat[cfg] else
                        failed.get(cfg, MeasureResult("runtime_error", error="re-timing gave no result")))
                 rows.append(self.db.add(TuningRecord(task, self.target_key, RETIME_PREFIX + tr.run, i, cfg, res,
-                                                     tr.clock, self._target_json)))
+                                                     tr.clock, self._target_json, info=dict(info))))
             out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
         return out
 

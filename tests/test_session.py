@@ -328,6 +328,15 @@ def test_a_measured_run_never_continues_a_replayed_one(tmp_path):
             measurer=lambda t, tg: Measured(ReplayRunner.from_oracle(t, tg).latency))
     with pytest.raises(ValueError, match="holds 4 measured record.s. in this database; a replayed"):
         fj.tune(T1, strategy="random", trials=8, db=db, run="measured:0", measurer=replay, progress=False, retime=0)
+    # the end-of-run re-timings are marked as their run's records are (they were not: a replayed run's re-timings
+    # read as measured)
+    fj.tune(T1, strategy="random", trials=4, db=db, run="again", measurer=replay, progress=False, retime=2)
+    fj.tune(T1, strategy="random", trials=4, db=db, run="again-measured", progress=False, retime=2,
+            measurer=lambda t, tg: Measured(ReplayRunner.from_oracle(t, tg).latency))
+    with fj.Database(db) as d:
+        rows = {run: [r.info.get("replayed", False) for r in d.records(task=T1, run=f"retime:{run}")]
+                for run in ("again", "again-measured")}
+    assert rows["again"] and all(rows["again"]) and rows["again-measured"] and not any(rows["again-measured"])
 
 
 def test_a_run_name_keeps_its_strategy(tmp_path):
