@@ -360,9 +360,15 @@ class CompiledModel:
         isa = {16: "AVX-512", 8: "AVX2 / AVX", 4: "SSE / NEON"}.get(t.simd_lanes, f"{t.simd_lanes}-lane SIMD")
         lines.append(f"Generated for {t.kind} {t.name or ''}: {t.simd_lanes} float32 lanes ({isa}), "
                      f"{t.vector_registers} vector registers{', VNNI' if t.avx512_vnni else ''}"
-                     f"{', AVX-512 FP16' if t.avx512_fp16 else ''}. Compile it with a -march that has these "
-                     f"vector units; for another CPU build with a Target describing it, e.g. "
-                     f"fj.Target.cpu(simd_lanes=8, vector_registers=16, avx512_vnni=False) for AVX2.")
+                     f"{', AVX-512 FP16' if t.avx512_fp16 else ''}.")
+        if any(s.task.dtype != "float32" for s in self.schedules):  # their conversion intrinsics need the units
+            lines.append("Its int8 / float16 kernels use these vector units' intrinsics: compile it with a -march "
+                         "that has them.")
+        else:
+            lines.append("Its kernels are float32 only: it compiles for any -march (gcc splits vectors wider than "
+                         "the -march's registers: the same numbers, slower).")
+        lines.append("For speed on another CPU build with a Target describing it, e.g. "
+                     "fj.Target.cpu(simd_lanes=8, vector_registers=16, avx512_vnni=False) for AVX2.")
         return netbuild.export(self.net, directory, readme="\n".join(lines),
                                names=(self.model.input_names, self.model.output_names), prefix=prefix)
 

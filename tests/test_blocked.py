@@ -263,9 +263,9 @@ def test_vector_operands_are_pinned_only_where_the_block_fits_the_register_file(
                       1, 8, 1)
 
     fits, spills = render(lower(space, cfg(2))), render(lower(space, cfg(3)))
-    assert "FJ_PIN(w" in fits and "FJ_PIN(w" not in spills
+    assert "FJ_PIN8(w" in fits and "FJ_PIN8(w" not in spills
     gemm = Space(matmul(48, 64, 32), default_sketch(matmul(48, 64, 32), avx2), avx2)
-    assert "FJ_PIN(" not in render(lower(gemm, gemm.default()))
+    assert "FJ_PIN8(" not in render(lower(gemm, gemm.default()))
     b = build(fits)
     assert b.status == "ok", b.error
     arrays = task.random_inputs(seed=4)

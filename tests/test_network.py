@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 import math
+import platform
 import subprocess
 
 import numpy as np
@@ -113,6 +114,21 @@ def test_export_builds_with_make_and_matches(tmp_path):
     (out / "short.bin").write_bytes(b"\0" * 16)
     r = subprocess.run(["./demo", "short.bin", "inputs.bin", "o.bin"], cwd=out, capture_output=True, text=True)
     assert r.returncode != 0 and "expected exactly" in r.stderr
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 -march levels")
+def test_a_float32_export_builds_for_any_x86_64(tmp_path):
+    # session 75: generated for AVX-512, model.c did not compile with -march=x86-64-v3 or lower ("impossible
+    # constraint in asm": the register pin of a 64-byte vector); the pin is a no-op without the registers now
+    proto = zoo.make_model("transformer_block", seq=16, dim=32, heads=2)
+    model = load_onnx(proto)
+    exe = build_model(model, fj.Target.cpu(simd_lanes=16, vector_registers=32, avx512_vnni=False))
+    out = exe.export(tmp_path / "portable")
+    assert "FJ_PIN16(" in (out / "model.c").read_text()  # a pinned 16-lane register block: what failed
+    assert "float32 only: it compiles for any -march" in (out / "README.txt").read_text()
+    x = np.random.default_rng(4).standard_normal((1, 16, 32)).astype(np.float32)
+    y, _ = run_standalone(out, x, cflags="-O2 -march=x86-64")
+    np.testing.assert_allclose(y.reshape(1, 16, 32), exe(x), rtol=1e-5, atol=1e-5)
 
 
 def test_export_builds_without_openmp_and_refuses_another_builds_weights(tmp_path):

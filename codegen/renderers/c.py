@@ -57,13 +57,35 @@ MASK_MACRO = r"""#ifndef FJ_MLOAD16
 #define FJ_MSTORE2(p, n, v) FJ_MSTOREN(p, n, v, 2)
 #endif"""
 
+# FJ_PIN<lanes>(v): keep a float32 vector of that many lanes in a vector register (an empty asm that claims to
+# rewrite it); a no-op where the compiler's flags have no register that wide (an exported network built with
+# another -march than the machine it was generated for: "+x" on a 64-byte vector without AVX-512 does not compile)
+PIN_MACRO = """#ifndef FJ_PIN4
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+#define FJ_PIN_X(v) __asm__("" : "+x"(v))
+#else
+#define FJ_PIN_X(v) ((void)0)
+#endif
+#define FJ_PIN2(v) FJ_PIN_X(v)
+#define FJ_PIN4(v) FJ_PIN_X(v)
+#if defined(__AVX__)
+#define FJ_PIN8(v) FJ_PIN_X(v)
+#else
+#define FJ_PIN8(v) ((void)0)
+#endif
+#if defined(__AVX512F__)
+#define FJ_PIN16(v) FJ_PIN_X(v)
+#else
+#define FJ_PIN16(v) ((void)0)
+#endif
+#endif"""
+
 C_DIALECT = Dialect(
     name="c",
     prelude="#include <math.h>\n#include <stddef.h>\n#include <time.h>\n#include <omp.h>\n",
     harness=TIMING_HARNESS_C,
-    pin="FJ_PIN({v});",
-    pin_macro=("#ifndef FJ_PIN\n#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))\n"
-               "#define FJ_PIN(v) __asm__(\"\" : \"+x\"(v))\n#else\n#define FJ_PIN(v) ((void)0)\n#endif\n#endif"),
+    pin="FJ_PIN{vec}({v});",
+    pin_macro=PIN_MACRO,
     no_predictive_commoning='__attribute__((optimize("no-predictive-commoning"))) ',
     load_masked="FJ_MLOAD{vec}({ptr}, {n})",
     store_masked="FJ_MSTORE{vec}({ptr}, {n}, {v});",

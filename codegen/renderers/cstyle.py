@@ -544,7 +544,7 @@ class CStyleRenderer:
                         w(f"const {T} {nm} = {self._widen_load(plan, op, ptr, vs)};")
                     elif pin:  # not const: the pin claims to rewrite it
                         w(f"{T} {nm} = {load(ptr, vs, c, in_place and op.name == 'data')};")
-                        w(d.pin.format(v=nm))
+                        w(d.pin.format(v=nm, vec=vec))
                     else:
                         w(f"const {T} {nm} = {load(ptr, vs, c, in_place and op.name == 'data')};")
         for ri, row in enumerate(rows):

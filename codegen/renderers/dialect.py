@@ -101,7 +101,8 @@ class Dialect:
     fma: str = "{acc} += {a} * {b};"  # {acc}, {a}, {b} (a vector and a vector or a broadcast scalar)
     # keep a loaded vector operand in a register ({v}): without it gcc folds the load into every FMA that
     # reads it (one load per FMA) even when accumulators, vectors and broadcasts all fit the register
-    # file; "" where a dialect has no such spelling. pin_macro defines it once per source (#ifndef-guarded)
+    # file ({vec}: its lanes); "" where a dialect has no such spelling. pin_macro defines it once per source
+    # (#ifndef-guarded)
     pin: str = ""
     pin_macro: str = ""
     # a float32 broadcast operand read straight from memory into a vector ({ptr}), for 8-lane vectors,
