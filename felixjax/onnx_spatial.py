@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
 
 from felixjax.graph_passes import Node
 from felixjax.onnx_ops import _node, _tmp
@@ -152,17 +153,16 @@ def _conv_transpose(ctx: Any) -> list[Node]:
     if auto in ("SAME_UPPER", "SAME_LOWER") or "output_shape" in ctx.attrs and auto != "VALID":
         out = [int(v) for v in ctx.attrs["output_shape"]][-2:] if "output_shape" in ctx.attrs else \
             [xs[2] * s[0], xs[3] * s[1]]
-        given = [int(v) for v in ctx.attrs.get("pads", [0, 0, 0, 0])]
         pads_b, pads_e = [], []
-        for i in range(2):
+        for i in range(2):  # the spec's split of the total padding (given pads are ignored, as onnxruntime does)
             total = s[i] * (xs[2 + i] - 1) + op[i] + (kernel[i] - 1) * d[i] + 1 - out[i]
             small, big = total // 2, total - total // 2
-            if auto == "NOTSET":   # as onnx's reference: begin pads as given, the end fits output_shape
-                pads_b.append(given[i] if len(given) == 4 else 0)
-                pads_e.append(total - pads_b[-1])
-            else:
-                pads_b.append(big if auto == "SAME_LOWER" else small)
-                pads_e.append(small if auto == "SAME_LOWER" else big)
+            if total <= 0:  # an output past the natural one (up to stride - 1 more) grows at the end
+                pads_b.append(0)
+                pads_e.append(total)
+            else:  # SAME_UPPER: the larger half at the end; SAME_LOWER and NOTSET: at the start
+                pads_b.append(small if auto == "SAME_UPPER" else big)
+                pads_e.append(big if auto == "SAME_UPPER" else small)
     elif auto == "VALID":
         pads_b, pads_e = [0, 0], [0, 0]
     elif auto == "NOTSET":
@@ -212,6 +212,9 @@ def _conv_transpose(ctx: Any) -> list[Node]:
               _node(ctx, "Slice", [w4], {"slices": ((0, cout, 1), (0, cin // g, 1), (kh - 1, None, -1),
                                                     (kw - 1, None, -1))}, [wf])]
     attrs = {"kernel": kernel, "strides": (1, 1), "dilations": d, "groups": g, "pads": conv_pads}
+    # the output's shape as computed here: onnx's shape inference drops its spatial dims where output_shape is
+    # smaller than the input (onnxruntime runs such a node)
+    ctx.types[ctx.outputs[0]] = (ctx.types.get(ctx.outputs[0], (TensorProto.FLOAT, None))[0], (n, cout, *out_hw))
     return nodes + [_node(ctx, "Conv", [cur, wf] + ([b] if b else []), attrs)]
 
 

@@ -185,6 +185,22 @@ def test_unet_decoder_conv_transpose(stride, pads, out_pad, group):
     assert sum(n for t, n in m.tasks if t.op == "conv2d") == 2           # the transposed conv is tunable
 
 
+@pytest.mark.parametrize("stride,k,out,auto,extra", [
+    (2, 3, 10, "NOTSET", {}), (2, 3, 8, "NOTSET", {}), (2, 4, 10, "NOTSET", {}), (1, 3, 6, "NOTSET", {}),
+    (2, 3, 10, "NOTSET", {"output_padding": [1, 1]}), (2, 3, 10, "NOTSET", {"pads": [0, 0, 1, 1]}),
+    (2, 3, 9, "SAME_UPPER", {}), (2, 3, 9, "SAME_LOWER", {}), (2, 3, 12, "SAME_UPPER", {}), (2, 3, 12, "NOTSET", {}),
+    (1, 3, 4, "NOTSET", {})])
+def test_conv_transpose_output_shape_splits_padding_as_onnxruntime(stride, k, out, auto, extra):
+    # session 75 (a user's fuzzing): with output_shape and auto_pad NOTSET the total padding went to the end; the
+    # spec (and onnxruntime) put the larger half first, so outputs were shifted by a pixel (errors ~10 on outputs
+    # ~7); SAME_UPPER past the natural size padded the start; an output_shape below the input (stride 1) lost its
+    # spatial dims in onnx's shape inference ("cannot reshape")
+    g = _G()
+    attrs = {"strides": [stride, stride], "output_shape": [out, out]} | ({"auto_pad": auto} if auto != "NOTSET" else {})
+    y = g.op("ConvTranspose", ["x", g.const(_w(4, 3, k, k))], **attrs, **extra)
+    _check(g.model([_vi("x", [1, 4, 5, 5])], [y], opset=13), {"x": _x(1, 4, 5, 5)}, c_build=out == 10 and not extra)
+
+
 # ---- ViT-style block: patch embedding, LayerNorm, attention (batched MatMul of activations), Gelu --------
 
 def test_vit_block():
