@@ -53,7 +53,8 @@ def _resize(ctx: Any) -> list[Node]:
     if mode not in ("nearest", "linear", "cubic"):
         ctx.fail(f"mode={mode!r} is not supported (supported: nearest, linear, cubic)")
     roi = None
-    if ctx.op == "Upsample" or ctx.opset < 11:
+    legacy = ctx.op == "Upsample" or ctx.opset < 11
+    if legacy:  # nearest: floor when upsampling, ceil when downsampling an axis (onnx's tests, onnxruntime)
         ctm, nearest_mode = "asymmetric", "floor"
         if "scales" in a:
             scales = [float(s) for s in a["scales"]]
@@ -122,7 +123,8 @@ def _resize(ctx: Any) -> list[Node]:
             axis_roi = (0.0, 1.0)
         if xs[ax] * full_out[ax] > 1 << 26:  # the tap tables come from an (out x in) matrix
             ctx.fail(f"resizing axis {ax} from {xs[ax]} to {full_out[ax]} is too large (in x out > 2**26)")
-        index, weight, extra = resize_taps(xs[ax], full_out[ax], full_scale[ax], mode, ctm, nearest_mode, cubic_a,
+        nearest = "ceil" if legacy and full_scale[ax] < 1 else nearest_mode
+        index, weight, extra = resize_taps(xs[ax], full_out[ax], full_scale[ax], mode, ctm, nearest, cubic_a,
                                            exclude, antialias, axis_roi)
         taps.append((ax, index, weight, extra))
     if not taps:

@@ -171,6 +171,15 @@ def test_upsample_opset9():
     _check(g.model([_vi("x", [1, 2, 3, 4])], [y], opset=9), {"x": _x(1, 2, 3, 4)})
 
 
+@pytest.mark.parametrize("scales", [[1, 1, 0.6, 0.6], [1, 1, 0.5, 0.7], [1, 1, 1.5, 0.7]])
+def test_resize_opset10_nearest_downsampling(scales):
+    # session 75 (a user's fuzzing): Resize-10 nearest floored the source coordinate on every axis; onnx's own test
+    # case and onnxruntime take its ceiling on a downsampled axis ([[1, 3]] from [[1, 2, 3, 4]] at 0.6, not [[1, 2]])
+    g = _G()
+    y = g.op("Resize", ["x", g.const(scales, np.float32)], mode="nearest")
+    _check(g.model([_vi("x", [1, 2, 4, 5])], [y], opset=10), {"x": _x(1, 2, 4, 5)}, c_build=scales[2] == 0.6)
+
+
 # ---- U-Net-style decoder: ConvTranspose (a tuned conv2d anchor after zero insertion) --------------------
 
 @pytest.mark.parametrize("stride,pads,out_pad,group", [(2, [1, 1, 1, 1], [1, 1], 1), (2, [0, 0, 0, 0], [0, 0], 2),
