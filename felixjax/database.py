@@ -21,6 +21,7 @@ sharing a database and a run do not measure the same configuration twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -486,8 +487,7 @@ class Database:
             return cur.lastrowid
 
         rowid = self._run(insert)
-        return TuningRecord(rec.task, rec.target_key, rec.run, rec.trial, rec.config, rec.result, rec.elapsed_s,
-                            rec.target, rowid)
+        return dataclasses.replace(rec, id=rowid)  # its info too (it was dropped: res.history lost it)
 
     # ---- claims: concurrent tuners of one run measure each configuration once --------------------
     def claim(self, task: Task, target: Target | str, run: str, configs: Iterable[Config], *,
@@ -682,13 +682,28 @@ class Database:
         return n
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
-        """Append the records of a JSONL export (gzipped when the name ends in ``.gz``); returns the count."""
+        """Append the records of a JSONL export (gzipped when the name ends in ``.gz``); returns how many were
+        added. A record this database already holds is skipped (the same measurement: task, target, run,
+        trial, config and timestamp), and so is one of a tuning run that already measured its config: importing
+        a file twice, or into the database it came from, changes nothing, and no run holds a config twice."""
+        held = {(t, k, run, trial, cfg, ts) for t, k, run, trial, cfg, ts in self._query(
+            "SELECT task_key, target_key, run, trial, config, timestamp FROM records")}
+        measured = {h[:3] + (h[4],) for h in held if not h[2].startswith("retime:")}
         n = 0
         with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
             for line in f:
-                if line.strip():
-                    self.add(TuningRecord.from_json(json.loads(line)))
-                    n += 1
+                if not line.strip():
+                    continue
+                rec = TuningRecord.from_json(json.loads(line))
+                key = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.dumps(), rec.result.timestamp)
+                in_run = key[:3] + (key[4],)
+                if key in held or in_run in measured:
+                    continue
+                self.add(rec)
+                held.add(key)
+                if not rec.run.startswith("retime:"):
+                    measured.add(in_run)
+                n += 1
         return n
 
     def set_meta(self, key: str, value: str) -> None:

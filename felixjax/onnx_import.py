@@ -413,6 +413,8 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
             for o in node.outputs:
                 if o:
                     shapes[o] = ctx.out_shape(o)
+                    if 0 in shapes[o]:  # say a kernel larger than its unpadded input: the C build returned nothing
+                        ctx.fail(f"output {o!r} would be empty {shapes[o]}; empty tensors are not supported")
                     if types.get(o, (TensorProto.FLOAT,))[0] != TensorProto.FLOAT:
                         ctx.fail(f"output {o!r} has dtype {_dtype_name(types[o][0])}; felixjax supports float32 "
                                  f"tensors only")

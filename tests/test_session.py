@@ -317,6 +317,9 @@ def test_a_measured_run_never_continues_a_replayed_one(tmp_path):
     fj.tune(T1, strategy="random", trials=4, db=db, measurer=replay, progress=False, retime=0)
     with fj.Database(db) as d:
         assert all(r.info.get("replayed") for r in d.records(task=T1))
+    # session 75 (a user's review): Database.add returned the record without its info, so res.history lost it
+    fresh = fj.tune(T1, strategy="random", trials=4, db=db, measurer=replay, run="b", progress=False, retime=0)
+    assert len(fresh.history) == 4 and all(r.info.get("replayed") for r in fresh.history)
 
     class Measured(ReplayRunner):  # stands in for the real measurer: same latencies, not marked
         replayed = False

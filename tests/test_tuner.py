@@ -52,6 +52,9 @@ def test_database_roundtrip_jsonl(tmp_path, runner):
                                                                      for r in rb]
     for line in open(tmp_path / "a.jsonl"):
         json.loads(line)  # plain JSON, no pickle
+    # session 75 (a user's review): a second import doubled the rows, and a resumed run counted the copies
+    assert b.import_jsonl(tmp_path / "a.jsonl") == 0 and a.import_jsonl(tmp_path / "a.jsonl") == 0
+    assert len(b.records(retimes=True)) == len(a.records(retimes=True)) == 6
 
 
 def test_planted_kernels_are_recorded_and_tuning_continues(tmp_path, runner):
