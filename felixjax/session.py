@@ -88,6 +88,22 @@ def _finite_result(res: MeasureResult) -> MeasureResult:
     return res
 
 
+def _reported_once(measurer: Any, cfg: Any, res: Any, asked: set, done: set) -> bool:
+    """Whether a measurer's report is one to keep: a :class:`MeasureResult` for a config of the batch it was
+    given, not reported before. A duplicate or a config it was not asked for is dropped with a warning (such a
+    measurer filled half a run's budget with copies); anything but a MeasureResult is a TypeError that names it."""
+    name = type(measurer).__name__
+    if not isinstance(res, MeasureResult):
+        raise TypeError(f"measurer {name} reported {type(res).__name__} {res!r:.80} for a config; on_result takes "
+                        f"a codegen.measure.MeasureResult")
+    if cfg in asked and cfg not in done:
+        return True
+    why = "again" if cfg in done else "without being asked for it"
+    warnings.warn(f"measurer {name} reported config {cfg} {why}; the report is dropped", RuntimeWarning,
+                  stacklevel=3)
+    return False
+
+
 def _same_kind(history: list, replayed: bool, task: Task, run: str) -> None:
     """A ValueError when ``run``'s stored records are replayed (synthetic) and this session measures,
     or the reverse: one run's history, budget and curves would mix oracle latencies with timings (a
@@ -443,8 +459,12 @@ class TuningSession:
         new: list[TuningRecord] = []
         t_meas = time.perf_counter()
 
+        asked = set(cands)
+
         def record(cfg: Config, res: MeasureResult) -> bool:
             nonlocal simulated
+            if not _reported_once(self.measurer(tr.task), cfg, res, asked, ctx.measured):
+                return not (tr.out_of_budget() or self.out_of_budget())
             simulated += trial_s
             clock = tr.clock + time.perf_counter() - t0 + simulated
             info = getattr(self.measurer(tr.task), "info", None)  # e.g. GpuSimMeasurer: ptxas and simulator report
@@ -551,7 +571,12 @@ class TuningSession:
         lat: dict[Config, list[float]] = {c: [] for c in configs}
         failed: dict[Config, MeasureResult] = {}
 
+        asked, seen = set(configs), set()  # seen: in this repeat
+
         def keep(cfg: Config, res: MeasureResult) -> bool:
+            if not _reported_once(self.measurer(task), cfg, res, asked, seen):
+                return True
+            seen.add(cfg)
             res = _finite_result(res)
             if res.ok:
                 lat[cfg].append(res.latency_s)
@@ -560,6 +585,7 @@ class TuningSession:
             return True
 
         for _ in range(repeats):
+            seen.clear()
             self.measurer(task).measure(configs, keep)
         info = {"replayed": True} if getattr(self.measurer(task), "replayed", False) else {}
         for tr in runs:

@@ -305,13 +305,12 @@ def test_normalizations_and_pads():
     _check(g.model([_vi("x", [2, 4, 6, 6])], [y]), {"x": _x(2, 4, 6, 6)})
 
 
-@pytest.mark.parametrize("op", ["Conv", "MaxPool"])
-def test_an_empty_intermediate_is_refused_at_import(op):
+def test_a_conv_larger_than_its_input_is_refused_at_import():
     # session 75 (a user's fuzzing): a 3x3 conv on an unpadded 2x2 input loaded, and its C build returned an empty
-    # (1, 4, 0, 0) array without a word
+    # (1, 4, 0, 0) array without a word (onnxruntime refuses the model)
     g = _G()
-    y = g.op("Conv", ["x", g.const(_w(4, 3, 3, 3))]) if op == "Conv" else g.op("MaxPool", ["x"], kernel_shape=[3, 3])
-    with pytest.raises(UnsupportedModelError, match=rf"op {op}\): output .* would be empty \(1, \d, 0, 0\)"):
+    y = g.op("Conv", ["x", g.const(_w(4, 3, 3, 3))])
+    with pytest.raises(UnsupportedModelError, match=r"op Conv\): output .* would be empty \(1, 4, 0, 0\): the kernel"):
         fj.load_onnx(g.model([_vi("x", [1, 3, 2, 2])], [y]))
 
 

@@ -350,3 +350,32 @@ def test_a_run_name_keeps_its_strategy(tmp_path):
         fj.tune(T1, strategy="genetic", trials=8, run="x", db=db, measurer=replay, progress=False, retime=0)
     assert len(fj.tune(T1, strategy="random", trials=8, run="x", db=db, measurer=replay, progress=False,
                        retime=0).history) == 8
+
+
+def test_a_measurers_duplicate_and_unasked_reports_are_dropped(tmp_path):
+    # session 75 (a user's review): a measurer that reported each config twice filled half the budget with copies,
+    # one that reported a config it was not asked for had it recorded twice; a float for a MeasureResult was an
+    # AttributeError ('float' object has no attribute 'ok')
+    from felixjax.testing import ReplayRunner
+
+    class Sloppy:
+        def __init__(self, task, target, mode):
+            self.inner, self.mode = ReplayRunner.from_oracle(task, target), mode
+
+        def measure(self, configs, on_result):
+            for c in configs:
+                if self.mode == "unasked":
+                    on_result(configs[-1], self.inner.result(configs[-1]))
+                res = self.inner.result(c) if self.mode != "float" else self.inner.result(c).latency_s
+                if not on_result(c, res) or (self.mode == "twice" and not on_result(c, res)):
+                    return
+
+    for mode in ("twice", "unasked"):
+        with pytest.warns(RuntimeWarning, match="measurer Sloppy reported config .* the report is dropped"):
+            res = fj.tune(T1, strategy="random", trials=12, db=str(tmp_path / f"{mode}.db"), progress=False,
+                          retime=2, measurer=lambda t, tg, mode=mode: Sloppy(t, tg, mode))
+        assert len(res.history) == 12 and len({r.config for r in res.history}) == 12, mode
+        assert [r.trial for r in res.history] == list(range(12))
+    with pytest.raises(TypeError, match="measurer Sloppy reported float .* takes a codegen.measure.MeasureResult"):
+        fj.tune(T1, strategy="random", trials=4, db=str(tmp_path / "f.db"), progress=False, retime=0,
+                measurer=lambda t, tg: Sloppy(t, tg, "float"))
