@@ -129,6 +129,12 @@ class OnlineCostModel:
         else:
             self.mlp = (load_pretrained(pretrained, widths=(n_access, n_glob))
                         if isinstance(pretrained, (str, os.PathLike)) else pretrained)
+            if not isinstance(self.mlp, MLPCostModel):
+                raise TypeError(f"cost_model takes a checkpoint path (`felixjax pretrain`, MLPCostModel.save) or a "
+                                f"costmodels.MLPCostModel, not {type(pretrained).__name__}: the search descends on and "
+                                f"fine-tunes that MLP. Another model class ranks genetic search's candidates as its "
+                                f"scorer: strategy_options={{'scorer': obj}} with score(configs) and update(records)")
+            _finite_weights(self.mlp, pretrained if isinstance(pretrained, (str, os.PathLike)) else "object")
             if (self.mlp.n_access_features, self.mlp.n_glob_features) != (n_access, n_glob):
                 raise ValueError(f"the cost model {pretrained} takes {self.mlp.n_access_features} / "
                                  f"{self.mlp.n_glob_features} access / global features; a {target.kind} target's "
@@ -611,7 +617,18 @@ def load_pretrained(path: str | os.PathLike, *, widths: tuple[int, int] | None =
                          f"(on records of this kind of target)")
     if not model.fitted:
         raise ValueError(f"{path} holds an untrained model")
+    _finite_weights(model, path)
     return model
+
+
+def _finite_weights(model: MLPCostModel, what) -> None:
+    """A ValueError for a model holding NaN / Inf weights or standardization (it ranked every candidate as
+    NaN, silently, until its first fine-tuning)."""
+    leaves = jax.tree_util.tree_leaves(model.params)  # the standardization statistics are params too
+    bad = sum(int((~np.isfinite(np.asarray(a, np.float64))).sum()) for a in leaves
+              if np.asarray(a).dtype.kind in "fc")
+    if bad:
+        raise ValueError(f"the cost model {what} holds {bad} NaN/Inf weight(s)")
 
 
 def ranker_rows(paths: str | os.PathLike | tuple, *, per_task: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -88,6 +88,21 @@ def _finite_result(res: MeasureResult) -> MeasureResult:
     return res
 
 
+def _proposals(strategy: Any, proposed: Any) -> list:
+    """A strategy's proposals as a list of Configs, or a TypeError that names the strategy."""
+    name = getattr(strategy, "name", type(strategy).__name__)
+    try:
+        out = list(proposed)
+    except TypeError:
+        raise TypeError(f"strategy {name!r}: propose() returned {type(proposed).__name__}, not a list of "
+                        f"codegen.space.Config") from None
+    bad = next((c for c in out if not isinstance(c, Config)), None)
+    if bad is not None:
+        raise TypeError(f"strategy {name!r}: propose() returned a {type(bad).__name__} ({bad!r:.80}) among its "
+                        f"proposals; it returns codegen.space.Config objects")
+    return out
+
+
 def _reported_once(measurer: Any, cfg: Any, res: Any, asked: set, done: set) -> bool:
     """Whether a measurer's report is one to keep: a :class:`MeasureResult` for a config of the batch it was
     given, not reported before. A duplicate or a config it was not asked for is dropped with a warning (such a
@@ -427,7 +442,8 @@ class TuningSession:
         ctx.rng = stream(tr.seed, tr.task.key, len(ctx.history))
         ctx.round = tr.rounds
         head = opening_defaults(ctx, n) if self.defaults else []
-        cands = head + [c for c in tr.strategy.propose(ctx, n - len(head)) if c not in ctx.measured and c not in head]
+        proposed = _proposals(tr.strategy, tr.strategy.propose(ctx, n - len(head)))
+        cands = head + [c for c in proposed if c not in ctx.measured and c not in head]
         cands = list(dict.fromkeys(cands))[:n]
         if isinstance(getattr(tr.strategy, "last_round", None), dict):  # the strategy's own per-round statistics
             tr.stats.setdefault("search", []).append(dict(tr.strategy.last_round, round=tr.rounds))
@@ -440,7 +456,14 @@ class TuningSession:
                 return self._finish(tr, why, t0)
         tr.stats["propose_s"] += time.perf_counter() - t0
         for c in cands:
-            ctx.spaces[c.sketch].validate(c)
+            if c.sketch not in ctx.spaces:
+                raise ValueError(f"strategy {tr.strategy.name!r} proposed a config of sketch {c.sketch!r}, which "
+                                 f"{tr.task.name} does not have (its sketches: {', '.join(ctx.spaces)})")
+            try:
+                ctx.spaces[c.sketch].validate(c)
+            except ValueError as e:
+                raise ValueError(f"strategy {tr.strategy.name!r} proposed an invalid config for {tr.task.name}: "
+                                 f"{e}") from None
         claim = getattr(self.db, "claim", None)
         if claim is not None and cands:
             cands = claim(tr.task, self.target_key, tr.run, cands)

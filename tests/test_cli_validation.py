@@ -239,3 +239,43 @@ def test_import_and_help_load_neither_jax_nor_onnx():
             "from felixjax import tune, Target, Database\n"
             "assert fj.tune is tune and set(fj.__all__) <= set(dir(fj))\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_cost_model_with_nan_weights_or_of_another_class_is_refused(tmp_path):
+    # session 75 (a user's review): a checkpoint of NaN weights loaded and ranked every candidate NaN, silently; a
+    # model of another class (costmodels.CostModel protocol) failed with "'Linear' object has no attribute
+    # 'n_access_features'"; a genetic scorer giving only NaN ran without a word
+    import jax
+
+    import felixjax as fj
+    from costmodels import RooflineModel
+    from felixjax.model import load_pretrained
+    from felixjax.strategies.genetic import GeneticSearch
+    from felixjax.testing import ReplayRunner
+
+    model = load_pretrained("packaged")
+    model.params = jax.tree_util.tree_map(lambda a: np.where(np.arange(np.size(a)).reshape(np.shape(a)) == 0,
+                                                             np.nan, a), model.params)
+    model.save(tmp_path / "nan.npz")
+
+    def replay(t, tg):
+        return ReplayRunner.from_oracle(t, tg)
+
+    for cm in (str(tmp_path / "nan.npz"), model):
+        with pytest.raises(ValueError, match="holds [0-9]+ NaN/Inf weight"):
+            fj.tune("matmul:m=32,n=32,k=32", strategy="gradient", trials=4, progress=False, retime=0,
+                    measurer=replay, cost_model=cm)
+    with pytest.raises(TypeError, match="cost_model takes a checkpoint path .* not RooflineModel"):
+        fj.tune("matmul:m=32,n=32,k=32", strategy="genetic", trials=4, progress=False, retime=0, measurer=replay,
+                cost_model=RooflineModel(flops_col=0, bytes_col=1, peak_flops=1e11, bandwidth=1e10))
+
+    class NaNScorer:
+        def score(self, configs):
+            return np.full(len(configs), np.nan)
+
+        def update(self, records):
+            pass
+
+    with pytest.warns(RuntimeWarning, match="scorer NaNScorer gave no finite score"):
+        fj.tune("matmul:m=32,n=32,k=32", strategy=GeneticSearch(scorer=NaNScorer(), batch_size=8, population=32),
+                trials=8, progress=False, retime=0, measurer=replay)

@@ -1,5 +1,6 @@
 """Search strategies on the synthetic oracle (no hardware): every registered strategy, then the
 genetic search's mechanics (Ansor-faithful mutation, selection, seeding and eps-greedy picks)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -315,3 +316,40 @@ def test_strategy_options_are_checked():
     assert get_strategy("gradient", batch_size=8).batch_size == 8
     with pytest.raises(ValueError, match="batch must be >= 1"):
         fj.tune(fj.ops.matmul(8, 8, 8), strategy="random", trials=2, batch=-1, progress=False)
+
+
+def test_a_user_strategys_mistakes_are_named():
+    # session 75 (a user's review): register("alpha") on a class named "beta" stored its runs as beta:0,
+    # register("random") silently replaced the built-in, and a strategy returning None, dicts or an invalid config
+    # failed with "'NoneType' object is not iterable", "unhashable type: 'dict'" or a bare tile-size message
+    from felixjax.strategies import register
+    from felixjax.strategies.base import _REGISTRY
+    from felixjax.testing import ReplayRunner
+
+    with pytest.raises(ValueError, match="register\\('alpha'\\) on Beta, whose name is 'beta'"):
+        register("alpha")(type("Beta", (), {"name": "beta"}))
+    with pytest.raises(ValueError, match="'random' is a built-in strategy; register\\(..., replace=True\\)"):
+        register("random")(type("Mine", (), {"name": "random"}))
+    assert "alpha" not in _REGISTRY and _REGISTRY["random"].__module__ == "felixjax.strategies.random"
+
+    class Broken:
+        name, batch_size = "broken", 4
+
+        def __init__(self, out):
+            self.out = out
+
+        def propose(self, ctx, n):
+            return self.out(ctx)
+
+        def update(self, ctx, records):
+            pass
+
+    def bad_tiles(ctx):
+        return [dataclasses.replace(ctx.spaces[min(ctx.spaces)].sample(ctx.rng), tiles=((3, 3),))]
+
+    for out, err, msg in ((lambda ctx: None, TypeError, "strategy 'broken': propose\\(\\) returned NoneType"),
+                          (lambda ctx: [{"tiles": 1}], TypeError, "returned a dict .* codegen.space.Config objects"),
+                          (bad_tiles, ValueError, "strategy 'broken' proposed an invalid config for matmul")):
+        with pytest.raises(err, match=msg):
+            fj.tune(TASKS[0], strategy=Broken(out), trials=8, progress=False, retime=0, defaults=False,
+                    measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))

@@ -36,10 +36,23 @@ class Strategy(Protocol):
 _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 
 
-def register(name: str) -> Callable:
-    """Class decorator: make a strategy constructible by name."""
+def register(name: str, *, replace: bool = False) -> Callable:
+    """Class decorator: make a strategy constructible by name. A class's ``name`` attribute, where it has
+    one, must be ``name`` (runs are stored as ``<strategy.name>:<seed>``). Registering a name again replaces
+    a user's strategy (a notebook cell run twice); a built-in one only with ``replace=True``."""
+    if not isinstance(name, str) or not name or ":" in name or "@" in name:
+        raise ValueError(f"strategy name {name!r}: a non-empty string without ':' or '@'")
 
     def deco(factory: Callable[..., Strategy]) -> Callable[..., Strategy]:
+        own = getattr(factory, "name", name) if isinstance(factory, type) else name
+        if isinstance(own, str) and own != name:
+            raise ValueError(f"register({name!r}) on {factory.__name__}, whose name is {own!r}: its runs would be "
+                             f"stored as {own!r}; give both the same name")
+        old = _REGISTRY.get(name)
+        if old is not None and old is not factory and not replace and \
+                getattr(old, "__module__", "").startswith(f"{__package__}.") and \
+                not getattr(factory, "__module__", "").startswith(f"{__package__}."):
+            raise ValueError(f"{name!r} is a built-in strategy; register(..., replace=True) to replace it")
         _REGISTRY[name] = factory
         return factory
 

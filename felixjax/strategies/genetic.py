@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -451,6 +452,7 @@ class GeneticSearch:
         self.judge, self.judge_weight = check_judge(judge, judge_weight)
         self._judges: dict = {}  # id(context) -> (context, Judge)
         self._scorers: dict[str, object] = {}
+        self._said_unscored = False
         self._codecs: dict[tuple, Codec] = {}
         self.stats = {"rounds": 0, "sample_s": 0.0, "evolve_s": 0.0, "score_s": 0.0, "pick_s": 0.0,
                       "propose_s": 0.0, "scored": 0, "attempted": dict.fromkeys(self.kinds, 0),
@@ -598,6 +600,10 @@ class GeneticSearch:
             if len(s) != len(new):
                 raise ValueError(f"scorer returned {len(s)} scores for {len(new)} configs")
             self.stats["scored"] += len(new)
+            if len(s) > 1 and not np.isfinite(s).any() and not self._said_unscored:  # said once per search
+                self._said_unscored = True
+                warnings.warn(f"scorer {type(scorer).__name__} gave no finite score to {len(s)} configs (NaN / "
+                              f"inf): genetic search has nothing to select by", RuntimeWarning, stacklevel=2)
             s = np.where(np.isfinite(s), s, -math.inf).tolist()
             for i, v in zip(new, s):
                 cache[keys[i]] = v
