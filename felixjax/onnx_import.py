@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,7 +304,16 @@ def _infer_types(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
-        raise ModelFormatError(f"invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
+        message = str(e).strip().splitlines()[0]
+        # an output declared without a shape makes the checker say only this whatever else is wrong (and
+        # onnxruntime runs such a model): shape inference below names the real problem, if there is one. A
+        # deprecated op (GroupNormalization-18, Upsample after opset 9) runs as onnxruntime runs it.
+        if "Field 'shape' of 'type' is required but missing" not in message and \
+                not re.search(r"Op registered for \w+ is deprecated in domain_version", message):
+            raise ModelFormatError(f"invalid ONNX model: {message}") from None
+    for vi in model.graph.output:  # an output typed without a shape stops inference for every node (a graph
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):  # input as an output)
+            vi.ClearField("type")
     for _ in range(len(light.node) + 1):  # once, or again per ceil_mode pool whose extra window shape inference kept
         try:
             inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
@@ -326,7 +336,7 @@ def _infer_types(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
-            types[vi.name] = (-1, None)  # sequence / optional / map: refused where used
+            types.setdefault(vi.name, (-1, None))  # sequence / optional / map: refused where used
             continue
         shape = None
         if tt.HasField("shape"):

@@ -368,6 +368,8 @@ def _group_norm(ctx: Any) -> list[Node]:
                                [per_channel]))
             v = per_channel
         params.append(v)
+    # the input's shape: onnx infers none for the deprecated opset-18 op (onnxruntime runs it)
+    ctx.types[ctx.outputs[0]] = (ctx.types.get(ctx.outputs[0], (TensorProto.FLOAT, None))[0], tuple(xs))
     return nodes + [_node(ctx, "ScaleShift", [back] + params)]
 
 

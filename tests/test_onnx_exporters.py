@@ -305,6 +305,26 @@ def test_normalizations_and_pads():
     _check(g.model([_vi("x", [2, 4, 6, 6])], [y]), {"x": _x(2, 4, 6, 6)})
 
 
+def test_outputs_without_shapes_and_deprecated_ops_load_as_onnxruntime_runs_them():
+    # session 75 (a user's fuzzing): with an output declared without a shape the onnx checker said only "Field
+    # 'shape' of 'type' is required but missing" (a MatMul's mismatched dims, a graph input listed as an output,
+    # GroupNormalization-18 all read so); the deprecated GroupNormalization-18 was refused, onnxruntime runs it
+    from felixjax.errors import ModelFormatError
+
+    g = _G()
+    y = g.op("MatMul", ["x", g.const(_w(4, 5))])
+    with pytest.raises(ModelFormatError, match="Incompatible dimensions for matrix multiplication"):
+        fj.load_onnx(g.model([_vi("x", [2, 3])], [y]))
+    g = _G()
+    _check(g.model([_vi("x", [2, 3])], [g.op("Relu", ["x"]), "x"]), {"x": _x(2, 3)}, c_build=False)
+    for declared in (None, [1, 4, 3, 5]):
+        g = _G()
+        y = g.op("GroupNormalization", ["x", g.const(_w(2, scale=1.0)), g.const(_w(2, scale=0.1))], num_groups=2)
+        model = g.model([_vi("x", [1, 4, 3, 5])], [y], opset=18)
+        model.graph.output[0].CopyFrom(_vi(y, declared))
+        _check(model, {"x": _x(1, 4, 3, 5)}, c_build=declared is None)
+
+
 def test_a_conv_larger_than_its_input_is_refused_at_import():
     # session 75 (a user's fuzzing): a 3x3 conv on an unpadded 2x2 input loaded, and its C build returned an empty
     # (1, 4, 0, 0) array without a word (onnxruntime refuses the model)
