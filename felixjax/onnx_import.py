@@ -163,6 +163,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         try:
             source, opset = import_graph(proto, input_shapes=input_shapes, input_values=input_values)
             graph = optimize(source)
+            _finite_layer_weights(graph, proto)
         except (UnsupportedModelError, SizeLimitError):
             raise
         except Exception as e:  # last resort (tests/test_fuzz_onnx.py counts these as failures to fix)
@@ -170,6 +171,24 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
             raise ModelFormatError(f"{name}: cannot import this model, it is malformed in a way felixjax does not "
                                    f"check yet ({type(e).__name__}: {detail}); please report it") from e
         return Model(name=name, graph=resolve_layout(graph, layout), source=source, opset=opset)
+
+
+def _finite_layer_weights(graph: Graph, proto: onnx.ModelProto) -> None:
+    """Refuse NaN / Inf in the constant inputs of the tuned layers (conv, dense, matmul: weights, bias): their
+    kernels would pack and multiply them. Other constants may hold them (a causal mask of -inf before a
+    Softmax, as onnxruntime runs it)."""
+    for node in graph.anchors:
+        for name in node.inputs:
+            a = graph.constants.get(name)
+            if a is not None and a.dtype.kind in "fc" and not np.isfinite(a).all():
+                bad = a.size - int(np.isfinite(a).sum())
+                sources = [t.name for t in proto.graph.initializer if t.data_type in
+                           (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+                           and not np.isfinite(numpy_helper.to_array(t)).all()]
+                where = f" (the model's initializer(s) with NaN/Inf: {', '.join(map(repr, sources))})" if sources else ""
+                raise UnsupportedModelError(f"layer {node.name!r} ({node.task.name}): its constant {name!r} holds "
+                                            f"{bad} NaN/Inf value(s){where}; felixjax refuses non-finite weights of "
+                                            f"conv, dense and matmul layers (their outputs would be NaN/Inf)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -379,10 +398,6 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
             consts[t.name] = numpy_helper.to_array(t)
         except Exception as e:
             raise ModelFormatError(f"initializer {t.name!r} is corrupt ({e})") from None
-        if consts[t.name].dtype.kind in "fc" and not np.isfinite(consts[t.name]).all():
-            bad = consts[t.name].size - int(np.isfinite(consts[t.name]).sum())
-            raise UnsupportedModelError(f"initializer {t.name!r} holds {bad} NaN/Inf value(s); felixjax refuses "
-                                        f"non-finite weights (their outputs would be NaN/Inf)")
 
     inputs = tuple(vi.name for vi in graph.input if vi.name not in inits)
     shapes: dict[str, tuple[int, ...]] = {}

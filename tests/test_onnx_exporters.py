@@ -325,6 +325,16 @@ def test_outputs_without_shapes_and_deprecated_ops_load_as_onnxruntime_runs_them
         _check(model, {"x": _x(1, 4, 3, 5)}, c_build=declared is None)
 
 
+def test_a_causal_mask_of_minus_inf_runs():
+    # session 75 (a user's fuzzing): every NaN/Inf initializer was refused ("their outputs would be NaN/Inf"), a
+    # causal mask of -inf added before a Softmax too; only the tuned layers' weights are refused now
+    g = _G()
+    mask = np.triu(np.full((6, 6), -np.inf, np.float32), k=1)
+    scores = g.op("MatMul", ["x", g.op("Transpose", ["x"], perm=[0, 2, 1])])
+    y = g.op("Softmax", [g.op("Add", [scores, g.const(mask)])], axis=-1)
+    _check(g.model([_vi("x", [1, 6, 4])], [y]), {"x": _x(1, 6, 4)})
+
+
 def test_a_conv_larger_than_its_input_is_refused_at_import():
     # session 75 (a user's fuzzing): a 3x3 conv on an unpadded 2x2 input loaded, and its C build returned an empty
     # (1, 4, 0, 0) array without a word (onnxruntime refuses the model)
