@@ -232,6 +232,14 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     return out
 
 
+def _shape_or_none(x: Any) -> tuple | None:
+    """``np.shape(x)``, or None for a ragged sequence (arrays of several shapes: several inputs)."""
+    try:
+        return np.shape(x)
+    except ValueError:
+        return None
+
+
 class CompiledModel:
     """A model compiled into one C library: ``exe(x) -> numpy``, ``exe.export(dir)``.
 
@@ -260,8 +268,9 @@ class CompiledModel:
     def _inputs(self, x: Any) -> list[np.ndarray]:
         names = self.model.input_names
         if isinstance(x, (list, tuple)) and len(names) == 1 and (
-                len(x) != 1 or np.shape(x) == tuple(self.net.input_shapes[0])):
-            x = [x]  # nested lists holding the one input's values, not a list of inputs
+                _shape_or_none(x) == tuple(self.net.input_shapes[0])
+                or len(x) != 1 and not all(hasattr(a, "shape") for a in x)):
+            x = [x]  # nested lists holding the one input's values, not a list of inputs (arrays: inputs)
         elif not isinstance(x, (list, tuple, Mapping)) and (hasattr(x, "__array__") or hasattr(x, "shape")):
             x = [x]  # one array of any kind: numpy, JAX, torch on the CPU, ...
         if isinstance(x, Mapping):
@@ -292,9 +301,9 @@ class CompiledModel:
             return lib.call_fast((x,))
         return lib.call_fast(self._inputs(x))
 
-    def __call__(self, x: Any, *more: Any) -> np.ndarray | list[np.ndarray]:
-        if more:  # exe(a, b): the inputs in order, as exe([a, b])
-            x = (x, *more)
+    def __call__(self, *inputs: Any) -> np.ndarray | list[np.ndarray]:
+        # exe(a, b): the inputs in order, as exe([a, b]); exe() for a model whose inputs are all pinned values
+        x = inputs[0] if len(inputs) == 1 else list(inputs)
         y = self.library.call_one(x)  # one ready array in, one out: the short path (None: anything else)
         if y is not None:
             return y

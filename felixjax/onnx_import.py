@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -89,11 +90,12 @@ class Model:
         """The fused graph, one node per line."""
         return self.graph.summary()
 
-    def run_numpy(self, inputs: Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray], *,
+    def run_numpy(self, inputs: Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray] = (), *,
                   fused: bool = True) -> np.ndarray | list[np.ndarray]:
         """Run the network in numpy: anchors through ``Task.reference``, cheap ops in numpy.
 
-        ``inputs`` is a dict by input name, one array (single-input models) or a sequence in input order.
+        ``inputs`` is a dict by input name, one array (single-input models) or a sequence in input order
+        (none for a model whose inputs are all pinned values).
         Returns the output array, or a list in output order when the model has several outputs.
         ``fused=False`` runs the imported graph before stage ② (to check the passes).
 
@@ -551,6 +553,10 @@ def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[in
     """Refuse, before any work, an input that is dynamic and not pinned or not float and not given a value."""
     inits = {t.name for t in proto.graph.initializer}
     pinned, values = set(input_shapes or ()), set(input_values or ())
+    for name, given in (input_shapes or {}).items():  # 1.5 was truncated to 1
+        if isinstance(given, (str, bytes)) or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Real)
+                                                  or not float(d).is_integer() for d in given):
+            raise UnsupportedModelError(f"input_shapes[{name!r}] = {given!r}: dimensions are whole numbers")
     runtime = [vi.name for vi in proto.graph.input if vi.name not in inits]
     unknown = sorted((pinned | values) - set(runtime))
     if unknown:

@@ -93,6 +93,26 @@ def test_build_checks_inputs():
         exe(np.zeros((1, 8, 15), np.float32))
     with pytest.raises(ValueError, match="unknown inputs"):
         exe({"y": np.zeros((1, 8, 16), np.float32)})
+    # session 75 (a user's fuzzing): two arrays for a one-input model were read as one ragged array ("setting an
+    # array element with a sequence"); a float dimension was truncated
+    x = np.zeros((1, 8, 16), np.float32)
+    for call in (lambda: exe(x, x[0]), lambda: exe.run([x, x[0]])):
+        with pytest.raises(ValueError, match=r"the model takes 1 inputs \['x'\], got 2"):
+            call()
+    with pytest.raises(UnsupportedModelError, match=r"input_shapes\['x'\] = \(1.5, 8, 16\): dimensions are whole"):
+        load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2), input_shapes={"x": (1.5, 8, 16)})
+
+
+def test_a_model_without_runtime_inputs_runs_without_arguments():
+    # session 75 (a user's fuzzing): exe() and run_numpy() needed an empty list
+    from onnx import TensorProto
+
+    g = helper.make_graph([helper.make_node("Relu", ["c"], ["y"])], "g", [],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [onnx.numpy_helper.from_array(np.array([-1.0, 2.0], np.float32), "c")])
+    model = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    np.testing.assert_array_equal(model.run_numpy(), [0.0, 2.0])
+    np.testing.assert_array_equal(build_model(model)(), [0.0, 2.0])
 
 
 # ---- standalone export ---------------------------------------------------------------------------
