@@ -3,6 +3,7 @@ into a ``codegen.netbuild.NetSpec``, compile one C library (:class:`CompiledMode
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,7 +344,12 @@ class CompiledModel:
         given schedule, ``default``: a task kernel with the default schedule, ``generic``: a generic C
         kernel of a cheap op), its time (``profile``) and its share of the network's time, then the
         shares by kind. What ``felixjax build --report`` prints."""
+        from codegen.measure_records import disturbed, longest_wait_s, run_delays
+
+        before, wall, cpu = run_delays(), time.perf_counter(), time.process_time()
         rows = self.profile(x, number=number)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        waited = longest_wait_s(before, run_delays())
         by_task = {s.task: s for s in self.schedules}
         total = sum(r["ms"] for r in rows) or 1e-30
         kinds: dict[str, float] = {"tuned": 0.0, "default": 0.0, "generic": 0.0}
@@ -356,6 +362,10 @@ class CompiledModel:
             lines.append(f"{node.name[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4f} "
                          f"{100 * r['ms'] / total:>6.1f}%")
         lines.append(f"total {total:.4f} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
+        if disturbed(wall, cpu, waited_s=waited):  # the same test as a tuning timing's (`noisy`)
+            lines.append(f"note: these timings were disturbed (another process took the CPU: {wall:.3f} s wall, "
+                         f"{cpu:.3f} s CPU" + (f", a thread waited {waited:.3f} s for a CPU" if waited else "") +
+                         "); profile on a quiet machine or with fewer threads")
         return "\n".join(lines)
 
     def export(self, directory: str | os.PathLike, *, prefix: str = "fj_model_") -> Path:

@@ -114,7 +114,10 @@ def _default_strategy() -> str:
 
 def _round_progress(p: dict) -> None:
     best = p["best"]
-    b = f"best {best.latency_s * 1e3:.4g} ms ({best.gflops:.1f} GFLOP/s)" if best else "no correct kernel yet"
+    bound = p.get("noisy_bound_s")
+    b = (f"best {best.latency_s * 1e3:.4g} ms ({best.gflops:.1f} GFLOP/s)" if best else
+         f"correct kernels timed only on a busy machine (noisy): best <= {bound * 1e3:.4g} ms" if bound else
+         "no correct kernel yet")
     print(f"[felixjax] round {p['round']:3d}  task {p['index'] + 1}/{p['tasks']} {p['task'].name} (x{p['weight']}): "
           f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.3f} ms | "
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
@@ -199,7 +202,8 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),
-                 "task_trials": tt.trials, "best": tt.best, "trials": sum(t.trials for t in info),
+                 "task_trials": tt.trials, "best": tt.best,
+                 "noisy_bound_s": None if tt.best else round_best(tr.history), "trials": sum(t.trials for t in info),
                  "budget": (budget or 0) + sum(r.resumed for r in runs),
                  "estimate_s": sum(t.weight * t.latency_s for t in info if t.latency_s is not None),
                  "elapsed_s": time.perf_counter() - session.start, "tasks": len(info)}

@@ -411,7 +411,7 @@ def test_scheduler_backward_window_and_similarity_groups():
         TaskScheduler([a], [1, 2])
 
 
-def test_a_task_timed_only_on_a_busy_machine_stays_in_the_schedule(tmp_path):
+def test_a_task_timed_only_on_a_busy_machine_stays_in_the_schedule(tmp_path, capsys):
     # session 73: three rounds of `noisy` records (correct kernels, every timing disturbed) dropped a task as
     # "no correct kernel" for the rest of the run and after resuming; its timings are upper bounds, so it stays
     # in, priced at them (not as an infinitely slow task that would take every round)
@@ -434,9 +434,14 @@ def test_a_task_timed_only_on_a_busy_machine_stays_in_the_schedule(tmp_path):
     by_key = {t.task.key: t for t in res.tasks}
     assert by_key[victim].stop_reason != "no_correct_kernel" and by_key[victim].rounds > 3
     assert by_key[victim].trials <= 36  # nor, priced as infinitely slow, nearly every round (39 of 48)
-    from felixjax.network_tune import round_best
+    from felixjax.network_tune import _round_progress, round_best
 
     assert round_best([]) is None
+    # session 75 (a user's review): its progress line said "no correct kernel yet"
+    entry = next(r for r in res.rounds if r["task"].key == victim)
+    assert entry["best"] is None and entry["noisy_bound_s"] > 0
+    _round_progress(entry)
+    assert "correct kernels timed only on a busy machine (noisy): best <= " in capsys.readouterr().err
 
 
 def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
@@ -796,3 +801,14 @@ int main(void) {
     onnx.save(_two_convs(), str(tmp_path / "x.onnx"))
     assert cli.main(["build", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "o"), "--prefix", "1bad"]) == 2
     assert "--prefix must be a C identifier" in capsys.readouterr().err
+
+
+def test_a_disturbed_layer_report_says_so(monkeypatch):
+    # session 75 (a user's review): `build --report` on a busy machine showed 0.0016 ms convs at 23 ms without a word;
+    # the report applies the tuning timings' disturbance test (here a planted 10 s run-queue delay of one thread)
+    from codegen import measure_records
+
+    exe = build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)))
+    readings = iter([{"1": 0}, {"1": 10 * 10**9}])
+    monkeypatch.setattr(measure_records, "run_delays", lambda: next(readings))
+    assert "note: these timings were disturbed (another process took the CPU" in exe.layer_report(number=2)
