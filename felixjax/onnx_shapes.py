@@ -333,7 +333,21 @@ def _fold_node(node: onnx.NodeProto, consts: _Constants, shapes: dict, opsets) -
         return [y]
     if op == "Identity":
         return [args[0]]
+    if op == "DequantizeLinear" and "block_size" not in attrs and args[0].dtype.kind in "iu":
+        return [_dequantize(args, attrs)]  # onnx's reference evaluator has no opset 10-18 version of it
     return _evaluate(node, args, opsets)
+
+
+def _dequantize(args: list, attrs: dict) -> np.ndarray:
+    """DequantizeLinear of constants: ``(x - zero_point) * scale``, per tensor or along ``axis`` (default 1)."""
+    x, scale = args[0], np.asarray(args[1], np.float32)
+    zp = args[2] if len(args) > 2 and args[2] is not None else np.zeros_like(scale, dtype=x.dtype)
+    if scale.ndim == 1 and x.ndim > 0:  # per axis
+        axis = int(attrs.get("axis", 1)) % x.ndim
+        view = [1] * x.ndim
+        view[axis] = -1
+        scale, zp = scale.reshape(view), np.asarray(zp).reshape(view)
+    return ((x.astype(np.int64) - np.asarray(zp).astype(np.int64)).astype(np.float32) * scale).astype(np.float32)
 
 
 @dataclass

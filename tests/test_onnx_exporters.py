@@ -325,6 +325,20 @@ def test_outputs_without_shapes_and_deprecated_ops_load_as_onnxruntime_runs_them
         _check(model, {"x": _x(1, 4, 3, 5)}, c_build=declared is None)
 
 
+@pytest.mark.parametrize("opset,per_channel", [(10, False), (13, True), (21, True)])
+def test_dequantized_constant_weights_fold(opset, per_channel):
+    # session 75 (a user's fuzzing): DequantizeLinear of a constant int8 initializer (QDQ weights) was refused as an
+    # unsupported op, though all-constant nodes fold (onnx's reference evaluator has no opset 10-18 version)
+    g = _G()
+    wq = RNG.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8)
+    scale = (RNG.random(4).astype(np.float32) * 0.02 + 0.01) if per_channel else np.float32(0.02)
+    zp = np.full(scale.shape, 3, np.int8)
+    attrs = {"axis": 0} if per_channel else {}
+    w = g.op("DequantizeLinear", [g.const(wq), g.const(scale), g.const(zp)], **attrs)
+    y = g.op("Conv", ["x", w], pads=[1, 1, 1, 1])
+    _check(g.model([_vi("x", [1, 3, 6, 6])], [y], opset=opset), {"x": _x(1, 3, 6, 6)}, c_build=opset == 13)
+
+
 def test_a_causal_mask_of_minus_inf_runs():
     # session 75 (a user's fuzzing): every NaN/Inf initializer was refused ("their outputs would be NaN/Inf"), a
     # causal mask of -inf added before a Softmax too; only the tuned layers' weights are refused now
