@@ -387,10 +387,11 @@ class Task:
                 m, n, k = p["m"], p["n"], p["k"]
             else:
                 batch, m, n, k = 0, p["n"], p["out"], p["in"]
-            for name, v in (("m", m), ("n", n), ("k", k)):
+            names = ("m", "n", "k") if self.op == "matmul" else ("n", "out", "in")  # the constructor's names
+            for name, v in zip(names, (m, n, k)):
                 if v < 1:
                     raise ValueError(f"{self.op}: {name} must be >= 1, got {v}")
-            if batch < 0:  # 0 / None: no batch axis
+            if "batch" in p and batch < 1:  # left out: no batch axis (0 was read as left out)
                 raise ValueError(f"{self.op}: batch must be >= 1 (or left out), got {batch}")
             b = max(batch, 1)
             axes = (Axis("b", b, False), Axis("m", m, False), Axis("n", n, False), Axis("k", k, True))
@@ -658,7 +659,7 @@ def matmul(m: int, n: int, k: int, *, batch: int | None = None, bias: bool = Fal
         268435456
     """
     mnk = {"m": _int(m, "m"), "n": _int(n, "n"), "k": _int(k, "k")}
-    params = _params(**mnk) if not batch else _params(**mnk, batch=_int(batch, "batch"))
+    params = _params(**mnk) if batch is None else _params(**mnk, batch=_int(batch, "batch"))
     with _limits.override(limits):
         return _sparse(Task("matmul", params, bias, act, residual, dtype, None, act_signed, out_dtype,
                             weight_bits=weight_bits), sparsity)
@@ -714,6 +715,8 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
         >>> depthwise_conv2d(1, 256, 28, 28, kernel=3, padding=1).input_shapes()[1]
         (256, 1, 3, 3)
     """
+    if _int(multiplier, "multiplier") < 1:
+        raise ValueError(f"depthwise_conv2d: multiplier must be >= 1, got {multiplier}")
     return conv2d(n, c, h, w, out_channels=c * multiplier, kernel=kernel, stride=stride, padding=padding,
                   dilation=dilation, groups=c, bias=bias, act=act, residual=residual, dtype=dtype,
                   act_signed=act_signed, out_dtype=out_dtype, weight_bits=weight_bits, limits=limits)
@@ -731,11 +734,8 @@ _SPEC_KEYS = {
     "depthwise_conv2d": {"n", "c", "h", "w", "r", "s", "stride", "pad", "dilation", "multiplier", "bias", "act",
                          "residual"},
 }
-for _keys in _SPEC_KEYS.values():
-    _keys |= _PRECISION_KEYS
-
-for _op in ("matmul", "dense", "conv2d"):  # sparse kernels: sparsity=0.9
-    _SPEC_KEYS[_op] = _SPEC_KEYS[_op] | {"sparsity"}
+for _op, _keys in _SPEC_KEYS.items():  # sparse kernels: sparsity=0.9
+    _keys |= _PRECISION_KEYS | ({"sparsity"} if _op != "depthwise_conv2d" else set())
 
 
 def parse_spec(spec: str) -> Task:
@@ -786,7 +786,7 @@ def parse_spec(spec: str) -> Task:
     if "sparsity" in kv:
         flag["sparsity"] = _fraction(kv["sparsity"], spec)
     if kind == "matmul":
-        return matmul(num("m"), num("n"), num("k"), batch=num("batch", 0) or None, **flag)
+        return matmul(num("m"), num("n"), num("k"), batch=num("batch") if "batch" in kv else None, **flag)
     if kind == "dense":
         return dense(num("n", 1), num("in"), num("out"), **flag)
     r = num("r", 3)

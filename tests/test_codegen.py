@@ -60,6 +60,12 @@ def test_conv_reference_matches_naive_loops():
     (lambda: ops.parse_spec("conv2d:n=1,c=8"), "needs h="),
     (lambda: ops.parse_spec("matmul:m=4,n=4,k=4,q=1"), "unknown key"),
     (lambda: ops.parse_spec("softmax:n=3"), "unknown op kind"),
+    # session 75 (a user's fuzzing): dense's own names, depthwise's multiplier; batch=0 was an unbatched matmul
+    (lambda: ops.dense(-1, 3, 3), "dense: n must be >= 1, got -1"),
+    (lambda: ops.dense(1, 3, 0), "dense: out must be >= 1, got 0"),
+    (lambda: ops.depthwise_conv2d(1, 3, 8, 8, multiplier=0), "depthwise_conv2d: multiplier must be >= 1"),
+    (lambda: ops.matmul(2, 3, 3, batch=0), "batch must be >= 1 .or left out., got 0"),
+    (lambda: ops.parse_spec("matmul:m=2,n=3,k=3,batch=0"), "batch must be >= 1"),
 ])
 def test_bad_tasks_raise_clear_errors(bad, msg):
     with pytest.raises(ValueError, match=msg):
@@ -502,7 +508,7 @@ def test_spec_flags_are_yes_or_no_and_keys_once_and_batch_positive():
     assert not ops.parse_spec("matmul:m=4,n=4,k=4,bias=no,residual=off").bias
     assert ops.parse_spec("matmul:m=4,n=4,k=4,bias=ON,residual=yes").residual
     assert ops.parse_spec("matmul:m=4,n=4,k=4,bias=1").name == ops.parse_spec("matmul:m=4,n=4,k=4,bias=true").name
-    assert ops.parse_spec("matmul:m=4,n=4,k=4,batch=0").name == "matmul_4x4x4"
+    assert ops.parse_spec("matmul:m=4,n=4,k=4,batch=1").name == "matmul_b1_4x4x4"  # batch=0: an error (session 75)
     for spec, match in (("matmul:m=4,n=4,k=4,bias=maybe", "yes/no"), ("matmul:m=4,m=5,n=4,k=4", "given twice"),
                         ("matmul:m=4,n=4,k=4,batch=-1", "batch must be >= 1")):
         with pytest.raises(ValueError, match=match):
