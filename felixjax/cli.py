@@ -44,6 +44,10 @@ class UserError(Exception):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="felixjax", description="JAX-native tensor program optimizer: gradient "
                                 "descent over relaxed schedules of real, measured C kernels.")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable; found on the Python path or in the current folder): a "
+                        "module that registers a strategy makes its name usable here, e.g. "
+                        "`felixjax --plugin mystrat compare --strategies mine,genetic ...`")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
@@ -560,8 +564,23 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
+def _import_plugins(modules: list[str]) -> None:
+    import importlib
+
+    for name in modules:
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            raise UserError(f"--plugin {name}: no such module (on the Python path or in {os.getcwd()})") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
+        _import_plugins(args.plugin)
         _check_budgets(args)
         return COMMANDS[args.cmd](args)
     except UserError as e:

@@ -280,3 +280,30 @@ def test_a_cost_model_with_nan_weights_or_of_another_class_is_refused(tmp_path):
     with pytest.warns(RuntimeWarning, match="scorer NaNScorer gave no finite score"):
         fj.tune("matmul:m=32,n=32,k=32", strategy=GeneticSearch(scorer=NaNScorer(), batch_size=8, population=32),
                 trials=8, progress=False, retime=0, measurer=replay)
+
+
+def test_cli_plugin_registers_a_strategy(tmp_path, monkeypatch, capsys):
+    # session 75 (a user's review): the CLI knew only the built-in strategies
+    import sys
+
+    from felixjax.strategies.base import _REGISTRY
+
+    (tmp_path / "fj_plug_s75.py").write_text(
+        "from felixjax.strategies import register\n"
+        "from felixjax.strategies.random import RandomSearch\n\n\n"
+        "@register('plugged')\n"
+        "class Plugged(RandomSearch):\n"
+        "    name = 'plugged'\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        argv = ["--plugin", "fj_plug_s75", "tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "plugged",
+                "--no-compare", "--trials", "2", "--db", str(tmp_path / "p.db")]
+        assert cli(argv) == 0
+        capsys.readouterr()
+        with fj.Database(str(tmp_path / "p.db")) as db:
+            assert db.runs() == ["plugged:0"]
+        one_line_exit_2(["--plugin", "no_such_fj_plugin", "tune", *OP, "--trials", "1"], capsys,
+                        "--plugin no_such_fj_plugin: no such module")
+    finally:
+        _REGISTRY.pop("plugged", None)
+        sys.modules.pop("fj_plug_s75", None)
