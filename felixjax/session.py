@@ -163,7 +163,8 @@ class TaskRun:
         trials, seconds: this run's own budget (``None``: only the session's budget applies).
         clock: seconds this run has spent (resumed runs continue from their last record).
         rounds, done, resumed: rounds stepped here, whether the run is over, records found at start.
-        stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``, ``"session"``,
+        stop_reason: why it is over (``"trials"``, ``"seconds"``, ``"exhausted"``: a round's proposals held no
+            config the run had not measured (a small space, or a strategy out of new ideas), ``"session"``,
             ``"early_stop"``: cost-aware tuning judged further trials not worth it; ``"claimed"``: another
             tuner on the same run held every proposal for :data:`CLAIM_WAITS` rounds of waiting).
         screen: the run's cost-aware state (:class:`~felixjax.cost_aware.Screen`; None when off).
