@@ -410,8 +410,8 @@ class Task:
         r, s, g = p["r"], p["s"], p["groups"]
         (sh, sw), (dh, dw) = p["stride"], p["dilation"]
         pt, pl, pb, pr = p["pad"]
-        for name, v in (("n", n), ("c", c), ("h", h), ("w", w), ("k", kk), ("r", r), ("s", s), ("groups", g),
-                        ("stride", min(sh, sw)), ("dilation", min(dh, dw))):
+        for name, v in (("n", n), ("c", c), ("h", h), ("w", w), ("k (out_channels)", kk), ("r (kernel height)", r),
+                        ("s (kernel width)", s), ("groups", g), ("stride", min(sh, sw)), ("dilation", min(dh, dw))):
             if v < 1:
                 raise ValueError(f"conv2d: {name} must be >= 1, got {v}")
         if min(pt, pl, pb, pr) < 0:

@@ -592,7 +592,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"felixjax {args.cmd}: interrupted; every measurement so far is in the database", file=sys.stderr)
+        kept = ("nothing was kept: without --db the measurements were in memory (--db runs.db keeps them)"
+                if args.cmd == "approx" and getattr(args, "db", None) in (None, ":memory:")
+                else "every measurement so far is in the database")
+        print(f"felixjax {args.cmd}: interrupted; {kept}", file=sys.stderr)
         return 130
 
 

@@ -182,8 +182,16 @@ def _conv(ctx: _Ctx) -> list[Node]:
     if kernel != tuple(ws[2:]):
         ctx.fail(f"kernel_shape {kernel} does not match the weights {ws}")
     strides, dilations = ctx.pair("strides", 1), ctx.pair("dilations", 1)
+    pads = ctx.spatial_pads(xs[2:], kernel, strides, dilations)
+    if 0 in xs:
+        ctx.fail(f"its input {x!r} is empty {tuple(xs)}; empty tensors are not supported")
+    for i, axis in enumerate(("height", "width")):  # onnxruntime refuses such a model; the C build returned nothing
+        span, padded = (kernel[i] - 1) * dilations[i] + 1, xs[2 + i] + pads[i] + pads[i + 2]
+        if span > padded:
+            ctx.fail(f"the kernel's {axis} spans {span} pixels (kernel {kernel[i]}, dilation {dilations[i]}), more "
+                     f"than the padded input's {padded}: the output would be empty")
     attrs = {"kernel": kernel, "strides": strides, "dilations": dilations, "groups": int(ctx.attrs.get("group", 1)),
-             "pads": ctx.spatial_pads(xs[2:], kernel, strides, dilations)}
+             "pads": pads}
     return [_node(ctx, "Conv", [x, w] + ([b] if b else []), attrs)]
 
 
@@ -193,6 +201,8 @@ def _gemm(ctx: _Ctx) -> list[Node]:
         ctx.fail("A and B must be 2-D matrices")
     attrs = {"alpha": float(ctx.attrs.get("alpha", 1.0)), "beta": float(ctx.attrs.get("beta", 1.0)),
              "trans_a": int(ctx.attrs.get("transA", 0)), "trans_b": int(ctx.attrs.get("transB", 0))}
+    if attrs["beta"] == 0.0:  # beta * C adds nothing (onnxruntime ignores C, NaN / Inf in it included)
+        c = ""
     return [_node(ctx, "Gemm", [a, b] + ([c] if c else []), attrs)]
 
 

@@ -158,6 +158,9 @@ def _conv_transpose(ctx: Any) -> list[Node]:
         pads_b, pads_e = [], []
         for i in range(2):  # the spec's split of the total padding (given pads are ignored, as onnxruntime does)
             total = s[i] * (xs[2 + i] - 1) + op[i] + (kernel[i] - 1) * d[i] + 1 - out[i]
+            if total <= -s[i]:  # an input one larger would give it (onnxruntime refuses too)
+                ctx.fail(f"output_shape {out} is more than stride - 1 past the size the input gives "
+                         f"({out[i] + total} on axis {i})")
             small, big = total // 2, total - total // 2
             if total <= 0:  # an output past the natural one (up to stride - 1 more) grows at the end
                 pads_b.append(0)

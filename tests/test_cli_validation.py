@@ -307,3 +307,20 @@ def test_cli_plugin_registers_a_strategy(tmp_path, monkeypatch, capsys):
     finally:
         _REGISTRY.pop("plugged", None)
         sys.modules.pop("fj_plug_s75", None)
+
+
+def test_ctrl_c_says_whether_anything_was_kept(tmp_path, monkeypatch, capsys):
+    # session 75 (a user's review): `felixjax approx` without --db keeps its measurements in memory, yet Ctrl-C said
+    # "every measurement so far is in the database"
+    from felixjax import cli as cli_mod
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli_mod.COMMANDS, "approx", interrupted)
+    model = str(tmp_path / "m.onnx")
+    assert cli(["approx", model, "--data", "d.npz", "-o", str(tmp_path / "out")]) == 130
+    assert "interrupted; nothing was kept: without --db" in capsys.readouterr().err
+    out = str(tmp_path / "out")
+    assert cli(["approx", model, "--data", "d.npz", "-o", out, "--db", str(tmp_path / "a.db")]) == 130
+    assert "interrupted; every measurement so far is in the database" in capsys.readouterr().err

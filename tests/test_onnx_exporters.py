@@ -171,6 +171,14 @@ def test_upsample_opset9():
     _check(g.model([_vi("x", [1, 2, 3, 4])], [y], opset=9), {"x": _x(1, 2, 3, 4)})
 
 
+def test_conv_transpose_output_shape_past_the_input_is_refused():
+    # session 75: an output_shape that only a larger input gives (onnxruntime refuses it) loaded as zeros and bias
+    g = _G()
+    y = g.op("ConvTranspose", ["x", g.const(_w(4, 3, 3, 3))], strides=[2, 2], output_shape=[13, 13])
+    with pytest.raises(UnsupportedModelError, match=r"output_shape \[13, 13\] is more than stride - 1 past .*11"):
+        fj.load_onnx(g.model([_vi("x", [1, 4, 5, 5])], [y], opset=13))
+
+
 @pytest.mark.parametrize("scales", [[1, 1, 0.6, 0.6], [1, 1, 0.5, 0.7], [1, 1, 1.5, 0.7]])
 def test_resize_opset10_nearest_downsampling(scales):
     # session 75 (a user's fuzzing): Resize-10 nearest floored the source coordinate on every axis; onnx's own test
@@ -347,15 +355,24 @@ def test_a_causal_mask_of_minus_inf_runs():
     scores = g.op("MatMul", ["x", g.op("Transpose", ["x"], perm=[0, 2, 1])])
     y = g.op("Softmax", [g.op("Add", [scores, g.const(mask)])], axis=-1)
     _check(g.model([_vi("x", [1, 6, 4])], [y]), {"x": _x(1, 6, 4)})
+    g = _G()  # a Gemm's C with beta=0 adds nothing, NaN or not
+    y = g.op("Gemm", ["x", g.const(_w(4, 5)), g.const(np.full(5, np.nan, np.float32))], beta=0.0)
+    _check(g.model([_vi("x", [3, 4])], [y]), {"x": _x(3, 4)}, c_build=False)
 
 
-def test_a_conv_larger_than_its_input_is_refused_at_import():
+@pytest.mark.parametrize("shape,kernel,attrs,msg", [
+    ((1, 3, 2, 2), 3, {}, "the kernel's height spans 3 pixels .kernel 3, dilation 1., more than the padded input's 2"),
+    ((1, 3, 4, 9), 3, {"dilations": [1, 6], "pads": [1, 1, 1, 1]},
+     "the kernel's width spans 13 pixels .kernel 3, dilation 6., more than the padded input's 11"),
+    ((1, 3, 4), 5, {}, "the kernel's width spans 5 pixels"),  # 1-D
+])
+def test_a_conv_larger_than_its_input_is_refused_at_import(shape, kernel, attrs, msg):
     # session 75 (a user's fuzzing): a 3x3 conv on an unpadded 2x2 input loaded, and its C build returned an empty
     # (1, 4, 0, 0) array without a word (onnxruntime refuses the model)
     g = _G()
-    y = g.op("Conv", ["x", g.const(_w(4, 3, 3, 3))])
-    with pytest.raises(UnsupportedModelError, match=r"op Conv\): output .* would be empty \(1, 4, 0, 0\): the kernel"):
-        fj.load_onnx(g.model([_vi("x", [1, 3, 2, 2])], [y]))
+    y = g.op("Conv", ["x", g.const(_w(4, 3, *([kernel] * (len(shape) - 2))))], **attrs)
+    with pytest.raises(UnsupportedModelError, match=r"op Conv\): " + msg):
+        fj.load_onnx(g.model([_vi("x", list(shape))], [y]))
 
 
 def test_unsupported_op_and_data_cast_errors():

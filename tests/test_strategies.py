@@ -331,6 +331,12 @@ def test_a_user_strategys_mistakes_are_named():
     with pytest.raises(ValueError, match="'random' is a built-in strategy; register\\(..., replace=True\\)"):
         register("random")(type("Mine", (), {"name": "random"}))
     assert "alpha" not in _REGISTRY and _REGISTRY["random"].__module__ == "felixjax.strategies.random"
+    register("nameless_s75")(type("Nameless", (), {}))
+    try:
+        with pytest.raises(TypeError, match="strategy 'nameless_s75' .Nameless. has no name: give the class name ="):
+            get_strategy("nameless_s75")
+    finally:
+        _REGISTRY.pop("nameless_s75", None)
 
     class Broken:
         name, batch_size = "broken", 4

@@ -545,11 +545,15 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
-    _, excluded = probe_knobs()
+    # what is not a knob, and why: only about what was asked for (the sparsity note was said to every run)
+    excluded = tuple(e for e in probe_knobs()[1] if (bool(levels) if e.startswith("sparsity") else
+                                                     any(e.startswith(f"precision {p}:") for p in precisions)))
     for e in excluded:
         say(f"approx: {e}")
     tasks = len(ax.model.tasks)
     ax.trials_per_task = max(0, trials // 2 // max(1, tasks))
+    say(f"approx: {trials} trials: {ax.trials_per_task} per task for the float32 network's {tasks} task(s) (half the "
+        f"budget, the default schedule first), the rest for the tasks of pruned / low-precision layers in later rounds")
     base_model = ax.model
     ax.tune(base_model)                                                       # tune the float32 network
     base_exe = ax.build(base_model)                                           # build it

@@ -97,7 +97,11 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
                          f"{', '.join(known) or 'none'}")
     if "batch_size" in kwargs and not int(kwargs["batch_size"]) >= 1:
         raise ValueError(f"batch_size must be >= 1 (got {kwargs['batch_size']})")
-    return cls(**kwargs)
+    made = cls(**kwargs)
+    if not isinstance(getattr(made, "name", None), str):  # runs are stored as <name>:<seed>
+        raise TypeError(f"strategy {strategy!r} ({getattr(cls, '__name__', cls)}) has no name: give the class "
+                        f"name = {strategy!r}")
+    return made
 
 
 def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:
