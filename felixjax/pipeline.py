@@ -134,7 +134,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
                          strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
         while not tr.done:
             session.step(tr, batch)                                            # ④–⑫ one round
-        retimed = session.retime([tr], top=retime).get(tr.run, []) if retime else []  # the best, timed again
+        retimed = (session.kept_retime(tr) or session.retime([tr], top=retime).get(tr.run, [])) if retime else []
         stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock)
     return TuneResult(task, session.target, tr.run, tr.history, stats, retimed, tr.stop_reason)
 
@@ -236,7 +236,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         if retime > 0:                                                        # the bests and defaults, again
             for tr, tt in zip(runs, info):
                 default = default_config_for(tr.task, session.target)
-                session.retime([tr], top=retime, extra=[default])
+                if not session.kept_retime(tr):  # nothing new measured since the last: keep that one
+                    session.retime([tr], top=retime, extra=[default])
                 # what build_model picks: the fastest re-timing of the task, this one's or an earlier run's
                 tt.best = session.db.best(tr.task, session.target_key, retimed=True) or tt.best
         selection = None

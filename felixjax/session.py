@@ -622,6 +622,16 @@ class TuningSession:
             out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
         return out
 
+    def kept_retime(self, tr: TaskRun) -> list[TuningRecord]:
+        """The run's last end-of-run re-timing (best first) when this call measured nothing new for it, else [].
+        A finished command run again then keeps it: re-timing it each time and keeping the fastest of all
+        drifted the reported best downward (a minimum over ever more samples)."""
+        if len(tr.history) != tr.resumed:
+            return []
+        rows = self.db.records(tr.task, self.target_key, run=RETIME_PREFIX + tr.run)
+        starts = [i for i, r in enumerate(rows) if r.trial == 0]
+        return sorted(rows[starts[-1]:], key=lambda r: r.latency_s) if starts else []
+
     # ---- progress ------------------------------------------------------------------------------
     def _event(self, tr: TaskRun, kind: str, **info) -> None:
         if self.show is None:
