@@ -130,13 +130,18 @@ def _child_main(conn, lib_cache_size: int) -> None:
             return
         try:
             result = _measure(conn, msg[1], libs, flush)
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone (killed): nobody to report to,
+            return  # and no traceback in its terminal
         except Exception:
             result = {
                 "status": "runtime_error",
                 "error": "measuring process failed: " + traceback.format_exc(limit=4),
                 "restart": True,
             }
-        conn.send(("result", result))
+        try:
+            conn.send(("result", result))
+        except (BrokenPipeError, ConnectionResetError):
+            return
 
 
 def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def _round_progress(p: dict) -> None:
          f"correct kernels timed only on a busy machine (noisy): best <= {bound * 1e3:.4g} ms" if bound else
          "no correct kernel yet")
     print(f"[felixjax] round {p['round']:3d}  task {p['index'] + 1}/{p['tasks']} {p['task'].name} (x{p['weight']}): "
-          f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.3f} ms | "
+          f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.4g} ms | "
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
 
 

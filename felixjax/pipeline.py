@@ -231,6 +231,12 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
+        if show is _round_progress and any(r.resumed for r in runs):  # say so: only the trial counter showed it
+            held = sum(r.resumed for r in runs)
+            print(f"[felixjax] resuming run {runs[0].run}: {held} records of {len(runs)} tasks in the database; "
+                  + (f"{session.trials} of the {trials} trials left" if session.trials else
+                     f"the budget of {trials} trials is spent (nothing to measure; a larger --trials goes on)"),
+                  file=sys.stderr, flush=True)
         info, rounds = scheduled_rounds(session, runs, [w for _, w in pairs], per_round=per_round, alpha=alpha,
                                         beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
         if retime > 0:                                                        # the bests and defaults, again

@@ -666,7 +666,8 @@ class _ProgressPrinter:
         b = f"best {best.gflops:7.1f} GFLOP/s ({best.latency_s * 1e3:.4g} ms)" if best else "best  -"
         budget = f"/{p['budget']}" if p.get("budget") else ""
         if p["event"] == "resumed":
-            msg = f"resumed: {p['resumed']} records found in the database, {b}"
+            full = " (the budget: nothing left to measure)" if p.get("budget") and p["resumed"] >= p["budget"] else ""
+            msg = f"resumed: {p['resumed']} records found in the database{full}, {b}"
         elif p["event"] == "measured":
             eta = f"  ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None else ""
             msg = (f"round {p['round']:3d}: {p['in_round']}/{p['round_size']} measured  {p['trials']}{budget} trials  "

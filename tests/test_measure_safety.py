@@ -356,3 +356,29 @@ def test_build_names_temp_files_by_owner_and_cleans_dead_ones(tmp_path):
     assert res.status == "ok", res.error
     assert not stale.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]  # its own temp files are gone too
+
+
+def test_the_measuring_child_of_a_killed_parent_ends_quietly():
+    # session 75 (a user's review): after a SIGKILL of felixjax the orphaned measuring process printed a 15-line
+    # BrokenPipeError traceback into the terminal when it tried to report its result
+    import signal
+
+    from codegen import measure_child
+
+    class GoneParent:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, msg):
+            if msg[0] != "ready":
+                raise BrokenPipeError(32, "Broken pipe")
+            self.sent.append(msg)
+
+        def recv(self):
+            return ("run", {})  # a malformed request: its failure report is what cannot be sent
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        measure_child._child_main(GoneParent(), 1)  # returns instead of raising
+    finally:
+        signal.signal(signal.SIGINT, previous)

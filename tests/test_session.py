@@ -381,7 +381,7 @@ def test_a_measurers_duplicate_and_unasked_reports_are_dropped(tmp_path):
                 measurer=lambda t, tg: Sloppy(t, tg, "float"))
 
 
-def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path):
+def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path, capsys):
     # session 75 (a user's review): each re-run of a finished command added another re-timing, and the best over all
     # of them drifted downward; a call that measures nothing new now keeps the last one
     db = str(tmp_path / "k.db")
@@ -399,6 +399,10 @@ def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path):
     fj.tune_model(model, **net_kw)
     with fj.Database(db) as d:
         count = len(d.records(retimes=True))
-    fj.tune_model(model, **net_kw)
+    capsys.readouterr()
+    fj.tune_model(model, **dict(net_kw, progress=True))
     with fj.Database(db) as d:
         assert len(d.records(retimes=True)) == count
+    # and a resumed network run says so (only the trial counter showed it)
+    assert "resuming run random:0: 12 records of 4 tasks in the database; the budget of 12 trials is spent" in \
+        capsys.readouterr().err
