@@ -385,7 +385,7 @@ def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path, capsys):
     # session 75 (a user's review): each re-run of a finished command added another re-timing, and the best over all
     # of them drifted downward; a call that measures nothing new now keeps the last one
     db = str(tmp_path / "k.db")
-    kw = dict(strategy="random", trials=6, db=db, measurer=replay, progress=False, retime=2)
+    kw = {"strategy": "random", "trials": 6, "db": db, "measurer": replay, "progress": False, "retime": 2}
     first = fj.tune(T1, **kw)
     again = fj.tune(T1, **kw)
     with fj.Database(db) as d:
@@ -395,7 +395,8 @@ def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path, capsys):
     with fj.Database(db) as d:
         assert len(d.records(T1, run=f"retime:{first.run}")) == 4 and len(more.history) == 8
     model = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
-    net_kw = dict(trials=12, strategy="random", db=db, measurer=replay, progress=False, retime=1, in_network=0)
+    net_kw = {"trials": 12, "strategy": "random", "db": db, "measurer": replay, "progress": False, "retime": 1,
+              "in_network": 0}
     fj.tune_model(model, **net_kw)
     with fj.Database(db) as d:
         count = len(d.records(retimes=True))
