@@ -380,9 +380,10 @@ class CompiledModel:
         lines.append(f"Generated for {t.kind} {t.name or ''}: {t.simd_lanes} float32 lanes ({isa}), "
                      f"{t.vector_registers} vector registers{', VNNI' if t.avx512_vnni else ''}"
                      f"{', AVX-512 FP16' if t.avx512_fp16 else ''}.")
-        if any(s.task.dtype != "float32" for s in self.schedules):  # their conversion intrinsics need the units
-            lines.append("Its int8 / float16 kernels use these vector units' intrinsics: compile it with a -march "
-                         "that has them.")
+        macros, march = self.net.needs
+        if macros:  # their intrinsics need the units (model.c stops with an #error without them)
+            lines.append(f"Its int8 / float16 kernels use these vector units' intrinsics ({', '.join(macros)}): "
+                         f"compile it with -march=native on such a CPU, or `make CFLAGS=\"-O3 {march} -fopenmp\"`.")
         else:
             lines.append("Its kernels are float32 only: it compiles for any -march (gcc splits vectors wider than "
                          "the -march's registers: the same numbers, slower).")

@@ -42,6 +42,9 @@ class NetSource:
     output_shapes: tuple[tuple[int, ...], ...]
     kernels: int
     steps: int
+    #: what its int8 / float16 kernels' intrinsics need: ``(preprocessor macros, a -march that has them)``;
+    #: ``((), "")`` for float32 kernels only (they compile for any -march)
+    needs: tuple[tuple[str, ...], str] = ((), "")
 
     @property
     def arena_bytes(self) -> int:
@@ -140,8 +143,14 @@ def emit(spec: NetSpec) -> NetSource:
     w("/* felixjax whole-network build (generated: do not edit).")
     w(f" * {len(spec.steps)} steps, arena {mem.arena_floats} floats, weights {mem.weight_floats} floats. */")
     w(_PRELUDE.rstrip("\n"))
+    needs = vector_units(spec)
     if any(st.op == "kernel" and st.plan.space.task.dtype != "float32" for st in spec.steps):
         w("#include <immintrin.h>  /* the conversion intrinsics of low-precision kernels */")
+    if needs[0]:  # a clear stop instead of gcc's "inlining failed ... target specific option mismatch"
+        w(f"#if !({' && '.join(f'defined({m})' for m in needs[0])})")
+        w(f'#error "the int8 / float16 kernels of this model.c need {", ".join(needs[0])}: compile with '
+          f'-march=native on the CPU it was generated for, or {needs[1]} (README.txt)"')
+        w("#endif")
     if any(st.op in CONVERSIONS for st in spec.steps):
         w(F16_PRELUDE.rstrip("\n"))
     w()
@@ -283,7 +292,24 @@ def emit(spec: NetSpec) -> NetSource:
     in_shapes = tuple(values[v].shape for v in spec.inputs)
     out_shapes = tuple(values[v].shape for v in spec.outputs)
     return NetSource(w.text(), _header(in_shapes, out_shapes, mem, len(spec.steps)), blob, mem, in_shapes, out_shapes, n_kernels,
-                     len(spec.steps))
+                     len(spec.steps), needs)
+
+
+def vector_units(spec: NetSpec) -> tuple[tuple[str, ...], str]:
+    """The x86 vector units the int8 / float16 kernels' intrinsics need (their target's SIMD width), as
+    preprocessor macros, and a -march that has them; ``((), "")`` where every kernel is float32."""
+    low = [st.plan for st in spec.steps if st.op == "kernel" and st.plan.space.task.dtype != "float32"]
+    if not low:
+        return (), ""
+    t = low[0].space.target
+    int8 = any(p.space.task.dtype == "int8" for p in low)
+    if t.simd_lanes >= 16:
+        vnni = int8 and bool(getattr(t, "avx512_vnni", False))
+        return (("__AVX512F__", "__AVX512BW__") + (("__AVX512VNNI__",) if vnni else ()),
+                "-march=x86-64-v4" + (" -mavx512vnni" if vnni else ""))
+    if t.simd_lanes >= 8:
+        return ("__AVX2__", "__F16C__", "__FMA__"), "-march=x86-64-v3"
+    return ("__SSE4_1__", "__F16C__"), "-march=x86-64-v2 -mf16c"
 
 
 def weights_checksum(weights: np.ndarray) -> tuple[int, int]:

@@ -102,16 +102,23 @@ class FormatLatency:
 
     ``formats``: ``{layer: its formats, the reference first}`` (:func:`~felixjax.approx.formats.eligible_formats`)."""
 
-    def __init__(self, model: Model, table: LatencyTable, formats: Mapping[str, Sequence[Format]]):
+    def __init__(self, model: Model, table: LatencyTable, formats: Mapping[str, Sequence[Format]], *,
+                 profiled: Mapping[Any, float] | None = None):
         self.table = table
         self.formats = {n: tuple(f) for n, f in formats.items()}
         self.tasks = {n.name: n.task for n in model.graph.nodes if n.name in self.formats}  # graph order
+        self.profiled = dict(profiled or {})  # task -> seconds inside a built network (both sides of a ratio)
 
     def ratio(self, name: str, fmt: Format = INT8) -> float:
-        """Seconds of a layer in ``fmt`` over its float32 seconds, at full size (measured where known,
-        else the cost model; FLOPs under ``latency="flops"``, where every format counts the same)."""
+        """Seconds of a layer in ``fmt`` over its float32 seconds, at full size: both profiled inside built
+        networks where ``profiled`` has them (like with like: the tables hold float32 kernels timed alone,
+        which made every format look 1.4-26x slower), else the tables (measured where known, else the cost
+        model; FLOPs under ``latency="flops"``, where every format counts the same)."""
         t = self.tasks[name]
-        return self.table.value(format_task(t, fmt)) / max(self.table.value(t), 1e-30)
+        ft = format_task(t, fmt)
+        if self.table.kind != "flops" and ft in self.profiled and t in self.profiled:
+            return self.profiled[ft] / max(self.profiled[t], 1e-30)
+        return self.table.value(ft) / max(self.table.value(t), 1e-30)
 
     def layer(self, name: str, keep: Mapping[int, Any]) -> Any:
         """float32 seconds of a layer at (relaxed) counts ``keep``, differentiable in them."""
