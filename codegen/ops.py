@@ -708,7 +708,7 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
                      dilation: int | tuple[int, int] = 1, multiplier: int = 1, bias: bool = False,
                      act: str | None = None, residual: bool = False, dtype: str = "float32",
                      act_signed: bool = False, out_dtype: str | None = None, weight_bits: int = 8,
-                     limits: "_limits.Limits | dict | None" = None) -> Task:
+                     sparsity: float = 0.0, limits: "_limits.Limits | dict | None" = None) -> Task:
     """Depthwise convolution: ``conv2d`` with ``groups = c`` and ``c * multiplier`` output channels.
 
     Example:
@@ -719,7 +719,7 @@ def depthwise_conv2d(n: int, c: int, h: int, w: int, *, kernel: int | tuple[int,
         raise ValueError(f"depthwise_conv2d: multiplier must be >= 1, got {multiplier}")
     return conv2d(n, c, h, w, out_channels=c * multiplier, kernel=kernel, stride=stride, padding=padding,
                   dilation=dilation, groups=c, bias=bias, act=act, residual=residual, dtype=dtype,
-                  act_signed=act_signed, out_dtype=out_dtype, weight_bits=weight_bits, limits=limits)
+                  act_signed=act_signed, out_dtype=out_dtype, weight_bits=weight_bits, sparsity=sparsity, limits=limits)
 
 
 # ----------------------------------------------------------------------------------------------

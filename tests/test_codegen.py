@@ -66,6 +66,7 @@ def test_conv_reference_matches_naive_loops():
     (lambda: ops.depthwise_conv2d(1, 3, 8, 8, multiplier=0), "depthwise_conv2d: multiplier must be >= 1"),
     (lambda: ops.matmul(2, 3, 3, batch=0), "batch must be >= 1 .or left out., got 0"),
     (lambda: ops.parse_spec("matmul:m=2,n=3,k=3,batch=0"), "batch must be >= 1"),
+    (lambda: ops.depthwise_conv2d(1, 8, 8, 8, sparsity=0.5), "sparsity= applies to conv2d with groups=1"),  # TypeError
 ])
 def test_bad_tasks_raise_clear_errors(bad, msg):
     with pytest.raises(ValueError, match=msg):
