@@ -114,7 +114,8 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,
                "quality_evals": res.quality_evals, "search_evals": res.search_evals,
-               "front": [list(p.keep) for p in res.front], "excluded": list(res.excluded),
+               "front": [{"keep": list(p.keep), "formats": list(p.formats), "speedup": p.speedup, "quality": p.quality}
+                         for p in res.front], "excluded": list(res.excluded),  # (channels alone repeated)
                "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],
                "layers": [d.__dict__ for d in res.layers]}
     with open(os.path.join(out, "approx.json"), "w") as f:
