@@ -37,16 +37,6 @@ import tempfile
 import time
 
 
-def twin_model(session, src, dst) -> None:
-    """Give cost-model group ``dst`` a fresh model seeded exactly like group ``src``'s (a session seeds a
-    group's model from its name): two arms then differ only in their options, not in their models' seeds."""
-    from felixjax.model import OnlineCostModel
-    from felixjax.session import stream
-
-    seed = int(stream(session.seed, "model", repr(src)).integers(2**31))
-    session.models[dst] = OnlineCostModel(session.target, seed=seed, pretrained=session.cost_model)
-
-
 def cost_aware_options(args):
     from felixjax.cost_aware import CostAware
 
@@ -62,10 +52,11 @@ def tune_pair(task, args, seed: int, target, db: str) -> dict:
     measurer = (lambda t, tg: ReplayRunner.from_oracle(t)) if args.replay else None
     on_opts = cost_aware_options(args)
     with TuningSession(target, db=db, measurer=measurer, threads=args.threads, progress=False, seed=seed) as s:
-        off = s.add(task, args.strategy, seed=seed, trials=args.trials, run=f"off:{seed}", group=("off", seed))
-        twin_model(s, ("off", seed), ("on", seed))  # same model seed in both arms
+        # two models drawing the same random numbers (model_seed): the arms differ only in their options
+        off = s.add(task, args.strategy, seed=seed, trials=args.trials, run=f"off:{seed}", group=("off", seed),
+                    model_seed=("pair", seed))
         on = s.add(task, args.strategy, seed=seed, trials=args.trials, run=f"on:{seed}", group=("on", seed),
-                   cost_aware=on_opts)
+                   cost_aware=on_opts, model_seed=("pair", seed))
         while not (off.done and on.done):  # the least advanced arm steps next: interleaved rounds
             tr = min((r for r in (off, on) if not r.done), key=lambda r: (r.progress(), r.run))
             s.step(tr)

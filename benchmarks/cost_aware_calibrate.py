@@ -33,16 +33,6 @@ import os
 import time
 
 
-def twin_model(session, src, dst) -> None:
-    """Give cost-model group ``dst`` a fresh model seeded exactly like group ``src``'s (a session seeds a
-    group's model from its name): two arms then differ only in their options, not in their models' seeds."""
-    from felixjax.model import OnlineCostModel
-    from felixjax.session import stream
-
-    seed = int(stream(session.seed, "model", repr(src)).integers(2**31))
-    session.models[dst] = OnlineCostModel(session.target, seed=seed, pretrained=session.cost_model)
-
-
 def run_task(task, strategy: str, seed: int, trials: int, filters: list, warmup: int, min_keep: float | None = None,
              skip_off: bool = False) -> dict:
     from felixjax import Target
@@ -53,11 +43,12 @@ def run_task(task, strategy: str, seed: int, trials: int, filters: list, warmup:
     out = {"task": task.name, "seed": seed}
     with TuningSession(Target.cpu(), db=None, measurer=lambda t, tg: ReplayRunner.from_oracle(t), threads=1,
                        progress=False, seed=seed) as s:
-        arms = {} if skip_off else {"off": s.add(task, strategy, seed=seed, trials=trials, run="off", group="off")}
+        # every arm's model draws the same random numbers (model_seed): the arms differ only in their options
+        arms = {} if skip_off else {"off": s.add(task, strategy, seed=seed, trials=trials, run="off", group="off",
+                                                 model_seed="arms")}
         for fp in filters:
             name = f"on:{fp}" if min_keep is None or fp is None else f"on:{fp}:keep{min_keep:g}"
-            twin_model(s, "off", name)
-            arms[name] = s.add(task, strategy, seed=seed, trials=trials, run=name, group=name,
+            arms[name] = s.add(task, strategy, seed=seed, trials=trials, run=name, group=name, model_seed="arms",
                                cost_aware=CostAware(filter_p=fp, early_stop=1e-12, warmup=warmup, patience=10 ** 9,
                                                     min_keep=min_keep))  # traces, never stops
         for name, tr in arms.items():

@@ -324,3 +324,20 @@ def test_cli_says_an_early_stop_cannot_fire_within_its_warmup(tmp_path, capsys):
     assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--strategy", "random", "--no-compare", "--trials", "2",
                 "--early-stop", "calibrated", "--db", str(tmp_path / "w.db")]) == 0
     assert "waits for 64 correct trials: with --trials 2" in capsys.readouterr().err
+
+
+def test_the_cost_aware_benchmarks_run_their_paired_arms(tmp_path):
+    # session 75 (a user's review): benchmarks/cost_aware.py --replay (its own dry run) and cost_aware_calibrate.py
+    # stopped at once ("model group ('on', 0) was made with (ranker, ranker_data, opening) None"): they seeded the
+    # second arm's model behind the session's back; both arms now draw the same numbers through model_seed
+    import types
+
+    from benchmarks import cost_aware, cost_aware_calibrate
+
+    args = types.SimpleNamespace(replay=True, threads=1, strategy="random", trials=16, filter_p=0.05, early_stop=1e-3,
+                                 retime_repeats=1, warmup=None, window=None, patience=None, stop_rule=None,
+                                 min_share=None, plateau=None, jump_weight=None, explore=None, min_keep=None)
+    row = cost_aware.tune_pair(fj.ops.matmul(32, 32, 32), args, 0, fj.Target.cpu(), str(tmp_path / "ca.db"))
+    assert row["off"]["trials"] == 16 and row["on"]["trials"] >= 1
+    out = cost_aware_calibrate.run_task(fj.ops.matmul(32, 32, 32), "random", 0, 16, [None, 0.05], warmup=8)
+    assert {"off", "on:None", "on:0.05"} <= set(out)
