@@ -334,10 +334,10 @@ def test_the_cost_aware_benchmarks_run_their_paired_arms(tmp_path):
 
     from benchmarks import cost_aware, cost_aware_calibrate
 
-    args = types.SimpleNamespace(replay=True, threads=1, strategy="random", trials=16, filter_p=0.05, early_stop=1e-3,
+    args = types.SimpleNamespace(replay=True, threads=1, strategy="genetic", trials=16, filter_p=0.05, early_stop=1e-3,
                                  retime_repeats=1, warmup=None, window=None, patience=None, stop_rule=None,
                                  min_share=None, plateau=None, jump_weight=None, explore=None, min_keep=None)
     row = cost_aware.tune_pair(fj.ops.matmul(32, 32, 32), args, 0, fj.Target.cpu(), str(tmp_path / "ca.db"))
     assert row["off"]["trials"] == 16 and row["on"]["trials"] >= 1
-    out = cost_aware_calibrate.run_task(fj.ops.matmul(32, 32, 32), "random", 0, 16, [None, 0.05], warmup=8)
+    out = cost_aware_calibrate.run_task(fj.ops.matmul(32, 32, 32), "genetic", 0, 16, [None, 0.05], warmup=8)
     assert {"off", "on:None", "on:0.05"} <= set(out)
