@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from codegen.build import build
@@ -112,7 +114,10 @@ def measure_fp32_peak(
             measured = own.run(request, build=result)
     else:
         measured = runner.run(request, build=result)
-    if not measured.ok:
+    if measured.status == "noisy" and measured.latencies:  # a busy machine: its fastest timing still bounds the peak
+        warnings.warn(f"peak probe disturbed ({measured.error.splitlines()[0][:160] if measured.error else 'noisy'}): "
+                      f"the fp32 peak is a lower bound (percentages of it read high)", RuntimeWarning, stacklevel=2)
+    elif not measured.ok:
         raise RuntimeError(f"peak probe failed ({measured.status}): {measured.error}")
     flops = 2.0 * _ITERS * nacc * lanes * threads
     return flops / min(measured.latencies) / 1e9
