@@ -170,7 +170,8 @@ def plot(rows: list[dict], strategy: str, path: Path, title: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--csv", type=Path, action="append", required=True, help="a per-trial CSV; repeat to pool")
+    ap.add_argument("--csv", type=Path, action="extend", nargs="+", required=True,
+                    help="per-trial CSVs (several after one --csv, or --csv repeated): pooled")
     ap.add_argument("--ref", required=True, help="the arm rewritten (the gradient search)")
     ap.add_argument("--batch", type=int, default=32, help="trials per round in these runs (default 32)")
     ap.add_argument("--chunk", type=int, default=8, help="results that arrive together (default 8)")
