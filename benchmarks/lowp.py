@@ -260,10 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time in process CPU time, not wall time (1 thread only; for a busy shared machine)")
-    ap.add_argument("--db", default=str(ROOT / "results" / "lowp.db"))
+    ap.add_argument("--db", default=None, help="tuning database (default: lowp.db beside --out, else results/lowp.db)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--merge", action="append", default=[], help="JSON rows of another benchmark (sparse.py)")
     args = ap.parse_args(argv)
+    if args.db is None:  # with --out, nothing is written into the checkout
+        args.db = str(Path(args.out).parent / "lowp.db") if args.out else str(ROOT / "results" / "lowp.db")
     args.trials = (4 if args.quick else 64) if args.trials is None else args.trials
     args.strategy = args.strategy or ("random" if args.quick else "gradient")
     args.rounds = args.rounds or (2 if args.quick else 5)
