@@ -106,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"unknown task(s) {bad}; known: {', '.join(TASKS)}", file=sys.stderr)
         return 2
+    from codegen.cuda.specs import SPECS
+
+    unknown = [g for g in args.gpus.split(",") if g not in SPECS]
+    if unknown:
+        print(f"unknown GPU(s) {unknown}; known: {', '.join(sorted(SPECS))}", file=sys.stderr)
+        return 2
+    print("simulated timings (codegen.run.gpusim's analytic model of each GPU; no GPU ran), kernels checked on the "
+          "CPU emulation", file=sys.stderr)
     t0, commit = time.perf_counter(), _commit()  # the code that runs, not what HEAD is at the end
     rows = run(tasks, args.gpus.split(","), args.strategies.split(","), args.trials, args.check_blocks, args.nvcc)
     minutes = (time.perf_counter() - t0) / 60

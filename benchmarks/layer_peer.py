@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -69,9 +70,10 @@ def ort_node_times(proto, x: np.ndarray, threads: int, runs_per_round: int, roun
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="mobilenet_v2")
-    ap.add_argument("--dataset", default="imagenet")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mobilenet_v2", choices=fj.zoo.MODELS)
+    ap.add_argument("--dataset", default="imagenet", choices=fj.zoo.DATASETS)
     ap.add_argument("--db", default=None, help="tuning database (default: every task's default schedule)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layouts", default="nchw", help="comma-separated: nchw, nchwc")
@@ -125,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {kind} | {row[0]:.3f} | " + " | ".join(f"{v:.3f} ({row[0] / v:.2f}x)" for v in row[1:]) + " |")
     print(f"| whole network (sum of its steps) | {ort_total:.3f} | " + " | ".join(
         f"{per[lay][1]:.3f} ({ort_total / per[lay][1]:.2f}x)" for lay in layouts) + " |")
+    print(f"\n(load average {os.getloadavg()[0]:.2f}. Sums of per-step profiles on both sides: each of our steps is "
+          "timed alone in C (a clock read around every step, no overlap of one step's tail with the next), each of "
+          "onnxruntime's by its profiler; a whole network's own end-to-end time is benchmarks/networks.py's, and "
+          "the two tables need not agree.)")
     return 0
 
 
