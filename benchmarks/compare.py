@@ -39,7 +39,9 @@ search at the same batch (``NAME@N``, :func:`felixjax.compare`) and at Ansor's 6
 
 Usage:
     python benchmarks/compare.py                            # full: ops + fresh x 3 seeds x 256 trials + reference
-    python benchmarks/compare.py --quick                    # smoke test: 1 small op, 1 seed, 24 trials
+    python benchmarks/compare.py --quick                    # smoke test: 1 small op, 1 seed, 24 trials (~4 min:
+                                                            # JIT warm-up, reference runs; ~1 min with
+                                                            # --no-reference --warmup 0 --trials 8 --budget-min 2)
     python benchmarks/compare.py --strategies gradient,genetic,random --budget-min 240 --write
     python benchmarks/compare.py --replay --write           # synthetic oracle, its own section
     python benchmarks/compare.py --ops matmul1024,conv28 --seeds 2 --trials 256 --threads 1
@@ -281,7 +283,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="with --summarize --replay: judge the runs by the oracle's noise-free latency of every config "
                          "they measured (and of the config each run ended on) instead of the timings they saw; for a "
                          "--replay-noise run, finding a kernel apart from drawing a low timing of it")
-    ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test, ~4 min with its JIT warm-up and "
+                                                          "reference runs)")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     ap.add_argument("--write", action="store_true", help="update this mode's section of --doc and its plot in "
                                                          "<doc folder>/img/")
@@ -500,7 +503,9 @@ def summarize(args: argparse.Namespace, defaults: bool) -> int:
     head = (f"{'Partial comparison' if len(paths) == 1 else 'Comparison pooled'} from {source} "
             f"({'with' if defaults else 'without'} the defaults measured first): "
             f"{0 if cmp is None else len(cmp.tasks)} of {len(order)} op(s) finished"
-            + (f"; not yet: {', '.join(waiting)}" if waiting else "") + ".")
+            + (f"; not yet: {', '.join(waiting)}" if waiting else "") + "."
+            + (" (An op is finished once its runs and its reference runs are in the database: summarize a comparison "
+               "run with --no-reference with --no-reference.)" if waiting and args.reference else ""))
     if cmp is None:
         print(head)
         return 1
