@@ -203,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         r["held_out_loss"] = base["held_out"] - r["held_out"]
         r["held_out_ci95"] = binomial_ci(r["held_out"], n)
     ours = [r for r in rows if r["method"] == "ours"]
-    dominated = {m: all(any(o["speedup"] >= r["speedup"] and o["held_out"] >= r["held_out"] for o in ours)
-                        for r in rows if r["method"] == m) for m in ("uniform", "flops")}
+    # None where a method has no point (all() of nothing read "True"), or ours has none
+    dominated = {m: (all(any(o["speedup"] >= r["speedup"] and o["held_out"] >= r["held_out"] for o in ours)
+                         for r in rows if r["method"] == m) if ours and any(r["method"] == m for r in rows) else None)
+                 for m in ("uniform", "flops")}
     within = [r for r in ours if r["held_out_loss"] <= args.budget]
     chosen_row = next((r for r in ours if res.chosen is not None and tuple(r["keep"]) == tuple(n for _, n in res.chosen.keep)
                        and [tuple(f) for f in r["formats"]] == [tuple(f) for f in res.chosen.formats]), None)
@@ -231,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['held_out_loss']:+.4f} | {r['quality_evals']} | {r.get('keep') or ''} | {r.get('note', '')}"
                      + (f" {describe(of_key(r['formats']))}" if r.get("formats") else "") + " |")
     lines.append(f"ours dominates (every point matched by an 'ours' point with >= speedup and >= held-out "
-                 f"accuracy): {dominated}; per point: {matched}; by a different network: {strict}")
+                 f"accuracy; None: no points to compare): {dominated}; per point: {matched}; by a different network: "
+                 f"{strict}")
     if chosen_row:
         lines.append(f"chosen by fj.approximate (on the given data): {chosen_row['keep']} {chosen_row['speedup']:.2f}x, "
                      f"held-out loss {100 * chosen_row['held_out_loss']:+.1f} pt; {res.quality_evals} built-network "
