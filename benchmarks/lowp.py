@@ -29,6 +29,7 @@ import argparse
 import ctypes
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_layer(name, all_layers[name], th, args, target.__class__.cpu(cores=th))
             print(f"{name} at {th} thread(s) done", file=sys.stderr, flush=True)
     print(f"machine: {target.name}, {target.simd_lanes} fp32 lanes, avx512_fp16={target.avx512_fp16}, "
-          f"avx512_vnni={target.avx512_vnni}; strategy {args.strategy}, {args.trials} trials per dtype")
+          f"avx512_vnni={target.avx512_vnni}; strategy {args.strategy}, {args.trials} trials per dtype; load average "
+          f"{os.getloadavg()[0]:.2f} at the end; {'process CPU time' if args.cpu_time else 'wall time'}")
     print(table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
