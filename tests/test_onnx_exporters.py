@@ -403,7 +403,7 @@ def test_cli_build_with_input_shape_and_report(tmp_path, capsys):
     table = out[out.index("runs as"):].splitlines()
     assert any(" default " in line and "conv2d_2x3x8x8" in line for line in table)
     assert any(" generic " in line and "Reshape" in line for line in table)
-    assert "total" in table[-2] and "generic" in table[-2]
+    assert any(line.startswith("total") and "generic" in line for line in table)  # (a busy machine adds a note)
     assert (tmp_path / "out" / "model.c").is_file()
 
 
