@@ -115,7 +115,7 @@ def measure_fp32_peak(
     else:
         measured = runner.run(request, build=result)
     if measured.status == "noisy" and measured.latencies:  # a busy machine: its fastest timing still bounds the peak
-        warnings.warn(f"peak probe disturbed ({measured.error.splitlines()[0][:160] if measured.error else 'noisy'}): "
+        warnings.warn(f"peak probe disturbed ({measured.error.splitlines()[0] if measured.error else 'noisy'}): "
                       f"the fp32 peak is a lower bound (percentages of it read high)", RuntimeWarning, stacklevel=2)
     elif not measured.ok:
         raise RuntimeError(f"peak probe failed ({measured.status}): {measured.error}")

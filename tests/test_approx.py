@@ -407,3 +407,19 @@ def test_docstring_examples_of_the_fast_modules():
 
     for module in (quality, objective, search):
         assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_the_table_says_when_timings_were_taken_on_a_busy_machine():
+    # session 75 (users' reviews): the ms column and the paired speedups disagreed without a word on a busy machine,
+    # and a baseline that itself read 40 ms (0.012 ms beside the points) went unflagged
+    from felixjax.approx.search import ApproxResult, ParetoPoint
+
+    pts = (ParetoPoint("float32", 1e-5, 1.0, 0.0, ()), ParetoPoint("ours", 5e-6, 0.9, 0.1, (), baseline_s=8e-5))
+    res = ApproxResult(None, None, "accuracy", 1e-5, 5e-6, 1.0, 0.9, 0.1, (), pts, 2)
+    text = res.table()
+    assert "base ms" in text and "baseline's own figure" not in text
+    assert "note: 1 point(s) were timed on a busy machine (the baseline beside them read up to 8.0x" in text
+    inflated = ApproxResult(None, None, "accuracy", 4e-2, 5e-6, 1.0, 0.9, 0.1, (),
+                            (pts[0], ParetoPoint("ours", 5e-6, 0.9, 0.1, (), baseline_s=1.2e-5)), 2)
+    assert "note: the baseline's own figure (40.000 ms; 0.012 ms beside a point) was timed on a busy machine" in \
+        inflated.table()

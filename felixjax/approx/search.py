@@ -144,20 +144,24 @@ class ApproxResult:
                  f"{self.baseline_quality:.4f}",
                  f"{'method':<12} {'ms':>8} {'base ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
         for p in self.pareto:  # base ms: the baseline timed beside the point (the speedup's denominator)
-            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {p.baseline_s * 1e3:>8.3f} {p.speedup:>7.2f}x "
+            base = f"{p.baseline_s * 1e3:>8.3f}" if math.isfinite(p.baseline_s) else f"{'-':>8}"
+            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {base} {p.speedup:>7.2f}x "
                          f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}"
                          + (f" ({fm.describe(p.chosen)})" if p.formats else ""))
         lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
-        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}"
-                  + (f", sparsity {d.sparsity:g})" if d.sparsity else ")") for d in self.layers if d.before != d.after]
-        lines += [f"  excluded: {e}" for e in self.excluded]
-        busy = [p.baseline_s / self.baseline_latency_s for p in self.pareto
-                if math.isfinite(p.baseline_s) and p.baseline_s > 2 * self.baseline_latency_s]
+        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}" + (f", sparsity {d.sparsity:g})" if d.sparsity
+                  else ")") for d in self.layers if d.before != d.after] + [f"  excluded: {e}" for e in self.excluded]
+        paired = [p.baseline_s for p in self.pareto if math.isfinite(p.baseline_s)]
+        busy = [b / self.baseline_latency_s for b in paired if b > 2 * self.baseline_latency_s]
         if busy:  # a loaded machine: ms of different rows do not compare, the paired speedups do
             lines.append(f"note: {len(busy)} point(s) were timed on a busy machine (the baseline beside them read up "
-                         f"to {max(busy):.1f}x its own figure): compare rows by speedup, not by ms")
+                         f"to {max(busy):.1f}x its own figure): compare rows by speedup")
+        if paired and self.baseline_latency_s > 2 * min(paired):  # the baseline's own figure is the outlier
+            own, beside = self.baseline_latency_s * 1e3, min(paired) * 1e3
+            lines.append(f"note: the baseline's own figure ({own:.3f} ms; {beside:.3f} ms beside a point) was timed on "
+                         f"a busy machine: figures built on it are not to be trusted")
         return "\n".join(lines)
 
 
@@ -390,9 +394,8 @@ class Approximator:
         return metric_value(out, self.metric, labels=self.y, reference=self.reference)
 
     def latency(self, exe: CompiledModel, *, repeats: int = 21) -> float:
-        """Seconds per call of the C build: the best of ``repeats`` short timings (about 5 ms each), the
-        protocol of :meth:`latency_pair`, so the baseline's figure and the points' paired ones compare (with
-        five 0.1 s timings a loaded machine preempted every one of them, and the baseline read 800x slow)."""
+        """Seconds per call of the C build: the best of ``repeats`` short timings (about 5 ms each), the protocol
+        of :meth:`latency_pair` (five 0.1 s timings: a loaded machine preempted them all, the baseline read 800x)."""
         x0 = self.x[0]
         number = max(1, int(0.005 / max(exe.timeit(x0, number=1), 1e-6)))
         return min(exe.timeit(x0, number=number) for _ in range(repeats))
@@ -410,8 +413,7 @@ class Approximator:
         return min(a), min(b)
 
     def layer_latencies(self, exe: CompiledModel, *, number: int = 10) -> dict[Task, float]:
-        """Seconds of every conv / dense kernel inside the built network: the fastest of ``number`` profiled
-        runs (a mean took preemptions along: one layer of a 0.03 ms network read 1.6 ms, format ratios 1000x)."""
+        """Seconds of every conv / dense kernel inside the built network: the fastest of ``number`` profiled runs."""
         runs = [exe.profile(self.x[0], number=1) for _ in range(max(1, number))]
         return {n.task: min(r[i]["ms"] for r in runs) / 1e3 for i, n in enumerate(exe.model.graph.nodes)
                 if n.is_anchor}
@@ -552,7 +554,6 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
-    # what is not a knob, and why: only about what was asked for (the sparsity note was said to every run)
     excluded = tuple(e for e in probe_knobs()[1] if (bool(levels) if e.startswith("sparsity") else
                                                      any(e.startswith(f"precision {p}:") for p in precisions)))
     for e in excluded:
