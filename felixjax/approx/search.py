@@ -560,8 +560,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         say(f"approx: {e}")
     tasks = len(ax.model.tasks)
     ax.trials_per_task = max(0, trials // 2 // max(1, tasks))
-    say(f"approx: {trials} trials: {ax.trials_per_task} per task for the float32 network's {tasks} task(s) (half the "
-        f"budget, the default schedule first), the rest for the tasks of pruned / low-precision layers in later rounds")
+    say(f"approx: {trials} trials: {ax.trials_per_task or 'none (default schedules)'} per task for the float32 "
+        f"network's {tasks} task(s) (half the budget), the rest for pruned / low-precision layers later")
     base_model = ax.model
     ax.tune(base_model)                                                       # tune the float32 network
     base_exe = ax.build(base_model)                                           # build it
