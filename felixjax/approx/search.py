@@ -583,7 +583,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     method = latency if latency != "cost_model" else "ours"
     # with formats: (latency of configurations, int8 inputs' (scale, zero point), sparse weight masks,
     # the network measured with every eligible layer in each format)
-    fmts = (_formats_setup(ax, table, base, base_exe, points, seen, formats, method=method,
+    fmts = (_formats_setup(ax, table, base, base_exe, points, seen, formats, method=method, base_profile=profiled,
                            quality_budget=quality_budget) if len(formats) > 1 else None)
     for pt, exe, pm in (fmts[3] if fmts is not None else ()):
         if seen[(pt.keep, pt.formats)] and pt.speedup > best[0].speedup:
@@ -730,18 +730,19 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
 
 
 def _formats_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel, points: list,
-                   seen: dict, formats: Sequence[Format], *, method: str, quality_budget: float) -> tuple:
-    """Before the descent rounds with formats: for each non-reference format, the network with every
-    layer that can take it in it (all-int8, all-sparse at level ``s``, ...) tuned, built and measured,
-    its kernels' measured latencies written into the tables (so the ratios the descent prices are
-    measured at full size); returns ``(latency of configurations, {int8 layer: input (scale, zero
-    point)}, {(layer, sparsity): weight mask}, [(point, executable, model) per format])``."""
+                   seen: dict, formats: Sequence[Format], *, method: str, quality_budget: float,
+                   base_profile: dict) -> tuple:
+    """Before the descent rounds with formats: for each non-reference format, the network with every layer
+    that can take it in it (all-int8, all-sparse at level ``s``, ...) tuned, built and measured, its kernels'
+    in-network times beside ``base_profile`` (the base build's) giving the ratios the descent prices; returns
+    ``(latency of configurations, {int8 layer: input (scale, zero point)}, {(layer, sparsity): weight mask},
+    [(point, executable, model) per format])``."""
     per = fm.eligible_formats(ax.model, formats)
     int8 = [n for n, fs in per.items() if INT8 in fs]
     ranges = calibrate_ranges(ax.model, ax.x, int8)
     full = {g: ax.groups.size(g) for g in ax.groups.prunable()}
     seeds = []
-    profiled = ax.layer_latencies(base_exe) if table.kind == "cost_model" else {}  # the ratios: in-network both
+    profiled = dict(base_profile)  # the base build's in-network times (the ratios: in-network both sides)
     for f in formats[1:]:
         names = [n for n, fs in per.items() if f in fs]
         if not names:
@@ -753,8 +754,7 @@ def _formats_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, bas
         seeds.append((pt, exe, pm))
         seen[(pt.keep, pt.formats)] = within(pt.quality_loss, quality_budget)
         if table.kind == "cost_model":
-            inside = ax.layer_latencies(exe)
-            profiled.update(inside)
+            profiled.update(inside := ax.layer_latencies(exe))
             table.observe({**inside, **ax.measured()})
         ax._say(f"approx: all-{fm.label(f)} ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
                 f"{ax.metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f})")
