@@ -11,7 +11,7 @@ from codegen.measure import MeasureResult
 from codegen.space import Space, sketches_for
 from felixjax.database import TuningRecord
 from felixjax.strategies import SearchContext, get_strategy, registered
-from felixjax.strategies.genetic import CPU_MUTATION_WEIGHTS, MUTATIONS, Codec, GeneticSearch, selection_probs
+from felixjax.strategies.genetic import CPU_MUTATION_WEIGHTS, GPU_MUTATION_WEIGHTS, MUTATIONS, Codec, GeneticSearch, selection_probs
 from felixjax.testing import OracleScorer, SyntheticOracle
 
 TARGET = fj.Target.cpu()
@@ -174,6 +174,42 @@ def test_each_mutation_changes_only_its_knob_and_stays_valid():
             assert (kids[sel][:, others] == parents[sel][:, others]).all()
     copies = info["kind"] == -1
     assert (kids[copies] == parents[copies]).all()
+
+
+def _evolved(task, target, seed=0, n=3000):
+    from codegen.spaces import spaces_for
+    g = GeneticSearch(population=n)
+    codec = Codec(spaces_for(task, target))
+    rng = np.random.default_rng(seed)
+    pop = codec.sample(rng, 1000)
+    kids, info = g.evolve(codec, pop, np.zeros(len(pop)), rng)
+    return g, codec, pop[info["parent"]], kids, info
+
+
+def test_every_mutated_child_differs_from_its_parent_where_a_knob_applies_to_some_sketches_only():
+    # a depthwise conv's dw_stage knob applies to some of its sketches: rows of the others never draw it
+    task = fj.ops.depthwise_conv2d(1, 32, 28, 28, kernel=3, padding=1)
+    g, codec, parents, kids, info = _evolved(task, TARGET)
+    assert "dw_stage" in [k.name for k in codec.knobs]
+    mutated = info["kind"] >= 0
+    assert mutated.sum() > 2000
+    assert (kids[mutated] != parents[mutated]).any(axis=1).all()  # no mutation is a silent copy
+    assert g.stats["attempted"]["dw_stage"] > 0
+    # among the rows of sketches every kind applies to, tile keeps Ansor's share
+    full = codec.mutable_kinds(g.kinds)[parents[:, 0]].sum(axis=1) == codec.mutable_kinds(g.kinds).sum(axis=1).max()
+    tile = g.kinds.index("tile")
+    assert full.any() and not full.all()
+    rows = mutated & ~full  # rows of sketches without dw_stage: Ansor's CPU shares, no knob diluting them
+    assert _binomial_ok(int((info["kind"][rows] == tile).sum()), int(rows.sum()), CPU_MUTATION_WEIGHTS["tile"])
+
+
+def test_gpu_targets_mutate_by_ansors_gpu_weights():
+    g, codec, parents, kids, info = _evolved(fj.ops.matmul(256, 256, 256), fj.Target.parse("cuda-sim:a100"))
+    mutated = info["kind"] >= 0
+    drawn = {g.kinds[k]: int((info["kind"] == k).sum()) for k in np.unique(info["kind"][mutated])}
+    assert set(drawn) == {"tile", "unroll"}, drawn  # vec has one value on a GPU; staging is no mutation
+    assert _binomial_ok(drawn["unroll"], int(mutated.sum()), GPU_MUTATION_WEIGHTS["unroll"])
+    assert (kids[mutated] != parents[mutated]).any(axis=1).all()
 
 
 def test_three_of_sixty_four_picks_are_random_and_the_rest_the_best_predicted():

@@ -16,7 +16,12 @@ One round (Ansor ``SketchPolicy::SearchOneRound``; TVM MetaSchedule ``Evolutiona
    random valid unmeasured samples (3 of 64).
 
 Mutation kinds and the default CPU weights (Ansor: TileSize 0.90, AutoUnroll 0.04, ComputeLocation
-0.05, Parallel 0.01; our space has no compute location, so that mass goes to the parallel depth):
+0.05, Parallel 0.01; our space has no compute location, so that mass goes to the parallel depth); on a
+GPU target Ansor's GPU weights, TileSize 0.90 and AutoUnroll 0.10 (:data:`GPU_MUTATION_WEIGHTS`: the GPU
+sketch's ``parallel``, its shared-memory staging switch, is a sketch rule in Ansor, not a mutation, so it
+varies through the random samples). Each child draws its kind among those that can change its row (as
+Ansor retries a mutation that does not apply): a knob that does not apply to the row's sketch, or
+whose domain there has one value (``vec`` on a GPU), takes no share of that row's draw:
 
 * ``tile`` (0.90): Ansor's MutateTileSize: pick an axis with extent > 1, a random order of its tile
   levels, the first level ``src`` in that order whose tile is > 1 and the next level ``dst``; move a
@@ -58,6 +63,7 @@ from .base import SearchContext, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}
+GPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.10}  # Ansor's GPU table (no vector or parallel mutation)
 LEVELS = 4  # tile levels per axis in a row (reduction axes use the first 2; the rest stay 1)
 
 
@@ -297,6 +303,22 @@ class Codec:
                 yield rows[self.valid(rows)]
 
     # ---- mutations -----------------------------------------------------------------------------
+    def mutable_kinds(self, kinds: tuple[str, ...]) -> np.ndarray:
+        """``[sketches, kinds]`` booleans: whether a mutation of that kind can change a row of that sketch
+        (a tile to move, a second unroll / parallel / vector value, a declared knob that applies to the
+        sketch with a second value there); a kind this codec does not know is never mutable."""
+        names = [k.name for k in self.knobs]
+        core = {"tile": len(self.mutable_axes) > 0, "unroll": len(self.unroll_choices) > 1,
+                "parallel": self.n_spatial >= 1, "vec": len(self.vec_choices) > 1}
+        out = np.zeros((len(self.spaces), len(kinds)), dtype=bool)
+        for j, kind in enumerate(kinds):
+            if kind in core:
+                out[:, j] = core[kind]
+            elif kind in names:
+                vals = self.knob_values[names.index(kind)]
+                out[:, j] = [v is not None and len(v) > 1 for v in vals]
+        return out
+
     def mutate(self, rows: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
         """Mutated copies of ``rows`` by one mutation kind (possibly invalid: the caller checks)."""
         rows = rows.copy()
@@ -374,9 +396,11 @@ class GeneticSearch:
         measured_ratio: share of the population seeded with the best measured configs (0.2).
         eps_greedy: share of each round's proposals that are random samples (0.05: 3 of 64).
         mutation_weights: relative weights of ``tile``, ``unroll``, ``parallel``, ``vec``
-            (default :data:`CPU_MUTATION_WEIGHTS`); missing kinds get weight 0. Declared knobs
+            (default :data:`CPU_MUTATION_WEIGHTS`, :data:`GPU_MUTATION_WEIGHTS` on a GPU target; given
+            here, they apply to every target); missing kinds get weight 0. Declared knobs
             (:mod:`codegen.knobs`, registered when the search is made) are kinds too, with their
-            declaration's ``mutation_weight`` unless named here.
+            declaration's ``mutation_weight`` unless named here. A row draws among the kinds that can
+            change it (:meth:`Codec.mutable_kinds`), in these proportions.
         min_unmeasured: random samples in the initial population at least (50, as Ansor).
         max_fail: retries of a child whose mutation left the space (10, as MetaSchedule).
         scorer: the cost model: a :class:`felixjax.model.Scorer`, or a factory ``ctx -> Scorer``;
@@ -427,18 +451,25 @@ class GeneticSearch:
                  judge_weight: float = 0.5, opening: str = "shared"):
         self.kinds = mutation_kinds()
         declared = {k.name: k.mutation_weight for k in registered()}
-        weights = dict(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
-        weights = {**declared, **weights}
-        unknown = set(weights) - set(self.kinds)
-        if unknown:
-            raise ValueError(f"unknown mutation kinds {sorted(unknown)}; valid: {', '.join(self.kinds)}")
-        w = np.array([max(0.0, float(weights.get(k, 0.0))) for k in self.kinds])
-        if population < 1 or generations < 0 or not 0 <= mutation_prob <= 1 or w.sum() <= 0:
-            raise ValueError("population >= 1, generations >= 0, 0 <= mutation_prob <= 1 and a positive "
-                             "mutation weight are required")
+
+        def normalized(table: dict) -> dict[str, float]:
+            weights = {**declared, **table}
+            unknown = set(weights) - set(self.kinds)
+            if unknown:
+                raise ValueError(f"unknown mutation kinds {sorted(unknown)}; valid: {', '.join(self.kinds)}")
+            w = np.array([max(0.0, float(weights.get(k, 0.0))) for k in self.kinds])
+            if w.sum() <= 0:
+                raise ValueError("a positive mutation weight is required")
+            return dict(zip(self.kinds, (w / w.sum()).tolist()))
+
+        if population < 1 or generations < 0 or not 0 <= mutation_prob <= 1:
+            raise ValueError("population >= 1, generations >= 0 and 0 <= mutation_prob <= 1 are required")
         self.population, self.generations = int(population), int(generations)
         self.mutation_prob, self.measured_ratio, self.eps_greedy = mutation_prob, measured_ratio, eps_greedy
-        self.mutation_weights = dict(zip(self.kinds, (w / w.sum()).tolist()))
+        #: the kinds' weights on a CPU target (and on every target when ``mutation_weights`` is given)
+        self.mutation_weights = normalized(CPU_MUTATION_WEIGHTS if mutation_weights is None else mutation_weights)
+        self._gpu_weights = (normalized(GPU_MUTATION_WEIGHTS) if mutation_weights is None
+                             else self.mutation_weights)
         self.min_unmeasured, self.max_fail = int(min_unmeasured), int(max_fail)
         self.batch_size = int(batch_size)
         self._scorer_arg, self.cost_model = scorer, cost_model
@@ -610,6 +641,13 @@ class GeneticSearch:
             heap.update((keys[i], v) for i, v in zip(new, s) if keys[i] not in measured)
         return np.array([cache[k] for k in keys])[inv]
 
+    def kind_weights(self, codec: Codec) -> np.ndarray:
+        """``[sketches, kinds]``: each kind's weight on rows of each sketch of ``codec``'s task, 0 where it
+        cannot change the row (:meth:`Codec.mutable_kinds`); the target's table (CPU or GPU)."""
+        gpu = any(getattr(s.target, "is_gpu", False) for s in codec.spaces)
+        table = self._gpu_weights if gpu else self.mutation_weights
+        return codec.mutable_kinds(self.kinds) * np.array([table[k] for k in self.kinds])
+
     def evolve(self, codec: Codec, pop: np.ndarray, scores: np.ndarray, rng: np.random.Generator,
                size: int | None = None) -> tuple[np.ndarray, dict]:
         """One generation: ``size`` (default: the population size) children of ``pop``.
@@ -620,16 +658,17 @@ class GeneticSearch:
         size = self.population if size is None else size
         cum = np.cumsum(selection_probs(scores))
         names = self.kinds
-        # a registered knob that applies to none of this task's sketches (e.g. sparse_bc on a dense task) is no kind
-        known = set(MUTATIONS) | {k.name for k in codec.knobs}
-        kind_cum = np.cumsum([self.mutation_weights[k] if k in known else 0.0 for k in names])
+        # per sketch, the cumulative weights of the kinds that can change its rows (a registered knob that
+        # applies to none of this task's sketches, e.g. sparse_bc on a dense task, takes no share anywhere)
+        kind_cum = np.cumsum(self.kind_weights(codec), axis=1)
         children, parents, kinds = [], [], []
         need = size
         for _ in range(self.max_fail + 1):
             par = np.minimum(np.searchsorted(cum, rng.random(need) * cum[-1], side="right"), len(pop) - 1)
-            mutate = rng.random(need) < self.mutation_prob
-            kind = np.minimum(np.searchsorted(kind_cum, rng.random(need) * kind_cum[-1], side="right"),
-                              len(names) - 1)
+            sk_cum = kind_cum[pop[par, 0]]  # (need, kinds)
+            total = sk_cum[:, -1]
+            mutate = (rng.random(need) < self.mutation_prob) & (total > 0)  # a row no kind can change: a copy
+            kind = np.minimum((sk_cum <= (rng.random(need) * total)[:, None]).sum(axis=1), len(names) - 1)
             kind[~mutate] = -1
             kids = pop[par]
             for k, name in enumerate(names):
