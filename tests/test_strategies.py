@@ -204,7 +204,7 @@ def test_every_mutated_child_differs_from_its_parent_where_a_knob_applies_to_som
 
 
 def test_gpu_targets_mutate_by_ansors_gpu_weights():
-    g, codec, parents, kids, info = _evolved(fj.ops.matmul(256, 256, 256), fj.Target.parse("cuda-sim:a100"))
+    g, _, parents, kids, info = _evolved(fj.ops.matmul(256, 256, 256), fj.Target.parse("cuda-sim:a100"))
     mutated = info["kind"] >= 0
     drawn = {g.kinds[k]: int((info["kind"] == k).sum()) for k in np.unique(info["kind"][mutated])}
     assert set(drawn) == {"tile", "unroll"}, drawn  # vec has one value on a GPU; staging is no mutation
