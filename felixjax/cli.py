@@ -110,8 +110,9 @@ def _parser() -> argparse.ArgumentParser:
                                                   "(see felixjax/suites.py)")
     c.add_argument("--op", action="append", default=[], metavar="SPEC", help="operator spec (repeatable)")
     c.add_argument("--strategies", default=None,
-                   help="comma-separated strategy names (default: the registered ones of gradient,genetic,random); "
-                        "NAME@N runs that strategy at N candidates per round (genetic@32 next to genetic)")
+                   help="comma-separated strategy names (default: gradient,genetic@32,genetic,random: genetic at the "
+                        "gradient search's batch and at Ansor's 64, those registered); NAME@N runs that strategy at N "
+                        "candidates per round")
     c.add_argument("--seeds", type=int, default=3, help="seeds per strategy and operator (default 3)")
     c.add_argument("--trials", type=int, default=512, help="trial budget of every run (default 512)")
     c.add_argument("--seconds", type=float, default=None, help="seconds budget of every run (whichever ends first)")
@@ -126,6 +127,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="trials per strategy of a throwaway replayed run before the runs, so that no run's clock pays "
                         "the one-off JAX compilations (default: 64 when measuring on a CPU, 0 with --replay or a "
                         "cuda-sim target; 0: off)")
+    c.add_argument("--reference", action="store_true",
+                   help="judge '95%% of best' against reference runs of every strategy x seed at 2x the budget "
+                        "(under reserved run names no compared run sees; triples the time) instead of the compared "
+                        "runs' own best")
+    c.add_argument("--run-caches", action="store_true",
+                   help="every run compiles into its own build cache (OUT/caches/): no run gets a kernel another "
+                        "run compiled for free, so seconds to 95%% compare fairly (default: one shared cache)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     c.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
@@ -464,7 +472,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                          db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
                          replay=True if args.replay else None, strategy_options=options, progress=not args.quiet,
-                         runner=runner, warmup=args.warmup)
+                         runner=runner, warmup=args.warmup, reference=args.reference,
+                         run_caches=os.path.join(args.out, "caches") if args.run_caches and not args.replay else None)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
     return 0

@@ -45,12 +45,16 @@ from codegen.spaces import spaces_for
 from codegen.target import Target
 
 from .database import Database, TuningRecord
+from .ratios import METRICS, bootstrap_ratios, geomean  # noqa: F401 (METRICS, bootstrap_ratios: re-exported)
 from .session import RETIME_PREFIX, TaskRun, TuningSession, seeds_of
 from .strategies import Strategy, get_strategy, registered
+from .strategies.base import COST_MODEL_STRATEGIES
 from .suites import SUITES, suite
 from .testing import ReplayRunner
 
-DEFAULT_STRATEGIES = ("gradient", "genetic", "random")
+#: the default comparison: genetic at the gradient search's batch (``genetic@32``: the equal-batch pair the ratios
+#: are judged on) and at Ansor's 64 (a reference row), random as the floor
+DEFAULT_STRATEGIES = ("gradient", "genetic@{gradient}", "genetic", "random")
 REACH = 0.95  # "reached" = latency <= best known / REACH
 WARMUP_TRIALS = 64  # two rounds of a 32-candidate strategy: descent, features and the model's training all compile
 REFERENCE_PREFIX = "reference:"  # reserved run names of the strong reference (no strategy's history or budget)
@@ -65,66 +69,6 @@ def _median(values: list[float], censored: list[bool]) -> tuple[float, bool]:
     if not values:
         return math.nan, True
     return float(np.median(values)), sum(not c for c in censored) < len(values) // 2 + 1
-
-
-def _geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
-
-
-#: the per-run outcomes :func:`bootstrap_ratios` resamples
-METRICS = ("trials95", "seconds95", "final")
-
-
-def bootstrap_ratios(runs: dict[tuple[str, str], dict[str, list[float]]], ref: str, *, n: int = 2000,
-                     level: float = 0.9, seed: int = 0, paired: bool = False) -> dict[str, dict[str, tuple[float, float]]]:
-    """Percentile bootstrap intervals of the geomean over tasks of ``strategy / ref`` medians.
-
-    ``runs[(task, strategy)]`` holds one value per seed (run) of each of :data:`METRICS` (a censored run
-    enters as the budget it spent, as in :meth:`Comparison.ratios`, so an interval over censored tasks is
-    a bound of the same kind). Each resample draws every (task, strategy)'s runs with replacement,
-    independently (the seeds of two strategies are different runs), takes the medians, their ratio per
-    task and the geomean over the tasks (kept fixed: the targets are geomeans over a named suite). Returns
-    ``{strategy: {metric: (low, high)}}`` at the central ``level``; the spread is what the few seeds per
-    op leave open, not the host's drift between sessions. ``paired``: the runs of a task are seed-paired
-    (the same seeds in the same order for every strategy, as an ablation's arms are under common random
-    numbers), so one draw of seed indices serves the strategy and ``ref`` alike.
-
-    Example:
-        >>> runs = {("t", "a"): {"trials95": [10, 12, 14], "seconds95": [1, 1, 1], "final": [1, 1, 1]},
-        ...         ("t", "b"): {"trials95": [20, 24, 28], "seconds95": [2, 2, 2], "final": [1, 1, 1]}}
-        >>> lo, hi = bootstrap_ratios(runs, "a")["b"]["trials95"]
-        >>> 20 / 14 <= lo <= 2.0 <= hi <= 28 / 10
-        True
-    """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1) (got {level})")
-    rng = np.random.default_rng(seed)
-    tasks = sorted({t for t, _ in runs})
-    strategies = sorted({s for _, s in runs} - {ref})
-    tail = 100.0 * (1.0 - level) / 2.0
-
-    def medians(values: list[float], idx: np.ndarray | None = None) -> np.ndarray:
-        v = np.asarray(values, np.float64)
-        return np.median(v[rng.integers(len(v), size=(n, len(v))) if idx is None else idx], axis=1)
-
-    out: dict[str, dict[str, tuple[float, float]]] = {}
-    for s in strategies:
-        both = [t for t in tasks if runs.get((t, s)) and runs.get((t, ref))]
-        if not both:
-            continue
-        out[s] = {}
-        for m in METRICS:
-            logs = np.zeros(n)
-            for t in both:
-                a, b = runs[(t, s)][m], runs[(t, ref)][m]
-                if paired and len(a) != len(b):
-                    raise ValueError(f"paired runs of {t!r}: {s!r} has {len(a)} seeds, {ref!r} {len(b)}")
-                idx = rng.integers(len(a), size=(n, len(a))) if paired else None
-                logs += np.log(np.maximum(medians(a, idx), 1e-12) / np.maximum(medians(b, idx), 1e-12))
-            g = np.exp(logs / len(both))
-            out[s][m] = (float(np.percentile(g, tail)), float(np.percentile(g, 100.0 - tail)))
-    return out
 
 
 @dataclass
@@ -150,6 +94,8 @@ class Comparison:
             statistics).
         reach_frac: a run has "reached" when its latency is <= best known / ``reach_frac`` (issue 15's
             rule: 0.95; other values only to see how the verdict depends on the margin).
+        batches: ``{strategy: candidates per round}`` (empty when not known, e.g. from a database).
+        shared_cache: the runs compiled into one shared build cache (``run_caches=None``, measured).
     """
 
     tasks: list[Task]
@@ -165,6 +111,8 @@ class Comparison:
     stats: dict[tuple[str, str, int], dict] = field(default_factory=dict)
     reach_frac: float = REACH
     warmup_s: float = 0.0
+    batches: dict[str, int] = field(default_factory=dict)
+    shared_cache: bool = False
 
     # ---- per run -------------------------------------------------------------------------------
     def best_known(self, task: str) -> float:
@@ -283,9 +231,9 @@ class Comparison:
                     clean_tr.append(r_tr)
                     clean_sec.append(r_sec)
             bound = None if not sides else (sides.pop() if len(sides) == 1 else "mixed")
-            out[s] = {"trials95": _geomean(tr), "seconds95": _geomean(sec), "final": _geomean(fin), "censored": cens,
-                      "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": _geomean(clean_tr),
-                      "uncensored_seconds95": _geomean(clean_sec), "tasks": len(kept), "apart": apart}
+            out[s] = {"trials95": geomean(tr), "seconds95": geomean(sec), "final": geomean(fin), "censored": cens,
+                      "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": geomean(clean_tr),
+                      "uncensored_seconds95": geomean(clean_sec), "tasks": len(kept), "apart": apart}
         return out
 
     def runs(self) -> dict[tuple[str, str], dict[str, list[float]]]:
@@ -327,7 +275,7 @@ class Comparison:
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
                  f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
                  + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else "")
-                 + self._early_stops(),
+                 + self._early_stops() + self._equipment(),
                  "",
                  "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
                  "| seconds to 95% | reached |",
@@ -371,6 +319,21 @@ class Comparison:
                              + (f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |" if r["uncensored"]
                                 else "| — | — |"))  # no task uncensored for both: no geomean to show
         return "\n".join(lines)
+
+    def _equipment(self) -> str:
+        """Table header notes on what the ratios mix with the search: unequal batches, a shared build cache."""
+        ref, out = self.reference(), ""
+        if self.batches:
+            out += " Candidates per round: " + ", ".join(f"{s} {b}" for s, b in self.batches.items()) + "."
+            other = [s for s, b in self.batches.items() if ref in self.batches and b != self.batches[ref]
+                     and split_name(s)[0] in COST_MODEL_STRATEGIES]  # random's batch only paces the interleaving
+            if other:
+                out += (f" The ratios of {', '.join(other)} mix the search with a different batch than {ref}'s (a "
+                        "batch decides how often the model learns): compare at equal batches with NAME@N.")
+        if self.shared_cache:
+            out += (" One build cache for every run: a run proposing a kernel another run compiled gets it free, "
+                    "which shortens its seconds (`run_caches=` / `--run-caches` gives each run its own).")
+        return out
 
     def to_csv(self, path: str | os.PathLike) -> str:
         """Every measurement: strategy, seed, task, phase (``tune`` / ``reference`` / ``remeasure``), trial index,
@@ -509,6 +472,13 @@ def split_name(name: str) -> tuple[str, int | None]:
     return base, int(batch) if at else None
 
 
+def default_strategies() -> list[str]:
+    """:data:`DEFAULT_STRATEGIES` that are registered, ``genetic@N`` at the gradient search's default batch."""
+    names = registered()
+    batch = get_strategy("gradient").batch_size if "gradient" in names else 32
+    return [s.format(gradient=batch) for s in DEFAULT_STRATEGIES if s.partition("@")[0] in names]
+
+
 def _strategy_factory(s, options: dict) -> tuple[str, Callable[[], Strategy]]:
     """(name, fresh-instance factory): runs never share a strategy's state."""
     if isinstance(s, str):
@@ -555,7 +525,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     Args:
         tasks: tasks, op specs (``"matmul:m=512,n=512,k=512"``) or suite names (``"ops"``).
         strategies: names, strategy objects (deep-copied per run) or zero-argument factories;
-            default: every registered one of ``gradient``, ``genetic``, ``random``. A name may end in
+            default: :data:`DEFAULT_STRATEGIES` (``gradient``, ``genetic`` at the gradient search's batch,
+            ``genetic`` at Ansor's 64, ``random``), those registered. A name may end in
             ``@N``: that strategy at ``N`` candidates per round, under that name (``"genetic@32"``
             next to ``"genetic"``: the genetic search at the gradient search's batch and at Ansor's 64).
         trials: budget of every run in trials (a trial is a candidate sent to the builder).
@@ -609,8 +580,7 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
     """
     task_list = _as_tasks(tasks)
     if strategies is None:
-        names = registered()
-        strategies = [s for s in DEFAULT_STRATEGIES if s in names]
+        strategies = default_strategies()
     elif isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     factories = [_strategy_factory(s, strategy_options or {}) for s in strategies]
@@ -701,7 +671,9 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
                             replay is not None, {(r.task.name, r.label, r.seed): list(r.history) for r in ref_runs},
                             openings, {(r.task.name, r.label, r.seed): dict(r.stats, stop_reason=r.stop_reason)
                                        for r in runs},
-                            warmup_s=warmup_s)
+                            warmup_s=warmup_s, batches={r.label: int(getattr(r.strategy, "batch_size", 16))
+                                                        for r in runs},
+                            shared_cache=run_caches is None and replay is None)
     if out is not None:
         result.save(out)
     return result

@@ -34,8 +34,8 @@ latencies come from a synthetic, noise-free oracle (`felixjax.testing.SyntheticO
 trial costs a simulated 0.3 s on its run's clock. That compares the search logic alone, repeatably,
 in seconds. On hardware, drop `replay=True` (or run the CLI command at the end).
 
-The strategies are every registered one of `gradient`, `genetic` and `random`, so this notebook
-picks up the gradient search as soon as it is registered."""),
+The strategies are `fj.compare`'s default: `gradient`, `genetic@32` (the genetic search at the gradient
+search's 32 candidates per round: the equal-batch pair), `genetic` at Ansor's 64 per round, and `random`."""),
     ("code", """import os
 import sys
 import tempfile
@@ -53,7 +53,7 @@ def budget(full, quick):
     return quick if QUICK else full
 
 
-strategies = [s for s in ("gradient", "genetic", "random") if s in fj.strategies()]
+strategies = [s for s in ("gradient", "genetic@32", "genetic", "random") if s.partition("@")[0] in fj.strategies()]
 tasks = [fj.ops.conv2d(1, 32, 28, 28, out_channels=32, kernel=3, padding=1)]
 print("strategies:", strategies)
 print("operators: ", [t.name for t in tasks])"""),
@@ -108,7 +108,7 @@ print("trained on", report["train_tasks"], "held out", report["heldout_tasks"])
 print(f"held-out pairwise accuracy: MLP {report['heldout_mlp_pairwise']:.3f}, "
       f"roofline prior {report['heldout_prior_pairwise']:.3f}")"""),
     ("code", """pre = {"cost_model": str(out / "cost_model.npz")}
-cmp3 = fj.compare(tasks, ["gradient", "genetic"], trials=budget(64, 16), seeds=1, db=None, replay=True, progress=False,
+cmp3 = fj.compare(tasks, ["gradient", "genetic@32"], trials=budget(64, 16), seeds=1, db=None, replay=True, progress=False,
                   strategy_options={"gradient": {**budget({"starts": 64, "steps": 32}, {"starts": 16, "steps": 8}),
                                                  **pre}, "genetic": pre})
 display(Markdown(cmp3.table()))"""),
@@ -142,7 +142,7 @@ each measurement the true latency × exp(sigma |z|), drawn afresh: sigma 0.1 put
 
 from felixjax.testing import ReplayRunner, SyntheticOracle
 
-noisy = fj.compare(tasks, ["gradient", "genetic"], trials=budget(64, 16), seeds=1, db=None, progress=False,
+noisy = fj.compare(tasks, ["gradient", "genetic@32"], trials=budget(64, 16), seeds=1, db=None, progress=False,
                    replay=lambda task, target: ReplayRunner.from_oracle(task, target, noise=0.1))
 display(Markdown(noisy.table()))
 oracle = SyntheticOracle(tasks[0])
@@ -154,10 +154,11 @@ print(f"{len(recs)} timings: never below the truth: {bool((slowdown >= 1).all())
 
 The same comparison with real, checked, timed C kernels, on the operator suite of the benchmark
 (`felixjax/suites.py`), writes `cmp.csv`, `table.md`, `curves.png` and the database `cmp.db` into the
-output folder:
+output folder (the default strategies as above; `--reference` judges "95% of best" against runs of twice the
+budget, `--run-caches` gives each run its own build cache so that no run gets another's compiles free):
 
 ```bash
-felixjax compare --suite ops --strategies gradient,genetic,random --seeds 3 --trials 512 --out results/
+felixjax compare --suite ops --seeds 3 --trials 512 --reference --run-caches --out results/
 ```
 
 Add `--replay` to run it against the synthetic oracle instead, as above, and `--cost-model

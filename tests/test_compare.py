@@ -216,9 +216,11 @@ def test_noisy_replay_in_a_comparison_records_timings_above_the_truth():
 def test_cli_compare_replay(tmp_path, capsys):
     out = tmp_path / "res"
     assert cli(["compare", "--op", "matmul:m=32,n=32,k=32", "--strategies", "genetic,random", "--seeds", "1",
-                "--trials", "8", "--out", str(out), "--replay", "--dask", "tcp://127.0.0.1:1"]) == 0
+                "--trials", "8", "--out", str(out), "--replay", "--dask", "tcp://127.0.0.1:1", "--reference"]) == 0
     cap = capsys.readouterr()
     assert "| matmul_32x32x32 | genetic |" in cap.out and "random / genetic" in cap.out
+    runs = {r.run for r in fj.Database(out / "cmp.db").records()}
+    assert {"reference:genetic:0", "reference:random:0"} <= runs  # --reference: 2x-budget runs to judge against
     assert "--dask is not used with --replay" in cap.err  # session 74: it was silently ignored
     assert {"cmp.csv", "table.md", "curves.png", "cmp.db"} <= set(os.listdir(out))
 
@@ -250,8 +252,22 @@ def test_a_strategy_at_another_batch_runs_beside_itself_under_its_own_name(tmp_p
     assert " genetic:0: round 1 16/16 " in err and " genetic:0: round 2 " not in err
     assert " genetic@8:0: round 1 8/16 " in err and " genetic@8:0: round 2 16/16 " in err
     assert " random@4:0: round 4 16/16 " in err  # random search has no batch option: the attribute is set
+    # the table says each batch, and names the learned strategy whose ratio mixes in another batch (session 76)
+    assert cmp.batches == {"genetic": 16, "genetic@8": 8, "random@4": 4} and not cmp.shared_cache
+    head = cmp.table().splitlines()[0]
+    assert "Candidates per round: genetic 16, genetic@8 8, random@4 4. The ratios of genetic@8 mix" in head
+    assert "One build cache" not in head
     with pytest.raises(ValueError, match="positive integer"):
         fj.compare(TASKS[:1], ["genetic@x"], trials=4, seeds=1, db=None, replay=True, progress=False)
+
+
+def test_the_default_comparison_pairs_genetic_at_the_gradient_searchs_batch():
+    # session 76: the default compared gradient at 32 per round with genetic at Ansor's 64 only
+    from felixjax.compare import default_strategies
+    from felixjax.strategies.gradient import GradientSearch
+
+    batch = GradientSearch().batch_size
+    assert default_strategies() == ["gradient", f"genetic@{batch}", "genetic", "random"] and batch == 32
 
 
 def test_suite_ops_is_the_op_suite():
@@ -275,6 +291,15 @@ def test_tiny_real_compare(runner, tmp_path):
     assert fj.Database(tmp_path / "real.db").runs() == ["genetic:0", "random:0"]
     # a measured comparison warms the JAX compilations up first, by default, outside every run's clock
     assert cmp.warmup_s > 0 and "JIT warm-up before the runs" in cmp.table()
+    assert cmp.shared_cache and "One build cache for every run" in cmp.table()  # its seconds' caveat (session 76)
+
+
+def test_cli_compare_run_caches_gives_each_run_its_own_build_cache(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert cli(["compare", "--op", "matmul:m=8,n=8,k=8", "--strategies", "random", "--seeds", "2", "--trials", "2",
+                "--threads", "1", "--warmup", "0", "--out", str(out), "--run-caches", "--quiet"]) == 0
+    assert "One build cache" not in capsys.readouterr().out
+    assert len(os.listdir(out / "caches")) == 2  # one per run
 
 
 def test_the_jit_warm_up_draws_nothing_from_the_runs(tmp_path):
