@@ -341,7 +341,7 @@ class Database:
     """
 
     def __init__(self, path: str | os.PathLike, readonly: bool = False, *, timeout_s: float = 60.0):
-        self.path = os.fspath(path)
+        self.path = os.path.expanduser(os.fspath(path))  # "~/runs.db" is the home folder's, not ./~/
         self.readonly = bool(readonly)
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
@@ -439,7 +439,9 @@ class Database:
             if not isinstance(err, sqlite3.OperationalError) or any(h in msg for h in _CORRUPT_HINTS):
                 raise _corrupted(self.path, err) from None
             if any(h in msg for h in ("disk i/o", "disk is full", "unable to open")):
-                raise DatabaseError(f"{self.path}: {err}") from None
+                hint = (" (is the disk full, or a file size limit reached? nothing stored before is lost)"
+                        if "unable to open" not in msg else "")
+                raise DatabaseError(f"{self.path}: {err}{hint}") from None
             raise err
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -464,9 +466,10 @@ class Database:
         return self._query("SELECT COUNT(*) FROM records")[0][0]
 
     # ---- writing -------------------------------------------------------------------------------
-    def add(self, rec: TuningRecord) -> TuningRecord:
+    def add(self, rec: TuningRecord, *, number: bool = False) -> TuningRecord:
         """Insert and commit one record (a few microseconds against ~0.2 s of measuring); its claim, if
-        any, goes in the same transaction."""
+        any, goes in the same transaction. ``number``: its ``trial`` is the count of its run's records
+        before it, taken in the same transaction (two tuners of one run never number a trial twice)."""
         r = rec.result
         row = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
                r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,
@@ -475,25 +478,32 @@ class Database:
 
         info = json.dumps(rec.info, sort_keys=True) if rec.info else None
 
-        def insert(c: sqlite3.Connection) -> int:
+        def insert(c: sqlite3.Connection) -> tuple[int, int]:
             c.execute("BEGIN IMMEDIATE")
+            values = row
+            if number:
+                n = c.execute("SELECT COUNT(*) FROM records WHERE task_key = ? AND target_key = ? AND run = ?",
+                              row[:3]).fetchone()[0]
+                values = row[:3] + (n,) + row[4:]
             cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
-                            f"({', '.join('?' * len(_COLUMNS))})", row)
+                            f"({', '.join('?' * len(_COLUMNS))})", values)
             if info is not None:
                 c.execute("INSERT INTO record_info (record_id, info) VALUES (?, ?)", (cur.lastrowid, info))
             c.execute("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
                       row[:3] + (row[5],))
             c.execute("COMMIT")
-            return cur.lastrowid
+            return cur.lastrowid, values[3]
 
-        rowid = self._run(insert)
-        return dataclasses.replace(rec, id=rowid)  # its info too (it was dropped: res.history lost it)
+        rowid, trial = self._run(insert)
+        return dataclasses.replace(rec, id=rowid, trial=trial)  # its info too (it was dropped: res.history lost it)
 
     # ---- claims: concurrent tuners of one run measure each configuration once --------------------
     def claim(self, task: Task, target: Target | str, run: str, configs: Iterable[Config], *,
-              owner: str | None = None, ttl_s: float = 3600.0) -> list[Config]:
+              owner: str | None = None, ttl_s: float = 3600.0, budget: int | None = None) -> list[Config]:
         """Atomically claim the configurations of ``configs`` that are neither measured in (task, target,
         run) nor claimed by another live owner; returns those claimed, in their order (duplicates once).
+        ``budget``: the run's trials; no more are claimed than it leaves after the run's records and the
+        other owners' live claims (two tuners of one run share it exactly).
 
         A claim lives in the ``claims`` table (never a record: no count, history or budget sees it) until
         :meth:`add` stores its record or :meth:`release` drops it. Claims whose process (same host) is gone,
@@ -523,9 +533,16 @@ class Database:
             measured = {r[0] for r in c.execute("SELECT DISTINCT config FROM records WHERE task_key = ? AND "
                                                 "target_key = ? AND run = ?", scope)}
             got, rows = [], []
+            room = len(wanted)
+            if budget is not None:
+                done = c.execute("SELECT COUNT(*) FROM records WHERE task_key = ? AND target_key = ? AND run = ?",
+                                 scope).fetchone()[0]
+                room = budget - done - sum(1 for k, w in live.items() if w != owner and k not in measured)
             for cfg, key in zip(wanted, keys):
                 if key in measured or live.get(key, owner) != owner:
                     continue
+                if len(got) >= room:
+                    break
                 got.append(cfg)
                 rows.append(scope + (key, owner, host, pid, now_s))
             c.executemany("INSERT OR REPLACE INTO claims (task_key, target_key, run, config, owner, host, pid, "
@@ -572,12 +589,22 @@ class Database:
         tasks: dict[str, Task] = {}
         for row in rows:
             d = dict(zip(("id",) + _COLUMNS + ("info",), row))
-            task = tasks.get(d["task"]) or tasks.setdefault(d["task"], Task.from_json(json.loads(d["task"])))
-            result = MeasureResult(d["status"], tuple(json.loads(d["latencies"])), d["error"], d["build_s"],
-                                   d["run_s"], d["timestamp"])
-            yield TuningRecord(task, d["target_key"], d["run"], d["trial"], Config.from_json(d["config"]), result,
-                               d["elapsed_s"], json.loads(d["target"]), d["id"],
-                               json.loads(d["info"]) if d["info"] else {})
+            try:
+                task = tasks.get(d["task"]) or tasks.setdefault(d["task"], Task.from_json(json.loads(d["task"])))
+                result = MeasureResult(d["status"], tuple(float(x) for x in json.loads(d["latencies"])), d["error"],
+                                       d["build_s"], d["run_s"], d["timestamp"])
+                rec = TuningRecord(task, d["target_key"], d["run"], d["trial"], Config.from_json(d["config"]), result,
+                                   d["elapsed_s"], json.loads(d["target"]), d["id"],
+                                   json.loads(d["info"]) if d["info"] else {})
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+                raise self._damaged(d["id"], e) from None
+            yield rec
+
+    def _damaged(self, rowid, e: Exception) -> DatabaseError:
+        """A row whose stored JSON no longer decodes (SQLite keeps no checksums: a flipped byte passes its checks)."""
+        return DatabaseError(f"{self.path}: record {rowid} is damaged ({type(e).__name__}: {e}); the other records "
+                             f"are intact: export them with Database.export_jsonl after removing this one "
+                             f"(sqlite3 {self.path} 'DELETE FROM records WHERE id = {rowid}'; keep a copy first)")
 
     def _has_info(self) -> bool:
         """Whether the ``record_info`` table exists (always, except in read-only old databases)."""
@@ -655,12 +682,13 @@ class Database:
 
     def tasks(self) -> list[tuple[Task, str]]:
         """Distinct (task, target_key) pairs in the database."""
-        rows = self._query("SELECT DISTINCT task, target_key FROM records ORDER BY id")
-        seen, out = set(), []
-        for t, k in rows:
-            if (t, k) not in seen:
-                seen.add((t, k))
+        rows = self._query("SELECT task, target_key, MIN(id) FROM records GROUP BY task, target_key ORDER BY MIN(id)")
+        out = []
+        for t, k, rowid in rows:
+            try:
                 out.append((Task.from_json(json.loads(t)), k))
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+                raise self._damaged(rowid, e) from None
         return out
 
     def runs(self, *, retimes: bool = False) -> list[str]:
@@ -690,20 +718,16 @@ class Database:
             "SELECT task_key, target_key, run, trial, config, timestamp FROM records")}
         measured = {h[:3] + (h[4],) for h in held if not h[2].startswith("retime:")}
         n = 0
-        with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                rec = TuningRecord.from_json(json.loads(line))
-                key = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.dumps(), rec.result.timestamp)
-                in_run = key[:3] + (key[4],)
-                if key in held or in_run in measured:
-                    continue
-                self.add(rec)
-                held.add(key)
-                if not rec.run.startswith("retime:"):
-                    measured.add(in_run)
-                n += 1
+        for rec in _read_jsonl(path):  # every line checked before the first is added: a bad file adds nothing
+            key = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.dumps(), rec.result.timestamp)
+            in_run = key[:3] + (key[4],)
+            if key in held or in_run in measured:
+                continue
+            self.add(rec)
+            held.add(key)
+            if not rec.run.startswith("retime:"):
+                measured.add(in_run)
+            n += 1
         return n
 
     def set_meta(self, key: str, value: str) -> None:
@@ -712,6 +736,25 @@ class Database:
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
         return rows[0][0] if rows else default
+
+
+def _read_jsonl(path: str | os.PathLike) -> list[TuningRecord]:
+    """The records of a JSONL export, or a `DatabaseError` naming the first line that is not one (cut off,
+    not JSON, a missing or mistyped field, a correct result without a finite positive time)."""
+    out = []
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = TuningRecord.from_json(json.loads(line))
+                if rec.ok and not all(math.isfinite(t) and t > 0 for t in rec.result.latencies):
+                    raise ValueError(f"a correct result with the time(s) {list(rec.result.latencies)}")
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+                raise DatabaseError(f"{path}, line {i}: not a tuning record ({type(e).__name__}: {e}); nothing of "
+                                    f"the file was imported") from None
+            out.append(rec)
+    return out
 
 
 def now() -> float:

@@ -467,7 +467,7 @@ class TuningSession:
                                  f"{e}") from None
         claim = getattr(self.db, "claim", None)
         if claim is not None and cands:
-            cands = claim(tr.task, self.target_key, tr.run, cands)
+            cands = claim(tr.task, self.target_key, tr.run, cands, budget=tr.trials)
             if not cands:  # another live tuner on this run holds every proposal: wait for its records, propose again
                 tr.waits += 1
                 if tr.waits > CLAIM_WAITS:
@@ -496,7 +496,7 @@ class TuningSession:
             if replayed:
                 info["replayed"] = True
             rec = self.db.add(TuningRecord(tr.task, self.target_key, tr.run, len(ctx.history), cfg,
-                                           _finite_result(res), clock, self._target_json, info=info))
+                                           _finite_result(res), clock, self._target_json, info=info), number=True)
             ctx.history.append(rec)
             ctx.measured.add(cfg)
             new.append(rec)

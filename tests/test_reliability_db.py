@@ -406,3 +406,61 @@ def test_records_since_a_known_row(tmp_path):
         assert db.count(TASK, TARGET, run="r:0", since=mark) == 3
         assert db.records(since=db.last_id()) == []
         assert "id" not in new[0].to_json() and TuningRecord.from_json(new[0].to_json()) == new[0]
+
+
+def test_two_tuners_of_one_run_share_its_budget_exactly_and_number_trials_once(tmp_path):
+    # session 76: two tuners of one run each claimed up to what they saw left: 13 records in a 12-trial
+    # run, and the trial index 2 twice
+    cs = configs(20)
+    with Database(tmp_path / "b.db") as db:
+        db.add(rec(cs[0], 0))
+        assert db.claim(TASK, TARGET, "r:0", cs[1:9], owner="a", budget=12) == cs[1:9]  # 1 + 8 of 12
+        assert db.claim(TASK, TARGET, "r:0", cs[9:20], owner="b", budget=12) == cs[9:12]  # 3 left, not 11
+        assert db.claim(TASK, TARGET, "r:0", cs[12:], owner="c", budget=12) == []
+        assert db.claim(TASK, TARGET, "r:0", cs[12:], owner="c") == cs[12:]  # no budget: no limit
+        stored = [db.add(rec(c, 1), number=True) for c in (cs[1], cs[9], cs[2])]  # both tuners said trial 1
+        assert [r.trial for r in stored] == [1, 2, 3]
+        assert [r.trial for r in db.records(run="r:0")] == [0, 1, 2, 3]
+
+
+def test_a_damaged_row_is_named_and_nothing_is_changed(tmp_path):
+    # SQLite keeps no checksums: a flipped byte in a record's JSON passes quick_check; a read named nothing
+    path = tmp_path / "d.db"
+    filled(path, 3)
+    c = sqlite3.connect(path)
+    c.execute("UPDATE records SET config = '{\"sketch\": ' WHERE id = 2")
+    c.commit()
+    c.close()
+    before = path.read_bytes()
+    with Database(path) as db:
+        with pytest.raises(DatabaseError, match=r"record 2 is damaged \(JSONDecodeError.*DELETE FROM records WHERE id = 2"):
+            db.records()
+        assert db.count(TASK, TARGET) == 3
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("bad, why", [('{"task": ', "JSONDecodeError"), ("garbage", "JSONDecodeError"),
+                                      ("{}", "KeyError"), ("nan", "a correct result with the time")])
+def test_import_jsonl_names_the_bad_line_and_imports_nothing(tmp_path, bad, why):
+    src = tmp_path / "src.db"
+    filled(src, 4)
+    with Database(src) as db:
+        db.export_jsonl(tmp_path / "x.jsonl")
+    lines = (tmp_path / "x.jsonl").read_text().splitlines()
+    if bad == "nan":  # an ok record whose time is NaN (NULL sorts first: it became the task's "best")
+        bad = lines[2].replace('"latencies": [1e-05]', '"latencies": [NaN]')
+        assert bad != lines[2]
+    lines[2] = bad
+    (tmp_path / "x.jsonl").write_text("\n".join(lines) + "\n")
+    with Database(tmp_path / "dst.db") as db:
+        with pytest.raises(DatabaseError, match=f"x.jsonl, line 3: not a tuning record.*{why}.*nothing of the file"):
+            db.import_jsonl(tmp_path / "x.jsonl")
+        assert len(db) == 0
+
+
+def test_a_database_path_under_home_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with Database("~/h.db") as db:
+        db.add(rec(configs(1)[0]))
+    assert (tmp_path / "h.db").exists() and not (tmp_path / "~").exists()
