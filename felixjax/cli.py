@@ -294,6 +294,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               + (f" (simulated: felixjax's model of the {target.spec.full_name}, no GPU ran)"
                  if target.kind == "cuda-sim" else ""))
         print(f"  config: {best.config.dumps()}")
+        print(_time_split(res.stats))
         if args.show_source:
             print(res.source)
         row = {"task": task.name, "felixjax_ms": best.latency_s * 1e3, "gflops": best.gflops}
@@ -308,6 +309,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print("felixjax_ms: the best kernel's time above; felixjax_median_ms and onnxruntime_ms: medians of the "
                   "two timed side by side just now (same threads, interleaved)")
     return 0
+
+
+def _time_split(st: dict) -> str:
+    """Where a tuning call's seconds went (``fj.tune``'s ``res.stats``), as one line."""
+    parts = {"building and measuring": st.get("build_measure_s", 0.0), "proposing": st.get("propose_s", 0.0),
+             "learning": st.get("update_s", 0.0), "re-timing the best": st.get("retime_s", 0.0)}
+    rest = max(0.0, st.get("call_s", 0.0) - sum(parts.values()))
+    return (f"  time: {st.get('call_s', 0.0):.1f} s in this call: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) + f", other {rest:.1f} s; JAX compilations "
+            f"{st.get('jax_compile_s', 0.0):.1f} s of it (proposing and learning; once per process, then from the "
+            "disk cache)")
 
 
 def _ms(seconds: float) -> str:

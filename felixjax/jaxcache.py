@@ -9,14 +9,34 @@ from __future__ import annotations
 import os
 
 _DONE = False
+_COMPILE_S = 0.0  # seconds JAX spent tracing, lowering and compiling (or loading from this cache), process-wide
+
+
+def _count_compiles(event: str, seconds: float, **_) -> None:
+    global _COMPILE_S
+    if event.startswith("/jax/core/compile/"):
+        _COMPILE_S += seconds
+
+
+def compile_seconds() -> float:
+    """Seconds this process's JAX compilations took so far, counted from :func:`enable` on (a tuning
+    call's share: the difference over the call, as ``res.stats["jax_compile_s"]``)."""
+    return _COMPILE_S
 
 
 def enable() -> None:
-    """Turn the cache on once per process (no-op if the user configured one already)."""
+    """Turn the cache on once per process (no-op if the user configured one already), and count the
+    compilations' seconds (:func:`compile_seconds`)."""
     global _DONE
     if _DONE:
         return
     _DONE = True
+    try:
+        import jax.monitoring
+
+        jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+    except (ImportError, AttributeError):  # pragma: no cover - an old jax: no count
+        pass
     where = os.environ.get("FELIXJAX_JAX_CACHE")
     if where == "0":
         return

@@ -33,6 +33,7 @@ from codegen.render_c import render
 from codegen.space import Config, Space
 from codegen.target import Target
 
+from . import jaxcache
 from .cost_aware import CostAware
 from .database import Database
 from .errors import UnsupportedModelError
@@ -119,6 +120,8 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         >>> fj.tune(fj.ops.dense(1, 64, 32), strategy="random", trials=3, progress=False).best.ok
         True
     """
+    t_call = time.perf_counter()
+    compiled = jaxcache.compile_seconds()  # counted once a cost model turned JAX on (jaxcache.enable)
     task = _as_task(task)                                                      # the operator, as a Task
     if batch is not None and not batch >= 1:
         raise ValueError(f"batch must be >= 1 candidates per round (got {batch})")
@@ -134,8 +137,10 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
                          strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
         while not tr.done:
             session.step(tr, batch)                                            # ④–⑫ one round
+        t = time.perf_counter()
         retimed = (session.kept_retime(tr) or session.retime([tr], top=retime).get(tr.run, [])) if retime else []
-        stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock)
+        stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock, retime_s=(time.perf_counter() - t) if retime else 0.0)
+    stats.update(call_s=time.perf_counter() - t_call, jax_compile_s=jaxcache.compile_seconds() - compiled)
     return TuneResult(task, session.target, tr.run, tr.history, stats, retimed, tr.stop_reason)
 
 

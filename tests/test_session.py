@@ -202,6 +202,10 @@ def test_ranking_quality_of_each_round_is_recorded():
     assert len(ranking) == 3 and [r["round"] for r in ranking] == [0, 1, 2]
     for r in ranking:
         assert -1.0 <= r["kendall_tau"] <= 1.0 and 0.0 <= r["top_k_recall"] <= 1.0 and r["n"] >= 4
+    # where the call's seconds went (session 76: its set-up, re-timing and JAX compilations were in no figure)
+    st = res.stats
+    assert st["call_s"] >= st["build_measure_s"] + st["propose_s"] + st["update_s"] + st["retime_s"]
+    assert 0.0 <= st["jax_compile_s"] <= st["call_s"] and st["retime_s"] == 0.0  # retime=0: none
     # random search ranks with no model: nothing to record
     assert "ranking" not in fj.tune(T2, strategy="random", trials=16, measurer=replay, progress=False,
                                     retime=0).stats
