@@ -243,3 +243,31 @@ def test_export_with_float16_layers_builds_with_make_and_matches(digits, half, t
     xi = np.ascontiguousarray(x[0].reshape(exe.net.input_shapes[0]))
     y, _ = run_standalone(out, xi, runs=2)
     np.testing.assert_array_equal(y.reshape(exe.net.output_shapes[0]), exe(xi))
+
+
+@needs_f16c
+def test_conversion_steps_inlined_at_O3_do_not_read_stale_float16_bits():
+    """Session 76: the conversion steps stored float16 as ``unsigned short`` and the kernels as ``_Float16``;
+    gcc -O3, inlining the steps into one function, let a scalar tail read bytes before the kernel's writes
+    (strict aliasing): this network's softmax came out [0, ..., 1.0] against numpy's [0.978, 0.0175, ...].
+    Its schedules are a reviewer's random draws (tests/data/fp16_alias_cnn_configs.json; on a host where one
+    is not valid, the default stands in)."""
+    import json
+    from pathlib import Path
+
+    from codegen.space import Config
+    from codegen.spaces import spaces_for
+
+    data = Path(__file__).parent / "data"
+    model = fj.load_onnx(data / "fp16_alias_cnn.onnx")
+    model = with_precisions(model, {n.name: "float16" for n in model.graph.nodes if n.is_anchor})
+    stored, target, cfgs = json.loads((data / "fp16_alias_cnn_configs.json").read_text()), fj.Target.cpu(), {}
+    for task, _ in model.tasks:
+        cfg = Config.from_json(stored[task.name])
+        space = spaces_for(task, target).get(cfg.sketch)
+        if space is not None and space.is_valid(cfg):
+            cfgs[task] = cfg
+    exe = build_model(model, target, configs=cfgs, db=None)
+    x = np.random.default_rng(4).standard_normal((1, 3, 13, 11)).astype(np.float32)
+    y, ref = exe(x).ravel(), model.run_numpy(x).ravel()
+    assert np.abs(y - ref).max() < 1e-2, (y.round(4), ref.round(4))

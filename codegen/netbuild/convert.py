@@ -6,7 +6,10 @@ Where the compiler targets F16C (``__F16C__``, e.g. ``-march=native`` on AVX2 ma
 8 lanes at a time with ``_mm256_cvtps_ph`` / ``_mm256_cvtph_ps`` (and the scalar ``_cvtss_sh`` /
 ``_cvtsh_ss`` for the tail); elsewhere a portable scalar conversion on the bit patterns (rounding to
 nearest even, subnormals, overflow to infinity and NaN handled as IEEE 754 does), so an exported model
-still builds for a board without F16C. float16 values are stored as ``unsigned short`` bit patterns.
+still builds for a board without F16C. float16 values are stored as ``unsigned short`` bit patterns, through
+a ``may_alias`` type (``fj_f16bits``): the float16 kernels read and write the same bytes as ``_Float16``, and
+with plain ``unsigned short`` gcc -O3, inlining a network's steps into one function, let a scalar tail read
+bytes the kernel before it had written (wrong outputs; session 76, a strict-aliasing violation).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ CONVERSIONS = {"to_float16": ("float32", "float16"), "to_float32": ("float16", "
 F16_PRELUDE = r"""#if defined(__F16C__)
 #include <immintrin.h>
 #endif
+typedef unsigned short __attribute__((may_alias)) fj_f16bits;  /* float16 bits: the kernels' _Float16 too */
 static inline unsigned short fj_f32_to_f16(float f) {
     unsigned int x;
     memcpy(&x, &f, 4);
@@ -64,7 +68,7 @@ static inline float fj_f16_to_f32(unsigned short h) {
 def emit_conversion(w: _Writer, s: int, op: str, n: int) -> str:
     """Write step ``s`` (``to_float16`` or ``to_float32`` of ``n`` elements) as ``fj_s{s}``; returns the
     C type of its input and of its output pointer (the caller casts the arguments)."""
-    src, dst = ("float", "unsigned short") if op == "to_float16" else ("unsigned short", "float")
+    src, dst = ("float", "fj_f16bits") if op == "to_float16" else ("fj_f16bits", "float")
     blocks = n // 8
     w(f"/* step {s}: {op} of {n} elements (F16C where the target has it, else portable scalar code) */")
     w.open(f"static void fj_s{s}(const {src}* restrict x, {dst}* restrict y)")
