@@ -311,6 +311,25 @@ class CompiledModel:
         outs = self.run(x)
         return outs[0] if len(outs) == 1 else outs
 
+    def check(self, x: Any = None, *, rtol: float = 1e-3) -> float:
+        """Run on ``x`` (random normal inputs when None) and compare every output with the model's numpy
+        reference (:meth:`Model.run_numpy`, the same precisions); returns the largest error relative to
+        the output's largest magnitude, or raises ``RuntimeError`` above ``rtol`` (what ``felixjax build``
+        checks before it exports)."""
+        if x is None:
+            rng = np.random.default_rng(0)
+            x = [rng.standard_normal(s).astype(np.float32) for s in self.net.input_shapes]
+        ins = self._inputs(x)
+        ref = self.model.run_numpy(ins)
+        worst = 0.0
+        for k, (y, r) in enumerate(zip(self.run(ins), ref if isinstance(ref, list) else [ref])):
+            e = float(np.abs(y - r).max()) / max(float(np.abs(r).max()), 1e-30) if np.size(r) else 0.0
+            if not e <= rtol:  # NaN too
+                raise RuntimeError(f"output {k} ({self.output_names[k]}) of the build differs from the numpy "
+                                   f"reference: {e:.2g} of its largest value (rtol {rtol:g})")
+            worst = max(worst, e)
+        return worst
+
     def timeit(self, x: Any = None, *, number: int = 10) -> float:
         """Seconds per run, averaged over ``number`` runs timed in C (random inputs when ``x`` is None)."""
         if x is None:

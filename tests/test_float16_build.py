@@ -271,3 +271,15 @@ def test_conversion_steps_inlined_at_O3_do_not_read_stale_float16_bits():
     x = np.random.default_rng(4).standard_normal((1, 3, 13, 11)).astype(np.float32)
     y, ref = exe(x).ravel(), model.run_numpy(x).ravel()
     assert np.abs(y - ref).max() < 1e-2, (y.round(4), ref.round(4))
+
+
+def test_check_compares_a_build_with_the_numpy_reference(half, monkeypatch):
+    """``exe.check()`` (what ``felixjax build`` runs before exporting): the largest relative error, or an
+    error naming the output past ``rtol`` (session 76: a Python build was never compared)."""
+    _, exe = half
+    err = exe.check(rtol=REF_TOL)
+    assert 0.0 <= err <= REF_TOL
+    run = exe.run
+    monkeypatch.setattr(exe, "run", lambda ins: [y + 0.5 * np.abs(y).max() for y in run(ins)])
+    with pytest.raises(RuntimeError, match=r"output 0 \(.*\) of the build differs from the numpy reference"):
+        exe.check()
