@@ -147,10 +147,18 @@ def test_time_interleaved_alternates():
 
 
 def test_calibration_reaches_min_time():
-    import time
+    # a counting clock, no real one: each call "takes" 1e-4 s; a block must reach min_time_s, within max_number
+    asked = []
 
-    times = baselines.time_interleaved({"sleep": lambda: time.sleep(1e-4)}, rounds=2, min_time_s=0.005)
-    assert all(t >= 1e-4 for t in times["sleep"])
+    def timeit(n: int) -> float:
+        asked.append(n)
+        return n * 1e-4
+
+    number = baselines._calibrate(timeit, min_time_s=0.005, max_number=100_000)
+    assert number * 1e-4 >= 0.005 and number <= 0.005 / 1e-4 * 1.2 + 1  # long enough, not far past it
+    assert asked[0] == 1 and asked[-1] == number
+    assert baselines._calibrate(timeit, min_time_s=10.0, max_number=300) == 300  # capped
+    assert baselines._calibrate(lambda n: 1.0, min_time_s=0.005, max_number=100) == 1  # one call is enough
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity API")

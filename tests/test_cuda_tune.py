@@ -161,7 +161,7 @@ def test_seconds_budget_is_wall_clock(no_nvcc):
                   progress=False, retime=0)
     wall = time.perf_counter() - t0
     assert res.stop_reason == "seconds" and 1 <= len(res.history) < 500
-    assert res.history[-1].elapsed_s >= 3.0 and wall < 3.0 + 20.0  # stops within a build group or two
+    assert res.history[-1].elapsed_s >= 3.0 and wall < 3.0 + 60.0  # stops (a hang guard; the clock check is the verdict)
 
 
 def test_real_gpu_target_is_refused_clearly():

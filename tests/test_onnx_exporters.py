@@ -445,4 +445,4 @@ def test_folding_never_materializes_huge_constants(op):
     t0 = time.perf_counter()
     with pytest.raises((UnsupportedModelError, fj.errors.ModelFormatError)):
         fj.load_onnx(model)
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 60  # a hang guard: materializing the constant would exhaust memory first

@@ -176,10 +176,13 @@ def test_features_see_the_density():
     from felixjax.features import GLOBAL_FEATURES
 
     col = GLOBAL_FEATURES.index(f"knob_{feature_slots('sparse_density')[0]}")
+    fcol = GLOBAL_FEATURES.index(f"knob_{feature_slots('sparse_density')[1]}")  # sparse_flops
     for s in (0.5, 0.9):
         sp = Space(dense(1, 64, 32, sparsity=s), SPARSE_SKETCH, TARGET)
         f = extract(sp, sp.default())
         assert np.isclose(np.expm1(f.glob[col]), 1 - s, atol=1e-3)
+        # the FLOPs left: the dense 2 M N K of the task times its density (counted here, not by the knob's hook)
+        assert np.isclose(np.expm1(f.glob[fcol]), 2 * 1 * 64 * 32 * (1 - s), rtol=1e-3)
     dsp = Space(dense(1, 64, 32), "gemm_packed", TARGET)
     assert extract(dsp, dsp.default()).glob[col] == 0.0  # one model: dense tasks leave the sparse slots at 0
 
