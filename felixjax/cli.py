@@ -125,8 +125,8 @@ def _parser() -> argparse.ArgumentParser:
                         "genetic): both start from the same model")
     c.add_argument("--warmup", type=int, default=None, metavar="N",
                    help="trials per strategy of a throwaway replayed run before the runs, so that no run's clock pays "
-                        "the one-off JAX compilations (default: 64 when measuring on a CPU, 0 with --replay or a "
-                        "cuda-sim target; 0: off)")
+                        "the one-off JAX compilations (default: 64, --replay too: a replayed run's seconds are its "
+                        "simulated trials plus its real search time; 0: off)")
     c.add_argument("--reference", action="store_true",
                    help="judge '95%% of best' against reference runs of every strategy x seed at 2x the budget "
                         "(under reserved run names no compared run sees; triples the time) instead of the compared "
@@ -317,9 +317,8 @@ def _time_split(st: dict) -> str:
              "learning": st.get("update_s", 0.0), "re-timing the best": st.get("retime_s", 0.0)}
     rest = max(0.0, st.get("call_s", 0.0) - sum(parts.values()))
     return (f"  time: {st.get('call_s', 0.0):.1f} s in this call: "
-            + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) + f", other {rest:.1f} s; JAX compilations "
-            f"{st.get('jax_compile_s', 0.0):.1f} s of it (proposing and learning; once per process, then from the "
-            "disk cache)")
+            + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) + f", other {rest:.1f} s; of all that, JAX "
+            f"compilations {st.get('jax_compile_s', 0.0):.1f} s (once per process, then from the disk cache)")
 
 
 def _ms(seconds: float) -> str:
@@ -438,7 +437,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     import felixjax as fj
 
-    from .compare import split_name
+    from .compare import WARMUP_TRIALS, split_name
     from .suites import SUITES
 
     if args.suite and args.op:
@@ -484,7 +483,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         cmp = fj.compare(tasks, names, trials=args.trials, seconds=args.seconds, seeds=args.seeds,
                          db=os.path.join(args.out, "cmp.db"), threads=args.threads, out=args.out,
                          replay=True if args.replay else None, strategy_options=options, progress=not args.quiet,
-                         runner=runner, warmup=args.warmup, reference=args.reference,
+                         runner=runner, warmup=args.warmup if args.warmup is not None else WARMUP_TRIALS,
+                         reference=args.reference,
                          run_caches=os.path.join(args.out, "caches") if args.run_caches and not args.replay else None)
     print(cmp.table())
     print(f"\nwrote {', '.join(os.path.join(args.out, f) for f in ('cmp.csv', 'table.md', 'curves.png', 'cmp.db'))}")
@@ -581,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("felixjax: interrupted", file=sys.stderr)
         return 130
+    db = getattr(args, "db", None)  # a quoted "~/runs.db" (the shell leaves ~ alone inside quotes)
+    if isinstance(db, str):
+        args.db = os.path.expanduser(db)
+    elif isinstance(db, list):
+        args.db = [os.path.expanduser(d) for d in db]
     with _ctrl_c():
         return _run(args)
 

@@ -95,7 +95,9 @@ class Comparison:
         reach_frac: a run has "reached" when its latency is <= best known / ``reach_frac`` (issue 15's
             rule: 0.95; other values only to see how the verdict depends on the margin).
         batches: ``{strategy: candidates per round}`` (empty when not known, e.g. from a database).
-        shared_cache: the runs compiled into one shared build cache (``run_caches=None``, measured).
+        shared_cache: this call's runs compiled into one shared build cache (``run_caches=None``, measured).
+        resumed: some runs were resumed from the database (what they measured before, they compiled as
+            that earlier call chose).
     """
 
     tasks: list[Task]
@@ -113,6 +115,7 @@ class Comparison:
     warmup_s: float = 0.0
     batches: dict[str, int] = field(default_factory=dict)
     shared_cache: bool = False
+    resumed: bool = False
 
     # ---- per run -------------------------------------------------------------------------------
     def best_known(self, task: str) -> float:
@@ -157,7 +160,7 @@ class Comparison:
         recs = self.histories.get((task, strategy, seed), [])
         target = self.best_known(task) / self.reach_frac
         for i, r in enumerate(recs):
-            if r.latency_s <= target:
+            if r.ok and r.latency_s <= target:  # a task without a correct kernel: inf <= inf reached nothing
                 return {"trials": i + 1, "seconds": r.elapsed_s, "reached": True}
         return {"trials": len(recs), "seconds": recs[-1].elapsed_s if recs else 0.0, "reached": False}
 
@@ -209,8 +212,11 @@ class Comparison:
         ref = self.reference()
         rows = {(r["task"], r["strategy"]): r for r in self.rows()}
         apart = [t.name for t in self.tasks if self.opening_reaches(t.name)]
-        kept = [t for t in self.tasks if t.name not in apart]
+        failed = self.failed()
+        kept = [t for t in self.tasks if t.name not in apart and t.name not in failed]
         out = {}
+        if not kept:
+            return out
         for s in self.strategies:
             if s == ref:
                 continue
@@ -233,15 +239,22 @@ class Comparison:
             bound = None if not sides else (sides.pop() if len(sides) == 1 else "mixed")
             out[s] = {"trials95": geomean(tr), "seconds95": geomean(sec), "final": geomean(fin), "censored": cens,
                       "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": geomean(clean_tr),
-                      "uncensored_seconds95": geomean(clean_sec), "tasks": len(kept), "apart": apart}
+                      "uncensored_seconds95": geomean(clean_sec), "tasks": len(kept), "apart": apart,
+                      "failed": failed}
         return out
+
+    def failed(self) -> list[str]:
+        """Tasks no run (reference runs included) measured a correct kernel of: no "95% of best" to reach,
+        left out of the ratios."""
+        return [t.name for t in self.tasks if not math.isfinite(self.best_known(t.name))]
 
     def runs(self) -> dict[tuple[str, str], dict[str, list[float]]]:
         """Per (task, strategy) of the tasks :meth:`ratios` keeps: each seed's trials and seconds to 95%
         (censored runs at the budget they spent) and final latency, as :func:`bootstrap_ratios` takes them."""
         out = {}
+        failed = self.failed()
         for task in self.tasks:
-            if self.opening_reaches(task.name):
+            if self.opening_reaches(task.name) or task.name in failed:
                 continue
             for s in self.strategies:
                 reach = [self.reach(task.name, s, seed) for seed in self.seeds]
@@ -271,7 +284,9 @@ class Comparison:
         seeds; ``>`` marks a censored median: most seeds never got there within the budget), then
         geomean ratios against the reference strategy."""
         budget = f"{self.trials} trials" + (f" / {self.seconds:g} s" if self.seconds else "")
-        mode = "replay (synthetic oracle, simulated seconds)" if self.replay else "measured"
+        mode = ("replay (synthetic oracle; seconds: each trial's simulated cost plus the search's own real time"
+                + (")" if self.warmup_s else ", one-off JAX compilations included: the first run of each learned "
+                   "strategy pays them; warmup=64 keeps them out)") if self.replay else "measured")
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
                  f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
                  + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else "")
@@ -306,6 +321,7 @@ class Comparison:
             ref = self.reference()
             first = next(iter(ratios.values()))
             apart = f"; apart (opening reaches 95%): {', '.join(first['apart'])}" if first["apart"] else ""
+            apart += f"; left out (no correct kernel): {', '.join(first['failed'])}" if first["failed"] else ""
             lines += ["", f"Geomean over {first['tasks']} task(s) of strategy / {ref} (> 1: {ref} is better){apart}. "
                       "Bounds: `lower` = only the strategy's medians are censored (the true ratio is at least this), "
                       f"`upper` = only {ref}'s are, `mixed` = both; the uncensored columns use only tasks where "
@@ -318,6 +334,10 @@ class Comparison:
                              f"| {r['censored']} | {r['bound'] or '—'} | {r['uncensored']} "
                              + (f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |" if r["uncensored"]
                                 else "| — | — |"))  # no task uncensored for both: no geomean to show
+        elif len(self.strategies) > 1:
+            gone = [t.name for t in self.tasks if self.opening_reaches(t.name)] + self.failed()
+            lines += ["", f"No ratios: every task is set apart ({', '.join(gone)}: the opening reaches 95%, or no "
+                      "run measured a correct kernel)."]
         return "\n".join(lines)
 
     def _equipment(self) -> str:
@@ -333,6 +353,9 @@ class Comparison:
         if self.shared_cache:
             out += (" One build cache for every run: a run proposing a kernel another run compiled gets it free, "
                     "which shortens its seconds (`run_caches=` / `--run-caches` gives each run its own).")
+        if self.resumed:
+            out += (" Some runs were resumed from the database: their earlier records were built as that call chose "
+                    "(shared or own build caches).")
         return out
 
     def to_csv(self, path: str | os.PathLike) -> str:
@@ -503,6 +526,7 @@ def _replay_measurer(replay, task: Task, target: Target):
     if replay is True or replay == "synthetic":
         return ReplayRunner.from_oracle(task, target)
     if isinstance(replay, (str, os.PathLike)):
+        replay = os.path.expanduser(replay)
         if not os.path.exists(replay):
             raise FileNotFoundError(f"{replay}: no such database to replay")
         return ReplayRunner.from_database(replay, task)
@@ -673,7 +697,8 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
                                        for r in runs},
                             warmup_s=warmup_s, batches={r.label: int(getattr(r.strategy, "batch_size", 16))
                                                         for r in runs},
-                            shared_cache=run_caches is None and replay is None)
+                            shared_cache=run_caches is None and replay is None,
+                            resumed=any(r.resumed for r in runs_all))
     if out is not None:
         result.save(out)
     return result

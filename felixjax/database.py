@@ -31,6 +31,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -741,15 +742,25 @@ class Database:
 def _read_jsonl(path: str | os.PathLike) -> list[TuningRecord]:
     """The records of a JSONL export, or a `DatabaseError` naming the first line that is not one (cut off,
     not JSON, a missing or mistyped field, a correct result without a finite positive time)."""
-    out = []
+    try:
+        return _parse_jsonl(path, [])
+    except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:  # a cut-off .gz, a binary file
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DatabaseError(f"{path}: cannot be read to the end ({type(e).__name__}: {e}); nothing of the file "
+                            f"was imported") from None
+
+
+def _parse_jsonl(path, out: list) -> list[TuningRecord]:
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 rec = TuningRecord.from_json(json.loads(line))
-                if rec.ok and not all(math.isfinite(t) and t > 0 for t in rec.result.latencies):
-                    raise ValueError(f"a correct result with the time(s) {list(rec.result.latencies)}")
+                lat = rec.result.latencies
+                if rec.result.status == "ok" and not (lat and all(math.isfinite(t) and t > 0 for t in lat)):
+                    raise ValueError(f"a correct result with the time(s) {list(lat)}")
             except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
                 raise DatabaseError(f"{path}, line {i}: not a tuning record ({type(e).__name__}: {e}); nothing of "
                                     f"the file was imported") from None

@@ -170,6 +170,7 @@ def _float16_io(graph: Graph, node: Any, ins: tuple, outs: tuple, add: Any, step
 def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, bool]:
     if db is None or isinstance(db, Database):
         return db, False
+    db = os.path.expanduser(db) if isinstance(db, str) else db
     if str(db) != ":memory:" and not os.path.exists(db):
         raise FileNotFoundError(f"{db}: no such database")
     return Database(db, readonly=True), True  # build only reads: works on read-only files

@@ -340,6 +340,7 @@ def test_a_resumed_comparison_keeps_the_finished_tasks_retimings(tmp_path):
     again = fj.compare(TASKS[:1], ["random"], seeds=2, **kw)
     assert sum(len(r.calls) for r in replays) == 0
     assert again.remeasured == first.remeasured and sorted(retimes()) == ["retime:random:0", "retime:random:1"]
+    assert not first.resumed and again.resumed and "Some runs were resumed" in again.table()
     # a new run of the task (a third seed): every run of it is re-timed again, together
     third = fj.compare(TASKS[:1], ["random"], seeds=3, **kw)
     assert sorted(retimes()) == ["retime:random:0", "retime:random:0", "retime:random:1", "retime:random:1",
@@ -477,3 +478,28 @@ def test_curves_never_rise_when_a_seed_stops_early(tmp_path, monkeypatch):
         y = np.asarray(y, float)
         y = y[np.isfinite(y)]
         assert (np.diff(y) <= 1e-12).all()
+
+
+def test_a_task_without_a_correct_kernel_reaches_nothing_and_leaves_the_ratios():
+    # session 76: inf <= inf / 0.95 made an all-failed op "reached 2/2 in 1 trial", and the geomean was its alone
+    import math
+
+    from felixjax.testing import ReplayRunner, SyntheticOracle
+
+    conv = fj.ops.conv2d(1, 8, 8, 8, out_channels=8, kernel=3, padding=1)
+
+    def measurer(task, target):
+        return ReplayRunner(lambda c: math.inf) if task == conv else ReplayRunner(SyntheticOracle(task, target))
+
+    cmp = fj.compare([TASKS[0], conv], [small_genetic, "random"], trials=16, seeds=2, db=None, replay=measurer,
+                     progress=False, remeasure=0, defaults=False)
+    row = next(r for r in cmp.rows() if r["task"] == conv.name and r["strategy"] == "random")
+    assert row["reached"] == 0 and row["trials95_censored"]
+    assert cmp.failed() == [conv.name]
+    r = cmp.ratios()["random"]
+    assert r["tasks"] == 1 and r["failed"] == [conv.name]
+    assert f"left out (no correct kernel): {conv.name}" in cmp.table()
+    assert all(t != conv.name for t, _ in cmp.runs())
+    only = fj.compare([conv], [small_genetic, "random"], trials=8, seeds=1, db=None, replay=measurer,
+                      progress=False, remeasure=0, defaults=False)
+    assert only.ratios() == {} and "No ratios: every task is set apart" in only.table()

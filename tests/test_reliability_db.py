@@ -440,15 +440,16 @@ def test_a_damaged_row_is_named_and_nothing_is_changed(tmp_path):
 
 
 @pytest.mark.parametrize("bad, why", [('{"task": ', "JSONDecodeError"), ("garbage", "JSONDecodeError"),
-                                      ("{}", "KeyError"), ("nan", "a correct result with the time")])
+                                      ("{}", "KeyError"), ("nan", "a correct result with the time"),
+                                      ("empty", "a correct result with the time")])
 def test_import_jsonl_names_the_bad_line_and_imports_nothing(tmp_path, bad, why):
     src = tmp_path / "src.db"
     filled(src, 4)
     with Database(src) as db:
         db.export_jsonl(tmp_path / "x.jsonl")
     lines = (tmp_path / "x.jsonl").read_text().splitlines()
-    if bad == "nan":  # an ok record whose time is NaN (NULL sorts first: it became the task's "best")
-        bad = lines[2].replace('"latencies": [1e-05]', '"latencies": [NaN]')
+    if bad in ("nan", "empty"):  # an ok record whose time is NaN, or none (NULL sorts first: the task's "best")
+        bad = lines[2].replace('"latencies": [1e-05]', '"latencies": [NaN]' if bad == "nan" else '"latencies": []')
         assert bad != lines[2]
     lines[2] = bad
     (tmp_path / "x.jsonl").write_text("\n".join(lines) + "\n")
@@ -458,9 +459,27 @@ def test_import_jsonl_names_the_bad_line_and_imports_nothing(tmp_path, bad, why)
         assert len(db) == 0
 
 
-def test_a_database_path_under_home_is_expanded(tmp_path, monkeypatch):
+def test_a_database_path_under_home_is_expanded(tmp_path, monkeypatch, capsys):
+    from felixjax.cli import main
+
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     with Database("~/h.db") as db:
         db.add(rec(configs(1)[0]))
     assert (tmp_path / "h.db").exists() and not (tmp_path / "~").exists()
+    assert main(["report", "~/h.db"]) == 0 and "1 measurements" in capsys.readouterr().out  # quoted in a shell
+
+
+def test_a_cut_off_gzip_export_is_one_clear_error(tmp_path):
+    import gzip
+
+    src = tmp_path / "src.db"
+    filled(src, 6)
+    with Database(src) as db:
+        db.export_jsonl(tmp_path / "x.jsonl")
+    data = gzip.compress((tmp_path / "x.jsonl").read_bytes())
+    (tmp_path / "x.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with Database(tmp_path / "dst.db") as db:
+        with pytest.raises(DatabaseError, match="x.jsonl.gz: cannot be read to the end.*nothing of the file"):
+            db.import_jsonl(tmp_path / "x.jsonl.gz")
+        assert len(db) == 0

@@ -411,3 +411,17 @@ def test_a_finished_run_called_again_keeps_its_re_timing(tmp_path, capsys):
     # and a resumed network run says so (only the trial counter showed it)
     assert "resuming run random:0: 12 records of 4 tasks in the database; the budget of 12 trials is spent" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("times", [(), (math.nan,), (0.0,), (-1e-6, 1e-6)])
+def test_a_correct_result_without_a_finite_positive_time_is_stored_as_a_failure(times):
+    # an "ok" with no time was stored as status ok with a NULL latency, which sorts first: the task's "best"
+    class Odd:
+        def measure(self, cfgs, on_result):
+            for i, c in enumerate(cfgs):
+                on_result(c, MeasureResult("ok", times if i == 0 else (1e-3,)))
+
+    res = fj.tune(T1, strategy="random", trials=3, measurer=lambda t, tg: Odd(), progress=False, retime=0, db=None)
+    first = res.history[0]
+    assert first.status == "runtime_error" and "the timer returned" in first.result.error
+    assert res.best.latency_s == pytest.approx(1e-3)

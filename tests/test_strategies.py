@@ -203,6 +203,14 @@ def test_every_mutated_child_differs_from_its_parent_where_a_knob_applies_to_som
     assert _binomial_ok(int((info["kind"][rows] == tile).sum()), int(rows.sum()), CPU_MUTATION_WEIGHTS["tile"])
 
 
+@pytest.mark.parametrize("weights, why", [({"tile": math.inf}, "finite and >= 0"), ({"tile": math.nan}, "finite"),
+                                          ({"tile": -1.0}, ">= 0"), ({"tile": 0.0}, "a positive weight for one of")])
+def test_mutation_weights_that_would_switch_mutation_off_are_errors(weights, why):
+    # session 76: inf gave NaN weights, {"tile": 0} left only knobs no dense sketch has: no child mutated
+    with pytest.raises(ValueError, match=why):
+        GeneticSearch(mutation_weights=weights)
+
+
 def test_gpu_targets_mutate_by_ansors_gpu_weights():
     g, _, parents, kids, info = _evolved(fj.ops.matmul(256, 256, 256), fj.Target.parse("cuda-sim:a100"))
     mutated = info["kind"] >= 0

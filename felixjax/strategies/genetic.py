@@ -457,9 +457,13 @@ class GeneticSearch:
             unknown = set(weights) - set(self.kinds)
             if unknown:
                 raise ValueError(f"unknown mutation kinds {sorted(unknown)}; valid: {', '.join(self.kinds)}")
-            w = np.array([max(0.0, float(weights.get(k, 0.0))) for k in self.kinds])
-            if w.sum() <= 0:
-                raise ValueError("a positive mutation weight is required")
+            w = np.array([float(weights.get(k, 0.0)) for k in self.kinds])
+            if not (np.isfinite(w).all() and (w >= 0).all()):
+                bad = {k: float(v) for k, v in zip(self.kinds, w) if not (math.isfinite(v) and v >= 0)}
+                raise ValueError(f"mutation weights must be finite and >= 0 (got {bad})")
+            if not w[: len(MUTATIONS)].sum() > 0:  # a declared knob's kind applies to some sketches only
+                raise ValueError(f"a positive weight for one of {', '.join(MUTATIONS)} is required (they apply to "
+                                 "every task)")
             return dict(zip(self.kinds, (w / w.sum()).tolist()))
 
         if population < 1 or generations < 0 or not 0 <= mutation_prob <= 1:
