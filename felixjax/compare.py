@@ -336,8 +336,8 @@ class Comparison:
                                 else "| — | — |"))  # no task uncensored for both: no geomean to show
         elif len(self.strategies) > 1:
             gone = [t.name for t in self.tasks if self.opening_reaches(t.name)] + self.failed()
-            lines += ["", f"No ratios: every task is set apart ({', '.join(gone)}: the opening reaches 95%, or no "
-                      "run measured a correct kernel)."]
+            lines += ["", (f"No ratios: every task is set apart ({', '.join(gone)}: the opening reaches 95%, or no "
+                           "run measured a correct kernel).")]
         return "\n".join(lines)
 
     def _equipment(self) -> str:
