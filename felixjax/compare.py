@@ -190,6 +190,8 @@ class Comparison:
                             "seconds95": sec, "seconds95_censored": sec_c,
                             "reached": sum(not c for c in cens), "seeds": len(self.seeds),
                             "trials": float(np.median([len(self.histories.get((task.name, s, seed), []))
+                                                       for seed in self.seeds])),
+                            "failed": float(np.median([sum(not r.ok for r in self.histories.get((task.name, s, seed), []))
                                                        for seed in self.seeds]))})
         return out
 
@@ -281,8 +283,9 @@ class Comparison:
     def table(self) -> str:
         """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians
         over seeds), trials and seconds to reach 95% of the best any strategy found (median over
-        seeds; ``>`` marks a censored median: most seeds never got there within the budget), then
-        geomean ratios against the reference strategy."""
+        seeds; ``>`` marks a censored median: most seeds never got there within the budget), failed
+        trials (median over seeds: builds, wrong results, crashes, disturbed timings), then geomean
+        ratios against the reference strategy."""
         budget = f"{self.trials} trials" + (f" / {self.seconds:g} s" if self.seconds else "")
         mode = ("replay (synthetic oracle; seconds: each trial's simulated cost plus the search's own real time"
                 + (")" if self.warmup_s else ", one-off JAX compilations included: the first run of each learned "
@@ -293,13 +296,13 @@ class Comparison:
                  + self._early_stops() + self._equipment(),
                  "",
                  "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
-                 "| seconds to 95% | reached |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+                 "| seconds to 95% | reached | failed trials |",
+                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in self.rows():
             tr = (">" if r["trials95_censored"] else "") + f"{r['trials95']:.0f}"
             sec = (">" if r["seconds95_censored"] else "") + f"{r['seconds95']:.1f}"
             lines.append(f"| {r['task']} | {r['strategy']} | {r['final_ms']:.4g} | {r['found_ms']:.4g} | {tr} | {sec} "
-                         f"| {r['reached']}/{r['seeds']} |")
+                         f"| {r['reached']}/{r['seeds']} | {r['failed']:g} |")
         if self.references or self.openings:
             lines += ["", "95% of best is taken against the best known: the union of every compared run and the "
                       "reference runs (" + (f"{len({k[1] for k in self.references})} strategy x "
@@ -384,58 +387,10 @@ class Comparison:
 
     def plot(self, path: str | os.PathLike) -> str:
         """PNG: per task, best-so-far latency against trials and against seconds; one line per strategy
-        (median over seeds) with a band (min to max over seeds)."""
-        import matplotlib
+        (median over seeds) with a band (best to worst seed) (:func:`felixjax.compare_plot.plot_comparison`)."""
+        from .compare_plot import plot_comparison
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        n = max(1, len(self.tasks))
-        fig, axes = plt.subplots(n, 2, figsize=(10, 3.2 * n), squeeze=False)
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for row, task in zip(axes, self.tasks):
-            known = self.best_known(task.name)
-            end_s = max((recs[-1].elapsed_s for (t, _, _), recs in self.histories.items() if t == task.name and recs),
-                        default=1.0)
-            grid_s = np.linspace(0.0, end_s, 200)
-            for k, s in enumerate(self.strategies):
-                runs = [self.histories.get((task.name, s, seed), []) for seed in self.seeds]
-                runs = [r for r in runs if r]
-                if not runs:
-                    continue
-                # every seed at every point: inf before its first correct kernel, its final best after it
-                # ended (a median over the seeds still running rose where a good seed stopped early)
-                length = max(len(r) for r in runs)
-                by_trial = np.full((len(runs), length), np.inf)
-                by_time = np.full((len(runs), len(grid_s)), np.inf)
-                for i, recs in enumerate(runs):
-                    best = np.minimum.accumulate([r.latency_s for r in recs]) * 1e3
-                    best[~np.isfinite(best)] = np.inf
-                    by_trial[i, : len(best)] = best
-                    by_trial[i, len(best):] = best[-1]
-                    pos = np.searchsorted([r.elapsed_s for r in recs], grid_s, side="right") - 1
-                    by_time[i] = np.where(pos >= 0, best[np.maximum(pos, 0)], np.inf)
-                for ax, x, y in ((row[0], np.arange(1, length + 1), by_trial), (row[1], grid_s, by_time)):
-                    with np.errstate(all="ignore"), _quiet():
-                        med, lo, hi = (np.where(np.isfinite(v), v, np.nan)  # inf: not drawn
-                                       for v in (np.median(y, 0), np.min(y, 0), np.max(y, 0)))
-                    ax.plot(x, med, color=colors[k % len(colors)], label=s, lw=1.4)
-                    ax.fill_between(x, lo, hi, color=colors[k % len(colors)], alpha=0.2, lw=0)
-            for ax, xlabel in zip(row, ("trials", "seconds" + (" (simulated)" if self.replay else ""))):
-                if math.isfinite(known):
-                    ax.axhline(known / self.reach_frac * 1e3, color="grey", ls=":", lw=1)
-                if any(np.isfinite(line.get_ydata()).any() for line in ax.get_lines()):
-                    ax.set_yscale("log")
-                ax.set_xlabel(xlabel)
-                ax.set_ylabel("best latency (ms)")
-                ax.set_title(task.name, fontsize=8)
-                ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.fspath(path)
-        path = path if os.path.splitext(path)[1] else path + ".png"  # what matplotlib writes without a suffix
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return plot_comparison(self, path)
 
     def save(self, out: str | os.PathLike) -> dict[str, str]:
         """Write ``cmp.csv``, ``table.md`` and ``curves.png`` into the folder ``out``."""
@@ -445,20 +400,6 @@ class Comparison:
             f.write(self.table() + "\n")
         return {"csv": self.to_csv(os.path.join(out, "cmp.csv")), "table": table,
                 "plot": self.plot(os.path.join(out, "curves.png"))}
-
-
-class _quiet:
-    """Silence numpy's all-NaN-slice warnings inside a plot."""
-
-    def __enter__(self):
-        import warnings
-
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        self._w.__exit__(*exc)
 
 
 # ----------------------------------------------------------------------------------------------

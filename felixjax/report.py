@@ -101,8 +101,11 @@ def plot_curves(db: Database, path: str) -> str:
         kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
         keys = [k for k in keys if k in kept]
     run_names = sorted({r for k in keys for r in series[k]})
-    colors = {r: f"C{i % 10}" for i, r in enumerate(run_names)}
-    styles = {r: ("-", "--", ":", "-.")[(i // 10) % 4] for i, r in enumerate(run_names)}
+    # a colour per strategy ("gradient:0" -> "gradient"), a line style per seed of it: seeds read as one family
+    strategies = sorted({r.rpartition(":")[0] or r for r in run_names})
+    colors = {r: f"C{strategies.index(r.rpartition(':')[0] or r) % 10}" for r in run_names}
+    seeds = {st: sorted(r for r in run_names if (r.rpartition(":")[0] or r) == st) for st in strategies}
+    styles = {r: ("-", "--", ":", "-.")[seeds[r.rpartition(":")[0] or r].index(r) % 4] for r in run_names}
 
     finite = sorted(s[-1] for k in keys for s in series[k].values() if math.isfinite(s[-1]))
     mid = finite[len(finite) // 2] if finite else 1e-3
@@ -143,7 +146,12 @@ def plot_curves(db: Database, path: str) -> str:
     left_out = len(series) - len(keys)
     heading = "best-so-far latency per task" + (
         f" ({len(keys)} of {len(series)} tasks: the most-tuned; {left_out} left out)" if left_out else "")
-    fig.suptitle(heading, fontsize=10)
+    targets = {k[1] for k in keys}
+    if len(targets) == 1:  # where it was measured (or that it was not: a replay's synthetic latencies)
+        key = next(iter(targets))
+        heading += f", {target_label(key, labels.get(key))}" + (" (replayed: synthetic latencies, not measured)"
+                                                                 if key.startswith("replay:") else "")
+    fig.suptitle(textwrap.fill(heading, int(12 * 3.6 * cols)), fontsize=10)
     handles = [plt.Line2D([], [], color=colors[r], linestyle=styles[r]) for r in run_names]
     drawn = {r for k in keys for r, ys in series[k].items() if any(math.isfinite(y) for y in ys)}
     if handles:  # a run without one correct kernel draws no line: its legend entry says so

@@ -494,7 +494,8 @@ def test_a_task_without_a_correct_kernel_reaches_nothing_and_leaves_the_ratios()
     cmp = fj.compare([TASKS[0], conv], [small_genetic, "random"], trials=16, seeds=2, db=None, replay=measurer,
                      progress=False, remeasure=0, defaults=False)
     row = next(r for r in cmp.rows() if r["task"] == conv.name and r["strategy"] == "random")
-    assert row["reached"] == 0 and row["trials95_censored"]
+    assert row["reached"] == 0 and row["trials95_censored"] and row["failed"] == 16
+    assert f"| {conv.name} | random | inf | inf | >16 |" in cmp.table() and "| 0/2 | 16 |" in cmp.table()
     assert cmp.failed() == [conv.name]
     r = cmp.ratios()["random"]
     assert r["tasks"] == 1 and r["failed"] == [conv.name]
