@@ -379,9 +379,9 @@ class CompiledModel:
             if node.is_anchor:
                 kind = "default" if by_task[node.task].source == "default" else "tuned"
             kinds[kind] += r["ms"]
-            lines.append(f"{node.name[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4f} "
+            lines.append(f"{node.name[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4g} "
                          f"{100 * r['ms'] / total:>6.1f}%")
-        lines.append(f"total {total:.4f} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
+        lines.append(f"total {total:.4g} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
         if disturbed(wall, cpu, waited_s=waited):  # the same test as a tuning timing's (`noisy`)
             lines.append(f"note: these timings were disturbed (another process took the CPU: {wall:.3f} s wall, "
                          f"{cpu:.3f} s CPU" + (f", a thread waited {waited:.3f} s for a CPU" if waited else "") +
@@ -419,7 +419,7 @@ class CompiledModel:
                  f"{len(self.schedules) - tuned} default), arena {self.net.arena_bytes / 2**20:.2f} MiB, "
                  f"weights {self.net.weight_bytes / 2**20:.2f} MiB, {self.net.source.count(chr(10))} lines of C"]
         for s in self.schedules:
-            lat = f", {s.latency_s * 1e3:.4f} ms measured" if s.latency_s is not None else ""
+            lat = f", {s.latency_s * 1e3:.4g} ms measured" if s.latency_s is not None else ""
             lines.append(f"  {s.task.name} x{s.weight}: {s.source} {s.config.sketch}{lat}"
                          + (f" ({s.note})" if s.note else ""))
         return "\n".join(lines)

@@ -34,7 +34,7 @@ def _load(args: Any, target: Target):
         else:
             layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
             if times:
-                print("layout: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in times.items())
+                print("layout: " + ", ".join(f"{k} {1e3 * v:.4g} ms" for k, v in times.items())
                       + f" (default schedules): {_describe(layout)}")
             if getattr(args, "cmd", None) == "tune" and db:
                 from .database import Database
@@ -101,8 +101,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
               "them fed)")
     elif not getattr(args, "no_compare", False):
         cmp = compare_onnxruntime(exe, args.model, threads=args.threads or target.cores)
-        print(f"end to end ({cmp['threads']} threads): felixjax {cmp['felixjax_ms']:.3f} ms, onnxruntime "
-              f"{cmp['onnxruntime_ms']:.3f} ms (x{cmp['speedup']:.2f}); outputs agree to "
+        print(f"end to end ({cmp['threads']} threads): felixjax {cmp['felixjax_ms']:.4g} ms, onnxruntime "
+              f"{cmp['onnxruntime_ms']:.4g} ms (x{cmp['speedup']:.2f}); outputs agree to "
               f"{cmp['max_rel_err']:.1e}")
     return 0
 

@@ -85,10 +85,10 @@ class NetworkTuneResult:
                 rows.append((t.task.name, str(t.weight), str(t.trials), "-", "-", "-", "-"))
                 continue
             wl = t.weight * t.best.latency_s
-            rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4f}",
-                         f"{t.best.gflops:.1f}", f"{wl * 1e3:.4f}", f"{100 * wl / total:.1f}%"))
+            rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4g}",
+                         f"{t.best.gflops:.1f}", f"{wl * 1e3:.4g}", f"{100 * wl / total:.1f}%"))
         rows.append(("total (anchors)", str(sum(t.weight for t in self.tasks)), str(self.trials), "", "",
-                     f"{self.estimated_latency_s * 1e3:.4f}", ""))
+                     f"{self.estimated_latency_s * 1e3:.4g}", ""))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
                  for r in rows]
@@ -105,7 +105,7 @@ class NetworkTuneResult:
 
     def __repr__(self) -> str:
         return (f"NetworkTuneResult({self.model.name}, {len(self.tasks)} tasks, {self.trials} trials, "
-                f"estimated {self.estimated_latency_s * 1e3:.3f} ms, {self.wall_s:.0f} s)")
+                f"estimated {self.estimated_latency_s * 1e3:.4g} ms, {self.wall_s:.0f} s)")
 
 
 def _default_strategy() -> str:

@@ -140,15 +140,15 @@ class ApproxResult:
 
     def table(self) -> str:
         """The measured points and the chosen layers, as text."""
-        lines = [f"baseline (tuned float32): {self.baseline_latency_s * 1e3:.3f} ms, {self.metric} "
+        lines = [f"baseline (tuned float32): {self.baseline_latency_s * 1e3:.4g} ms, {self.metric} "
                  f"{self.baseline_quality:.4f}",
                  f"{'method':<12} {'ms':>8} {'base ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
         for p in self.pareto:  # base ms: the baseline timed beside the point (the speedup's denominator)
-            base = f"{p.baseline_s * 1e3:>8.3f}" if math.isfinite(p.baseline_s) else f"{'-':>8}"
-            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.3f} {base} {p.speedup:>7.2f}x "
+            base = f"{p.baseline_s * 1e3:>8.4g}" if math.isfinite(p.baseline_s) else f"{'-':>8}"
+            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.4g} {base} {p.speedup:>7.2f}x "
                          f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}"
                          + (f" ({fm.describe(p.chosen)})" if p.formats else ""))
-        lines.append(f"chosen: {self.latency_s * 1e3:.3f} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
+        lines.append(f"chosen: {self.latency_s * 1e3:.4g} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
         lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}" + (f", sparsity {d.sparsity:g})" if d.sparsity
@@ -160,7 +160,7 @@ class ApproxResult:
                          f"to {max(busy):.1f}x its own figure): compare rows by speedup")
         if paired and self.baseline_latency_s > 2 * min(paired):  # the baseline's own figure is the outlier
             own, beside = self.baseline_latency_s * 1e3, min(paired) * 1e3
-            lines.append(f"note: the baseline's own figure ({own:.3f} ms; {beside:.3f} ms beside a point) was timed on "
+            lines.append(f"note: the baseline's own figure ({own:.4g} ms; {beside:.4g} ms beside a point) was timed on "
                          f"a busy machine: figures built on it are not to be trusted")
         return "\n".join(lines)
 
@@ -567,7 +567,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     base_exe = ax.build(base_model)                                           # build it
     base = ParetoPoint("float32", ax.latency(base_exe), ax.quality_of(base_exe), 0.0,
                        tuple((g, ax.groups.size(g)) for g in ax.groups.prunable()))
-    say(f"approx: baseline {base.latency_s * 1e3:.3f} ms, {metric} {base.quality:.4f}")
+    say(f"approx: baseline {base.latency_s * 1e3:.4g} ms, {metric} {base.quality:.4f}")
     profiled = ax.layer_latencies(base_exe) if latency == "cost_model" else {}
     fractions = FRACTIONS if search == "descent" else tuple(sorted(set(FRACTIONS) | {k / 8 for k in range(1, 8)}))
     table = LatencyTable(base_model.graph, ax.groups, ax.target, measured={**profiled, **ax.measured()},
@@ -614,7 +614,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         points.append(pt)
         table.observe(ax.measured())                                          # measured kernels feed back
         ok = seen[key] = within(pt.quality_loss, quality_budget)
-        say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
+        say(f"approx: round {r}: lam {lam:.3g} -> {pt.latency_s * 1e3:.4g} ms ({pt.speedup:.2f}x), "
             f"{metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget)"
             + (f", {fm.describe(chosen)}" if chosen else ""))
         if ok and pt.speedup > best[0].speedup:
@@ -674,7 +674,7 @@ def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base
         if observe:
             table.observe({**ax.layer_latencies(exe), **ax.measured()})  # measured kernels feed back
             lat_cache.clear()
-        say(f"approx: {note}: {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), {ax.metric} {pt.quality:.4f} "
+        say(f"approx: {note}: {pt.latency_s * 1e3:.4g} ms ({pt.speedup:.2f}x), {ax.metric} {pt.quality:.4f} "
             f"(loss {pt.quality_loss:+.4f}, {'within' if ok else 'over'} budget) channels {[n for _, n in kk]}"
             + (f", {fm.describe(chosen)}" if chosen else ""))
         if ok and pt.speedup > best[0].speedup:
@@ -756,7 +756,7 @@ def _formats_setup(ax: Approximator, table: LatencyTable, base: ParetoPoint, bas
         if table.kind == "cost_model":
             profiled.update(inside := ax.layer_latencies(exe))
             table.observe({**inside, **ax.measured()})
-        ax._say(f"approx: all-{fm.label(f)} ({len(names)} layers): {pt.latency_s * 1e3:.3f} ms ({pt.speedup:.2f}x), "
+        ax._say(f"approx: all-{fm.label(f)} ({len(names)} layers): {pt.latency_s * 1e3:.4g} ms ({pt.speedup:.2f}x), "
                 f"{ax.metric} {pt.quality:.4f} (loss {pt.quality_loss:+.4f})")
     flat = FormatLatency(ax.model, table, per, profiled=profiled)
     for n, fs in per.items():
