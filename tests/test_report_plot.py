@@ -134,6 +134,11 @@ def test_report_counts_trials_and_retimings_apart(tmp_path):
         again = len(db) - 6
     assert again > 0
     assert f": 6 measurements (and {again} re-timings of bests), 1 task(s)" in report_mod.report(path)
+    # session 76: the table shows the re-timed best (what fj.tune reports) beside the minimum while tuning
+    with fj.Database(path, readonly=True) as db:
+        row = report_mod.summary_rows(db)[0]
+        want = min(r.latency_s for r in db.records(retimes=True) if r.run == "retime:random:0") * 1e3
+    assert list(row)[list(row).index("best_ms") + 1] == "retimed_ms" and row["retimed_ms"] == pytest.approx(want)
 
 
 def test_a_task_with_failures_only_and_an_empty_database_say_so(tmp_path, monkeypatch):
