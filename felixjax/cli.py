@@ -495,9 +495,9 @@ def _check_budgets(args: argparse.Namespace) -> None:
     """Budgets and thread counts that would run nothing, or forever, are user errors."""
     for name in ("trials", "seeds", "threads"):
         v = getattr(args, name, None)
-        model = name == "trials" and args.cmd == "tune" and getattr(args, "model", None)
+        model = name == "trials" and args.cmd in ("tune", "approx") and getattr(args, "model", None)
         if model and v == 0:
-            continue  # a model's re-timing only: tune_model(trials=0)
+            continue  # a model's re-timing only: tune_model(trials=0); approx on the default schedules
         if v is not None and v < 1:
             raise UserError(f"--{name} must be >= {0 if model else 1} (got {v})")
     if getattr(args, "in_network", 0) < 0:

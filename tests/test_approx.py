@@ -426,3 +426,24 @@ def test_the_table_says_when_timings_were_taken_on_a_busy_machine():
                             (pts[0], ParetoPoint("ours", 5e-6, 0.9, 0.1, (), baseline_s=1.2e-5)), 2)
     assert "note: the baseline's own figure (40 ms; 0.012 ms beside a point) was timed on a busy machine" in \
         inflated.table()
+
+
+@pytest.mark.cc
+def test_cli_writes_the_points_plot_and_says_when_nothing_could_be_pruned(tmp_path, tiny, capsys):
+    # session 76 (a user's review): approx drew no figure, refused --trials 0 (the API takes it), had no
+    # --multiple, and a model too narrow to prune printed "chosen 1.00x" without a reason
+    from felixjax.cli import main
+
+    proto, x, y = tiny
+    model = tmp_path / "m.onnx"
+    onnx.save(proto, model)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    base = ["approx", str(model), "--data", str(tmp_path / "d.npz"), "--trials", "0", "--rounds", "1",
+            "--measure", "1", "--budget", "1.0", "--quiet"]
+    assert main(base + ["-o", str(tmp_path / "a"), "--multiple", "64"]) == 0
+    assert "note: only the float32 baseline was built" in capsys.readouterr().out
+    assert (tmp_path / "a" / "approx.png").stat().st_size > 0
+    assert main(base + ["-o", str(tmp_path / "b"), "--multiple", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: only the float32 baseline" not in out and (tmp_path / "b" / "approx.png").exists()
+    assert main(base + ["-o", str(tmp_path / "c"), "--multiple", "0"]) == 2

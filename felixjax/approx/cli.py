@@ -63,6 +63,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
     a.add_argument("--sparsity", type=sparsity_levels, default=(), metavar="S[,S...]",
                    help="layers may also run sparse at these levels, e.g. 0.5,0.9: that fraction of a layer's "
                         "weights (smallest magnitudes) zeroed, a sparse float32 kernel (default: none)")
+    a.add_argument("--multiple", type=int, default=None, metavar="N",
+                   help="pruned channel counts are multiples of N (default: the SIMD width in floats, 16 on AVX-512); "
+                        "a layer of N channels or fewer has nothing to prune")
     a.add_argument("--strategy", default=None, help="tuning strategy: gradient | genetic | random")
     a.add_argument("--db", default=None, help="tuning database (default: in memory)")
     a.add_argument("--seed", type=int, default=0)
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                          "file, or use --metric fidelity (agreement with the float32 model's outputs)")
     if args.budget < 0:
         raise user_error(f"--budget must be >= 0 (got {args.budget})")
+    if args.multiple is not None and args.multiple < 1:
+        raise user_error(f"--multiple must be >= 1 (got {args.multiple})")
     target = Target.cpu(cores=args.threads) if args.threads else Target.cpu()
     model: Any = args.model
     shapes, values = dict(getattr(args, "input_shape", None) or []), dict(getattr(args, "input_value", None) or [])
@@ -108,7 +113,7 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     res = approximate(model, target, data=data, quality_budget=args.budget, metric=args.metric,
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
-                      search=args.search, measure=args.measure,
+                      search=args.search, measure=args.measure, multiple=args.multiple,
                       precisions=precisions_of(args), sparsities=args.sparsity)
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
@@ -121,8 +126,46 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     with open(os.path.join(out, "approx.json"), "w") as f:
         json.dump(_finite(summary), f, indent=1, default=str)  # strict JSON: NaN / inf as null
     print(res.table())
-    print(f"standalone C build: {out}", file=sys.stderr)
+    if len(res.pareto) <= 1:
+        print(f"note: only the float32 baseline was built: with channel counts rounded to multiples of "
+              f"{args.multiple or int(target.simd_lanes)} (--multiple) and no other format asked for (--int8, "
+              "--float16, --sparsity), no layer had anything to approximate")
+    print(f"standalone C build: {out}; the points: {plot_points(res, os.path.join(out, 'approx.png'))}",
+          file=sys.stderr)
     return 0
+
+
+def plot_points(res: Any, path: str) -> str:
+    """PNG: every measured network (speedup over the float32 build timed beside it, quality loss), the front
+    and the quality budget marked, the chosen one circled. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    front = set(map(id, res.front))
+    for k, method in enumerate(sorted({p.method for p in res.pareto})):
+        pts = [p for p in res.pareto if p.method == method]
+        ax.scatter([p.speedup for p in pts], [p.quality_loss for p in pts], s=[36 if id(p) in front else 14 for p in pts],
+                   color=f"C{k}", label=method, alpha=0.85, zorder=3)
+    if res.front:
+        ax.plot([p.speedup for p in res.front], [p.quality_loss for p in res.front], color="grey", lw=0.8, zorder=2,
+                marker="D", ms=9, mfc="none", label="front (no point beats them)")
+    ax.axhline(res.quality_budget, color="red", ls=":", lw=1, label=f"budget ({res.quality_budget:g})")
+    if res.chosen is not None:
+        ax.scatter([res.chosen.speedup], [res.chosen.quality_loss], s=140, facecolors="none", edgecolors="black",
+                   zorder=4, label=f"chosen ({res.chosen.speedup:.2f}x)")
+    ax.set_xlabel("speedup over the float32 build (timed beside each point)")
+    ax.set_ylabel(f"{res.metric} loss (lower is better)")
+    ax.set_title(f"measured networks: {len(res.pareto)}; baseline {res.baseline_latency_s * 1e3:.4g} ms, "
+                 f"{res.metric} {res.baseline_quality:.4g}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _finite(v: Any) -> Any:
