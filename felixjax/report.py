@@ -141,11 +141,19 @@ def plot_curves(db: Database, path: str) -> str:
         if not any(math.isfinite(y) for ys in series[key].values() for y in ys):  # failures only: say so
             ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", fontsize=8,
                     transform=ax.transAxes)
+            ax.set_xlim(0.5, max(len(ys) for ys in series[key].values()) + 0.5)  # over its failed trials
+            ax.set_yticks([])
+            ax.tick_params(labelsize=7)
+            ax.set_title("\n".join(textwrap.wrap(names[key], 42)[:2]), fontsize=8)
+            ax.set_xlabel("trials", fontsize=8)
+            continue  # no latency: no log axis to draw
         title = names[key] + (f" @ {target_label(key[1], labels.get(key[1]))}" if several_targets else "")
         ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(plain)
         seen = [v for ys in series[key].values() for v in ys if math.isfinite(v)]
+        if seen and max(seen) == min(seen):  # one flat line: a narrow axis around it (not a decade of ticks)
+            ax.set_ylim(min(seen) * scale / 1.3, min(seen) * scale * 1.3)
         if seen and max(seen) < 10 * min(seen):  # within a decade the minor ticks carry the only labels
             ax.yaxis.set_minor_formatter(plain)
         else:  # across decades labelled minor ticks (2, 3, ..., 9 of each) run into each other
