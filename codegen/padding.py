@@ -45,6 +45,9 @@ from .flat import FLAT_SKETCH, IM2COL_SKETCH, flat_task, im2col_task
 from .ops import Access, Axis, Contraction, Task
 
 PAD_SEP = ".pad_"  # a padded sketch's name: <sketch>.pad_<axis><extent>_...
+#: a padded extent is at most twice the axis's, or this much above it (a database naming a pad of 2^34 on a
+#: 5-output layer made its build allocate terabytes)
+MAX_PAD_OVER = 128
 
 MAX_WASTE_VECTOR = 1.5  # padded / real extent at most, on the vector axis
 MAX_WASTE_ROWS = 1.34  # ... on the other spatial axes
@@ -220,6 +223,10 @@ def with_pad(task: Task, sketch, pad: dict[str, int]):
                              f"batch, extent 1, or the inner term of a shared index)")
         if e <= con.axis(name).extent:
             raise ValueError(f"padded sketch: {name} padded to {e}, not above its extent {con.axis(name).extent}")
+        cap = max(2 * con.axis(name).extent, con.axis(name).extent + MAX_PAD_OVER)
+        if e > cap:  # the search pads to a vector / register block; a stored name asking for more is refused
+            raise ValueError(f"padded sketch: {name} padded to {e}, far past its extent {con.axis(name).extent} "
+                             f"(at most {cap})")
     pad = {a.name: int(pad[a.name]) for a in con.axes if a.name in pad}
     return replace(sketch, name=pad_name(sketch.name, pad, con), pad=tuple(pad.items()))
 

@@ -379,7 +379,8 @@ class CompiledModel:
             if node.is_anchor:
                 kind = "default" if by_task[node.task].source == "default" else "tuned"
             kinds[kind] += r["ms"]
-            lines.append(f"{node.name[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4g} "
+            shown = node.name if node.name.isprintable() else repr(node.name)  # no terminal escapes from a model
+            lines.append(f"{shown[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4g} "
                          f"{100 * r['ms'] / total:>6.1f}%")
         lines.append(f"total {total:.4g} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
         if disturbed(wall, cpu, waited_s=waited):  # the same test as a tuning timing's (`noisy`)

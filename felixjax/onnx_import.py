@@ -288,8 +288,13 @@ def _check_ops(graph: onnx.GraphProto) -> None:
         n = bad[0]
         name = n.name or f"{n.op_type}_{list(graph.node).index(n)}"
         op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
-        more = f" (and {len(bad) - 1} more unsupported nodes: {', '.join(sorted({b.op_type for b in bad[1:]}))})" \
+
+        def shown(text: str) -> str:  # a model's strings never drive the terminal (escape sequences)
+            return text if text.isprintable() else repr(text)
+
+        more = f" (and {len(bad) - 1} more unsupported nodes: {', '.join(sorted({shown(b.op_type) for b in bad[1:]}))})" \
             if len(bad) > 1 else ""
+        op = shown(op)
         raise UnsupportedModelError(f"node {name!r} (op {op}) is not supported{more}; supported ops: "
                                     f"{', '.join(SUPPORTED_OPS)}")
 

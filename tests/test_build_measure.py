@@ -485,3 +485,19 @@ def test_unguarded_script_is_not_rerun_by_the_child(tmp_path, libs):
         env={**os.environ, "PYTHONPATH": root},
     )
     assert out.stdout.split() == ["main", "body", "ok"], out.stdout + out.stderr
+
+
+@pytest.mark.cc
+def test_the_subprocess_runners_child_imports_nothing_from_its_working_folder(libs, tmp_path, monkeypatch):
+    # session 76 (a security review): `python -m` put the working folder first on the child's import path, so a
+    # codegen/ package in the folder a Dask worker was started from ran in the measuring process
+    from codegen.run.subproc import SubprocessRunner
+
+    marker = tmp_path / "PWNED"
+    (tmp_path / "codegen").mkdir()
+    (tmp_path / "codegen" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.chdir(tmp_path)
+    with SubprocessRunner(protocol=TimingProtocol.quick(), timeout_s=20.0) as r:
+        res = r.run(_vadd_request(libs["vadd"]))
+    assert res.status == "ok", res.error
+    assert not marker.exists()

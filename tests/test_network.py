@@ -801,6 +801,26 @@ int main(void) {
     onnx.save(_two_convs(), str(tmp_path / "x.onnx"))
     assert cli.main(["build", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "o"), "--prefix", "1bad"]) == 2
     assert "--prefix must be a C identifier" in capsys.readouterr().err
+    # session 76: "_" passed, and "_init" clashed with the C runtime's symbol at link time
+    assert cli.main(["build", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "o"), "--prefix", "_"]) == 2
+    assert "not starting with '_'" in capsys.readouterr().err
+
+
+def test_export_replaces_links_in_its_folder_and_never_writes_through_them(tmp_path):
+    # session 76 (a security review): a Makefile -> ../victim link in a shared output folder had the export
+    # overwrite the victim with the Makefile's text
+    from test_network_select import _two_convs
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("Makefile", "weights.bin", "model.c"):
+        (out / name).symlink_to(victim)
+    build_model(load_onnx(_two_convs())).export(out)
+    assert victim.read_text() == "mine"
+    assert all((out / n).is_file() and not (out / n).is_symlink() for n in ("Makefile", "weights.bin", "model.c"))
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_a_disturbed_layer_report_says_so(monkeypatch):

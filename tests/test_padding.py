@@ -21,6 +21,15 @@ TASKS = [ops.matmul(257, 96, 384), ops.matmul(17, 13, 7, bias=True), ops.dense(1
          ops.conv2d(1, 8, 15, 15, out_channels=13), ops.depthwise_conv2d(1, 13, 15, 15, stride=2, padding=1)]
 
 
+def test_a_padded_sketch_far_past_its_extent_is_refused():
+    # session 76 (a security review): a database naming gemm_packed.pad_n262144 for a 5-output dense layer had its
+    # build pack 144 MiB of weights (2^34: terabytes); the search pads to a vector or register block only
+    task = ops.dense(1, 144, 5)
+    with pytest.raises(ValueError, match="far past its extent 5"):
+        Space(task, "gemm_packed.pad_n262144", TARGET)
+    assert Space(task, "gemm_packed.pad_n8", TARGET).task == task  # what the search makes still works
+
+
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
 def test_spaces_for_adds_the_padded_variants(task):
     spaces = spaces_for(task, TARGET)

@@ -110,6 +110,18 @@ int main(int argc, char** argv) {
 C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _write(path: Path, content: str | bytes) -> None:
+    """Write a file of the export as a new file moved into place: a link left in the folder (a shared /tmp/out)
+    is replaced, never written through to the file it points at."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    if isinstance(content, str):
+        tmp.write_text(content)
+    else:
+        tmp.write_bytes(content)
+    os.replace(tmp, path)
+
+
 def _c_comment_text(name: str) -> str:
     """A model's tensor name as safe text inside a C comment (no ``*/``, no control characters).
 
@@ -130,26 +142,26 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
 
     Returns the folder path.
     """
-    if not C_IDENTIFIER.fullmatch(prefix):
-        raise ValueError(f"prefix must be a C identifier such as 'det_' (got {prefix!r})")
+    if not C_IDENTIFIER.fullmatch(prefix) or prefix.startswith("_"):  # _init: the C runtime's (reserved names)
+        raise ValueError(f"prefix must be a C identifier not starting with '_', such as 'det_' (got {prefix!r})")
 
     def named(text: str) -> str:  # every external symbol starts fj_model_, every macro FJ_MODEL_
         return text.replace("fj_model_", prefix).replace("FJ_MODEL_", prefix.upper())
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "model.c").write_text(named('#include "model.h"\n' + net.source))
+    _write(d / "model.c", named('#include "model.h"\n' + net.source))
     header = net.header
     for kind, group in zip(("input", "output"), names or ((), ())):
         for k, name in enumerate(group):  # " *   input 0: float32 ..." -> " *   input 0 "x": float32 ..."
             header = header.replace(f" *   {kind} {k}: ", f" *   {kind} {k} \"{_c_comment_text(name)}\": ", 1)
-    (d / "model.h").write_text(named(header))
-    (d / "main.c").write_text(named(_MAIN_C))
-    (d / "Makefile").write_text(_MAKEFILE)
-    np.asarray(net.weights[: net.memory.weight_floats], dtype="<f4").tofile(d / "weights.bin")
+    _write(d / "model.h", named(header))
+    _write(d / "main.c", named(_MAIN_C))
+    _write(d / "Makefile", _MAKEFILE)
+    _write(d / "weights.bin", np.asarray(net.weights[: net.memory.weight_floats], dtype="<f4").tobytes())
     shapes = "\n".join([f"  input {k}: {list(s)}" for k, s in enumerate(net.input_shapes)]
                        + [f"  output {k}: {list(s)}" for k, s in enumerate(net.output_shapes)])
-    (d / "README.txt").write_text(
+    _write(d / "README.txt",
         (readme.rstrip() + "\n\n" if readme else "")
         + "A felixjax whole-network build. Build with `make` (needs only a C compiler; OpenMP optional:\n"
         "`make CFLAGS=\"-O3 -march=native\"` builds it single-threaded).\n\n"

@@ -96,7 +96,9 @@ class SubprocessRunner(LocalProcessRunner):
         if self._proc is not None:
             return
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "codegen.run.measure_child", str(theirs.fileno()), str(self.lib_cache)]
+        # -P: not the working directory first on the import path (a codegen/ or numpy.py in the folder a worker
+        # was started from would run in the child); the package comes from PYTHONPATH below
+        cmd = [sys.executable, "-P", "-m", "codegen.run.measure_child", str(theirs.fileno()), str(self.lib_cache)]
         if self.cpus is not None:
             cmd.append(",".join(map(str, self.cpus)))
         env = dict(os.environ)
