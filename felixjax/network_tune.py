@@ -3,7 +3,6 @@ gradient task scheduler (:func:`scheduled_rounds`, :class:`NetworkTuneResult`); 
 :func:`felixjax.pipeline.tune_model`."""
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -87,7 +86,9 @@ class NetworkTuneResult:
             wl = t.weight * t.best.latency_s
             rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4g}",
                          f"{t.best.gflops:.1f}", f"{wl * 1e3:.4g}", f"{100 * wl / total:.1f}%"))
-        rows.append(("total (anchors)", str(sum(t.weight for t in self.tasks)), str(self.trials), "", "",
+        missing = sum(t.best is None for t in self.tasks)
+        rows.append((f"total (anchors{f', {missing} task(s) without a timing left out' if missing else ''})",
+                     str(sum(t.weight for t in self.tasks)), str(self.trials), "", "",
                      f"{self.estimated_latency_s * 1e3:.4g}", ""))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
@@ -119,7 +120,9 @@ def _round_progress(p: dict) -> None:
          f"correct kernels timed only on a busy machine (noisy): best <= {bound * 1e3:.4g} ms" if bound else
          "no correct kernel yet")
     print(f"[felixjax] round {p['round']:3d}  task {p['index'] + 1}/{p['tasks']} {p['task'].name} (x{p['weight']}): "
-          f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.4g} ms | "
+          f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.4g} ms"
+          + (f" ({p['measured_tasks']} of {p['tasks']} tasks)" if p.get("measured_tasks", p["tasks"]) < p["tasks"]
+             else "") + " | "
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
 
 
@@ -133,14 +136,24 @@ def round_best(records) -> float | None:
         >>> from codegen.measure import MeasureResult
         >>> from types import SimpleNamespace as R
         >>> round_best([R(result=MeasureResult("noisy", (3e-3, 2e-3, 4e-3)))])
-        0.003
+        0.002
     """
     ok = [r.result.latency_s for r in records if r.result.ok]
     if ok:
         return min(ok)
-    bounds = [statistics.median(r.result.latencies) for r in records
-              if r.result.status == "noisy" and r.result.latencies]
+    # every timing of a disturbed kernel is an upper bound: the lowest is the tightest (the median read up to
+    # 3400x a kernel's re-timed best on a busy machine, and the scheduler gave that task half the budget)
+    bounds = [min(r.result.latencies) for r in records if r.result.status == "noisy" and r.result.latencies]
     return min(bounds) if bounds else None
+
+
+def _priced(tr: TaskRun, info: list[TaskTuning]) -> float | None:
+    """The scheduler's price of a task without a correct timing (:func:`round_best`), at most what the
+    measured tasks' median throughput gives its FLOPs (a disturbed timing is only a bound, and a high one
+    drew the budget to its task)."""
+    bound = round_best(tr.history)
+    rates = sorted(t.task.flops / t.latency_s for t in info if t.latency_s)
+    return bound if bound is None or not rates else min(bound, tr.task.flops / rates[len(rates) // 2])
 
 
 #: under a seconds budget, the trials of the first task's first round, before any time per trial is known
@@ -182,7 +195,7 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
             if (k + 1) % per_round == 0 or k == len(tr.history) - 1:
                 sched.record(i, round_best(tr.history[:k + 1]), 1)
                 tt.rounds += 1
-        tt.best = session.db.best(tr.task, session.target_key)
+        tt.best = session.db.best(tr.task, session.target_key, run=tr.run)  # this run's, not another's
         if tt.best is not None:
             sched.best[i] = min(sched.best[i], tt.best.latency_s)
     rounds: list[dict] = []
@@ -196,9 +209,11 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         tr, tt = runs[i], info[i]
         tr.done = False  # a task run has no budget of its own here: the session's applies
         new = session.step(tr, warmup_round(session, info, per_round) if tt.rounds == 0 else per_round)
+        if not new and tr.waits and not tr.stop_reason:  # another tuner holds its candidates: no round, not exhausted
+            continue
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
-        tt.best = session.db.best(tr.task, session.target_key)
-        sched.record(i, tt.best.latency_s if tt.best is not None else round_best(tr.history), len(new))
+        tt.best = session.db.best(tr.task, session.target_key, run=tr.run)
+        sched.record(i, tt.best.latency_s if tt.best is not None else _priced(tr, info), len(new))
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),
@@ -206,6 +221,7 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
                  "noisy_bound_s": None if tt.best else round_best(tr.history), "trials": sum(t.trials for t in info),
                  "budget": (budget or 0) + sum(r.resumed for r in runs),
                  "estimate_s": sum(t.weight * t.latency_s for t in info if t.latency_s is not None),
+                 "measured_tasks": sum(t.latency_s is not None for t in info),
                  "elapsed_s": time.perf_counter() - session.start, "tasks": len(info)}
         rounds.append(entry)
         if show:

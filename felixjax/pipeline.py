@@ -236,6 +236,11 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
+        new_tasks = sum(1 for r in runs if not r.history)
+        if 0 < session.trials < new_tasks:  # Ansor refuses such a budget; here the cheapest tasks go without
+            warnings.warn(f"{session.trials} trials for {new_tasks} tasks not measured yet: "
+                          f"{new_tasks - session.trials} of them (the smallest weight x FLOPs) keep their default "
+                          "schedules unmeasured", stacklevel=2)
         if show is _round_progress and any(r.resumed for r in runs):  # say so: only the trial counter showed it
             held = sum(r.resumed for r in runs)
             print(f"[felixjax] resuming run {runs[0].run}: {held} records of {len(runs)} tasks in the database; "

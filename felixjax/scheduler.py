@@ -32,35 +32,41 @@ def similarity_tag(task: Task, log_base: float = 1.618) -> str:
 class TaskScheduler:
     """Ansor's gradient task scheduler over tasks with weights (occurrence counts).
 
-    ``next_task()`` names the task of the next round (round robin through the warm-up, then the largest
-    expected reduction of ``sum_i w_i g_i``); ``record(i, best_latency_s, new_trials)`` reports a round.
+    ``next_task()`` names the task of the next round (through the warm-up, one round per task, the tasks
+    of largest ``weight x FLOPs`` first, so that a budget too small for all leaves the cheap ones out: Ansor
+    goes in model order; then the largest expected reduction of ``sum_i w_i g_i``);
+    ``record(i, best_latency_s, new_trials)`` reports a round. The backward term of a task's gradient uses
+    only rounds with a correct kernel (Ansor's counts the 1e10 "no kernel yet" placeholder, which made a
+    task that found its first kernel look like the most promising of all for three rounds).
     A task drops out when a round adds no trial (its space is exhausted) or after ``max_failed_rounds``
-    rounds without any correct kernel (Ansor would give such a task, "infinitely slow", every round); a
+    rounds and ``min_failed_trials`` trials without any correct kernel (Ansor would give such a task,
+    "infinitely slow", every round); a
     correct kernel timed only on a busy machine (a ``noisy`` record) reports its timing as an upper bound
     (:func:`felixjax.network_tune.round_best`), so its task stays in, priced at that bound.
 
     Example:
         >>> from codegen.ops import matmul
         >>> s = TaskScheduler([matmul(64, 64, 64), matmul(256, 256, 256)], [1, 1])
-        >>> [s.next_task() for _ in range(1)], s.record(0, 1e-5, 16)
-        ([0], None)
-        >>> s.next_task(); s.record(1, 1e-3, 16)
-        1
+        >>> s.next_task(), s.record(1, 1e-3, 16)  # the warm-up: the most FLOPs first
+        (1, None)
+        >>> s.next_task(); s.record(0, 1e-5, 16)
+        0
         >>> s.next_task()  # the big, slow task promises the larger reduction
         1
     """
 
     def __init__(self, tasks: Sequence[Task], weights: Sequence[float], *, alpha: float = 0.2, beta: float = 2.0,
-                 window: int = 3, seed: int = 0, max_failed_rounds: int = 3):
+                 window: int = 3, seed: int = 0, max_failed_rounds: int = 3, min_failed_trials: int = 8):
         if len(tasks) != len(weights) or not tasks:
             raise ValueError("give one weight per task, and at least one task")
         self.tasks, self.weights = list(tasks), [float(w) for w in weights]
         self.alpha, self.beta, self.window = float(alpha), float(beta), int(window)
-        self.max_failed_rounds = int(max_failed_rounds)
+        self.max_failed_rounds, self.min_failed_trials = int(max_failed_rounds), int(min_failed_trials)
         self.rng = np.random.default_rng(seed)
         n = len(tasks)
         self.best = [NO_LATENCY] * n
         self.rounds = [0] * n
+        self.trials = [0] * n
         self.history: list[list[float]] = [[] for _ in range(n)]
         self.dead: set[int] = set()
         self.flops = [float(t.flops) for t in tasks]
@@ -83,7 +89,8 @@ class TaskScheduler:
             g, t = self.best[i], self.rounds[i]
             chain = self.weights[i]  # d(sum_j w_j g_j) / d g_i
             h = self.history[i]
-            backward = (h[t - 1] - h[t - 1 - self.window]) / self.window if t - 1 - self.window >= 0 else 0.0
+            backward = (h[t - 1] - h[t - 1 - self.window]) / self.window \
+                if t - 1 - self.window >= 0 and h[t - 1 - self.window] < NO_LATENCY else 0.0
             g_next_1 = g - g / t
             g_next_2 = self.beta * 1e30
             group = self.groups.get(self.tags[i]) if self.tags[i] is not None else None
@@ -100,8 +107,8 @@ class TaskScheduler:
         if not alive:
             return None
         warm = [i for i in alive if self.rounds[i] == 0]
-        if warm:
-            return warm[0]
+        if warm:  # the largest weight x FLOPs first (stable: model order among equals)
+            return max(warm, key=lambda i: self.weights[i] * self.flops[i])
         grads = self.gradients()
         vals = [grads[i] for i in alive]
         if max(vals) == min(vals):
@@ -113,8 +120,10 @@ class TaskScheduler:
         if best_latency_s is not None and math.isfinite(best_latency_s):
             self.best[i] = min(self.best[i], float(best_latency_s))
         self.rounds[i] += 1
+        self.trials[i] += max(0, int(new_trials))
         self.history[i].append(self.best[i])
-        if new_trials <= 0 or (self.best[i] >= NO_LATENCY and self.rounds[i] >= self.max_failed_rounds):
+        failed = self.rounds[i] >= self.max_failed_rounds and self.trials[i] >= self.min_failed_trials
+        if new_trials <= 0 or (self.best[i] >= NO_LATENCY and failed):
             self.dead.add(i)  # exhausted, or no correct kernel at all: spend the budget elsewhere
         self._adjust_group(i)
 
