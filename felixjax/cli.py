@@ -604,17 +604,23 @@ def _import_plugins(modules: list[str]) -> None:
             raise UserError(f"--plugin {name}: no such module (on the Python path or in {os.getcwd()})") from None
 
 
+def _printable(text: str) -> str:
+    """An error message as the terminal should see it: a model's names may hold escape sequences (a window
+    title, the clipboard, a rewritten line), shown escaped instead."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         _import_plugins(args.plugin)
         _check_budgets(args)
         return COMMANDS[args.cmd](args)
     except UserError as e:
-        print(f"felixjax {args.cmd}: error: {e}", file=sys.stderr)
+        print(f"felixjax {args.cmd}: error: {_printable(str(e))}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
             FileExistsError) as e:
-        msg = textwrap.shorten(str(e), 400)
+        msg = textwrap.shorten(_printable(str(e)), 400)
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -292,7 +292,8 @@ class Comparison:
                    "strategy pays them; warmup=64 keeps them out)") if self.replay else "measured")
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
                  f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
-                 + (f" JIT warm-up before the runs: {self.warmup_s:.0f} s, in no run's clock." if self.warmup_s else "")
+                 + (f" JIT warm-up before the runs (on the first task): {self.warmup_s:.0f} s, in no run's clock."
+                    if self.warmup_s else "")
                  + self._early_stops() + self._equipment(),
                  "",
                  "| task | strategy | final best, re-timed (ms) | best while tuning (ms) | trials to 95% "
@@ -338,9 +339,10 @@ class Comparison:
                              + (f"| {r['uncensored_trials95']:.2f} | {r['uncensored_seconds95']:.2f} |" if r["uncensored"]
                                 else "| — | — |"))  # no task uncensored for both: no geomean to show
         elif len(self.strategies) > 1:
-            gone = [t.name for t in self.tasks if self.opening_reaches(t.name)] + self.failed()
-            lines += ["", (f"No ratios: every task is set apart ({', '.join(gone)}: the opening reaches 95%, or no "
-                           "run measured a correct kernel).")]
+            apart, failed = [t.name for t in self.tasks if self.opening_reaches(t.name)], self.failed()
+            lines += ["", "No ratios: every task is set apart" + (f"; the opening reaches 95%: {', '.join(apart)}"
+                                                                  if apart else "")
+                      + (f"; no run measured a correct kernel: {', '.join(failed)}" if failed else "") + "."]
         return "\n".join(lines)
 
     def _equipment(self) -> str:

@@ -84,7 +84,10 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
                 ax.yaxis.set_minor_formatter(plain)
                 ax.tick_params(axis="y", which="both", labelsize=7)
             else:
-                ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", transform=ax.transAxes)
+                noisy = any(r.status == "noisy" for (t, _, _), recs in cmp.histories.items() if t == task.name
+                            for r in recs)
+                ax.text(0.5, 0.5, "correct kernels, but only disturbed timings (noisy)" if noisy else
+                        "no correct kernel measured", ha="center", va="center", transform=ax.transAxes)
                 ax.set_yticks([])
             if xlabel == "trials":
                 ax.set_xlim(0.5, max(length, 1) + 0.5)

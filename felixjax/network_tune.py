@@ -149,11 +149,12 @@ def round_best(records) -> float | None:
 
 def _priced(tr: TaskRun, info: list[TaskTuning]) -> float | None:
     """The scheduler's price of a task without a correct timing (:func:`round_best`), at most what the
-    measured tasks' median throughput gives its FLOPs (a disturbed timing is only a bound, and a high one
-    drew the budget to its task)."""
+    slowest measured task's throughput gives its FLOPs (a disturbed timing is only a bound, and a high one
+    drew the budget to its task; the median throughput under-priced a memory-bound layer 63x). Provisional:
+    the task's first correct timing replaces it."""
     bound = round_best(tr.history)
-    rates = sorted(t.task.flops / t.latency_s for t in info if t.latency_s)
-    return bound if bound is None or not rates else min(bound, tr.task.flops / rates[len(rates) // 2])
+    rates = [t.task.flops / t.latency_s for t in info if t.latency_s]
+    return bound if bound is None or not rates else min(bound, tr.task.flops / min(rates))
 
 
 #: under a seconds budget, the trials of the first task's first round, before any time per trial is known
@@ -193,11 +194,14 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
         tt.trials = len(tr.history)
         for k in range(len(tr.history)):
             if (k + 1) % per_round == 0 or k == len(tr.history) - 1:
-                sched.record(i, round_best(tr.history[:k + 1]), 1)
+                sched.record(i, round_best(tr.history[:k + 1]), 1,
+                             provisional=not any(r.result.ok for r in tr.history[:k + 1]))
                 tt.rounds += 1
         tt.best = session.db.best(tr.task, session.target_key, run=tr.run)  # this run's, not another's
         if tt.best is not None:
-            sched.best[i] = min(sched.best[i], tt.best.latency_s)
+            was = sched.provisional[i]
+            sched.best[i] = tt.best.latency_s if was else min(sched.best[i], tt.best.latency_s)
+            sched.provisional[i] = False
     rounds: list[dict] = []
     budget = session.trials
     for tr in runs:  # cost-aware min_share counts against a task's even share of the session's budget
@@ -213,7 +217,8 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
             continue
         tt.trials, tt.rounds = len(tr.history), tt.rounds + 1
         tt.best = session.db.best(tr.task, session.target_key, run=tr.run)
-        sched.record(i, tt.best.latency_s if tt.best is not None else _priced(tr, info), len(new))
+        sched.record(i, tt.best.latency_s if tt.best is not None else _priced(tr, info), len(new),
+                     provisional=tt.best is None)
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
         entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),

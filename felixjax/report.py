@@ -96,7 +96,7 @@ def plot_curves(db: Database, path: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     series: dict[tuple[str, str], dict[str, list[float]]] = {}
     names: dict[tuple[str, str], str] = {}
@@ -134,6 +134,10 @@ def plot_curves(db: Database, path: str) -> str:
             ax.set_visible(False)
             continue
         key = keys[i]
+        mine = sorted(y for ys in series[key].values() for y in ys if math.isfinite(y))
+        if mine:  # a unit per panel: a 0.2 us kernel beside 2 ms ones reads "0.2 us", not "0.0002 ms"
+            mid = mine[len(mine) // 2]
+            unit, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e3) if mid >= 1e-3 else ("µs", 1e6)
         for run, ys in sorted(series[key].items()):
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
@@ -154,14 +158,14 @@ def plot_curves(db: Database, path: str) -> str:
         seen = [v for ys in series[key].values() for v in ys if math.isfinite(v)]
         if seen and max(seen) == min(seen):  # one flat line: a narrow axis around it (not a decade of ticks)
             ax.set_ylim(min(seen) * scale / 1.3, min(seen) * scale * 1.3)
-        if seen and max(seen) < 10 * min(seen):  # within a decade the minor ticks carry the only labels
+        if seen and max(seen) < 10 * min(seen):  # within a decade the minor ticks carry the only labels: 2, 3, 5
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 3.0, 5.0)))
             ax.yaxis.set_minor_formatter(plain)
         else:  # across decades labelled minor ticks (2, 3, ..., 9 of each) run into each other
             ax.yaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(which="both", labelsize=7)
         ax.grid(True, which="both", alpha=0.25)
-        if i % cols == 0:
-            ax.set_ylabel(f"best latency ({unit})", fontsize=8)
+        ax.set_ylabel(f"best latency ({unit})", fontsize=8)
         if i >= len(keys) - cols:
             ax.set_xlabel("trials", fontsize=8)
     left_out = len(series) - len(keys)

@@ -67,6 +67,7 @@ class TaskScheduler:
         self.best = [NO_LATENCY] * n
         self.rounds = [0] * n
         self.trials = [0] * n
+        self.provisional = [False] * n
         self.history: list[list[float]] = [[] for _ in range(n)]
         self.dead: set[int] = set()
         self.flops = [float(t.flops) for t in tasks]
@@ -115,10 +116,13 @@ class TaskScheduler:
             return alive[int(self.rng.integers(len(alive)))]
         return alive[int(np.argmin(vals))]
 
-    def record(self, i: int, best_latency_s: float | None, new_trials: int) -> None:
-        """Report one round of task ``i``: its best latency so far and how many trials the round added."""
+    def record(self, i: int, best_latency_s: float | None, new_trials: int, *, provisional: bool = False) -> None:
+        """Report one round of task ``i``: its best latency so far and how many trials the round added.
+        ``provisional``: a price, not a timing (a bound from disturbed timings): the next report replaces it."""
         if best_latency_s is not None and math.isfinite(best_latency_s):
-            self.best[i] = min(self.best[i], float(best_latency_s))
+            was = self.provisional[i]
+            self.best[i] = float(best_latency_s) if was else min(self.best[i], float(best_latency_s))
+            self.provisional[i] = provisional
         self.rounds[i] += 1
         self.trials[i] += max(0, int(new_trials))
         self.history[i].append(self.best[i])

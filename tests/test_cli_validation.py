@@ -324,3 +324,10 @@ def test_ctrl_c_says_whether_anything_was_kept(tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "out")
     assert cli(["approx", model, "--data", "d.npz", "-o", out, "--db", str(tmp_path / "a.db")]) == 130
     assert "interrupted; every measurement so far is in the database" in capsys.readouterr().err
+
+
+def test_an_error_message_never_carries_terminal_escapes(capsys):
+    # session 76 (a security review): ONNX shape inference's message quoted a node name with its escape sequences
+    # (a window title, the clipboard) straight to the terminal; every error is printed escaped
+    err = one_line_exit_2(["report", "\x1b]0;PWNED\x07.db"], capsys, "PWNED")  # "PATH: no such database"
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b" in err

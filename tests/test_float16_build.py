@@ -279,6 +279,8 @@ def test_check_compares_a_build_with_the_numpy_reference(half, monkeypatch):
     _, exe = half
     err = exe.check(rtol=REF_TOL)
     assert 0.0 <= err <= REF_TOL
+    x = [np.full(s, np.nan, np.float32) for s in exe.net.input_shapes]
+    assert exe.check(x) == 0.0  # NaN in, NaN out on both sides: agreed
     run = exe.run
     monkeypatch.setattr(exe, "run", lambda ins: [y + 0.5 * np.abs(y).max() for y in run(ins)])
     with pytest.raises(RuntimeError, match=r"output 0 \(.*\) of the build differs from the numpy reference"):

@@ -395,6 +395,16 @@ def test_scheduler_warms_up_round_robin_then_follows_the_gradient():
     assert 0 in s.dead
 
 
+def test_a_provisional_price_is_replaced_by_the_first_timing():
+    # session 76: a noisy-only task's price is a bound; its first correct timing must replace it, not min() it
+    s = TaskScheduler([matmul(64, 64, 64), matmul(128, 128, 128)], [1, 1])
+    s.record(0, 1e-7, 4, provisional=True)
+    s.record(0, 1e-4, 4)
+    assert s.best[0] == 1e-4 and not s.provisional[0]
+    s.record(0, 2e-4, 4)  # timings: the best so far stays
+    assert s.best[0] == 1e-4
+
+
 def test_the_backward_window_skips_rounds_before_the_first_kernel():
     # session 76 (a review): Ansor's backward term counts the 1e10 "no kernel yet" of the window's start, so a
     # task that found its first kernel three rounds ago drew every round over a task 100x slower

@@ -102,7 +102,8 @@ class SubprocessRunner(LocalProcessRunner):
         if self.cpus is not None:
             cmd.append(",".join(map(str, self.cpus)))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([_ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # no empty entry (":/x" from an unset PYTHONPATH extended in a shell): it means the working folder again
+        env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         try:
             popen = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                      close_fds=True)

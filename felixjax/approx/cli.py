@@ -153,9 +153,10 @@ def plot_points(res: Any, path: str) -> str:
         ax.plot([p.speedup for p in res.front], [p.quality_loss for p in res.front], color="grey", lw=0.8, zorder=2,
                 marker="D", ms=9, mfc="none", label="front (no point beats them)")
     ax.axhline(res.quality_budget, color="red", ls=":", lw=1, label=f"budget ({res.quality_budget:g})")
-    if res.chosen is not None:
-        ax.scatter([res.chosen.speedup], [res.chosen.quality_loss], s=140, facecolors="none", edgecolors="black",
-                   zorder=4, label=f"chosen ({res.chosen.speedup:.2f}x)")
+    chosen = res.chosen if res.chosen is not None else next((p for p in res.pareto if p.method == "float32"), None)
+    if chosen is not None:  # no point within the budget beat the float32 build: it is the choice
+        ax.scatter([chosen.speedup], [chosen.quality_loss], s=140, facecolors="none", edgecolors="black",
+                   zorder=4, label=f"chosen ({chosen.speedup:.2f}x)")
     ax.set_xlabel("speedup over the float32 build (timed beside each point)")
     ax.set_ylabel(f"{res.metric} loss (lower is better)")
     ax.set_title(f"measured networks: {len(res.pareto)}; baseline {res.baseline_latency_s * 1e3:.4g} ms, "
