@@ -412,7 +412,9 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
                                     reference=args.reference, reference_factor=REFERENCE_FACTOR,
                                     run_caches=None if args.replay or args.shared_cache
                                     else Path(os.environ["FELIXJAX_CACHE"]) / "runs",
-                                    warmup=0))  # warmed once above (--warmup), not again per op
+                                    # each later op warms its own shapes up too (one round: a conv's first gradient
+                                    # round compiled 1.4 s of its own after a matmul's warm-up; session 76)
+                                    warmup=min(args.warmup, 32) if args.warmup and i else 0))
     finally:
         db.close()
     if not parts:

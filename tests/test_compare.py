@@ -504,3 +504,23 @@ def test_a_task_without_a_correct_kernel_reaches_nothing_and_leaves_the_ratios()
     only = fj.compare([conv], [small_genetic, "random"], trials=8, seeds=1, db=None, replay=measurer,
                       progress=False, remeasure=0, defaults=False)
     assert only.ratios() == {} and "No ratios: every task is set apart" in only.table()
+
+
+def test_the_warm_up_covers_every_task(monkeypatch):
+    # session 76: the warm-up ran on the first task only, and a conv's first gradient round after a matmul's
+    # warm-up still compiled 1.4 s of its own in its clock
+    import sys
+
+    cmp_mod = sys.modules["felixjax.compare"]  # the module (fj.compare is the function)
+    calls = []
+    inner = cmp_mod.compare
+
+    def spy(tasks, *a, **kw):
+        calls.append(([t.name for t in cmp_mod._as_tasks(tasks)], kw.get("trials")))
+        return inner(tasks, *a, **kw)
+
+    monkeypatch.setattr(cmp_mod, "compare", spy)
+    c = fj.compare(TASKS, ["random"], trials=4, seeds=1, db=None, replay=True, progress=False, remeasure=0,
+                   warmup=40)
+    assert calls[-2:] == [([TASKS[0].name], 40), ([t.name for t in TASKS[1:]], cmp_mod.WARMUP_LATER)]
+    assert c.warmup_s > 0 and "JIT warm-up before the runs (every task)" in c.table()
