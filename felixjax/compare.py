@@ -613,9 +613,9 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             try:
                 # the synthetic oracle models CPU sketches; a simulated GPU warms up on its own simulator
                 # every task: a conv's first gradient round compiled 1.4 s of its own after a matmul's warm-up
-                for tasks, n in ((task_list[:1], warmup), (task_list[1:], min(warmup, WARMUP_LATER))):
-                    if tasks:
-                        compare(tasks, strategies, trials=n, seeds=[0], target=target, db=None,
+                for part, n in ((task_list[:1], warmup), (task_list[1:], min(warmup, WARMUP_LATER))):
+                    if part:
+                        compare(part, strategies, trials=n, seeds=[0], target=target, db=None,
                                 replay=(lambda t, tg: GpuSimMeasurer(t, tg, nvcc=False)) if target.is_gpu else True,
                                 progress=False, remeasure=0, strategy_options=strategy_options, defaults=defaults,
                                 warmup=0)
