@@ -109,17 +109,25 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
-def merge(parts: list[Comparison], strategies: list[str], seeds: list[int], trials: int, replay: bool) -> Comparison:
-    """One Comparison of several (one per operator; per-run seconds budgets differ, so ``seconds`` is None)."""
-    histories, remeasured, references, openings, tasks = {}, {}, {}, {}, []
+def merge(parts: list[Comparison], strategies: list[str], seeds: list[int], trials: int, replay: bool,
+          warm_s: float = 0.0) -> Comparison:
+    """One Comparison of several (one per operator; per-run seconds budgets differ, so ``seconds`` is None);
+    ``warm_s``: the warm-up before the first part, added to the parts' own."""
+    histories, remeasured, references, openings, stats, batches, tasks = {}, {}, {}, {}, {}, {}, []
     for c in parts:
         tasks += c.tasks
         histories.update(c.histories)
         remeasured.update(c.remeasured)
         references.update(c.references)
         openings.update(c.openings)
+        stats.update(c.stats)
+        batches.update(c.batches)
     tasks = sorted(tasks, key=lambda t: t.flops)  # cheapest first, as a run goes (pooled parts interleave)
-    return Comparison(tasks, strategies, seeds, trials, None, histories, remeasured, replay, references, openings)
+    # the parts' own warm-ups (each op after the first warms its shapes up), their batches and build caches: the
+    # merged table says what every part's did (session 76: they were dropped, and its header contradicted it)
+    return Comparison(tasks, strategies, seeds, trials, None, histories, remeasured, replay, references, openings,
+                      stats, warmup_s=sum(c.warmup_s for c in parts) + warm_s, batches=batches,
+                      shared_cache=any(c.shared_cache for c in parts), resumed=any(c.resumed for c in parts))
 
 
 def pick_ops(spec: str) -> dict[str, Task]:
@@ -420,7 +428,7 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, defaults: bool) -
     if not parts:
         _log("no operator ran within the budget")
         return 1
-    cmp = merge(parts, parts[0].strategies, seeds, args.trials, args.replay)
+    cmp = merge(parts, parts[0].strategies, seeds, args.trials, args.replay, warm_s)
     cmp.to_csv(args.out / "cmp.csv")
     (args.out / "table.md").write_text(cmp.table() + "\n")
     plot = cmp.plot(args.out / "curves.png")

@@ -483,8 +483,8 @@ class Database:
             c.execute("BEGIN IMMEDIATE")
             values = row
             if number:
-                n = c.execute("SELECT COUNT(*) FROM records WHERE task_key = ? AND target_key = ? AND run = ?",
-                              row[:3]).fetchone()[0]
+                n = c.execute("SELECT COALESCE(MAX(trial) + 1, 0) FROM records WHERE task_key = ? AND "
+                              "target_key = ? AND run = ?", row[:3]).fetchone()[0]  # after a deleted row: no reuse
                 values = row[:3] + (n,) + row[4:]
             cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
                             f"({', '.join('?' * len(_COLUMNS))})", values)

@@ -191,17 +191,22 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
     sched = TaskScheduler(tasks, weights, alpha=alpha, beta=beta, window=window, seed=seed)
     info = [TaskTuning(r.task, w) for r, w in zip(runs, weights)]
     for i, (tr, tt) in enumerate(zip(runs, info)):  # resume: this run's records as rounds of `per_round`
-        tt.trials = len(tr.history)
+        tt.trials, start = len(tr.history), 0
         for k in range(len(tr.history)):
-            if (k + 1) % per_round == 0 or k == len(tr.history) - 1:
-                sched.record(i, round_best(tr.history[:k + 1]), 1,
+            if (k + 1) % per_round == 0 or k == len(tr.history) - 1:  # a round of the trials since the last
+                sched.record(i, round_best(tr.history[:k + 1]), k + 1 - start,
                              provisional=not any(r.result.ok for r in tr.history[:k + 1]))
-                tt.rounds += 1
+                tt.rounds, start = tt.rounds + 1, k + 1
         tt.best = session.db.best(tr.task, session.target_key, run=tr.run)  # this run's, not another's
         if tt.best is not None:
             was = sched.provisional[i]
             sched.best[i] = tt.best.latency_s if was else min(sched.best[i], tt.best.latency_s)
             sched.provisional[i] = False
+    for i, (tr, tt) in enumerate(zip(runs, info)):  # a resumed noisy-only task: priced as a live round prices it
+        if sched.provisional[i] and tt.best is None and sched.history[i]:
+            price = _priced(tr, info)
+            if price is not None:
+                sched.best[i] = sched.history[i][-1] = price
     rounds: list[dict] = []
     budget = session.trials
     for tr in runs:  # cost-aware min_share counts against a task's even share of the session's budget

@@ -237,9 +237,10 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
         new_tasks = sum(1 for r in runs if not r.history)
-        if 0 < session.trials < new_tasks:  # Ansor refuses such a budget; here the cheapest tasks go without
-            warnings.warn(f"{session.trials} trials for {new_tasks} tasks not measured yet: "
-                          f"{new_tasks - session.trials} of them (the smallest weight x FLOPs) keep their default "
+        covered = -(-session.trials // per_round)  # first rounds of per_round trials the budget pays for
+        if 0 < session.trials and covered < new_tasks:  # Ansor refuses such a budget; here the cheapest go without
+            warnings.warn(f"{session.trials} trials for {new_tasks} tasks not measured yet at {per_round} a first "
+                          f"round: {new_tasks - covered} of them (the smallest weight x FLOPs) keep their default "
                           "schedules unmeasured", stacklevel=2)
         if show is _round_progress and any(r.resumed for r in runs):  # say so: only the trial counter showed it
             held = sum(r.resumed for r in runs)

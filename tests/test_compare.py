@@ -524,3 +524,24 @@ def test_the_warm_up_covers_every_task(monkeypatch):
                    warmup=40)
     assert calls[-2:] == [([TASKS[0].name], 40), ([t.name for t in TASKS[1:]], cmp_mod.WARMUP_LATER)]
     assert c.warmup_s > 0 and "JIT warm-up before the runs (every task)" in c.table()
+
+
+def test_a_strategy_without_a_kernel_where_the_reference_had_one_is_said_under_the_table():
+    # session 76 (a code review): its infinite final ratio fell out of the geomean silently, flattering it
+    from codegen.measure import MeasureResult
+    from felixjax.compare import Comparison
+    from felixjax.database import TuningRecord
+
+    a, b = TASKS
+
+    def run(task, name, lats):
+        return [TuningRecord(task, "k", f"{name}:0", i, f"{name}{i}",
+                             MeasureResult("ok", (lat,)) if lat else MeasureResult("wrong_result"), float(i + 1))
+                for i, lat in enumerate(lats)]
+
+    hist = {(a.name, "gradient", 0): run(a, "gradient", [2.0, 1.0]), (a.name, "genetic", 0): run(a, "genetic", [2.0, 1.5]),
+            (b.name, "gradient", 0): run(b, "gradient", [3.0, 3.0]), (b.name, "genetic", 0): run(b, "genetic", [0, 0])}
+    cmp = Comparison([a, b], ["gradient", "genetic"], [0], 2, None, hist)
+    r = cmp.ratios()["genetic"]
+    assert r["nokernel"] == 1 and r["final"] == pytest.approx(1.5)  # the geomean over the one finite ratio
+    assert "genetic: no correct kernel on 1 task(s) where gradient had one" in cmp.table()

@@ -873,7 +873,7 @@ def test_a_budget_short_of_the_tasks_warns_and_its_estimates_say_partial(tmp_pat
     model = load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
     n = len(model.tasks)
     seen = []
-    with pytest.warns(UserWarning, match=f"2 trials for {n} tasks not measured yet: {n - 2} of them"):
+    with pytest.warns(UserWarning, match=f"2 trials for {n} tasks not measured yet at 1 a first round: {n - 2} of them"):
         res = tune_model(model, trials=2, strategy="random", trials_per_round=1, progress=seen.append, retime=0,
                          in_network=0, measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
     assert [r["measured_tasks"] for r in seen] == [1, 2]
@@ -895,3 +895,24 @@ def test_a_disturbed_timing_prices_its_task_at_most_at_the_others_throughput():
     tr = SimpleNamespace(history=noisy, task=b)
     assert _priced(tr, [measured, TaskTuning(b, 1)]) == pytest.approx(b.flops / (a.flops / 1e-5))
     assert _priced(tr, [TaskTuning(b, 1)]) == pytest.approx(9e-3)  # nothing measured to compare with
+
+
+def test_a_resumed_tune_model_replays_its_rounds_with_their_trials(tmp_path):
+    # session 76 (a code review): resumed rounds were replayed as 1 trial each, so a task that had failed 3 x 16
+    # trials came back alive after a resume (dead at 3 rounds and 8 trials) and drew another round
+    from test_network_select import _two_convs
+
+    model = load_onnx(_two_convs())
+    bad = model.tasks[0][0]
+
+    def measurer(task, target):
+        return ReplayRunner(lambda c: MeasureResult("wrong_result")) if task == bad else \
+            ReplayRunner.from_oracle(task, target)
+
+    db = str(tmp_path / "r.db")
+    kw = {"strategy": "random", "trials_per_round": 4, "progress": False, "retime": 0, "in_network": 0, "db": db,
+          "measurer": measurer}
+    first = tune_model(model, trials=40, **kw)
+    assert first.tasks[0].trials == 12 and first.tasks[0].stop_reason == "no_correct_kernel"
+    again = tune_model(model, trials=60, **kw)
+    assert again.tasks[0].trials == 12  # still dead: no new round for it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -113,12 +114,12 @@ C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _write(path: Path, content: str | bytes) -> None:
     """Write a file of the export as a new file moved into place: a link left in the folder (a shared /tmp/out)
     is replaced, never written through to the file it points at."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    if isinstance(content, str):
-        tmp.write_text(content)
-    else:
-        tmp.write_bytes(content)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL: a new file
+    with os.fdopen(fd, "w" if isinstance(content, str) else "wb") as f:
+        f.write(content)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes it 0600; the export's files are ordinary ones
     os.replace(tmp, path)
 
 
