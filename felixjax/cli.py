@@ -24,7 +24,7 @@ EXAMPLES = {
     "report": """example:
   felixjax report runs.db --plot curve.png""",
     "compare": """example:
-  felixjax compare --suite ops --strategies gradient,genetic,random --seeds 3 --trials 512 --out results/""",
+  felixjax compare --suite ops --seeds 3 --trials 256 --threads 1 --reference --run-caches --out results/""",
     "pretrain": """example:
   felixjax pretrain runs.db other.db -o cost_model.npz --exclude matmul_512x512x512
   felixjax tune --op "matmul:m=512,n=512,k=512" --cost-model cost_model.npz""",
@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                         "fastest sketch families and keep, per task, the one whose layers ran fastest inside the "
                         "network (default 3; 0: off)")
 
-    r = add("report", "summarize a tuning database: tasks, trials, best per task, statuses")
+    r = add("report", "summarize a tuning database: tasks, trials, statuses, each run's best while tuning (best_ms, "
+                      "a minimum over noisy timings) and re-timed at its end (retimed_ms, what fj.tune reports)")
     r.add_argument("db", help="the tuning database (an SQLite file written by felixjax tune / compare)")
     r.add_argument("--plot", default=None, help="write the tuning curves to this PNG (.png added when the name has "
                                                  "no suffix)")
@@ -124,16 +125,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="pretrained cost model (felixjax pretrain) for every strategy that has one (gradient, "
                         "genetic): both start from the same model")
     c.add_argument("--warmup", type=int, default=None, metavar="N",
-                   help="trials per strategy of a throwaway replayed run before the runs, so that no run's clock pays "
-                        "the one-off JAX compilations (default: 64, --replay too: a replayed run's seconds are its "
-                        "simulated trials plus its real search time; 0: off)")
+                   help="trials per strategy of a throwaway replayed run on the first operator (min(N, 32) on each other) "
+                        "before the runs, so that no run's clock pays the one-off JAX compilations (default: 64, "
+                        "--replay too: a replayed run's seconds are its simulated trials plus its real search time; "
+                        "0: off)")
     c.add_argument("--reference", action="store_true",
                    help="judge '95%% of best' against reference runs of every strategy x seed at 2x the budget "
                         "(under reserved run names no compared run sees; triples the time) instead of the compared "
                         "runs' own best")
     c.add_argument("--run-caches", action="store_true",
                    help="every run compiles into its own build cache (OUT/caches/): no run gets a kernel another "
-                        "run compiled for free, so seconds to 95%% compare fairly (default: one shared cache)")
+                        "run compiled for free, so seconds to 95%% compare fairly (default: one shared cache; not used with "
+                        "--replay)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     c.add_argument("--dask", default=None, metavar="local|ADDRESS", help=_DASK_HELP)
 
@@ -165,8 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
     b.add_argument("--prefix", default="fj_model_", metavar="NAME_",
-                   help="prefix of the exported C symbols (default fj_model_; another lets two networks link into "
-                        "one program)")
+                   help="prefix of the exported C symbols, a C identifier not starting with '_' (default fj_model_; "
+                        "another lets two networks link into one program)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr (for scripts)")
     b.add_argument("--report", action="store_true",
                    help="print per layer whether it runs tuned, default or generic and its share of the time")
@@ -415,8 +418,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError(f"-o {args.output}: a file is there; give a folder to write the build into")
     from codegen.netbuild.standalone import C_IDENTIFIER
 
-    if not C_IDENTIFIER.fullmatch(args.prefix):
-        raise UserError(f"--prefix must be a C identifier such as det_ (got {args.prefix!r})")
+    if not C_IDENTIFIER.fullmatch(args.prefix) or args.prefix.startswith("_"):
+        raise UserError(f"--prefix must be a C identifier not starting with '_', such as det_ (got {args.prefix!r})")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1 (got {args.threads})")
     # no --db: runs.db when it is here, as `felixjax tune` writes it (said once the model has loaded)

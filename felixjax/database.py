@@ -469,8 +469,9 @@ class Database:
     # ---- writing -------------------------------------------------------------------------------
     def add(self, rec: TuningRecord, *, number: bool = False) -> TuningRecord:
         """Insert and commit one record (a few microseconds against ~0.2 s of measuring); its claim, if
-        any, goes in the same transaction. ``number``: its ``trial`` is the count of its run's records
-        before it, taken in the same transaction (two tuners of one run never number a trial twice)."""
+        any, goes in the same transaction. ``number``: its ``trial`` is one past the largest trial number of
+        its run (0 for the first), taken in the same transaction (two tuners of one run never number a trial
+        twice, and a deleted row's number is not reused)."""
         r = rec.result
         row = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
                r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,
@@ -714,7 +715,10 @@ class Database:
         """Append the records of a JSONL export (gzipped when the name ends in ``.gz``); returns how many were
         added. A record this database already holds is skipped (the same measurement: task, target, run,
         trial, config and timestamp), and so is one of a tuning run that already measured its config: importing
-        a file twice, or into the database it came from, changes nothing, and no run holds a config twice."""
+        a file twice, or into the database it came from, changes nothing, and no run holds a config twice. Every
+        line is checked before any is added: a line that is not a tuning record (cut off, not JSON, a missing or
+        mistyped field, a correct result without a finite positive time) is a `DatabaseError` naming it, and
+        nothing of the file is imported."""
         held = {(t, k, run, trial, cfg, ts) for t, k, run, trial, cfg, ts in self._query(
             "SELECT task_key, target_key, run, trial, config, timestamp FROM records")}
         measured = {h[:3] + (h[4],) for h in held if not h[2].startswith("retime:")}

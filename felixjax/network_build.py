@@ -315,7 +315,8 @@ class CompiledModel:
     def check(self, x: Any = None, *, rtol: float = 1e-3) -> float:
         """Run on ``x`` (random normal inputs when None) and compare every output with the model's numpy
         reference (:meth:`Model.run_numpy`, the same precisions); returns the largest error relative to
-        the output's largest magnitude, or raises ``RuntimeError`` above ``rtol`` (what ``felixjax build``
+        the reference output's largest finite magnitude (equal infinities and NaN on both sides agree, any
+        other NaN fails), or raises ``RuntimeError`` above ``rtol`` (what ``felixjax build``
         checks before it exports)."""
         if x is None:
             rng = np.random.default_rng(0)

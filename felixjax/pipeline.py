@@ -159,7 +159,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     One tuning session serves every task: one strategy instance and context per task for the whole
     run, and **one cost model shared by all tasks**, fine-tuned online after every round (task ids as
     groups). Rounds go to the task whose next round is expected to cut the end-to-end latency the
-    most (Ansor's gradient task scheduler, :mod:`felixjax.scheduler`).
+    most (Ansor's gradient task scheduler, :mod:`felixjax.scheduler`; its warm-up, one round per task,
+    goes largest weight x FLOPs first, and a trial budget short of the tasks' first rounds warns that the
+    smallest keep their default schedules).
 
     Args:
         model: a :class:`~felixjax.onnx_import.Model` or anything :func:`~felixjax.load_onnx` reads.

@@ -86,8 +86,9 @@ PLOT_MAX_PANELS = 24
 
 def plot_curves(db: Database, path: str) -> str:
     """Best-so-far latency against trials: small multiples, one panel per (task, target) on a grid of
-    at most :data:`PLOT_MAX_COLUMNS` columns, one line per run (the same colour for a run in every
-    panel, one legend), latency on a log axis. Re-timing rows (``retime:<run>``) are not trials and
+    at most :data:`PLOT_MAX_COLUMNS` columns, one line per run (a colour per strategy, a line style per
+    seed, one legend), latency on a log axis in a unit per panel (a failures-only panel says so and has
+    none); the title names the machine, or that the data was replayed. Re-timing rows (``retime:<run>``) are not trials and
     are left out. The figure is at most ``PLOT_MAX_COLUMNS x PLOT_MAX_PANELS / PLOT_MAX_COLUMNS``
     panels of 3.6 x 2.6 inches at 100 dpi, whatever the database holds. Returns ``path``."""
     import textwrap

@@ -42,7 +42,9 @@ class TaskScheduler:
     rounds and ``min_failed_trials`` trials without any correct kernel (Ansor would give such a task,
     "infinitely slow", every round); a
     correct kernel timed only on a busy machine (a ``noisy`` record) reports its timing as an upper bound
-    (:func:`felixjax.network_tune.round_best`), so its task stays in, priced at that bound.
+    (:func:`felixjax.network_tune.round_best`), so its task stays in, priced at that bound or less
+    (``network_tune._priced``: at most what the slowest measured task's throughput gives its FLOPs); such a
+    price is reported ``provisional=True`` and the task's next report replaces it.
 
     Example:
         >>> from codegen.ops import matmul

@@ -48,7 +48,7 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
     a.add_argument("--budget", type=float, default=0.01, help="allowed absolute drop of the metric (default 0.01)")
     a.add_argument("--metric", default="accuracy", help="accuracy | fidelity (default accuracy)")
     a.add_argument("--output-name", default=None, help="the model output the metric reads (default: the first)")
-    a.add_argument("--trials", type=int, default=200, help="tuning budget over the whole run (default 200)")
+    a.add_argument("--trials", type=int, default=200, help="tuning budget over the whole run (default 200; 0: the default schedules, no tuning)")
     a.add_argument("--rounds", type=int, default=4, help="measured rounds (quality evaluations) (default 4)")
     a.add_argument("--finetune", type=int, default=0, metavar="STEPS",
                    help="fine-tune the pruned weights in JAX for this many steps (default 0: off)")
@@ -70,7 +70,7 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
     a.add_argument("--db", default=None, help="tuning database (default: in memory)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--threads", type=int, default=None, help="threads per kernel (default: all cores)")
-    a.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the standalone C build + summary")
+    a.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the standalone C build, approx.json and approx.png")
     a.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

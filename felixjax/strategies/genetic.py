@@ -7,7 +7,8 @@ One round (Ansor ``SketchPolicy::SearchOneRound``; TVM MetaSchedule ``Evolutiona
 2. ``generations`` generations. Each child: a parent drawn by roulette selection with weights
    proportional to the predicted normalized throughput ``exp(score - max score)`` (scores are
    predicted ``-log latency``, so this is ``best latency / latency``); with probability
-   ``mutation_prob`` it is mutated by one of the mutation kinds (drawn by ``mutation_weights``),
+   ``mutation_prob`` it is mutated by one of the kinds that can change its row (drawn by the target's
+   weights: ``mutation_weights``, or the GPU table on a GPU target; a row no kind can change is copied),
    else copied. A mutated child that leaves the space is retried with a fresh parent and mutation
    (at most ``max_fail`` times, then the slot is dropped, as MetaSchedule does). No crossover
    (Ansor has none).
@@ -400,7 +401,8 @@ class GeneticSearch:
             here, they apply to every target); missing kinds get weight 0. Declared knobs
             (:mod:`codegen.knobs`, registered when the search is made) are kinds too, with their
             declaration's ``mutation_weight`` unless named here. A row draws among the kinds that can
-            change it (:meth:`Codec.mutable_kinds`), in these proportions.
+            change it (:meth:`Codec.mutable_kinds`), in these proportions. Weights are finite and >= 0, one
+            of ``tile``, ``unroll``, ``parallel``, ``vec`` positive (else ``ValueError``).
         min_unmeasured: random samples in the initial population at least (50, as Ansor).
         max_fail: retries of a child whose mutation left the space (10, as MetaSchedule).
         scorer: the cost model: a :class:`felixjax.model.Scorer`, or a factory ``ctx -> Scorer``;
