@@ -245,7 +245,8 @@ class Comparison:
             out[s] = {"trials95": geomean(tr), "seconds95": geomean(sec), "final": geomean(fin), "censored": cens,
                       "bound": bound, "uncensored": len(clean_tr), "uncensored_trials95": geomean(clean_tr),
                       "uncensored_seconds95": geomean(clean_sec), "tasks": len(kept), "apart": apart,
-                      "failed": failed, "nokernel": sum(1 for f in fin if not math.isfinite(f))}
+                      "failed": failed, "nokernel": sum(1 for t in kept if not math.isfinite(rows[(t.name, s)]["final_ms"])
+                                                        and math.isfinite(rows[(t.name, ref)]["final_ms"]))}
         return out
 
     def failed(self) -> list[str]:

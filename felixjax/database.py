@@ -471,7 +471,7 @@ class Database:
         """Insert and commit one record (a few microseconds against ~0.2 s of measuring); its claim, if
         any, goes in the same transaction. ``number``: its ``trial`` is one past the largest trial number of
         its run (0 for the first), taken in the same transaction (two tuners of one run never number a trial
-        twice, and a deleted row's number is not reused)."""
+        twice; after a deleted row, numbers go on from the largest left)."""
         r = rec.result
         row = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
                r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,

@@ -325,9 +325,9 @@ class CompiledModel:
         ref = self.model.run_numpy(ins)
         worst = 0.0
         for k, (y, r) in enumerate(zip(self.run(ins), ref if isinstance(ref, list) else [ref])):
-            agree = (y == r) | (np.isnan(y) & np.isnan(r))  # the same inf, or NaN on both sides: agreed
-            y, r = np.where(agree, 0.0, y), np.where(agree, 0.0, r)
             big = float(np.abs(r[np.isfinite(r)]).max()) if np.isfinite(r).any() else 0.0
+            agree = (np.isinf(r) & (y == r)) | (np.isnan(y) & np.isnan(r))  # the same inf, or NaN on both sides
+            y, r = np.where(agree, 0.0, y), np.where(agree, 0.0, r)
             e = float(np.abs(y - r).max()) / max(big, 1e-30) if np.size(r) else 0.0
             if not e <= rtol:  # NaN too
                 raise RuntimeError(f"output {k} ({self.output_names[k]!r}) of the build differs from the numpy "

@@ -197,6 +197,10 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
                 sched.record(i, round_best(tr.history[:k + 1]), k + 1 - start,
                              provisional=not any(r.result.ok for r in tr.history[:k + 1]))
                 tt.rounds, start = tt.rounds + 1, k + 1
+        if (tr.history and not any(r.result.ok or r.result.status == "noisy" for r in tr.history)
+                and len(tr.history) >= sched.min_failed_trials):  # resumed without a kernel: dead, as live rounds
+            sched.dead.add(i)  # would have left it, whatever this call's round size (it changes with --trials)
+            tt.stop_reason = "no_correct_kernel"
         tt.best = session.db.best(tr.task, session.target_key, run=tr.run)  # this run's, not another's
         if tt.best is not None:
             was = sched.provisional[i]

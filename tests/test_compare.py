@@ -545,3 +545,9 @@ def test_a_strategy_without_a_kernel_where_the_reference_had_one_is_said_under_t
     r = cmp.ratios()["genetic"]
     assert r["nokernel"] == 1 and r["final"] == pytest.approx(1.5)  # the geomean over the one finite ratio
     assert "genetic: no correct kernel on 1 task(s) where gradient had one" in cmp.table()
+    # neither had one there (a third strategy did): nothing to say about genetic against gradient
+    hist[(b.name, "gradient", 0)] = run(b, "gradient", [0, 0])
+    hist[(b.name, "random", 0)] = run(b, "random", [3.0, 3.0])
+    hist[(a.name, "random", 0)] = run(a, "random", [2.0, 2.0])
+    both = Comparison([a, b], ["gradient", "genetic", "random"], [0], 2, None, hist)
+    assert both.ratios()["genetic"]["nokernel"] == 0 and "genetic: no correct kernel" not in both.table()

@@ -916,3 +916,25 @@ def test_a_resumed_tune_model_replays_its_rounds_with_their_trials(tmp_path):
     assert first.tasks[0].trials == 12 and first.tasks[0].stop_reason == "no_correct_kernel"
     again = tune_model(model, trials=60, **kw)
     assert again.tasks[0].trials == 12  # still dead: no new round for it
+    bigger = tune_model(model, trials=200, **{**kw, "trials_per_round": 16})  # rounds of another size: still dead
+    assert bigger.tasks[0].trials == 12 and bigger.tasks[0].stop_reason == "no_correct_kernel"
+
+
+def test_check_measures_errors_against_the_largest_reference_value():
+    # session 76 (a verifier): equal finite values were zeroed before the largest was taken, so a build exact on its
+    # largest output and 1e-3 off on a small one failed at 0.0011 "of its largest value" (it is 1.1e-6 of it)
+    from types import SimpleNamespace as NS
+
+    from felixjax.network_build import CompiledModel
+
+    def fake(y, r):
+        return NS(net=NS(input_shapes=[(1,)]), _inputs=lambda x: x, model=NS(run_numpy=lambda i: [r]),
+                  run=lambda i: [y], output_names=("o",))
+
+    x = [np.zeros(1, np.float32)]
+    y, r = np.float32([1000, 1.0011]), np.float32([1000, 1.0])
+    assert CompiledModel.check(fake(y, r), x) == pytest.approx(1.1e-6, rel=1e-2)
+    inf = np.float32([np.inf, 2.0])
+    assert CompiledModel.check(fake(inf, inf), x) == 0.0  # the same infinity agrees
+    with pytest.raises(RuntimeError, match="differs from the numpy reference"):
+        CompiledModel.check(fake(np.float32([-np.inf, 2.0]), inf), x)
