@@ -10,12 +10,14 @@ import warnings
 
 import numpy as np
 
+from .report import latency_unit
+
 
 def _unit(values: np.ndarray) -> tuple[str, float]:
     """A latency unit for one panel (seconds in, a readable unit out) from its finite values."""
     v = values[np.isfinite(values)]
     mid = float(np.median(v)) if len(v) else 1e-3
-    return ("s", 1.0) if mid >= 1 else ("ms", 1e3) if mid >= 1e-3 else ("µs", 1e6)
+    return latency_unit(mid)
 
 
 def _curves(cmp, task: str, strategy: str, grid_s: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -17,6 +17,11 @@ from codegen.target import Target
 from .database import Database
 
 
+def latency_unit(seconds: float) -> tuple[str, float]:
+    """The unit a latency of about ``seconds`` reads best in, and its scale: ``("ms", 1e3)`` for 0.0042 s."""
+    return ("s", 1.0) if seconds >= 1 else ("ms", 1e3) if seconds >= 1e-3 else ("µs", 1e6)
+
+
 def summary_rows(db: Database) -> list[dict]:
     """One row per (task, target, run): trials, statuses, best latency while tuning, its re-timing at the
     end of the run where there is one (``retimed_ms``), and GFLOP/s."""
@@ -123,7 +128,7 @@ def plot_curves(db: Database, path: str) -> str:
 
     finite = sorted(s[-1] for k in keys for s in series[k].values() if math.isfinite(s[-1]))
     mid = finite[len(finite) // 2] if finite else 1e-3
-    unit, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e3) if mid >= 1e-3 else ("µs", 1e6)
+    unit, scale = latency_unit(mid)
     plain = FuncFormatter(lambda v, _: f"{v:.4g}")
 
     n = max(1, len(keys))
@@ -138,7 +143,7 @@ def plot_curves(db: Database, path: str) -> str:
         mine = sorted(y for ys in series[key].values() for y in ys if math.isfinite(y))
         if mine:  # a unit per panel: a 0.2 us kernel beside 2 ms ones reads "0.2 us", not "0.0002 ms"
             mid = mine[len(mine) // 2]
-            unit, scale = ("s", 1.0) if mid >= 1 else ("ms", 1e3) if mid >= 1e-3 else ("µs", 1e6)
+            unit, scale = latency_unit(mid)
         for run, ys in sorted(series[key].items()):
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
