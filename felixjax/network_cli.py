@@ -46,8 +46,8 @@ def _load(args: Any, target: Target):
 
 def _describe(layout: str | dict) -> str:
     return layout if isinstance(layout, str) else (
-        f"per conv ({sum(v == 'nchw' for v in layout.values())} of {len(layout)} convs NCHW: "
-        f"{', '.join(sorted(k for k, v in layout.items() if v == 'nchw'))})")
+        f"per conv ({sum(v == 'nchw' for v in layout.values())} NCHW: "
+        f"{', '.join(sorted(k for k, v in layout.items() if v == 'nchw'))}; every other conv NCHW8c)")
 
 
 def _layout_key(model: str, options: dict) -> str:
