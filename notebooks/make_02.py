@@ -262,8 +262,9 @@ fig.tight_layout()
 show(fig)
 print(f"notebook time so far: {time.perf_counter() - t_start:.0f} s")"""),
     ("md", """16 trials say little about which strategy is better; the point here is the loop itself. The
-measured comparisons live in `benchmarks/compare.py` (gradient vs genetic vs random, several seeds,
-512 trials, real timing or `--replay` on the synthetic oracle) and `benchmarks/tune_ops.py` (256
+measured comparisons live in `benchmarks/compare.py` (gradient vs genetic at gradient's batch and at
+Ansor's 64, random on request; 3 seeds and 256 trials by default, real timing or `--replay` on the
+synthetic oracle; `fj.compare` and `felixjax compare` run the same protocol from Python and the shell) and `benchmarks/tune_ops.py` (256
 gradient trials per operator, then the best kernels against onnxruntime, numpy and jax.jit), both
 writing their tables into `docs/BENCHMARKS.md`."""),
 ]
