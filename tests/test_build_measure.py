@@ -435,7 +435,7 @@ def test_default_protocol_duration_and_flush(libs):
     with LocalRunner() as r:
         res = r.run(_vadd_request(libs["vadd"]))
         assert res.status == "ok" and len(res.latencies) == 5
-        assert res.run_s < 2.0  # ~0.15 s expected; generous for a loaded machine
+        assert res.run_s < 60.0  # a hang guard (~0.15 s on a quiet machine): the duration is a timing
         flushed = r.run(
             _vadd_request(
                 libs["vadd"], protocol=TimingProtocol(min_repeat_ms=0, repeats=3, flush_cache=True)

@@ -162,7 +162,9 @@ def test_seconds_budget_is_wall_clock(no_nvcc):
                   progress=False, retime=0)
     wall = time.perf_counter() - t0
     assert res.stop_reason == "seconds" and 1 <= len(res.history) < 500
-    assert res.history[-1].elapsed_s >= 3.0 and wall < 3.0 + 60.0  # stops (a hang guard; the clock check is the verdict)
+    # the budget is wall time (simulated GPU time would never reach it): not stopped before 3 s, and stopped
+    # (a hang guard). The last record may be just under 3 s: the round's bookkeeping can cross the line
+    assert 3.0 <= wall < 3.0 + 60.0 and res.history[-1].elapsed_s <= wall
 
 
 def test_real_gpu_target_is_refused_clearly():

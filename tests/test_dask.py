@@ -200,7 +200,7 @@ def test_no_measuring_worker_is_a_clear_error_not_a_hang():
             with pytest.raises(NoDeviceError, match="workers stop when their scheduler does"):
                 fj.tune(TASK, strategy="random", trials=4, progress=False, retime=0,
                         runner=DaskRunner(c, builds="device", worker_runner=remote.replay_runner, no_device_s=2))
-            assert time.monotonic() - t0 < 25
+            assert time.monotonic() - t0 < 60  # minutes before the fix; a loaded machine may take tens of seconds
     finally:
         _stop(procs)
 
@@ -217,17 +217,21 @@ def test_scheduler_going_away_is_a_clear_error_and_the_run_resumes(client, tmp_p
         doomed = distributed.Client(addr, timeout=60)
         doomed.wait_for_workers(1, timeout=60)
 
-        def kill_scheduler():
-            while len(db.records(TASK)) < 5:
-                time.sleep(0.05)
-            procs[0].kill()  # the scheduler process this test started
+        add = db.add
 
-        threading.Thread(target=kill_scheduler, daemon=True).start()
+        def add_then_kill(*a, **k):  # the scheduler process this test started dies once 5 records are stored
+            rec = add(*a, **k)
+            if len(db.records(TASK)) == 5:
+                procs[0].kill()
+            return rec
+
+        db.add = add_then_kill
         with pytest.raises(SchedulerLostError, match="rerun the same command to resume"):
             fj.tune(TASK, runner=DaskRunner(doomed, builds="device", worker_runner=replay, lost_after_s=2), **kw)
         doomed.close(timeout=2)
     finally:
         _stop(procs)
+    db.add = add
     kept = db.records(TASK)
     assert 5 <= len(kept) < 16
     res = fj.tune(TASK, runner=DaskRunner(client, builds="device", worker_runner=replay), **kw)  # resumes

@@ -115,3 +115,30 @@ def test_mixed_layout_keeps_a_conv_nchw_only_where_it_pays_for_its_conversions()
                                  "nchwc": builds["nchwc"]}, rounds=1)[0] is None
     assert mixed_layout(models, {"nchw": _Profiled(models["nchw"].graph, {n.name: 0.0 for n in convs}),
                                  "nchwc": builds["nchwc"]}, rounds=1)[0] is None
+
+
+@pytest.mark.cc
+def test_choose_layout_checks_each_build_before_timing_it(monkeypatch):
+    # a build that computes something else must not win on speed (session 77: the builds were timed unchecked)
+    import felixjax as fj
+    from felixjax.network_build import CompiledModel
+
+    checked, run = [], CompiledModel.run
+
+    def blocked_is_off(self, *a, **k):  # every build with a blocked conv computes out + 1
+        outs = run(self, *a, **k)
+        if any(n.is_anchor and n.task.op == "conv2d_nchwc" for n in self.model.graph.nodes):
+            return [o + 1 for o in outs] if isinstance(outs, list) else outs + 1
+        return outs
+
+    def spy(self, *a, **k):
+        checked.append(self)
+        return check(self, *a, **k)
+
+    check = CompiledModel.check
+    monkeypatch.setattr(CompiledModel, "check", spy)
+    layout, times = fj.choose_layout(_mobilenet(), rounds=1, number=1, mixed=False)
+    assert layout in ("nchw", "nchwc") and len(checked) == 3 and len({id(c) for c in checked}) == 2  # + the kept one
+    monkeypatch.setattr(CompiledModel, "run", blocked_is_off)
+    with pytest.raises(RuntimeError, match="choosing the layout: the nchwc build is wrong: output 0"):
+        fj.choose_layout(_mobilenet(), rounds=1, number=1, mixed=False)

@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
-#: Seconds one block may take (the whole README runs in well under a minute on a small machine).
-BLOCK_LIMIT_S = 45.0
+#: A hang guard, not a speed check: each block prints its time (the whole README runs in about a minute
+#: on a quiet 2-core machine; waiting for the other test worker's measuring lock can multiply that).
+BLOCK_LIMIT_S = 300.0
 
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
 _SKIP = re.compile(r"^<!--\s*not executed\b.*-->\s*$", re.IGNORECASE)

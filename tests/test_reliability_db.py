@@ -279,12 +279,17 @@ def test_chmod_readonly_file_and_folder(tmp_path):
 
 
 # ---- contention ----------------------------------------------------------------------------------------
-def hold_write_lock(path, seconds: float, locked: threading.Event) -> threading.Thread:
+def hold_write_lock(path, seconds: float, locked: threading.Event,
+                    until: threading.Event | None = None) -> threading.Thread:
+    """Another connection holds the write lock for ``seconds``, or until ``until`` is set (at most 60 s)."""
     def hold():
         c = sqlite3.connect(path, isolation_level=None)
         c.execute("BEGIN IMMEDIATE")
         locked.set()
-        time.sleep(seconds)
+        if until is not None:
+            until.wait(60)
+        else:
+            time.sleep(seconds)
         c.execute("COMMIT")
         c.close()
 
@@ -312,10 +317,13 @@ def test_lock_held_past_the_timeout_is_one_clear_error(tmp_path):
     path = tmp_path / "busy.db"
     filled(path, 1)
     with Database(path, timeout_s=0.3) as db:
-        locked = threading.Event()
-        th = hold_write_lock(path, 1.5, locked)
-        with pytest.raises(DatabaseError, match="locked by another process"):
-            db.add(rec(configs(2)[1], 1))
+        locked, done = threading.Event(), threading.Event()
+        th = hold_write_lock(path, 0.0, locked, until=done)  # held until the error is in (no race with a stall)
+        try:
+            with pytest.raises(DatabaseError, match="locked by another process"):
+                db.add(rec(configs(2)[1], 1))
+        finally:
+            done.set()
         th.join()
         assert len(db) == 1
 
