@@ -70,7 +70,7 @@ scorer = CostModelScorer(spaces, target, seed=0)  # a task's view of a cost mode
 sketch = "gemm_packed"  # a matmul has one sketch: packed weight panels, register-blocked
 rel, inputs = scorer.relaxations[sketch], scorer.inputs[sketch]
 space = rel.space
-model = scorer.differentiable  # the active model (the roofline prior before any measurement), differentiable
+model = scorer.differentiable  # the active model, differentiable: the roofline prior here (no checkpoint given)
 print(task.name, f"{task.flops / 1e6:.1f} MFLOP;", target.name, f"{target.cores} cores, {target.simd_lanes} fp32 lanes")
 print("axes:", [(a.name, a.extent, "reduce" if a.reduce else "spatial") for a in space.axes])
 print("active model:", scorer.active)"""),
@@ -107,9 +107,11 @@ model's predicted score (−log latency: higher is faster).
   tiles, which hard mode rounds, hence the steps.
 
 White lines are the hardware constraints of the relaxation (squared-hinge penalties during descent,
-repaired by rounding): the vector width (16 at the default) must divide the `n` register tile, and the
-register block `m₃·n₃ / vec` must fit the accumulator budget. Before any measurement the model is the
-analytic roofline prior, which likes big register blocks; the constraints are what stop it."""),
+repaired by rounding): dashed, the vector width (16 at the default) must divide the `n` register tile;
+solid, the register block `m₃·n₃ / vec` must fit the accumulator budget. This scorer was made without a
+checkpoint, so its model is the analytic roofline prior, which likes big register blocks; the constraints
+are what stop it. (`fj.tune`'s default, `cost_model="auto"`, starts from the MLP shipped with felixjax
+instead: section 5.)"""),
     ("code", """I, J = idx(1, 2), idx(2, 2)  # S3 exponents of m and n
 base = x_default.copy()
 for lv in range(FREE_LEVELS):
@@ -232,7 +234,9 @@ print(f"\\n{len(iterates)} iterates -> {len(unique)} distinct valid configs "
 round, dedupe, rank by the model, plus a 5% random share) → build (gcc, in worker processes) →
 measure (one kernel at a time in a separate process, output checked against numpy before and after
 timing) → record → update the model. 16 trials at one thread, with a quick timing protocol; random
-search with the same budget next to it. (The descent's cost model starts from the MLP shipped with
+search with the same budget next to it. The curves are the runs' timings while tuning; each run's `best`
+(in its repr) is its best kernels timed again, interleaved, at the end of the run (`retime=3`), so the two
+can differ by the timing noise of a busy machine. (The descent's cost model starts from the MLP shipped with
 felixjax, `cost_model="auto"`, pretrained on other layers, and is fine-tuned on these measurements; the roofline
 prior takes over wherever the MLP ranks the task's held-out measurements worse.)"""),
     ("code", """from codegen.measure import TimingProtocol
@@ -247,7 +251,8 @@ for name in ("gradient", "random"):
 for name, res in runs.items():
     s = res.stats
     outside = s["propose_s"] + s["update_s"]
-    print(f"{name:8s} {res!r}\\n         statuses {res.status_counts()}; wall {s['wall_s']:.1f} s, "
+    print(f"{name:8s} {res!r}\\n         best while tuning {res.best_while_tuning.gflops:.1f} GFLOP/s (the "
+          f"curve's end); statuses {res.status_counts()}; wall {s['wall_s']:.1f} s, "
           f"build+measure {s['build_measure_s']:.1f} s, propose+update {outside:.1f} s")
 print("best gradient config:", runs["gradient"].best.config.dumps())
 

@@ -51,8 +51,9 @@ for task, weight in model.tasks:
 
 `tune_model` measures each sketch's default schedule first, then gives every task a warm-up round and
 each later round to the task whose next round promises the largest cut of the estimated end-to-end
-latency `sum(weight * best latency)` (Ansor's gradient scheduler: α = 0.2, β = 2, window 3). Three
-trials per task, random search, so it finishes quickly; every measurement lands in a SQLite database.
+latency `sum(weight * best latency)` (Ansor's gradient scheduler: α = 0.2, β = 2, window 3). A budget
+of three trials per task on average (the scheduler gives some tasks more, many just one), random search,
+so it finishes quickly; every measurement lands in a SQLite database.
 Everything here runs on one thread: on a small shared machine that is what gives steady timings."""),
     ("code", """db = work / "runs.db"
 net = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, trials_per_round=1,
@@ -88,7 +89,7 @@ print(f"max |felixjax - onnxruntime| / max |onnxruntime| = {np.abs(y - ref).max(
     ("md", """## Against onnxruntime, and where the time goes
 
 Timed interleaved in this process with the same thread count (one), onnxruntime at its default options. With
-three trials per task the schedules are barely tuned (the sketches' hand-written defaults do most of the work),
+about three trials per task the schedules are barely tuned (the sketches' hand-written defaults do most of the work),
 so either side may be ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
     ("code", """cmp = compare_onnxruntime(exe, onnx_path, threads=1, rounds=3, min_time_s=0.1)
 print(f"felixjax {cmp['felixjax_ms']:.2f} ms, onnxruntime {cmp['onnxruntime_ms']:.2f} ms "
@@ -118,7 +119,8 @@ onnxruntime runs a CNN's convolutions in the channel-blocked NCHW8c layout from 
 `Reblock` step converts back where an NCHW op reads one. Which layout is faster depends on the network
 (depthwise convs gain the most; ResNet's 3x3 convs run Winograd in NCHW), so `choose_layout` builds both
 with default schedules and times them; it also profiles both builds step by step and, where some convs ran
-faster in each, builds two mixes and times them too: each conv NCHW where that pays for a conversion on
+faster in each, builds up to two mixes and times them too (a mix only where it differs from both
+pure layouts and from the other mix): each conv NCHW where that pays for a conversion on
 each side (`felixjax.pipeline.mixed_layout`), and each conv in the layout it ran faster in, conversions not
 charged (`felixjax.pipeline.fastest_plan`: a run of NCHW convs converts only at its ends). A mixed layout
 comes back as a mapping `{conv name: "nchw"}` that `load_onnx(..., layout=...)` takes."""),

@@ -70,7 +70,8 @@ print(check(space, cfg, max_blocks=16, dialect=dataclasses.replace(CUDA, thread_
     ("md", """## Tuning a matmul and a convolution for an A100 and a Jetson Orin
 
 The same `fj.tune` as on the CPU; the target decides the sketch and the measurer (build, emulation check,
-simulator). Records of `cuda-sim:*` targets are stored under their own target key."""),
+simulator). Given a database (`db=`; here none, the records stay in memory), records of `cuda-sim:*` targets
+are stored under their own target key, apart from the CPU's and from a real GPU's."""),
     ("code", """import time
 
 tasks = [fj.ops.matmul(512, 512, 512), fj.ops.conv2d(1, 64, 28, 28, out_channels=64, kernel=3, padding=1)]
