@@ -850,6 +850,36 @@ int main(void) {
     assert "not starting with '_'" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 -march levels")
+def test_an_export_builds_with_a_users_strict_flags_and_checks_its_pointers(tmp_path):
+    # session 77 (a user's review of the export): -ffast-math folded fj_exp's rounding shift (a softmax 6% off),
+    # -std=c11 hid clock_gettime, -Werror stopped on -Wpsabi (default -march) and on #pragma omp without
+    # -fopenmp, the README named fj_model_ functions of a prefixed export, and NULL pointers crashed the API
+    b = build_model(load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2)))
+    out = b.export(tmp_path / "b", prefix="tb_")
+    x = np.random.default_rng(6).standard_normal((1, 8, 16)).astype(np.float32)
+    y, _ = run_standalone(out, x, cflags="-O2 -march=x86-64 -std=c11 -ffast-math -Wall -Wextra -Werror")
+    np.testing.assert_allclose(y.reshape(1, 8, 16), b(x), rtol=1e-5, atol=1e-5)
+    text = (out / "README.txt").read_text()
+    assert "tb_weights_match" in text and "tb_set_threads" in text and "fj_model_" not in text
+    (tmp_path / "nul.c").write_text(r"""
+#include <stdio.h>
+#include "b/model.h"
+int main(void) {
+    static float w[1], a[1], x[8 * 16], y[8 * 16];
+    const float* in[] = {x}; float* out[] = {y}; const float* no_in[] = {NULL}; float* no_out[] = {NULL};
+    printf("%d %d %d %d %d %d %d\n", tb_run_with(NULL, a, in, out), tb_run_with(w, NULL, in, out),
+           tb_run_with(w, a, NULL, out), tb_run_with(w, a, no_in, out), tb_run_with(w, a, in, no_out),
+           tb_run(in, out), tb_weights_match(NULL));
+    return 0;
+}
+""")
+    subprocess.run(["gcc", "-O1", "-o", str(tmp_path / "nul"), str(tmp_path / "nul.c"), str(out / "model.o"), "-lm"],
+                   check=True, capture_output=True, cwd=tmp_path)
+    r = subprocess.run([str(tmp_path / "nul")], capture_output=True, text=True, check=True)
+    assert r.stdout.split() == ["1"] * 6 + ["0"]  # every NULL refused, run before init refused, no match
+
+
 def test_export_replaces_links_in_its_folder_and_never_writes_through_them(tmp_path):
     # session 76 (a security review): a Makefile -> ../victim link in a shared output folder had the export
     # overwrite the victim with the Makefile's text

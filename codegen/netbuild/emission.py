@@ -144,13 +144,13 @@ def emit(spec: NetSpec) -> NetSource:
     w(f" * {len(spec.steps)} steps, arena {mem.arena_floats} floats, weights {mem.weight_floats} floats. */")
     w(_PRELUDE.rstrip("\n"))
     needs = vector_units(spec)
-    if any(st.op == "kernel" and st.plan.space.task.dtype != "float32" for st in spec.steps):
-        w("#include <immintrin.h>  /* the conversion intrinsics of low-precision kernels */")
     if needs[0]:  # a clear stop instead of gcc's "inlining failed ... target specific option mismatch"
-        w(f"#if !({' && '.join(f'defined({m})' for m in needs[0])})")
+        w(f"#if !({' && '.join(f'defined({m})' for m in needs[0])})")  # (and before immintrin.h: not on ARM)
         w(f'#error "the int8 / float16 kernels of this model.c need {", ".join(needs[0])}: compile with '
           f'-march=native on the CPU it was generated for, or {needs[1]} (README.txt)"')
         w("#endif")
+    if any(st.op == "kernel" and st.plan.space.task.dtype != "float32" for st in spec.steps):
+        w("#include <immintrin.h>  /* the conversion intrinsics of low-precision kernels */")
     if any(st.op in CONVERSIONS for st in spec.steps):
         w(F16_PRELUDE.rstrip("\n"))
     w()
@@ -219,7 +219,12 @@ def emit(spec: NetSpec) -> NetSource:
     w()
     w("long fj_model_arena_floats(void) { return %dL; }" % mem.arena_floats)
     w()
+    n_in, n_out = len(spec.inputs), len(spec.outputs)
     w.open("int fj_model_run_with(const float* weights, float* arena, const float* const* in, float* const* out)")
+    w(f"if ((!weights && {mem.weight_floats}L > 0) || (!arena && {mem.arena_floats}L > 0) || "
+      f"(!in && {n_in} > 0) || !out) return 1;")
+    w(f"for (int k = 0; k < {n_in}; ++k) if (!in[k]) return 1;")
+    w(f"for (int k = 0; k < {n_out}; ++k) if (!out[k]) return 1;")
     w("const float* W = weights;")
     w("float* A = arena;")
     w("(void)W; (void)A; (void)in;")
@@ -278,6 +283,7 @@ def emit(spec: NetSpec) -> NetSource:
     w.open("int fj_model_weights_match(const float* weights)")
     w("/* 1 when `weights` are the ones written with this model.c (their layouts follow its schedules: another")
     w("   export's weights.bin of the same size computes wrong numbers); two sums of the 32-bit words */")
+    w("if (!weights) return 0;")
     w("const unsigned char* b = (const unsigned char*)weights;")
     w("unsigned long long s1 = 0, s2 = 0;")
     w.open(f"for (long i = 0; i < {mem.weight_floats}L; ++i)")
@@ -291,8 +297,15 @@ def emit(spec: NetSpec) -> NetSource:
 
     in_shapes = tuple(values[v].shape for v in spec.inputs)
     out_shapes = tuple(values[v].shape for v in spec.outputs)
-    return NetSource(w.text(), _header(in_shapes, out_shapes, mem, len(spec.steps)), blob, mem, in_shapes, out_shapes, n_kernels,
+    text = w.text()
+    if "__builtin_shuffle(" in text:  # clang has no two-source permute by a vector of indices
+        text = text.replace(_PRELUDE.rstrip("\n"), _PRELUDE.rstrip("\n") + "\n" + _GCC_ONLY, 1)
+    return NetSource(text, _header(in_shapes, out_shapes, mem, len(spec.steps)), blob, mem, in_shapes, out_shapes, n_kernels,
                      len(spec.steps), needs)
+
+
+_GCC_ONLY = ('#if defined(__clang__) || !defined(__GNUC__)\n#error "this model.c uses GCC\'s __builtin_shuffle '
+             '(strided loads of its kernels): build it with gcc"\n#endif')
 
 
 def vector_units(spec: NetSpec) -> tuple[tuple[str, ...], str]:
@@ -372,8 +385,9 @@ def _header(in_shapes, out_shapes, mem: MemoryPlan, steps: int) -> str:
         " * file's layout): only the weights.bin written with it fit; fj_model_weights_match checks that.",
         " * fj_model_run uses a static arena: one call at a time; use fj_model_run_with and an arena of",
         " * fj_model_arena_floats() floats (64-byte aligned) per thread for concurrent calls. Input and",
-        " * output buffers must not overlap. Functions returning int return 0 on success, except",
-        " * fj_model_weights_match (1: they match).",
+        " * output buffers must not overlap. Functions returning int return 0 on success and 1 for a NULL",
+        " * pointer (or fj_model_run before fj_model_init), except fj_model_weights_match (1: they match; 0 for",
+        " * NULL). Sizes cannot be checked: every buffer must hold the floats given here.",
         " *",
         " * Threads: built with OpenMP (-fopenmp), a run uses OpenMP's thread count of the calling thread:",
         " * OMP_NUM_THREADS, else every core; fj_model_set_threads(n) is omp_set_num_threads(n) (the calling",

@@ -36,7 +36,23 @@ clean:
 .PHONY: all clean
 """
 
-_MAIN_C = r"""/* Demo: run the network once on inputs read from a file, write the outputs to a file.
+#: the top of the exported model.c and main.c: what a user's own flags need (``-std=c11``, ``-Werror``)
+_PRELUDE = """\
+#if defined(__STRICT_ANSI__) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c99 / -std=c11 (POSIX: Linux, macOS, BSD) */
+#endif
+#if defined(__GNUC__)  /* generated code: warnings that tell its user nothing */
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"  /* #pragma omp without -fopenmp: one thread */
+#pragma GCC diagnostic ignored "-Wunused-variable"
+#pragma GCC diagnostic ignored "-Wunused-function"  /* clang: static inline helpers a network does not use */
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wunused-local-typedefs"
+#pragma GCC diagnostic ignored "-Wpsabi"  /* vectors passed between static helpers, never across the ABI */
+#endif
+#endif
+"""
+
+_MAIN_C = _PRELUDE + r"""/* Demo: run the network once on inputs read from a file, write the outputs to a file.
  *
  *   ./demo weights.bin inputs.bin outputs.bin [repeats]
  *
@@ -151,7 +167,7 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    _write(d / "model.c", named('#include "model.h"\n' + net.source))
+    _write(d / "model.c", named(_PRELUDE + '#include "model.h"\n' + net.source))
     header = net.header
     for kind, group in zip(("input", "output"), names or ((), ())):
         for k, name in enumerate(group):  # " *   input 0: float32 ..." -> " *   input 0 "x": float32 ..."
@@ -164,13 +180,15 @@ def export(net: NetSource, directory: str | os.PathLike, *, readme: str = "",
                        + [f"  output {k}: {list(s)}" for k, s in enumerate(net.output_shapes)])
     _write(d / "README.txt",
         (readme.rstrip() + "\n\n" if readme else "")
-        + "A felixjax whole-network build. Build with `make` (needs only a C compiler; OpenMP optional:\n"
-        "`make CFLAGS=\"-O3 -march=native\"` builds it single-threaded).\n\n"
+        + "A felixjax whole-network build. Build with `make` (needs a GNU C compiler, gcc: the kernels use its vector\n"
+        "extensions and builtins; clang builds some networks, and model.c stops with an #error where it cannot;\n"
+        "POSIX for clock_gettime; OpenMP optional: `make CFLAGS=\"-O3 -march=native\"` builds it single-threaded).\n"
+        "Your own flags work too (-std=c11, -Wall -Wextra -Werror, -ffast-math).\n\n"
         "  make\n  ./demo weights.bin inputs.bin outputs.bin [repeats]\n\n"
         "inputs.bin / outputs.bin: all inputs / outputs in order, raw little-endian float32, row-major.\n"
         f"Tensors:\n{shapes}\n\n"
         "weights.bin is packed for this model.c's schedules (layouts differ from the ONNX file's and between\n"
-        "builds): use it only with this model.c (fj_model_weights_match checks; the demo refuses another).\n"
-        "Threads: OMP_NUM_THREADS, else every core (fj_model_set_threads sets the calling thread's count).\n\n"
+        f"builds): use it only with this model.c ({prefix}weights_match checks; the demo refuses another).\n"
+        f"Threads: OMP_NUM_THREADS, else every core ({prefix}set_threads sets the calling thread's count).\n\n"
         f"Link model.c into your program and see model.h for the interface ({prefix}init, {prefix}run).\n")
     return d
