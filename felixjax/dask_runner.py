@@ -23,11 +23,20 @@ so a run through Dask records the same configs and statuses in the same order as
 * **A worker dying** mid-measurement: Dask re-runs its task up to the scheduler's
   ``allowed-failures``, then reports it; the runner re-queues such a candidate ``requeue`` (1) more
   time, then records it as a ``runtime_error``. Dask reports every task queued on the dead worker
-  too: only the first unfinished candidates (one per measuring worker: a batch is measured in its
-  order, by task priority) are charged a try, the rest are re-queued as they were (a second death
-  once recorded candidates that never ran as failures). Results are fetched as soon as they finish
-  and every record is committed by the session as it arrives: nothing measured is lost. (With
-  ``allowed-failures`` 0, as :func:`local_cluster` sets, a candidate is re-queued exactly once.)
+  too (a ``KilledWorker`` naming that worker): only the one it was running is charged a try, the rest
+  are re-queued as they were. Which one ran: each measuring task logs a start event
+  (:data:`START_TOPIC`) naming itself and its worker; where that event never arrived (a kernel
+  killing its worker at once), the dead worker's highest-priority task (a worker runs its tasks in
+  priority order: a batch's order). Charging the first unfinished candidates of the batch instead
+  recorded, with two measuring workers, candidates queued on the dead one that never ran as
+  failures (a user's review: 3 of 16). A candidate Dask cancels (its scattered input arrays were
+  lost with the workers holding them; they are scattered again) is re-queued uncharged. Results
+  are fetched as soon as they finish and every record is committed by the session as it arrives:
+  nothing measured is lost. (With ``allowed-failures`` 0, as :func:`local_cluster` sets, a killer is
+  re-queued exactly once.)
+* **A worker without a compiler** (``builds="device"`` or ``"cluster"``): its candidates are
+  ``compile_error`` records, as in a local run with no ``gcc``, their error naming the worker
+  (``on the Dask worker tcp://... (host H, pid P): cannot run gcc: ...``).
 * **The scheduler going away**: :class:`SchedulerLostError` after ``lost_after_s`` without it; what
   was measured is in the database, unmeasured claims are released, and running the same command
   again resumes the run. No worker advertising the device resource for ``no_device_s`` while work
@@ -61,6 +70,8 @@ from codegen.run.subproc import SubprocessRunner
 
 BUILD_MODES = ("auto", "cluster", "device", "driver")
 SCATTER_TIMEOUT_S = 30.0  # one attempt of broadcasting a request's arrays (normally milliseconds)
+START_TOPIC = "felixjax-measure-start"  # the Dask event a measuring task logs as it starts (codegen.run.remote)
+DEATH_GRACE_S = 0.3  # after a worker's first reported task, the wait for the rest of its tasks' reports
 
 
 class ClusterError(RuntimeError):
@@ -220,7 +231,7 @@ class DaskRunner:
         inputs, expected = self._data(request)
         bare = dataclasses.replace(request, inputs=[], expected=None)
         return self.client.submit(remote.measure_job, self.factory, bare, inputs, expected,
-                                  source if build is None else None, build, self.build_cpus,
+                                  source if build is None else None, build, self.build_cpus, START_TOPIC,
                                   resources={self.resource: 1}, pure=False, priority=priority)
 
     def measure_stream(self, sources: Sequence[str], requests: Sequence[RunRequest]) -> Iterator[MeasureResult]:
@@ -275,6 +286,8 @@ class DaskRunner:
         with contextlib.suppress(SchedulerLostError):
             self._devices()  # how many candidates can be on a device at once (see the re-queue below)
         index = {f.key: i for i, f in enumerate(futs)}
+        prio = [n - i for i in range(n)]
+        charged: dict[tuple, Any] = {}  # a dead worker (address, id) -> the key of the task it was running
         tries = [0] * len(futs)
         done: dict[int, MeasureResult] = {}
         ready: queue.Queue = queue.Queue()
@@ -320,11 +333,16 @@ class DaskRunner:
                 if isinstance(res, MeasureResult):
                     done[i] = res
                 else:  # its worker died (or its data was lost)
-                    # Dask fails every task queued on a dead worker; measured in order (priorities), only the
-                    # first unfinished candidates (one per measuring worker) can have been running: only they
-                    # are charged a try, the rest go back to the queue as they were
                     pending = [j for j in range(nxt, len(futs)) if j not in done]
-                    running = i in pending[:max(1, self._device_peak)]
+                    death = _killed_on(f)
+                    if death is not None:  # Dask fails every task queued on a dead worker: charge the one it ran
+                        if death not in charged:
+                            charged[death] = self._running_key(death, [(futs[j], prio[j]) for j in pending])
+                        running = charged[death] == f.key
+                    elif res == "cancelled":  # its input arrays were lost with the workers holding them: never ran
+                        running = False
+                    else:  # a lost result: the first unfinished candidates (one per device)
+                        running = i in pending[:max(1, self._device_peak)]
                     if running and tries[i] >= self.requeue:
                         done[i] = MeasureResult("runtime_error", error=f"the measuring worker died or was lost "
                                                 f"{tries[i] + 1} times while measuring it ({res})")
@@ -332,7 +350,8 @@ class DaskRunner:
                     tries[i] += running
                     self.requeued += 1
                     b = builds[i] if self._alive(builds[i]) else self._builds([sources[i]], self.build_mode())[0]
-                    futs[i] = self._guard(self._submit, sources[i], requests[i], b, 2 * n - i)
+                    prio[i] = 2 * n - i
+                    futs[i] = self._guard(self._submit, sources[i], requests[i], b, prio[i])
                     index[futs[i].key] = i
                     futs[i].add_done_callback(ready.put)
         finally:
@@ -342,6 +361,22 @@ class DaskRunner:
                     self.client.cancel(rest)
                 except Exception:  # noqa: BLE001 - best effort
                     pass
+
+    def _running_key(self, death: tuple, candidates: list[tuple[Any, int]]) -> Any:
+        """The key of the task the dead worker ``death`` was running, among ``candidates`` (future, priority):
+        the one whose start event names that worker, else the highest priority of those it was given."""
+        time.sleep(DEATH_GRACE_S)  # the scheduler fails a dead worker's tasks at once: let every report arrive
+        on = [(f, p) for f, p in candidates if f.status == "error" and _killed_on(f) == death]
+        if not on:
+            return None
+        try:
+            events = self.client.get_events(START_TOPIC)
+        except Exception:  # noqa: BLE001 - no events: the priorities decide
+            events = ()
+        started = {m.get("key") for _, m in events if isinstance(m, dict) and m.get("worker") == death[0]
+                   and m.get("id") in (None, death[1])}
+        ran = [f.key for f, _ in on if f.key in started]
+        return ran[0] if ran else max(on, key=lambda fp: fp[1])[0].key
 
     @staticmethod
     def _alive(build: Any) -> bool:
@@ -404,6 +439,20 @@ class DaskRunner:
         self._scattered.clear()
         self._shipped.clear()
         self._device_sources.clear()
+
+
+def _killed_on(f: Any) -> tuple[str, Any] | None:
+    """(address, id) of the worker whose death failed the future ``f`` (Dask's ``KilledWorker``), else None."""
+    if f.status != "error":
+        return None
+    try:
+        exc = f.exception()
+    except Exception as e:  # noqa: BLE001
+        exc = e
+    worker = getattr(exc, "last_worker", None)
+    if type(exc).__name__ != "KilledWorker" or not getattr(worker, "address", None):
+        return None
+    return worker.address, getattr(worker, "server_id", None)
 
 
 def _read(b: BuildResult) -> bytes | None:

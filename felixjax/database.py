@@ -87,6 +87,9 @@ CREATE TABLE IF NOT EXISTS claims (
 );
 """
 
+#: seconds a claim holds when its owner cannot be checked (another host's process): :meth:`Database.claim`
+CLAIM_TTL_S = 3600.0
+
 _COLUMNS = ("task_key", "target_key", "run", "trial", "sketch", "config", "status", "latency", "latencies",
             "error", "build_s", "run_s", "timestamp", "elapsed_s", "flops", "task", "target")
 
@@ -501,7 +504,7 @@ class Database:
 
     # ---- claims: concurrent tuners of one run measure each configuration once --------------------
     def claim(self, task: Task, target: Target | str, run: str, configs: Iterable[Config], *,
-              owner: str | None = None, ttl_s: float = 3600.0, budget: int | None = None) -> list[Config]:
+              owner: str | None = None, ttl_s: float = CLAIM_TTL_S, budget: int | None = None) -> list[Config]:
         """Atomically claim the configurations of ``configs`` that are neither measured in (task, target,
         run) nor claimed by another live owner; returns those claimed, in their order (duplicates once).
         ``budget``: the run's trials; no more are claimed than it leaves after the run's records and the
@@ -554,19 +557,24 @@ class Database:
 
         return self._run(txn)
 
-    def release(self, task: Task, target: Target | str, run: str, configs: Iterable[Config] | None = None, *,
-                owner: str | None = None) -> int:
+    def release(self, task: Task | None = None, target: Target | str | None = None, run: str | None = None,
+                configs: Iterable[Config] | None = None, *, owner: str | None = None) -> int:
         """Drop ``owner``'s claims in (task, target, run): those of ``configs``, or all when ``None``;
-        returns how many were dropped."""
+        returns how many were dropped. ``task``, ``target`` and ``run`` left out: the owner's claims
+        everywhere, e.g. ``db.release(owner="hostB:4242")`` for a tuner that died on another host (its
+        claims would hold for an hour: :meth:`claim`'s ``ttl_s``)."""
         owner = owner or _owner()
-        scope = (task.key, _target_key(target), run)
-        where = "task_key = ? AND target_key = ? AND run = ? AND owner = ?"
+        if configs is not None and (task is None or target is None or run is None):
+            raise ValueError("release(configs=...) takes the task, target and run of those configs")
+        where, scope = self._where(task, target, run)
+        where = (where + " AND" if where else "WHERE") + " owner = ?"
+        scope = tuple(scope) + (owner,)
 
         def txn(c: sqlite3.Connection) -> int:
             if configs is None:
-                return c.execute(f"DELETE FROM claims WHERE {where}", scope + (owner,)).rowcount
+                return c.execute(f"DELETE FROM claims {where}", scope).rowcount
             c.execute("BEGIN IMMEDIATE")
-            n = sum(c.execute(f"DELETE FROM claims WHERE {where} AND config = ?", scope + (owner, cfg.dumps())).rowcount
+            n = sum(c.execute(f"DELETE FROM claims {where} AND config = ?", scope + (cfg.dumps(),)).rowcount
                     for cfg in dict.fromkeys(configs))
             c.execute("COMMIT")
             return n
@@ -574,11 +582,12 @@ class Database:
         return self._run(txn)
 
     def claims(self, task: Task | None = None, target: Target | str | None = None, *,
-               run: str | None = None) -> list[tuple[Config, str]]:
-        """The claims on record (expired ones included until a :meth:`claim` clears them): (config, owner)."""
+               run: str | None = None, created: bool = False) -> list[tuple]:
+        """The claims on record (expired ones included until a :meth:`claim` clears them): (config, owner),
+        with ``created`` (config, owner, the Unix time it was made or last renewed)."""
         where, args = self._where(task, target, run)
-        return [(Config.from_json(k), o) for k, o in
-                self._query(f"SELECT config, owner FROM claims {where} ORDER BY created, config", args)]
+        rows = self._query(f"SELECT config, owner, created FROM claims {where} ORDER BY created, config", args)
+        return [(Config.from_json(k), o, t) if created else (Config.from_json(k), o) for k, o, t in rows]
 
     # ---- reading -------------------------------------------------------------------------------
     def _rows(self, where: str, args: tuple, order: str = "id") -> Iterator[TuningRecord]:

@@ -56,7 +56,7 @@ from costmodels import kendall_tau
 
 from .context import SearchContext
 from .cost_aware import CostAware, Screen
-from .database import Database, TuningRecord
+from .database import CLAIM_TTL_S, Database, TuningRecord
 from .measurer import Measurer
 from .model import OnlineCostModel, make_ranker
 from .strategies import Strategy, get_strategy
@@ -128,6 +128,28 @@ def _same_kind(history: list, replayed: bool, task: Task, run: str) -> None:
         kinds = ("measured", "replayed (synthetic)") if replayed else ("replayed (synthetic)", "measured")
         raise ValueError(f"run {run!r} of {task.name} holds {other} {kinds[0]} record(s) in this database; a "
                          f"{kinds[1]} run cannot continue it: use another database or run name")
+
+
+def _warn_claimed(db: Any, tr: TaskRun, target_key: str) -> None:
+    """Say why ``tr`` ends "claimed": each owner of its run's claims, since when, when they expire, and
+    the call that releases them (a tuner that died on another host keeps its claims ``CLAIM_TTL_S``)."""
+    held: dict[str, list] = {}
+    for _, who, made in db.claims(tr.task, target_key, run=tr.run, created=True):
+        held.setdefault(who, []).append(made)
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    owners = "; ".join(f"{who} holds {len(ts)} (claimed since {stamp(min(ts))}, expiring "
+                       f"{stamp(max(ts) + CLAIM_TTL_S)})" for who, ts in held.items()) or "none left"
+    path = str(getattr(db, "path", "PATH"))
+    path = path if path.startswith((":memory:", "file:")) else os.path.abspath(path)
+    clear = " ".join(f"fj.Database({path!r}).release(owner={who!r})." for who in held)
+    warnings.warn(f"{tr.task.name} run {tr.run!r} ends 'claimed' at {len(tr.ctx.history)} trials: every proposal "
+                  f"was held by another tuner for {CLAIM_WAITS} waits of {CLAIM_WAIT_S:g} s. Claims: {owners}. A "
+                  f"claim lasts until its record is stored, its process on the same host is gone, or "
+                  f"{CLAIM_TTL_S:g} s have passed (another host's dead tuner keeps its claims that long). If that "
+                  f"tuner is gone, release its claims and rerun: {clear}", RuntimeWarning, stacklevel=3)
 
 
 def whole_number(v: Any) -> bool:
@@ -471,6 +493,7 @@ class TuningSession:
             if not cands:  # another live tuner on this run holds every proposal: wait for its records, propose again
                 tr.waits += 1
                 if tr.waits > CLAIM_WAITS:
+                    _warn_claimed(self.db, tr, self.target_key)  # who holds them, since when, how to clear them
                     return self._finish(tr, "claimed", t0)
                 time.sleep(CLAIM_WAIT_S)
                 self._pick_up_others(tr)

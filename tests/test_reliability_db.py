@@ -377,6 +377,48 @@ def test_default_owner_is_host_and_pid(tmp_path):
         assert db.release(TASK, TARGET, "r:0") == 2
 
 
+def test_a_dead_tuners_claims_are_released_by_owner_everywhere(tmp_path):
+    # session 77: a tuner that died on another host holds its claims for an hour; one call clears them
+    cs = configs(4)
+    with Database(tmp_path / "c.db") as db:
+        t0 = time.time()
+        db.claim(TASK, TARGET, "r:0", cs[:2], owner="hostB:4242")
+        db.claim(TASK, TARGET, "r:1", cs[2:], owner="hostB:4242")
+        db.claim(TASK, TARGET, "r:1", cs[:2], owner="hostC:1")
+        [(cfg, who, made)] = [c for c in db.claims(run="r:0", created=True)][:1]
+        assert cfg == cs[0] and who == "hostB:4242" and t0 - 1 <= made <= time.time() + 1
+        assert all(len(c) == 2 for c in db.claims())  # the (config, owner) pairs as before
+        with pytest.raises(ValueError, match="takes the task, target and run"):
+            db.release(configs=cs, owner="hostB:4242")
+        assert db.release(TASK, TARGET, "r:1", [cs[2]], owner="hostB:4242") == 1
+        assert db.release(owner="hostB:4242") == 3  # both runs
+        assert {o for _, o in db.claims()} == {"hostC:1"}
+
+
+def test_a_run_ending_claimed_names_the_holder_and_how_to_clear_it(tmp_path, monkeypatch):
+    # session 77 (a user's review): a rerun whose proposals a dead tuner on another host still held waited
+    # 300 x 1 s and ended "claimed" short of its budget, saying by whom or how to clear it nowhere
+    import felixjax.session as session_mod
+    from felixjax.testing import ReplayRunner
+
+    monkeypatch.setattr(session_mod, "CLAIM_WAIT_S", 0.0)
+    monkeypatch.setattr(session_mod, "CLAIM_WAITS", 2)
+    path = tmp_path / "c.db"
+    with Database(path) as db, session_mod.TuningSession(db=db, measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg),
+                                                         progress=False) as s:
+        tr = s.add(TASK, "random", trials=6)
+        db.claim(TASK, s.target_key, tr.run, configs(3), owner="hostB:4242")
+        monkeypatch.setattr(db, "claim", lambda *a, **k: [])  # every proposal held
+        with pytest.warns(RuntimeWarning) as caught:
+            while not tr.done:
+                s.step(tr)
+        assert tr.stop_reason == "claimed"
+        [msg] = [str(w.message) for w in caught if "ends 'claimed'" in str(w.message)]
+        assert "hostB:4242 holds 3 (claimed since " in msg and "3600 s" in msg
+        assert f"fj.Database({str(path)!r}).release(owner='hostB:4242')" in msg
+        assert Database.release(db, owner="hostB:4242") == 3
+
+
 def test_concurrent_claimers_split_the_configs(tmp_path):
     path = tmp_path / "c.db"
     Database(path).close()

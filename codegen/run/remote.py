@@ -11,7 +11,13 @@
   ``subprocess`` child, since worker processes are daemonic). It takes a shipped build, or builds
   the source itself first (on the measuring host, between measurements: the measuring lock is not
   held while compiling). Kernel failures are statuses; any other error becomes a ``runtime_error``
-  result, so only the worker's death makes the task fail.
+  result, so only the worker's death makes the task fail. With ``announce`` it first logs a Dask event
+  (``{"key", "id"}``: this task, this worker) so that the driver can tell, when a worker dies, which of
+  the tasks queued on it was running (:func:`started`).
+* A compiler that cannot be run at all (``cannot run gcc: [Errno 2] ...``: a worker's environment, not
+  the config) is reported with the worker named (its Dask address, host and pid): :func:`where`.
+
+Dask is imported lazily, inside a worker only (:func:`_dask_worker`).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import socket
 import tempfile
 import threading
 import traceback
@@ -55,11 +62,46 @@ def pinned(cpus: Iterable[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, old)
 
 
+def _dask_worker() -> Any:
+    """The Dask worker running this task, or None (not in a worker, or no distributed)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except Exception:  # noqa: BLE001 - ValueError outside a worker, ImportError without distributed
+        return None
+
+
+def where() -> str:
+    """This measuring or building process, for messages: its Dask worker's address, host and pid."""
+    w, here = _dask_worker(), f"host {socket.gethostname()}, pid {os.getpid()}"
+    return f"the Dask worker {w.address} ({here})" if w is not None else here
+
+
+def _named(res: Any) -> Any:
+    """``res`` (a BuildResult or a MeasureResult) with this worker named when its compiler could not be
+    run at all (an environment failure: every build of this worker fails alike, the driver's says which)."""
+    error = getattr(res, "error", None) or ""
+    if getattr(res, "status", None) == "compile_error" and error.startswith("cannot run "):
+        return dataclasses.replace(res, error=f"on {where()}: {error}")
+    return res
+
+
+def started(topic: str) -> None:
+    """Log a Dask event on ``topic``: this task (``key``) started on this worker (``id``; the scheduler adds
+    its address as ``worker``). Best effort: a worker killed at once may never send it."""
+    w = _dask_worker()
+    if w is None:
+        return
+    with contextlib.suppress(Exception):
+        w.log_event(topic, {"key": w.get_current_task(), "id": w.id})
+
+
 def build_job(source: str, flags: tuple[str, ...], timeout_s: float = 60.0,
               cpus: Iterable[int] | None = None) -> Shipped:
     """Compile ``source`` here (through this host's build cache); ship the library's bytes."""
     with pinned(cpus):
-        res = build(source, flags=flags, timeout_s=timeout_s)
+        res = _named(build(source, flags=flags, timeout_s=timeout_s))
     if res.status != "ok" or res.lib_path is None:
         return Shipped(res)
     with open(res.lib_path, "rb") as f:
@@ -115,10 +157,13 @@ atexit.register(close_runners)
 
 def measure_job(factory: Callable[[], Any], request: RunRequest, inputs: list | None = None, expected: Any = None,
                 source: str | None = None, shipped: Shipped | None = None,
-                build_cpus: Iterable[int] | None = None) -> MeasureResult:
+                build_cpus: Iterable[int] | None = None, announce: str | None = None) -> MeasureResult:
     """Measure ``request`` on this worker's device: against ``shipped`` (a build made elsewhere), or
     after building ``source`` here with the runner's own ``build`` (pinned to ``build_cpus``).
-    ``inputs`` / ``expected`` replace the request's arrays when given (sent apart, once per batch)."""
+    ``inputs`` / ``expected`` replace the request's arrays when given (sent apart, once per batch).
+    ``announce``: a Dask event topic to log this task's start on (:func:`started`)."""
+    if announce:
+        started(announce)
     try:
         if inputs is not None:
             request = dataclasses.replace(request, inputs=list(inputs), expected=expected)
@@ -128,7 +173,7 @@ def measure_job(factory: Callable[[], Any], request: RunRequest, inputs: list | 
         else:
             with pinned(build_cpus):
                 [b] = runner.build([source])
-        return runner.run(request, build=b)
+        return _named(runner.run(request, build=b))
     except Exception:
         return MeasureResult("runtime_error", error="measuring worker failed: " + traceback.format_exc(limit=4))
 
