@@ -30,7 +30,6 @@ import socket
 import sqlite3
 import threading
 import time
-import urllib.parse
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +40,10 @@ from codegen.ops import Task
 from codegen.space import Config
 from codegen.target import Target
 
+from . import db_files
+from .db_files import APPLICATION_ID, COLUMNS, SCHEMA_VERSION
 from .errors import DatabaseError
 
-#: ``PRAGMA application_id`` of every felixjax database ("FJAX").
-APPLICATION_ID = 0x464A4158
-#: ``PRAGMA user_version``: the schema version this code writes (0 = unmarked, written before the marker).
-SCHEMA_VERSION = 1
 #: run-name prefix of in-network schedule choices (``retime:network:<run>``, :meth:`Database.network_choice`)
 NETWORK_PREFIX = "retime:network:"
 
@@ -90,8 +87,7 @@ CREATE TABLE IF NOT EXISTS claims (
 #: seconds a claim holds when its owner cannot be checked (another host's process): :meth:`Database.claim`
 CLAIM_TTL_S = 3600.0
 
-_COLUMNS = ("task_key", "target_key", "run", "trial", "sketch", "config", "status", "latency", "latencies",
-            "error", "build_s", "run_s", "timestamp", "elapsed_s", "flops", "task", "target")
+_COLUMNS = COLUMNS
 
 
 @dataclass(frozen=True)
@@ -176,12 +172,6 @@ def _target_key(target: Target | str) -> str:
     return target.key
 
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_KNOWN_TABLES = {"records", "meta", "claims", "record_info", "sqlite_sequence"}
-_CORRUPT_HINTS = ("malformed", "not a database", "corrupt", "disk image")
-_BUSY_HINTS = ("locked", "busy")
-
-
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -196,135 +186,6 @@ def _pid_alive(pid: int) -> bool:
     except (PermissionError, OSError):
         return True  # another user's live process (or we cannot tell): keep its claims
     return True
-
-
-def _writable(path: str) -> bool:
-    """Whether this process may write the database file and create its journal files beside it."""
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return False
-    if any(os.path.exists(f) and not os.access(f, os.W_OK) for f in (path + "-wal", path + "-shm")):
-        return False
-    return os.access(folder, os.W_OK | os.X_OK)
-
-
-def _uri(path: str, **params: str) -> str:
-    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + urllib.parse.urlencode(params)
-
-
-def _header(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(100)
-
-
-def _corrupted(path: str, why: str) -> DatabaseError:
-    why = " ".join(str(why).split())[:200]
-    return DatabaseError(f"{path}: corrupted felixjax database ({why}); refusing to use it: restore a backup, or "
-                         f"export what is still readable with the sqlite3 shell's .recover")
-
-
-def _readonly_error(path: str) -> DatabaseError:
-    # a journal file another user's (or a read-only open's) SQLite left behind, not writable by us, blocks
-    # writing as surely as the database file: name it, the database and folder look writable
-    stuck = [f for f in (path + "-wal", path + "-shm") if os.path.exists(f) and not os.access(f, os.W_OK)]
-    if stuck and os.access(path, os.W_OK):
-        return DatabaseError(f"{path}: its journal file {os.path.basename(stuck[0])} is read-only (left by another "
-                             f"user's or a read-only process); with no other process using the database, delete "
-                             f"{' and '.join(map(os.path.basename, stuck))} or make {'them' if len(stuck) > 1 else 'it'} writable")
-    return DatabaseError(f"{path}: the database is read-only (no write permission on the file or its folder); "
-                         f"reading commands (report, build, pretrain) work, writing (tune, compare) needs a writable "
-                         f"copy")
-
-
-def _unreadable_wal(path: str) -> DatabaseError | None:
-    """Read-only folder with a non-empty -wal left by a killed writer: SQLite cannot read its log
-    without making a -shm file, and reading the main file alone would miss records."""
-    wal = path + "-wal"
-    if os.path.exists(wal) and os.path.getsize(wal) > 0:
-        return DatabaseError(f"{path}: its write-ahead log ({os.path.basename(wal)}) cannot be read in a read-only "
-                             f"folder; open it once where the folder is writable (or copy the .db and .db-wal files "
-                             f"together to one)")
-    return None
-
-
-def _inspect(path: str, timeout: float) -> int:
-    """Check an existing file without writing to it; returns its ``user_version`` (0: unmarked, to stamp).
-
-    Raises `DatabaseError` for a non-SQLite file, another application's SQLite file, a newer schema or a
-    corrupted database."""
-    try:
-        head = _header(path)
-    except IsADirectoryError:
-        raise DatabaseError(f"{path}: is a folder, not a felixjax database") from None
-    except PermissionError:
-        raise DatabaseError(f"{path}: cannot read the database (permission denied)") from None
-    if not head:
-        return 0  # an empty file: SQLite treats it as a new database
-    if len(head) < 100 or not head.startswith(_SQLITE_MAGIC):
-        raise DatabaseError(f"{path}: not a felixjax database (not an SQLite file, or its header is corrupted); "
-                            f"left untouched")
-    app_id = int.from_bytes(head[68:72], "big", signed=True)
-    if app_id not in (0, APPLICATION_ID):
-        raise DatabaseError(f"{path}: not a felixjax database (SQLite application_id {app_id & 0xFFFFFFFF:#010x} "
-                            f"belongs to another application); left untouched")
-    # A WAL-mode file without a -wal file is closed by everyone: read it as immutable so that
-    # inspecting it creates no -shm/-wal files either; otherwise read it through its WAL.
-    wal = head[18] == 2 and head[19] == 2
-    params = {"mode": "ro"}
-    if wal and not os.path.exists(path + "-wal"):
-        params["immutable"] = "1"
-    try:
-        conn = sqlite3.connect(_uri(path, **params), uri=True, timeout=timeout, isolation_level=None,
-                               check_same_thread=False)
-        try:
-            conn.execute("PRAGMA application_id").fetchone()
-        except sqlite3.OperationalError as e:  # a WAL file left in a read-only folder: no -shm can be made
-            if not any(h in str(e).lower() for h in ("readonly", "read-only", "unable to open")):
-                raise
-            conn.close()
-            if (err := _unreadable_wal(path)) is not None:
-                raise err from None
-            conn = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True, timeout=timeout,
-                                   isolation_level=None, check_same_thread=False)
-    except sqlite3.OperationalError as e:
-        if any(h in str(e).lower() for h in _BUSY_HINTS):
-            raise DatabaseError(f"{path}: the database stayed locked by another process ({e})") from None
-        raise DatabaseError(f"{path}: cannot open the database ({e})") from None
-    except sqlite3.DatabaseError as e:
-        raise _corrupted(path, e) from None
-    try:
-        try:
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            columns = {t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}
-                       for t in ("records", "meta", "claims") if t in tables}
-        except sqlite3.DatabaseError as e:
-            if isinstance(e, sqlite3.OperationalError) and any(h in str(e).lower() for h in _BUSY_HINTS):
-                raise DatabaseError(f"{path}: the database stayed locked by another process ({e})") from None
-            raise _corrupted(path, e) from None
-        if app_id == APPLICATION_ID:
-            if version > SCHEMA_VERSION:
-                raise DatabaseError(f"{path}: written by a newer felixjax (schema {version}; this one reads up to "
-                                    f"{SCHEMA_VERSION}): upgrade felixjax")
-        elif tables:  # unmarked: a database of the previous version, recognized by its schema
-            foreign = sorted(tables - _KNOWN_TABLES)
-            if foreign or not {"records", "meta"} <= tables:
-                shown = ", ".join(sorted(tables - {"sqlite_sequence"})[:6])
-                raise DatabaseError(f"{path}: not a felixjax database (an SQLite file with other tables: {shown}); "
-                                    f"left untouched")
-            if not set(("id",) + _COLUMNS) <= columns["records"] or columns["meta"] != {"key", "value"}:
-                raise DatabaseError(f"{path}: not a felixjax database (its records/meta tables have other columns); "
-                                    f"left untouched")
-        try:
-            problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
-        except sqlite3.DatabaseError as e:
-            raise _corrupted(path, e) from None
-        if problems != ["ok"]:
-            raise _corrupted(path, "quick_check: " + "; ".join(problems))
-        return version if app_id == APPLICATION_ID else 0
-    finally:
-        conn.close()
 
 
 class Database:
@@ -355,7 +216,7 @@ class Database:
         exists = not memory and os.path.exists(self.path)
         if self.readonly and not memory and not exists:
             raise FileNotFoundError(f"{self.path}: no such database")
-        version = _inspect(self.path, busy) if exists else 0
+        version = db_files.inspect(self.path, busy) if exists else 0
         if self.readonly:
             if memory:
                 self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -368,8 +229,8 @@ class Database:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
             except OSError as e:
                 raise DatabaseError(f"{self.path}: cannot create the database's folder ({e.strerror})") from None
-            if not _writable(self.path):
-                raise _readonly_error(self.path)
+            if not db_files.writable(self.path):
+                raise db_files.readonly_error(self.path)
         try:
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy)
         except sqlite3.Error as e:
@@ -390,10 +251,10 @@ class Database:
         for params in ({"mode": "ro"}, {"mode": "ro", "immutable": "1"}):
             # immutable only when plain read-only fails: a read-only folder where no -shm file can be made
             # (and so no WAL writer can be at work either)
-            if "immutable" in params and (err := _unreadable_wal(self.path)) is not None:
+            if "immutable" in params and (err := db_files.unreadable_wal(self.path)) is not None:
                 raise err
             try:
-                conn = sqlite3.connect(_uri(self.path, **params), uri=True, check_same_thread=False,
+                conn = sqlite3.connect(db_files.uri(self.path, **params), uri=True, check_same_thread=False,
                                        isolation_level=None, timeout=busy)
                 conn.execute("SELECT COUNT(*) FROM records").fetchone()
                 return conn
@@ -402,7 +263,7 @@ class Database:
                 if "no such table" in str(e).lower():
                     raise DatabaseError(f"{self.path}: an empty file, not yet a felixjax database (no records to "
                                         f"read)") from None
-                if any(h in str(e).lower() for h in _BUSY_HINTS):
+                if any(h in str(e).lower() for h in db_files.BUSY_HINTS):
                     break
         raise DatabaseError(f"{self.path}: cannot open the database for reading ({last})")
 
@@ -430,7 +291,7 @@ class Database:
                         raise
                     err = e
             msg = str(err).lower()
-            if isinstance(err, sqlite3.OperationalError) and any(h in msg for h in _BUSY_HINTS):
+            if isinstance(err, sqlite3.OperationalError) and any(h in msg for h in db_files.BUSY_HINTS):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DatabaseError(f"{self.path}: the database stayed locked by another process for "
@@ -439,9 +300,11 @@ class Database:
                 delay = min(delay * 2, 2.0)
                 continue
             if "readonly" in msg or "read-only" in msg:
-                raise _readonly_error(self.path) from None
-            if not isinstance(err, sqlite3.OperationalError) or any(h in msg for h in _CORRUPT_HINTS):
-                raise _corrupted(self.path, err) from None
+                raise db_files.readonly_error(self.path) from None
+            if isinstance(err, sqlite3.ProgrammingError):  # the caller's values (a Target for its key), not the file
+                raise DatabaseError(f"{self.path}: {err} (nothing is wrong with the file)") from None
+            if not isinstance(err, sqlite3.OperationalError) or any(h in msg for h in db_files.CORRUPT_HINTS):
+                raise db_files.corrupted(self.path, err) from None
             if any(h in msg for h in ("disk i/o", "disk is full", "unable to open")):
                 hint = (" (is the disk full, or a file size limit reached? nothing stored before is lost)"
                         if "unable to open" not in msg else "")
@@ -693,14 +556,59 @@ class Database:
 
     def tasks(self) -> list[tuple[Task, str]]:
         """Distinct (task, target_key) pairs in the database."""
-        rows = self._query("SELECT task, target_key, MIN(id) FROM records GROUP BY task, target_key ORDER BY MIN(id)")
+        return [(task, key) for task, key, _ in self.task_targets()]
+
+    def task_targets(self) -> list[tuple[Task, str, dict]]:
+        """(task, target_key, target JSON) of each distinct pair, in order of its first record: grouped on the
+        index, one row decoded per pair (not the task JSON of every record)."""
+        rows = self._query("SELECT r.task, g.target_key, r.target, g.first FROM (SELECT task_key, target_key, "
+                           "MIN(id) AS first FROM records GROUP BY task_key, target_key) g JOIN records r ON "
+                           "r.id = g.first ORDER BY g.first")
         out = []
-        for t, k, rowid in rows:
+        for t, k, target, rowid in rows:
             try:
-                out.append((Task.from_json(json.loads(t)), k))
+                out.append((Task.from_json(json.loads(t)), k, json.loads(target)))
             except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
                 raise self._damaged(rowid, e) from None
         return out
+
+    def run_summaries(self) -> list[dict]:
+        """One dict per (task, target, run) of the histories (no re-timing rows), in order of its first
+        record, aggregated in SQL (a report of a million records decodes a row per run, not every record):
+        ``task``, ``target_key``, ``target`` (its JSON), ``run``, ``trials``, ``ok`` (correct and timed),
+        ``seconds`` (the run's clock at its last record), ``best_s`` (inf without a correct record) and its
+        ``sketch``, ``statuses`` ({failed status: count}) and ``retimed_s`` (the lowest end-of-run re-timing,
+        ``None`` without one)."""
+        ok, hist = "status = 'ok' AND latency IS NOT NULL", "run NOT LIKE 'retime:%'"
+        best = {r[:3]: r[3:] for r in self._query(
+            f"SELECT task_key, target_key, run, MIN(latency), sketch FROM records WHERE {ok} AND {hist} "
+            "GROUP BY task_key, target_key, run")}
+        failed: dict[tuple, dict[str, int]] = {}
+        for *key, status, n in self._query(f"SELECT task_key, target_key, run, status, COUNT(*) FROM records "
+                                           f"WHERE NOT ({ok}) AND {hist} GROUP BY task_key, target_key, run, status"):
+            failed.setdefault(tuple(key), {})[status] = n
+        again = {r[:3]: r[3] for r in self._query(
+            f"SELECT task_key, target_key, substr(run, 8), MIN(latency) FROM records WHERE {ok} AND run LIKE "
+            "'retime:%' GROUP BY task_key, target_key, substr(run, 8)")}
+        pairs = {(t.key, k): (t, target) for t, k, target in self.task_targets()}
+        out = []
+        for *key, trials, n_ok, seconds in self._query(
+                f"SELECT task_key, target_key, run, COUNT(*), SUM({ok}), MAX(elapsed_s) FROM records WHERE {hist} "
+                "GROUP BY task_key, target_key, run ORDER BY MIN(id)"):
+            key = tuple(key)
+            task, target = pairs[key[:2]]
+            lat, sketch = best.get(key, (math.inf, "-"))
+            out.append({"task": task, "target_key": key[1], "target": target, "run": key[2], "trials": trials,
+                        "ok": n_ok or 0, "seconds": seconds, "best_s": lat, "sketch": sketch,
+                        "statuses": failed.get(key, {}), "retimed_s": again.get(key)})
+        return out
+
+    def trial_latencies(self) -> list[tuple[str, str, str, float]]:
+        """``(task_key, target_key, run, latency)`` of every trial of every history (no re-timing rows), in
+        insertion order; ``inf`` for a failed trial. Only these columns: no record is decoded."""
+        return [(t, k, r, lat if lat is not None else math.inf) for t, k, r, lat in self._query(
+            "SELECT task_key, target_key, run, CASE WHEN status = 'ok' THEN latency END FROM records "
+            "WHERE run NOT LIKE 'retime:%' ORDER BY id")]
 
     def runs(self, *, retimes: bool = False) -> list[str]:
         """Names of the tuning runs (``retime:<run>`` rows, a session's end-of-run re-timings, only

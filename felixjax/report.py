@@ -24,44 +24,24 @@ def latency_unit(seconds: float) -> tuple[str, float]:
 
 def summary_rows(db: Database) -> list[dict]:
     """One row per (task, target, run): trials, statuses, best latency while tuning, its re-timing at the
-    end of the run where there is one (``retimed_ms``), and GFLOP/s."""
-    rows: dict[tuple, dict] = {}
-    labels: dict[str, dict] = {}
-    for rec in db.records():
-        key = (rec.task.key, rec.target_key, rec.run)
-        labels.setdefault(rec.target_key, rec.target)
-        row = rows.setdefault(key, {"task": rec.task.name, "run": rec.run, "trials": 0, "ok": 0, "failed": 0,
-                                    "best_ms": math.inf, "gflops": 0.0, "sketch": "-", "seconds": 0.0})
-        row["trials"] += 1
-        row["seconds"] = max(row["seconds"], rec.elapsed_s)
-        if rec.ok:
-            row["ok"] += 1
-            if rec.latency_s * 1e3 < row["best_ms"]:
-                row["best_ms"], row["gflops"], row["sketch"] = rec.latency_s * 1e3, rec.gflops, rec.config.sketch
-        else:
-            row["failed"] += 1
-            row.setdefault("statuses", {}).setdefault(rec.status, 0)
-            row["statuses"][rec.status] += 1
-    several = len({k[1] for k in rows}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell the rows apart
-    # the end-of-run re-timings (retime:<run>, the best configs timed again, interleaved): the figure fj.tune
-    # reports, beside best_ms, the minimum over the noisy timings while tuning
-    again: dict[tuple, float] = {}
-    for rec in db.records(retimes=True):
-        if rec.run.startswith("retime:") and rec.ok:
-            key = (rec.task.key, rec.target_key, rec.run[len("retime:"):])
-            again[key] = min(again.get(key, math.inf), rec.latency_s * 1e3)
+    end of the run where there is one (``retimed_ms``), and GFLOP/s. Aggregated in SQL
+    (:meth:`Database.run_summaries`): a database of a million records is not decoded record by record."""
+    runs = db.run_summaries()
+    several = len({r["target_key"] for r in runs}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell them apart
+    retimed = any(r["retimed_s"] is not None for r in runs)
     out = []
-    for key, row in rows.items():
-        target_key = key[1]
-        if again:
-            items = list(row.items())
-            at = [k for k, _ in items].index("best_ms") + 1
-            row = dict(items[:at] + [("retimed_ms", again.get(key))] + items[at:])
-        st = row.pop("statuses", {})
-        row["failures"] = ", ".join(f"{k}={v}" for k, v in sorted(st.items())) or "-"
-        del row["failed"]
+    for r in runs:
+        best = r["best_s"]
+        row = {"task": r["task"].name, "run": r["run"], "trials": r["trials"], "ok": r["ok"],
+               "best_ms": best * 1e3}
+        if retimed:  # the end-of-run re-timings (retime:<run>, the best configs timed again, interleaved): the
+            # figure fj.tune reports, beside best_ms, the minimum over the noisy timings while tuning
+            row["retimed_ms"] = None if r["retimed_s"] is None else r["retimed_s"] * 1e3
+        row.update(gflops=r["task"].flops / best / 1e9 if math.isfinite(best) and best > 0 else 0.0,
+                   sketch=r["sketch"], seconds=max(r["seconds"], 0.0),
+                   failures=", ".join(f"{k}={v}" for k, v in sorted(r["statuses"].items())) or "-")
         if several:
-            row = {"task": row["task"], "target": target_label(target_key, labels.get(target_key)), **row}
+            row = {"task": row["task"], "target": target_label(r["target_key"], r["target"]), **row}
         out.append(row)
     return out
 
@@ -107,12 +87,12 @@ def plot_curves(db: Database, path: str) -> str:
     series: dict[tuple[str, str], dict[str, list[float]]] = {}
     names: dict[tuple[str, str], str] = {}
     labels: dict[str, dict] = {}
-    for rec in db.records():
-        key = (rec.task.key, rec.target_key)
-        names.setdefault(key, rec.task.name)
-        labels.setdefault(rec.target_key, rec.target)
-        s = series.setdefault(key, {}).setdefault(rec.run, [])
-        lat = rec.latency_s if rec.ok and math.isfinite(rec.latency_s) and rec.latency_s > 0 else math.inf
+    for task, target_key, target in db.task_targets():  # one decoded row per (task, target), in database order
+        names[task.key, target_key] = task.name
+        labels.setdefault(target_key, target)
+    for task_key, target_key, run, lat in db.trial_latencies():  # the columns only, no record decoded
+        s = series.setdefault((task_key, target_key), {}).setdefault(run, [])
+        lat = lat if math.isfinite(lat) and lat > 0 else math.inf
         s.append(min(s[-1] if s else math.inf, lat))
     several_targets = len({k[1] for k in series}) > 1
     keys = list(series)

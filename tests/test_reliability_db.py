@@ -233,7 +233,7 @@ def test_readonly_open_reads_and_refuses_writes(tmp_path):
 def test_writing_a_readonly_file_says_read_only(tmp_path, monkeypatch):
     path = tmp_path / "ro.db"
     filled(path, 2)
-    monkeypatch.setattr(fjdb, "_writable", lambda p: False)  # as a non-root user sees a chmod 444 file
+    monkeypatch.setattr(fjdb.db_files, "writable", lambda p: False)  # as a non-root user sees a chmod 444 file
     with pytest.raises(DatabaseError, match="read-only") as e:
         Database(path)
     assert "not a felixjax database" not in str(e.value)

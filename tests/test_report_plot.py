@@ -158,3 +158,62 @@ def test_a_task_with_failures_only_and_an_empty_database_say_so(tmp_path, monkey
     (axes,) = seen
     assert [t.get_text() for t in axes[0].texts] == ["no correct kernel measured"]
     assert legends == [["random:0 (no correct kernel)"]]  # no line drawn: the legend says why
+
+
+def test_report_aggregates_in_sql_what_the_records_say(tmp_path):
+    # session 77 (a scalability review): report decoded every record twice in Python (120 s and 4.4 GB at a
+    # million records); it now aggregates in SQL. Checked against the records, one by one: several runs,
+    # two targets, failures of several kinds, re-timings, a network choice and a run without a correct kernel
+    import dataclasses
+    import math
+
+    import numpy as np
+
+    from codegen.measure import MeasureResult
+    from felixjax.database import TuningRecord
+
+    rng = np.random.default_rng(7)
+    task, other = fj.ops.matmul(16, 16, 16), fj.ops.matmul(32, 16, 8)
+    space = fj.Space(task, "gemm_packed", fj.Target.cpu())
+    with fj.Database(str(tmp_path / "s.db")) as db:
+        for k in range(120):
+            t = (task, other)[k % 2]
+            sp = space if t is task else fj.Space(other, "gemm_packed", fj.Target.cpu())
+            tg = fj.Target.cpu(cores=1 + k % 3 // 2)
+            run = ("random:0", "gradient:1", "retime:random:0", "retime:network:gradient:1", "dead:0")[k % 5]
+            status = ("ok", "ok", "compile_error", "wrong_result", "ok")[k % 7 % 5] if run != "dead:0" else "timeout"
+            lat = tuple(float(x) for x in rng.uniform(1e-5, 1e-3, 3)) if status == "ok" else ()
+            rec = TuningRecord(t, tg.key, run, k, sp.sample(rng), MeasureResult(status, lat, "" if lat else "x"),
+                               float(k), tg.to_json())
+            db.add(rec)
+        with pytest.raises(fj.errors.DatabaseError, match="Error binding parameter.*nothing is wrong with the file"):
+            db.add(dataclasses.replace(rec, target_key=tg))  # session 77: a caller's Target was "corrupted database"
+        rows = report_mod.summary_rows(db)
+        recs = db.records(retimes=True)
+    want: dict = {}
+    for r in recs:
+        if r.run.startswith("retime:"):
+            continue
+        w = want.setdefault((r.task.name, r.target_key, r.run), {"trials": 0, "ok": 0, "best": math.inf,
+                                                                "fail": {}, "seconds": 0.0, "sketch": "-"})
+        w["trials"] += 1
+        w["seconds"] = max(w["seconds"], r.elapsed_s)
+        if r.ok:
+            w["ok"] += 1
+            if r.latency_s < w["best"]:
+                w["best"], w["sketch"] = r.latency_s, r.config.sketch
+        else:
+            w["fail"][r.status] = w["fail"].get(r.status, 0) + 1
+    labels = {r.target_key: report_mod.target_label(r.target_key, r.target) for r in recs}
+    assert len(rows) == len(want) and all("target" in row for row in rows)  # two targets: a column
+    for row in rows:
+        key = next(k for k in want if k[0] == row["task"] and labels[k[1]] == row["target"] and k[2] == row["run"])
+        w = want[key]
+        again = [r.latency_s for r in recs if r.ok and r.run == "retime:" + row["run"]
+                 and (r.task.name, r.target_key) == key[:2]]
+        assert (row["trials"], row["ok"], row["seconds"], row["sketch"]) == (w["trials"], w["ok"], w["seconds"],
+                                                                             w["sketch"])
+        assert row["best_ms"] == pytest.approx(w["best"] * 1e3) if w["ok"] else row["best_ms"] == math.inf
+        assert row["failures"] == (", ".join(f"{k}={v}" for k, v in sorted(w["fail"].items())) or "-")
+        assert row["retimed_ms"] == (pytest.approx(min(again) * 1e3) if again else None)
+    assert {row["run"] for row in rows} == {"random:0", "gradient:1", "dead:0"}
