@@ -425,3 +425,27 @@ def test_a_correct_result_without_a_finite_positive_time_is_stored_as_a_failure(
     first = res.history[0]
     assert first.status == "runtime_error" and "the timer returned" in first.result.error
     assert res.best.latency_s == pytest.approx(1e-3)
+
+
+def test_a_runs_best_and_failures_are_counted_as_the_history_grows():
+    # session 77 (a scalability review): every progress event rescanned the whole history (best, failures):
+    # ~90 ms a measured record in a resumed run of 30k records. Counted incrementally now, same answers.
+    import types
+
+    from felixjax.session import TaskRun
+
+    def rec(lat):
+        return types.SimpleNamespace(ok=lat is not None, latency_s=lat if lat is not None else float("inf"))
+
+    hist = []
+    tr = TaskRun(task=None, run="r:0", label="r", seed=0, strategy=None, ctx=types.SimpleNamespace(history=hist),
+                 trials=None, seconds=None, group="")
+    assert tr.counted() == (None, 0) and tr.best() is None
+    rng = np.random.default_rng(0)
+    for k in range(200):
+        hist.append(rec(None if k % 7 == 3 else float(rng.uniform(1, 2))))
+        if k % 13 == 0 or k == 199:
+            ok = [r for r in hist if r.ok]
+            assert tr.counted() == (min(ok, key=lambda r: r.latency_s), len(hist) - len(ok))
+    tr.ctx.history = hist[:5]  # replaced by a shorter one: counted again from the start
+    assert tr.counted() == (min((r for r in hist[:5] if r.ok), key=lambda r: r.latency_s), 1)
