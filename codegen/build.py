@@ -13,6 +13,11 @@ the compilers they left running (`clean_stale`) -- only when the owner pid is de
 compiler, only when its command line is still the recorded one; never by name alone. Compilers run
 in a process group of their own, killed as a whole on timeout.
 
+Building never trims the cache (a `.so` and its `.c` per key, ~20 KB for a small op). A cache hit sets the
+library's mtime, so mtime is its last use; `prune_cache` removes the least recently used keys (`felixjax
+cache --prune 2G`), never a key used in the last `KEEP_RECENT_S` seconds nor a live build's temporary files,
+and `build` compiles again when an entry vanishes between its hit and the check that follows.
+
 Example:
     >>> from codegen.build import build
     >>> r = build("void f(void) {}")
@@ -52,8 +57,10 @@ __all__ = [
     "build",
     "build_key",
     "build_many",
+    "cache_stats",
     "clean_stale",
     "default_cache_dir",
+    "prune_cache",
 ]
 
 CC = "gcc"
@@ -167,11 +174,12 @@ def build(
         path = str(lib) if status == "ok" else None
         return BuildResult(status, path, error, time.perf_counter() - start, cached, key)
 
-    if lib.exists():
-        if elf_intact(lib):
+    if _touch(lib):  # a hit: its mtime now says "used", for `prune_cache` (atime is unreliable: relatime, noatime)
+        if elf_intact(lib):  # False too when it vanished since (pruned by another process): built again below
             return result("ok", cached=True)
-        with contextlib.suppress(OSError):  # cut short (a crash or power loss mid-write): built again below
-            lib.unlink()
+        if lib.exists() and not elf_intact(lib):  # cut short (a crash or power loss mid-write): built again below
+            with contextlib.suppress(OSError):
+                lib.unlink()
     _clean_once(cache)
     fd, tmp_c = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{key[:16]}-", suffix=".c", dir=cache)
     tmp_so = tmp_c[:-2] + ".so"
@@ -189,6 +197,18 @@ def build(
         for leftover in (tmp_c, tmp_so):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def _touch(path: Path) -> bool:
+    """Whether the library at `path` exists, setting its mtime to now when it does (one syscall). A cache
+    this user may not write (a shared, read-only one) still serves its hits, untouched."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return path.exists()
 
 
 def elf_intact(path: str | os.PathLike) -> bool:
@@ -452,3 +472,198 @@ def _trim(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n... [{len(text) - limit} more characters]"
+
+
+# ---- the cache's size: listing and pruning ------------------------------------------------------------------
+# A library is "used" when it is built or served from the cache (`build` sets its mtime then). One used this
+# recently is never pruned: a process that got it from `build` may be about to load it (a measurement batch is
+# built first, then loaded kernel by kernel), and a library deleted before its dlopen() fails that trial.
+# Deleting one already loaded is harmless (Linux keeps the mapped file until it is unloaded).
+KEEP_RECENT_S = 600.0
+_KEY_RE = re.compile(r"^([0-9a-f]{64})\.")  # `<key>.so`, `<key>.c` and any other `<key>.*` sidecar
+_KERNEL_SUBDIRS = ("dask-libs",)  # libraries shipped from Dask workers (codegen.run.remote), `<key>.so` too
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """What a build cache holds (`cache_stats`): sizes are the files' lengths, times are mtimes (last use).
+
+    Attributes:
+        path: the cache folder.
+        bytes: total size of its files (kernels, temporary files and anything else in it; not its other
+            caches' subfolders such as `jax/`).
+        files: number of those files.
+        kernels: number of cache keys (a `.so` with its `.c`).
+        oldest, newest: the least and most recent last use of a kernel (epoch seconds), None when empty.
+        live_tmp: temporary files of builds running now (never removed).
+        recent: kernels used in the last `KEEP_RECENT_S` seconds (never pruned).
+    """
+
+    path: str
+    bytes: int
+    files: int
+    kernels: int
+    oldest: float | None
+    newest: float | None
+    live_tmp: int
+    recent: int
+
+
+@dataclasses.dataclass
+class _Group:
+    """The files of one cache key: (path, size, mtime_ns) each."""
+
+    files: list[tuple[str, int, int]]
+
+    @property
+    def size(self) -> int:
+        return sum(f[1] for f in self.files)
+
+    @property
+    def last_use_ns(self) -> int:
+        return max(f[2] for f in self.files)
+
+
+def _scan(cache: Path) -> tuple[dict[tuple[str, str], _Group], list[tuple[str, int, bool]], int, int]:
+    """The kernel cache's files: key groups, temp files (path, size, owner alive) and the count and size
+    of other files (not ours: listed, never removed)."""
+    groups: dict[tuple[str, str], _Group] = {}
+    tmp: list[tuple[str, int, bool]] = []
+    other_n = other_bytes = 0
+    alive: dict[int, bool] = {}
+    for folder in (cache, *(cache / d for d in _KERNEL_SUBDIRS)):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed meanwhile
+            m, t = _KEY_RE.match(e.name), _TMP_RE.match(e.name)
+            if m:
+                groups.setdefault((str(folder), m.group(1)), _Group([])).files.append(
+                    (e.path, st.st_size, st.st_mtime_ns))
+            elif t:
+                owner = int(t.group(1))
+                if owner not in alive:
+                    alive[owner] = owner == os.getpid() or _pid_alive(owner)
+                tmp.append((e.path, st.st_size, alive[owner]))
+            else:
+                other_n, other_bytes = other_n + 1, other_bytes + st.st_size
+    return groups, tmp, other_n, other_bytes
+
+
+def cache_stats(cache_dir: str | os.PathLike | None = None, *, keep_recent_s: float = KEEP_RECENT_S
+                ) -> CacheStats:
+    """Sizes, counts and ages of the build cache (default `default_cache_dir()`).
+
+    Example:
+        >>> import tempfile
+        >>> cache_stats(tempfile.mkdtemp()).kernels
+        0
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    groups, tmp, other_n, other_bytes = _scan(cache)
+    uses = [g.last_use_ns / 1e9 for g in groups.values()]
+    cutoff = time.time() - keep_recent_s
+    return CacheStats(
+        path=str(cache),
+        bytes=sum(g.size for g in groups.values()) + sum(t[1] for t in tmp) + other_bytes,
+        files=sum(len(g.files) for g in groups.values()) + len(tmp) + other_n,
+        kernels=len(groups),
+        oldest=min(uses) if uses else None,
+        newest=max(uses) if uses else None,
+        live_tmp=sum(1 for t in tmp if t[2]),
+        recent=sum(1 for u in uses if u > cutoff),
+    )
+
+
+def prune_cache(
+    max_bytes: int | None = None,
+    older_than_s: float | None = None,
+    dry_run: bool = False,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    keep_recent_s: float = KEEP_RECENT_S,
+) -> tuple[int, int]:
+    """Deletes least-recently-used kernels from the build cache; returns (files removed, bytes freed).
+
+    Kernels last used more than `older_than_s` seconds ago go first, then the least recently used ones until
+    the cache holds at most `max_bytes` (`max_bytes=0`: every kernel). A kernel's `.so`, `.c` and any other
+    `<key>.*` file go together; "used" is its last build or cache hit (`build` sets the mtime). Safe beside
+    running tuners: temporary files of live builds stay (those of dead processes go, as in `clean_stale`), so
+    do kernels used in the last `keep_recent_s` seconds (a process may be about to load one), and a library
+    that a `build` serves while it is being pruned is put back. With `dry_run`, counts what would go and
+    removes nothing.
+
+    Example:
+        >>> import tempfile
+        >>> prune_cache(max_bytes=0, cache_dir=tempfile.mkdtemp())
+        (0, 0)
+    """
+    if max_bytes is not None and max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0 (got {max_bytes})")
+    if older_than_s is not None and older_than_s < 0:
+        raise ValueError(f"older_than_s must be >= 0 (got {older_than_s})")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    groups, tmp, _, other_bytes = _scan(cache)
+    now_ns = time.time_ns()
+    keep_ns = now_ns - int(keep_recent_s * 1e9)
+    removed = freed = 0
+    # temporary files of dead processes: what the next build would remove anyway
+    dead = {p: size for p, size, live in tmp if not live}
+    if dead:
+        if dry_run:
+            removed, freed = len(dead), sum(dead.values())
+        else:
+            gone = set()
+            for folder in {os.path.dirname(p) for p in dead}:
+                gone.update(os.path.join(folder, name) for name in clean_stale(folder))
+            removed, freed = len(gone & dead.keys()), sum(dead[p] for p in gone & dead.keys())
+    total = sum(g.size for g in groups.values()) + sum(t[1] for t in tmp) + other_bytes - freed
+    order = sorted((g for g in groups.values() if g.last_use_ns <= keep_ns), key=lambda g: g.last_use_ns)
+    old_ns = None if older_than_s is None else now_ns - int(older_than_s * 1e9)
+    for g in order:
+        too_old = old_ns is not None and g.last_use_ns < old_ns
+        too_big = max_bytes is not None and total > max_bytes
+        if not (too_old or too_big):
+            break  # least recently used first: nothing later is older, and the size only shrinks
+        n, size = (len(g.files), g.size) if dry_run else _remove_group(g)
+        removed, freed, total = removed + n, freed + size, total - size
+    return removed, freed
+
+
+def _remove_group(g: _Group) -> tuple[int, int]:
+    """Removes one key's files, the library first: it is renamed aside (a temporary name of this process)
+    and looked at again, and put back if a `build` touched it after the scan (a cache hit it may load)."""
+    removed = freed = 0
+    for path, size, mtime_ns in sorted(g.files, key=lambda f: not f[0].endswith(".so")):
+        if path.endswith(".so"):
+            aside = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-prune-{os.path.basename(path)}")
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue  # another pruner, or a rebuild in flight: nothing of ours to count
+            except OSError:
+                return removed, freed
+            try:
+                touched = os.stat(aside).st_mtime_ns != mtime_ns
+            except OSError:
+                touched = False
+            if touched:
+                with contextlib.suppress(OSError):
+                    os.replace(aside, path)  # served meanwhile: keep the kernel, source and all
+                return removed, freed
+            path = aside
+        try:
+            os.unlink(path)
+            removed, freed = removed + 1, freed + size
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue
+    return removed, freed

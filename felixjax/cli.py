@@ -1,4 +1,4 @@
-"""The ``felixjax`` command line: tune, compare, build, zoo, report, pretrain, approx.
+"""The ``felixjax`` command line: tune, compare, build, zoo, report, pretrain, approx, cache.
 
 Errors in user input are one clear line on stderr and exit code 2, never a traceback.
 
@@ -177,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     from .approx import cli as approx_cli
 
     approx_cli.add_parser(add, _model_input_args)
+    from . import cache_cli
+
+    cache_cli.add_parser(add)
 
     z = add("zoo", "write a zoo model (seeded random weights) as ONNX")
     z.add_argument("name", help="resnet18 | mobilenet_v2 | vgg16 | transformer_block")
@@ -520,7 +523,14 @@ def _check_budgets(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"tune": _cmd_tune, "report": _cmd_report, "compare": _cmd_compare, "zoo": _cmd_zoo, "build": _cmd_build,
-            "pretrain": _cmd_pretrain, "approx": lambda args: _cmd_approx(args)}
+            "pretrain": _cmd_pretrain, "approx": lambda args: _cmd_approx(args),
+            "cache": lambda args: _cmd_cache(args)}
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from . import cache_cli
+
+    return cache_cli.run(args, UserError)
 
 
 def _cmd_approx(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 The descent, the features and the cost-model steps compile in seconds each on a small CPU; caching
 the executables on disk makes every later process (a resumed run, the next CLI call, the tests)
-skip those compilations. Set ``FELIXJAX_JAX_CACHE=0`` to turn it off, or to a folder to move it.
+skip those compilations. It lives in ``$FELIXJAX_CACHE/jax``, or ``~/.cache/felixjax/jax`` when that is unset;
+set ``FELIXJAX_JAX_CACHE=0`` to turn it off, or to a folder to move it. ``felixjax cache`` shows its size and
+``felixjax cache --clear`` empties it (with the build cache).
 """
 from __future__ import annotations
 
@@ -16,6 +18,27 @@ def _count_compiles(event: str, seconds: float, **_) -> None:
     global _COMPILE_S
     if event.startswith("/jax/core/compile/"):
         _COMPILE_S += seconds
+
+
+def cache_dir() -> str | None:
+    """Where felixjax puts JAX's cache: ``$FELIXJAX_JAX_CACHE`` when set (``0``: nowhere, None), else the
+    ``jax`` folder of ``$FELIXJAX_CACHE``, else ``~/.cache/felixjax/jax`` (a cache the user configured in JAX
+    itself, ``jax_compilation_cache_dir``, is used instead and not named here)."""
+    where = os.environ.get("FELIXJAX_JAX_CACHE")
+    if where == "0":
+        return None
+    base = os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
+    return where or os.path.join(base, "jax")
+
+
+def cache_files(path: str) -> list[os.DirEntry]:
+    """The JAX cache's own files in ``path`` (``<key>-cache``, and ``<key>-atime`` when JAX bounds its size):
+    what ``felixjax cache`` counts and ``--clear`` removes; anything else in the folder is left alone."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return []
+    return [e for e in entries if e.name.endswith(("-cache", "-atime")) and e.is_file(follow_symlinks=False)]
 
 
 def compile_seconds() -> float:
@@ -44,8 +67,7 @@ def enable() -> None:
 
     if jax.config.jax_compilation_cache_dir:
         return
-    base = os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
-    path = where or os.path.join(base, "jax")
+    path = cache_dir()
     try:
         os.makedirs(path, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", path)
