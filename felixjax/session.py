@@ -647,6 +647,7 @@ class TuningSession:
                 failed[cfg] = res
             return True
 
+        self._event(runs[0], "retime", configs=len(configs), repeats=repeats)  # seconds of silence otherwise
         for _ in range(repeats):
             seen.clear()
             self.measurer(task).measure(configs, keep)
@@ -707,6 +708,9 @@ class _ProgressPrinter:
         if p["event"] == "resumed":
             full = " (the budget: nothing left to measure)" if p.get("budget") and p["resumed"] >= p["budget"] else ""
             msg = f"resumed: {p['resumed']} records found in the database{full}, {b}"
+        elif p["event"] == "retime":
+            msg = (f"timing the best {p['configs']} configs again, {p['repeats']} times interleaved "
+                   f"(the result's best), {b} while tuning")
         elif p["event"] == "measured":
             eta = f"  ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None else ""
             msg = (f"round {p['round']:3d}: {p['in_round']}/{p['round_size']} measured  {p['trials']}{budget} trials  "

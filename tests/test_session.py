@@ -449,3 +449,14 @@ def test_a_runs_best_and_failures_are_counted_as_the_history_grows():
             assert tr.counted() == (min(ok, key=lambda r: r.latency_s), len(hist) - len(ok))
     tr.ctx.history = hist[:5]  # replaced by a shorter one: counted again from the start
     assert tr.counted() == (min((r for r in hist[:5] if r.ok), key=lambda r: r.latency_s), 1)
+
+
+def test_the_end_of_run_retiming_is_announced(capsys):
+    # session 77 (a review of long runs): the re-timing printed nothing (12.8 s of a 20 s call in silence)
+    events = []
+    res = fj.tune(T1, strategy="random", trials=8, batch=8, measurer=replay, progress=events.append, retime=2)
+    again = [e for e in events if e["event"] == "retime"]
+    assert len(again) == 1 and again[0]["repeats"] == 3 and again[0]["configs"] == len(res.retimed)
+    assert events.index(again[0]) == len(events) - 1  # after the last round, before the re-timing's results
+    fj.tune(T1, strategy="random", trials=8, batch=8, measurer=replay, retime=2)  # the default printer
+    assert "timing the best" in capsys.readouterr().err
