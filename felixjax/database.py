@@ -338,13 +338,7 @@ class Database:
         any, goes in the same transaction. ``number``: its ``trial`` is one past the largest trial number of
         its run (0 for the first), taken in the same transaction (two tuners of one run never number a trial
         twice; after a deleted row, numbers go on from the largest left)."""
-        r = rec.result
-        row = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
-               r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,
-               r.timestamp, rec.elapsed_s, rec.task.flops, json.dumps(rec.task.to_json(), sort_keys=True),
-               json.dumps(rec.target, sort_keys=True))
-
-        info = json.dumps(rec.info, sort_keys=True) if rec.info else None
+        row = _row(rec)
 
         def insert(c: sqlite3.Connection) -> tuple[int, int]:
             c.execute("BEGIN IMMEDIATE")
@@ -353,14 +347,9 @@ class Database:
                 n = c.execute("SELECT COALESCE(MAX(trial) + 1, 0) FROM records WHERE task_key = ? AND "
                               "target_key = ? AND run = ?", row[:3]).fetchone()[0]  # after a deleted row: no reuse
                 values = row[:3] + (n,) + row[4:]
-            cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
-                            f"({', '.join('?' * len(_COLUMNS))})", values)
-            if info is not None:
-                c.execute("INSERT INTO record_info (record_id, info) VALUES (?, ?)", (cur.lastrowid, info))
-            c.execute("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
-                      row[:3] + (row[5],))
+            rowid = _insert(c, values, rec.info)
             c.execute("COMMIT")
-            return cur.lastrowid, values[3]
+            return rowid, values[3]
 
         rowid, trial = self._run(insert)
         return dataclasses.replace(rec, id=rowid, trial=trial)  # its info too (it was dropped: res.history lost it)
@@ -636,21 +625,27 @@ class Database:
         line is checked before any is added: a line that is not a tuning record (cut off, not JSON, a missing or
         mistyped field, a correct result without a finite positive time) is a `DatabaseError` naming it, and
         nothing of the file is imported."""
-        held = {(t, k, run, trial, cfg, ts) for t, k, run, trial, cfg, ts in self._query(
-            "SELECT task_key, target_key, run, trial, config, timestamp FROM records")}
-        measured = {h[:3] + (h[4],) for h in held if not h[2].startswith("retime:")}
-        n = 0
-        for rec in _read_jsonl(path):  # every line checked before the first is added: a bad file adds nothing
-            key = (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.dumps(), rec.result.timestamp)
-            in_run = key[:3] + (key[4],)
-            if key in held or in_run in measured:
-                continue
-            self.add(rec)
-            held.add(key)
-            if not rec.run.startswith("retime:"):
-                measured.add(in_run)
-            n += 1
-        return n
+
+        def txn(c: sqlite3.Connection) -> int:  # one transaction: a bad line rolls back what came before it
+            c.execute("BEGIN IMMEDIATE")
+            held = {(t, k, run, trial, cfg, ts) for t, k, run, trial, cfg, ts in c.execute(
+                "SELECT task_key, target_key, run, trial, config, timestamp FROM records")}
+            measured = {h[:3] + (h[4],) for h in held if not h[2].startswith("retime:")}
+            n = 0
+            for rec in _read_jsonl(path):  # streamed: a DatabaseError at a bad line, nothing committed
+                row = _row(rec)
+                key, in_run = row[:4] + (row[5], row[12]), row[:3] + (row[5],)
+                if key in held or in_run in measured:
+                    continue
+                _insert(c, row, rec.info)
+                held.add(key)
+                if not rec.run.startswith("retime:"):
+                    measured.add(in_run)
+                n += 1
+            c.execute("COMMIT")
+            return n
+
+        return self._run(txn)
 
     def set_meta(self, key: str, value: str) -> None:
         self._run(lambda c: c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
@@ -660,11 +655,32 @@ class Database:
         return rows[0][0] if rows else default
 
 
-def _read_jsonl(path: str | os.PathLike) -> list[TuningRecord]:
-    """The records of a JSONL export, or a `DatabaseError` naming the first line that is not one (cut off,
-    not JSON, a missing or mistyped field, a correct result without a finite positive time)."""
+def _row(rec: TuningRecord) -> tuple:
+    """The records table's values of ``rec``, in :data:`_COLUMNS` order."""
+    r = rec.result
+    return (rec.task.key, rec.target_key, rec.run, rec.trial, rec.config.sketch, rec.config.dumps(), r.status,
+            r.latency_s if r.ok else None, json.dumps(list(r.latencies)), r.error, r.build_s, r.run_s,
+            r.timestamp, rec.elapsed_s, rec.task.flops, json.dumps(rec.task.to_json(), sort_keys=True),
+            json.dumps(rec.target, sort_keys=True))
+
+
+def _insert(c: sqlite3.Connection, values: tuple, info: dict) -> int:
+    """Insert one record's row (and its info) inside the caller's transaction, dropping any claim on its
+    config in its run (measured now); returns its row id."""
+    cur = c.execute(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+    if info:
+        c.execute("INSERT INTO record_info (record_id, info) VALUES (?, ?)",
+                  (cur.lastrowid, json.dumps(info, sort_keys=True)))
+    c.execute("DELETE FROM claims WHERE task_key = ? AND target_key = ? AND run = ? AND config = ?",
+              values[:3] + (values[5],))
+    return cur.lastrowid
+
+
+def _read_jsonl(path: str | os.PathLike) -> Iterator[TuningRecord]:
+    """The records of a JSONL export, one at a time, or a `DatabaseError` at the first line that is not one
+    (cut off, not JSON, a missing or mistyped field, a correct result without a finite positive time)."""
     try:
-        return _parse_jsonl(path, [])
+        yield from _parse_jsonl(path)
     except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:  # a cut-off .gz, a binary file
         if isinstance(e, FileNotFoundError):
             raise
@@ -672,7 +688,7 @@ def _read_jsonl(path: str | os.PathLike) -> list[TuningRecord]:
                             f"was imported") from None
 
 
-def _parse_jsonl(path, out: list) -> list[TuningRecord]:
+def _parse_jsonl(path) -> Iterator[TuningRecord]:
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
@@ -685,8 +701,7 @@ def _parse_jsonl(path, out: list) -> list[TuningRecord]:
             except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
                 raise DatabaseError(f"{path}, line {i}: not a tuning record ({type(e).__name__}: {e}); nothing of "
                                     f"the file was imported") from None
-            out.append(rec)
-    return out
+            yield rec
 
 
 def now() -> float:
