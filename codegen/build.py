@@ -480,7 +480,7 @@ def _trim(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
 # built first, then loaded kernel by kernel), and a library deleted before its dlopen() fails that trial.
 # Deleting one already loaded is harmless (Linux keeps the mapped file until it is unloaded).
 KEEP_RECENT_S = 600.0
-_KEY_RE = re.compile(r"^([0-9a-f]{64})\.")  # `<key>.so`, `<key>.c` and any other `<key>.*` sidecar
+_KEY_RE = re.compile(r"^([0-9a-f]{64})\.(?:so|c)$")  # what `build` writes: `<key>.so` and its `<key>.c`
 _KERNEL_SUBDIRS = ("dask-libs",)  # libraries shipped from Dask workers (codegen.run.remote), `<key>.so` too
 
 
@@ -593,8 +593,8 @@ def prune_cache(
     """Deletes least-recently-used kernels from the build cache; returns (files removed, bytes freed).
 
     Kernels last used more than `older_than_s` seconds ago go first, then the least recently used ones until
-    the cache holds at most `max_bytes` (`max_bytes=0`: every kernel). A kernel's `.so`, `.c` and any other
-    `<key>.*` file go together; "used" is its last build or cache hit (`build` sets the mtime). Safe beside
+    the cache's kernels hold at most `max_bytes` (`max_bytes=0`: every kernel; files felixjax did not write are
+    neither counted nor removed). A kernel's `.so` and `.c` go together; "used" is its last build or cache hit (`build` sets the mtime). Safe beside
     running tuners: temporary files of live builds stay (those of dead processes go, as in `clean_stale`), so
     do kernels used in the last `keep_recent_s` seconds (a process may be about to load one), and a library
     that a `build` serves while it is being pruned is put back. With `dry_run`, counts what would go and
@@ -610,7 +610,7 @@ def prune_cache(
     if older_than_s is not None and older_than_s < 0:
         raise ValueError(f"older_than_s must be >= 0 (got {older_than_s})")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    groups, tmp, _, other_bytes = _scan(cache)
+    groups, tmp, _, _ = _scan(cache)
     now_ns = time.time_ns()
     keep_ns = now_ns - int(keep_recent_s * 1e9)
     removed = freed = 0
@@ -624,7 +624,7 @@ def prune_cache(
             for folder in {os.path.dirname(p) for p in dead}:
                 gone.update(os.path.join(folder, name) for name in clean_stale(folder))
             removed, freed = len(gone & dead.keys()), sum(dead[p] for p in gone & dead.keys())
-    total = sum(g.size for g in groups.values()) + sum(t[1] for t in tmp) + other_bytes - freed
+    total = sum(g.size for g in groups.values()) + sum(t[1] for t in tmp) - freed  # others' files: not counted
     order = sorted((g for g in groups.values() if g.last_use_ns <= keep_ns), key=lambda g: g.last_use_ns)
     old_ns = None if older_than_s is None else now_ns - int(older_than_s * 1e9)
     for g in order:

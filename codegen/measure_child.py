@@ -92,7 +92,8 @@ class _LibCache:
 
     def get(self, path: str) -> ctypes.CDLL:
         st = os.stat(path)
-        key = (path, st.st_ino, st.st_mtime_ns)
+        key = (path, st.st_ino, st.st_size)  # a rebuilt library is a new file (os.replace): a new inode; a hit only
+        # touches its mtime (LRU for pruning, codegen.build) and must not reload it
         if key in self.libs:
             self.libs.move_to_end(key)
             return self.libs[key]

@@ -72,6 +72,7 @@ BUILD_MODES = ("auto", "cluster", "device", "driver")
 SCATTER_TIMEOUT_S = 30.0  # one attempt of broadcasting a request's arrays (normally milliseconds)
 START_TOPIC = "felixjax-measure-start"  # the Dask event a measuring task logs as it starts (codegen.run.remote)
 DEATH_GRACE_S = 0.3  # after a worker's first reported task, the wait for the rest of its tasks' reports
+CANCELS_FREE = 2  # times a candidate may come back "cancelled" (inputs lost with dead workers) uncharged
 
 
 class ClusterError(RuntimeError):
@@ -288,7 +289,7 @@ class DaskRunner:
         index = {f.key: i for i, f in enumerate(futs)}
         prio = [n - i for i in range(n)]
         charged: dict[tuple, Any] = {}  # a dead worker (address, id) -> the key of the task it was running
-        tries = [0] * len(futs)
+        tries, cancels = [0] * len(futs), [0] * len(futs)
         done: dict[int, MeasureResult] = {}
         ready: queue.Queue = queue.Queue()
         for f in futs:
@@ -339,8 +340,11 @@ class DaskRunner:
                         if death not in charged:
                             charged[death] = self._running_key(death, [(futs[j], prio[j]) for j in pending])
                         running = charged[death] == f.key
-                    elif res == "cancelled":  # its input arrays were lost with the workers holding them: never ran
-                        running = False
+                    elif res == "cancelled":  # its input arrays were lost with the workers holding them: never
+                        # ran, unless it keeps coming back so (a kernel killing a worker Dask then releases it
+                        # from, with allowed-failures > 0): charged from the third time on, never re-queued forever
+                        cancels[i] += 1
+                        running = cancels[i] > CANCELS_FREE
                     else:  # a lost result: the first unfinished candidates (one per device)
                         running = i in pending[:max(1, self._device_peak)]
                     if running and tries[i] >= self.requeue:

@@ -547,12 +547,25 @@ class Database:
         """Distinct (task, target_key) pairs in the database."""
         return [(task, key) for task, key, _ in self.task_targets()]
 
-    def task_targets(self) -> list[tuple[Task, str, dict]]:
+    _TASK_TARGETS = ("SELECT r.task, g.target_key, r.target, g.first FROM (SELECT task_key, target_key, MIN(id) AS "
+                     "first FROM records GROUP BY task_key, target_key) g JOIN records r ON r.id = g.first ORDER BY g.first")
+
+    def _read_together(self, *queries: str) -> list[list[tuple]]:
+        """The rows of each query, all read in one transaction: one state of the file, whatever another
+        process writes meanwhile (separate reads could see a task in one and not in the next)."""
+        def txn(c: sqlite3.Connection) -> list[list[tuple]]:
+            c.execute("BEGIN")
+            rows = [c.execute(q).fetchall() for q in queries]
+            c.execute("COMMIT")
+            return rows
+
+        return self._run(txn, write=False)
+
+    def task_targets(self, rows: list[tuple] | None = None) -> list[tuple[Task, str, dict]]:
         """(task, target_key, target JSON) of each distinct pair, in order of its first record: grouped on the
-        index, one row decoded per pair (not the task JSON of every record)."""
-        rows = self._query("SELECT r.task, g.target_key, r.target, g.first FROM (SELECT task_key, target_key, "
-                           "MIN(id) AS first FROM records GROUP BY task_key, target_key) g JOIN records r ON "
-                           "r.id = g.first ORDER BY g.first")
+        index, one row decoded per pair (not the task JSON of every record). ``rows``: those of
+        ``_TASK_TARGETS`` read already (inside a :meth:`_read_together`)."""
+        rows = self._query(self._TASK_TARGETS) if rows is None else rows
         out = []
         for t, k, target, rowid in rows:
             try:
@@ -569,21 +582,24 @@ class Database:
         ``sketch``, ``statuses`` ({failed status: count}) and ``retimed_s`` (the lowest end-of-run re-timing,
         ``None`` without one)."""
         ok, hist = "status = 'ok' AND latency IS NOT NULL", "run NOT LIKE 'retime:%'"
-        best = {r[:3]: r[3:] for r in self._query(
+        best_rows, failed_rows, again_rows, pair_rows, run_rows = self._read_together(
             f"SELECT task_key, target_key, run, MIN(latency), sketch FROM records WHERE {ok} AND {hist} "
-            "GROUP BY task_key, target_key, run")}
-        failed: dict[tuple, dict[str, int]] = {}
-        for *key, status, n in self._query(f"SELECT task_key, target_key, run, status, COUNT(*) FROM records "
-                                           f"WHERE NOT ({ok}) AND {hist} GROUP BY task_key, target_key, run, status"):
-            failed.setdefault(tuple(key), {})[status] = n
-        again = {r[:3]: r[3] for r in self._query(
+            "GROUP BY task_key, target_key, run",  # SQLite: the bare column comes from the MIN's row
+            f"SELECT task_key, target_key, run, status, COUNT(*) FROM records WHERE NOT ({ok}) AND {hist} "
+            "GROUP BY task_key, target_key, run, status",
             f"SELECT task_key, target_key, substr(run, 8), MIN(latency) FROM records WHERE {ok} AND run LIKE "
-            "'retime:%' GROUP BY task_key, target_key, substr(run, 8)")}
-        pairs = {(t.key, k): (t, target) for t, k, target in self.task_targets()}
+            "'retime:%' GROUP BY task_key, target_key, substr(run, 8)",
+            self._TASK_TARGETS,
+            f"SELECT task_key, target_key, run, COUNT(*), SUM({ok}), MAX(elapsed_s) FROM records WHERE {hist} "
+            "GROUP BY task_key, target_key, run ORDER BY MIN(id)")
+        best = {r[:3]: r[3:] for r in best_rows}
+        failed: dict[tuple, dict[str, int]] = {}
+        for *key, status, n in failed_rows:
+            failed.setdefault(tuple(key), {})[status] = n
+        again = {r[:3]: r[3] for r in again_rows}
+        pairs = {(t.key, k): (t, target) for t, k, target in self.task_targets(pair_rows)}
         out = []
-        for *key, trials, n_ok, seconds in self._query(
-                f"SELECT task_key, target_key, run, COUNT(*), SUM({ok}), MAX(elapsed_s) FROM records WHERE {hist} "
-                "GROUP BY task_key, target_key, run ORDER BY MIN(id)"):
+        for *key, trials, n_ok, seconds in run_rows:
             key = tuple(key)
             task, target = pairs[key[:2]]
             lat, sketch = best.get(key, (math.inf, "-"))

@@ -95,7 +95,7 @@ def plot_curves(db: Database, path: str) -> str:
         lat = lat if math.isfinite(lat) and lat > 0 else math.inf
         s.append(min(s[-1] if s else math.inf, lat))
     several_targets = len({k[1] for k in series}) > 1
-    keys = list(series)
+    keys = [k for k in series if k in names]  # a task a tuner began after the names were read: the next report
     if len(keys) > PLOT_MAX_PANELS:  # the most-tuned tasks, kept in database order
         kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
         keys = [k for k in keys if k in kept]

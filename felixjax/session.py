@@ -214,22 +214,24 @@ class TaskRun:
     screen: Any = None
     share: int | None = None
     waits: int = 0  # rounds in a row whose every proposal another tuner of this run had claimed
-    _tally: tuple = (0, None, 0)  # (records of the history counted, best so far, failures): progress per record
+    _tally: tuple = field(default=(None, 0, None, 0), init=False, repr=False, compare=False)  # (the history
+    # counted, records of it counted, best so far, failures): progress per record
 
     def counted(self) -> tuple[TuningRecord | None, int]:
         """(best record, failures) of the history, counted incrementally: the history only grows at its end,
         and a progress event per measured record must not rescan it (a resumed run of 30k records spent ~90 ms
         a record on that before session 77)."""
-        n, best, failures = self._tally
+        seen, n, best, failures = self._tally
         hist = self.ctx.history
-        if n > len(hist):  # replaced, not grown: count again
+        if hist is not seen or n > len(hist):  # replaced, not grown: count again
             n, best, failures = 0, None, 0
-        for r in hist[n:]:
+        m = len(hist)  # what is appended while counting is counted next time
+        for r in hist[n:m]:
             if r.ok:
                 best = r if best is None or r.latency_s < best.latency_s else best
             else:
                 failures += 1
-        self._tally = (len(hist), best, failures)
+        self._tally = (hist, m, best, failures)
         return best, failures
 
     @property

@@ -106,14 +106,19 @@ def test_a_cache_hit_marks_the_library_used(cache):
     assert lib.exists() and not any(p.exists() for p in other)
 
 
-def test_a_kernel_goes_with_its_source_and_sidecars(cache):
+def test_a_kernel_goes_with_its_source_and_only_our_files_go(cache):
+    # a session-77 code review: any `<sha256>.*` file went (a user's `<sha256>.json`), and files felixjax did
+    # not write counted toward --prune's size, so a big one of the user's removed every kernel
     files = kernel(cache, "a", days=9, extra=("json", "ptx"))
     keep = kernel(cache, "b", days=1)
     (cache / "notes.txt").write_text("not ours")
-    _age(cache / "notes.txt", 100)
-    assert cb.prune_cache(older_than_s=5 * DAY) == (4, 10_020)
-    assert not any(p.exists() for p in files)
-    assert names(cache) == {p.name for p in keep} | {"notes.txt"}
+    (cache / "big.bin").write_bytes(b"x" * 50_000)
+    for p in ("notes.txt", "big.bin"):
+        _age(cache / p, 100)
+    assert cb.prune_cache(older_than_s=5 * DAY) == (2, 10_000)
+    assert not any(p.exists() for p in files[:2]) and all(p.exists() for p in files[2:])
+    assert names(cache) == {p.name for p in keep + files[2:]} | {"notes.txt", "big.bin"}
+    assert cb.prune_cache(max_bytes=20_000) == (0, 0)  # b's 10 KB is under 20 KB: big.bin is not ours
 
 
 def test_live_builds_and_recent_kernels_are_kept(cache):
@@ -230,3 +235,23 @@ def test_parse_size():
     assert parse_size("3MiB") == parse_size("3MB") == 3 << 20 and parse_size("100") == 100
     with pytest.raises(ValueError):
         parse_size("2 gigs")
+
+
+def test_a_cache_hit_does_not_reload_the_library_in_the_measuring_process(cache):
+    # session 77 (a code review): a hit now sets the library's mtime (LRU for pruning), and the measuring
+    # process keyed its loaded libraries on the mtime: every re-timing of a cached kernel unloaded and
+    # reloaded it. The key is the file (path, inode, size): a rebuild is a new file, a hit is not
+    from codegen.measure import TIMING_HARNESS_C
+    from codegen.measure_child import _LibCache
+
+    src = "void fj_kernel(float* const* b) { b[0][0] = 1.0f; }\n" + TIMING_HARNESS_C
+    first = cb.build(src)
+    libs = _LibCache(4)
+    loaded = libs.get(first.lib_path)
+    time.sleep(0.01)
+    again = cb.build(src)
+    assert again.cached and again.lib_path == first.lib_path
+    assert libs.get(again.lib_path) is loaded  # not reloaded
+    os.unlink(first.lib_path)  # pruned meanwhile: the next build is a new file, loaded afresh
+    rebuilt = cb.build(src)
+    assert not rebuilt.cached and libs.get(rebuilt.lib_path) is not loaded

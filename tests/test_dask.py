@@ -262,6 +262,9 @@ def test_the_charging_rule_on_a_scripted_cluster(monkeypatch):
     # a task Dask cancels (its scattered inputs were lost with the workers holding them) never ran: not charged
     # (before: the first unfinished candidate, charged twice, a failure)
     assert run({0: [("cancelled",), ("cancelled",), ("ok", ok)]}) == ["ok"] * 4 and attempts[0] == 2
+    # ... but not forever (a session-77 code review: a candidate Dask always cancels was re-queued without end):
+    # from the third cancellation on it is charged, and after its re-queue a failure
+    assert run({0: [("cancelled",)] * 5}) == ["runtime_error", "ok", "ok", "ok"] and attempts[0] == 3
 
 
 def test_a_worker_without_a_compiler_is_named_in_its_errors(monkeypatch, tmp_path):

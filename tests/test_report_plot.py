@@ -217,3 +217,44 @@ def test_report_aggregates_in_sql_what_the_records_say(tmp_path):
         assert row["failures"] == (", ".join(f"{k}={v}" for k, v in sorted(w["fail"].items())) or "-")
         assert row["retimed_ms"] == (pytest.approx(min(again) * 1e3) if again else None)
     assert {row["run"] for row in rows} == {"random:0", "gradient:1", "dead:0"}
+
+
+def test_a_report_reads_one_state_of_a_database_being_written(tmp_path):
+    # session 77 (a code review): the report's queries each saw the file as it was then, so a tuner starting a
+    # task between two of them made the report fail with a KeyError; they now run in one read transaction
+    import numpy as np
+
+    from codegen.measure import MeasureResult
+    from felixjax.database import TuningRecord
+
+    tg, rng = fj.Target.cpu(), np.random.default_rng(0)
+    a, b = fj.ops.matmul(16, 16, 16), fj.ops.matmul(32, 16, 8)
+
+    def rec(t):
+        return TuningRecord(t, tg.key, "random:0", 0, fj.Space(t, "gemm_packed", tg).sample(rng),
+                            MeasureResult("ok", (1e-4,)), 0.0, tg.to_json())
+
+    path = str(tmp_path / "busy.db")
+    with fj.Database(path) as db, fj.Database(path) as writer:
+        db.add(rec(a))
+        conn, selects = db._conn, []
+
+        class Between:  # the report's connection; another tuner adds a new task after its first read
+            def __getattr__(self, name):
+                return getattr(conn, name)
+
+            def execute(self, sql, *args):
+                out = conn.execute(sql, *args)
+                if sql.lstrip().startswith("SELECT"):
+                    selects.append(sql)
+                    if len(selects) == 1:
+                        writer.add(rec(b))
+                return out
+
+        db._conn = Between()
+        try:
+            rows = report_mod.summary_rows(db)
+        finally:
+            db._conn = conn
+        assert len(selects) >= 2 and [r["task"] for r in rows] == [a.name]  # the state before b, whole
+        assert [r["task"] for r in report_mod.summary_rows(db)] == [a.name, b.name]

@@ -449,6 +449,9 @@ def test_a_runs_best_and_failures_are_counted_as_the_history_grows():
             assert tr.counted() == (min(ok, key=lambda r: r.latency_s), len(hist) - len(ok))
     tr.ctx.history = hist[:5]  # replaced by a shorter one: counted again from the start
     assert tr.counted() == (min((r for r in hist[:5] if r.ok), key=lambda r: r.latency_s), 1)
+    other = [rec(None)] * 6 + [rec(0.5)]  # replaced by a longer one (a code review): counted again too
+    tr.ctx.history = other
+    assert tr.counted() == (other[-1], 6) and "_tally" not in repr(tr)
 
 
 def test_the_end_of_run_retiming_is_announced(capsys):

@@ -55,8 +55,9 @@ static inline float fj_erf(float x) {
 static inline float fj_exp(float x) {
     /* Cephes-style expf: 2^n * p(r), |r| <= ln2/2; < 1e-7 relative error, vectorizable (no libm call) */
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-#if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
-    const float n = __builtin_rintf(x * 1.44269504088896341f);  /* reassociation would fold the shift below */
+#if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__) || defined(__clang__)
+    /* reassociation would fold the shift below (clang allows it without saying: no __ASSOCIATIVE_MATH__) */
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
 #else
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
 #endif

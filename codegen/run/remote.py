@@ -125,7 +125,13 @@ def materialize(shipped: Shipped) -> BuildResult:
     folder = os.path.join(default_cache_dir(), "dask-libs")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{res.key or 'lib'}.so")
-    if not (os.path.exists(path) and os.path.getsize(path) == len(data)):
+    try:
+        reuse = os.path.getsize(path) == len(data)
+        if reuse:
+            os.utime(path)  # used now: `felixjax cache --prune` keeps what was used in its last minutes
+    except OSError:
+        reuse = False
+    if not reuse:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".tmp-{os.getpid()}-", suffix=".so")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
