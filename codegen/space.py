@@ -428,12 +428,12 @@ def _depthwise_sketch(task: Task, target: Target, sketches: tuple[Sketch, ...]) 
     return by_name[DW_SKETCH]
 
 
-def default_sketch(task: Task, target: Target) -> Sketch:
+def default_sketch(task: Task, target: Target, *, winograd: bool = True) -> Sketch:
     """The sketch an untuned build uses: ``dw_rows`` for depthwise convs (float32, float16 and int8) (:mod:`codegen.depthwise`);
     ``conv_flat`` for float32 1x1 stride-1 unpadded convs on targets with a 6-row GEMM block (AVX2), where
     its 6 channels x 2 pixel vectors fit (:func:`_flat_default`, :mod:`codegen.flat`); on the same targets
     ``conv_im2col`` with that block for strided float32 convs, else ``conv_spatial_pack`` (:func:`_strided_default`);
-    Winograd for float32 3x3 stride-1 convs with at least 6x6 output tiles, or fewer that
+    Winograd (unless ``winograd=False``) for float32 3x3 stride-1 convs with at least 6x6 output tiles, or fewer that
     waste little (:func:`codegen.winograd.prefer_by_default`): F(4x4, 3x3) where its 4x4 tiles cover the
     output with little waste, else F(2x2, 3x3) (:func:`codegen.winograd.default_variant`);
     for float32 matmul / dense and float32 convolutions whose output columns pad to the register block
@@ -490,7 +490,7 @@ def default_sketch(task: Task, target: Target) -> Sketch:
         strided = _strided_default(task, target, sketches)
         if strided is not None:
             return strided
-        wg = _wg.default_variant(task, target)
+        wg = _wg.default_variant(task, target) if winograd else None  # False: the direct default instead
         if wg is not None:
             return next(s for s in sketches if s.name == wg.sketch)
         pack = next((s for s in sketches if s.name == "conv_spatial_pack"), None)

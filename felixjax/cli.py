@@ -167,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the build into")
     b.add_argument("--threads", type=int, default=None, help="OpenMP threads of the build (default: all cores)")
     b.add_argument("--no-check", action="store_true", help="skip checking the build against the numpy reference")
+    b.add_argument("--no-winograd", action="store_true",
+                   help="no Winograd convolution (each takes its best other tuned schedule, else the direct "
+                        "default): Winograd's error follows the largest input of its tile, so inputs with "
+                        "outliers lose accuracy")
     b.add_argument("--prefix", default="fj_model_", metavar="NAME_",
                    help="prefix of the exported C symbols, a C identifier not starting with '_' (default fj_model_; "
                         "another lets two networks link into one program)")

@@ -18,8 +18,9 @@ from codegen.ops import Task
 from codegen.space import Config, Space, default_sketch
 from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
+from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
 
-from .database import NETWORK_PREFIX, Database
+from .database import NETWORK_PREFIX, Database, TuningRecord
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
@@ -176,13 +177,34 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
     return Database(db, readonly=True), True  # build only reads: works on read-only files
 
 
-def default_config_for(task: Task, target: Target) -> Config:
-    """The schedule an untuned build of ``task`` uses: its default sketch's default config."""
-    return Space(task, default_sketch(task, target), target).default()
+def default_config_for(task: Task, target: Target, *, winograd: bool = True) -> Config:
+    """The schedule an untuned build of ``task`` uses: its default sketch's default config (``winograd=False``:
+    never a Winograd sketch's)."""
+    return Space(task, default_sketch(task, target, winograd=winograd), target).default()
+
+
+def is_winograd(sketch: str) -> bool:
+    """Whether a config of sketch ``sketch`` (a name, padded variants included) runs a Winograd algorithm."""
+    return sketch.split(".")[0] in WINOGRAD_VARIANTS
+
+
+def _best_without_winograd(database: Database, task: Task, target: Target) -> TuningRecord | None:
+    """:func:`choose_schedules`'s order of records (in-network choice, end-of-run re-timing, any) among those
+    of non-Winograd sketches."""
+    recs = [r for r in database.records(task, target, retimes=True) if r.ok and not is_winograd(r.config.sketch)]
+    network = [r for r in recs if r.run.startswith(NETWORK_PREFIX)]
+    if network:
+        return network[-1]
+    for pool in ([r for r in recs if r.run.startswith("retime:")], recs):
+        pool = [r for r in pool if not r.run.startswith(NETWORK_PREFIX)]
+        if pool:
+            return min(pool, key=lambda r: r.latency_s)
+    return None
 
 
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
-                     configs: Mapping[Task, Config] | None = None, threads: int | None = None) -> list[Schedule]:
+                     configs: Mapping[Task, Config] | None = None, threads: int | None = None,
+                     winograd: bool = True) -> list[Schedule]:
     """The schedule of every distinct task: ``configs`` first, then the database's best record timed at
     ``threads`` threads (default: the target's cores), else at the nearest other thread count (noted),
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
@@ -192,7 +214,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a whole build) comes
     before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
-    measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side."""
+    measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side. ``winograd=False``: no
+    Winograd schedule, for inputs with outliers (README, "The schedule space"): the best record of another
+    sketch, else the direct default (``configs`` are taken as given)."""
     database, own = _open_db(db)
     want = int(threads or target.cores)
     # thread counts to look up, the one asked for first, then the nearest others
@@ -200,14 +224,14 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     out = []
     try:
         for task, weight in model.tasks:
-            default = default_config_for(task, target)
+            default = default_config_for(task, target, winograd=winograd)
             cfg, source, lat, note = default, "default", None, ""
             rec = None
             if database is not None and not (configs and task in configs):
                 for n in counts:
                     at = target.at_threads(n)
-                    rec = (database.network_choice(task, at) or database.best(task, at, retimed=True)
-                           or database.best(task, at))
+                    rec = ((database.network_choice(task, at) or database.best(task, at, retimed=True)
+                            or database.best(task, at)) if winograd else _best_without_winograd(database, task, at))
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break

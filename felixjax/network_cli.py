@@ -114,7 +114,8 @@ def build_model_cli(args: Any, target: Target) -> int:
     if getattr(args, "db_found", False):
         print("using runs.db (felixjax tune's default database; --db none: default schedules only)",
               file=sys.stderr)
-    exe = build_model(model, target, db=args.db, threads=args.threads)
+    exe = build_model(model, target, db=args.db, threads=args.threads,
+                      winograd=not getattr(args, "no_winograd", False))
     if not args.no_check:
         exe.check()  # random inputs against the numpy reference
     out = exe.export(args.output, prefix=getattr(args, "prefix", "fj_model_"))

@@ -282,7 +282,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
 
 def build_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *,
                 db: str | os.PathLike | Database | None = None, configs: Mapping[Task, Config] | None = None,
-                threads: int | None = None, flags: Sequence[str] = DEFAULT_FLAGS) -> CompiledModel:
+                threads: int | None = None, flags: Sequence[str] = DEFAULT_FLAGS, winograd: bool = True) -> CompiledModel:
     """Compile a whole model into one C library from the best schedule of each task.
 
     Args:
@@ -292,6 +292,10 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
         configs: explicit configs per task (override the database).
         threads: OpenMP threads of the compiled model (default: the target's cores).
         flags: compiler flags (a shared library).
+        winograd: ``False`` builds no convolution with a Winograd algorithm (each such task takes its best
+            record of another sketch, else the direct default): Winograd's error follows the largest input
+            of its tile, so inputs with outliers far above the rest lose accuracy (README, "The schedule
+            space"); ``configs`` are taken as given.
 
     Raises:
         ValueError: ``target`` is a GPU (``cuda-sim``/``cuda``): there is no GPU network build.
@@ -311,7 +315,8 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
                          "(a simulated GPU has nothing to run the network on): tune on it, build with Target.cpu()")
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
     target = Target.parse(target)
-    schedules = choose_schedules(model, target, db=db, configs=configs, threads=threads)  # best record (or default)
+    schedules = choose_schedules(model, target, db=db, configs=configs, threads=threads,  # best record (or default)
+                                 winograd=winograd)
     if stale := [s.task.name for s in schedules if s.stale]:
         warnings.warn(f"{len(stale)} of {len(schedules)} tasks are built from tuned records that were never "
                       f"measured against this version's default schedule (e.g. {stale[0]}); the default may be "

@@ -979,3 +979,48 @@ def test_check_measures_errors_against_the_largest_reference_value():
     assert CompiledModel.check(fake(inf, inf), x) == 0.0  # the same infinity agrees
     with pytest.raises(RuntimeError, match="differs from the numpy reference"):
         CompiledModel.check(fake(np.float32([-np.inf, 2.0]), inf), x)
+
+
+@pytest.mark.cc
+def test_build_without_winograd_for_inputs_with_outliers(tmp_path):
+    # session 77 (a numerical review): one pixel of 1e4 in an N(0, 1) image cost F(4x4) outputs that never read
+    # it 5.6e-4 of their max (direct: 4e-7); build_model(winograd=False) / `build --no-winograd` avoid it
+    from onnx import TensorProto, numpy_helper
+    from test_network_select import _two_convs
+
+    from felixjax.network_build import choose_schedules, is_winograd
+    w = numpy_helper.from_array((0.1 * np.random.default_rng(0).standard_normal((16, 16, 3, 3))).astype(np.float32),
+                                "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "one_conv",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [w])
+    one = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    plain, safe = build_model(one), build_model(one, winograd=False)
+    assert [s.config.sketch for s in plain.schedules] == ["conv_winograd4"]  # this 3x3 conv's default
+    assert not any(is_winograd(s.config.sketch) for s in safe.schedules)
+    x = np.random.default_rng(1).standard_normal((1, 16, 16, 16)).astype(np.float32)
+    x[0, 3, 1, 1] = 1e4
+    y64 = np.stack([sum(np.pad(x[0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))[c, i:i + 16, j:j + 16]
+                        * numpy_helper.to_array(w)[:, c, i, j][:, None, None] for i in range(3) for j in range(3))
+                    for c in range(16)]).sum(0)
+    far = np.ones((16, 16), bool)
+    far[:3, :3] = False  # outputs that do not read the spike (3 of its 4x4 tile's rows / columns do)
+    err = {k: float(np.abs(exe(x)[0] - y64)[:, far].max() / np.abs(y64[:, far]).max())
+           for k, exe in (("winograd", plain), ("direct", safe))}
+    assert err["direct"] < 1e-5 < err["winograd"], err
+    model = load_onnx(_two_convs())
+    # a database whose best records are Winograd: the best record of another sketch instead
+    db = fj.Database(str(tmp_path / "w.db"))
+    task = model.tasks[0][0]
+    target = fj.Target.cpu()
+    for k, sketch in enumerate(("conv_winograd4", "conv_spatial_pack", "conv_direct")):
+        cfg = fj.Space(task, sketch, target).default()
+        db.add(TuningRecord(task, target.key, "random:0", k, cfg, MeasureResult("ok", ((k + 1) * 1e-4,)), 0.0,
+                            target.to_json()))
+    picked = {s.task: s for s in choose_schedules(model, target, db=db, winograd=False)}
+    assert picked[task].config.sketch == "conv_spatial_pack" and picked[task].source == "tuned"
+    assert {s.task: s for s in choose_schedules(model, target, db=db)}[task].config.sketch == "conv_winograd4"
+    db.close()
+    onnx.save(_two_convs(), str(tmp_path / "m.onnx"))
+    assert cli.main(["build", str(tmp_path / "m.onnx"), "--db", "none", "--no-winograd", "-o", str(tmp_path / "o")]) == 0
+    assert "winograd" not in (tmp_path / "o" / "model.c").read_text().lower()
