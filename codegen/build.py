@@ -497,6 +497,8 @@ class CacheStats:
         oldest, newest: the least and most recent last use of a kernel (epoch seconds), None when empty.
         live_tmp: temporary files of builds running now (never removed).
         recent: kernels used in the last `KEEP_RECENT_S` seconds (never pruned).
+        other_bytes: the part of `bytes` in files felixjax did not write (neither counted by `prune_cache`
+            nor removed).
     """
 
     path: str
@@ -507,6 +509,7 @@ class CacheStats:
     newest: float | None
     live_tmp: int
     recent: int
+    other_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -579,6 +582,7 @@ def cache_stats(cache_dir: str | os.PathLike | None = None, *, keep_recent_s: fl
         newest=max(uses) if uses else None,
         live_tmp=sum(1 for t in tmp if t[2]),
         recent=sum(1 for u in uses if u > cutoff),
+        other_bytes=other_bytes,
     )
 
 

@@ -113,9 +113,11 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
     verb = "would remove" if args.dry_run else "removed"
     before = cb.cache_stats()
     n, freed = cb.prune_cache(max_bytes=max_bytes, older_than_s=older_s, dry_run=args.dry_run)
-    after = before.bytes - freed
-    print(f"kernel cache {before.path}: {verb} {_n(n, 'file')} ({human(freed)}); {human(before.bytes)} -> {human(after)}")
-    if max_bytes is not None and after > max_bytes:
+    ours = before.bytes - before.other_bytes  # what --prune counts: kernels and builds' temporary files
+    print(f"kernel cache {before.path}: {verb} {_n(n, 'file')} ({human(freed)}); {human(ours)} -> "
+          f"{human(ours - freed)}" + (f" (and {human(before.other_bytes)} of files felixjax did not write, neither "
+                                      f"counted nor removed)" if before.other_bytes else ""))
+    if max_bytes is not None and ours - freed > max_bytes:
         live = f" and {_n(before.live_tmp, 'file')} of builds running now" if before.live_tmp else ""
         print(f"  still over {human(max_bytes)}: kept {_n(before.recent, 'kernel')} used in the last "
               f"{cb.KEEP_RECENT_S / 60:.0f} min (a running tuner may load them){live}")

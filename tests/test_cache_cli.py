@@ -106,7 +106,7 @@ def test_a_cache_hit_marks_the_library_used(cache):
     assert lib.exists() and not any(p.exists() for p in other)
 
 
-def test_a_kernel_goes_with_its_source_and_only_our_files_go(cache):
+def test_a_kernel_goes_with_its_source_and_only_our_files_go(cache, capsys):
     # a session-77 code review: any `<sha256>.*` file went (a user's `<sha256>.json`), and files felixjax did
     # not write counted toward --prune's size, so a big one of the user's removed every kernel
     files = kernel(cache, "a", days=9, extra=("json", "ptx"))
@@ -119,6 +119,9 @@ def test_a_kernel_goes_with_its_source_and_only_our_files_go(cache):
     assert not any(p.exists() for p in files[:2]) and all(p.exists() for p in files[2:])
     assert names(cache) == {p.name for p in keep + files[2:]} | {"notes.txt", "big.bin"}
     assert cb.prune_cache(max_bytes=20_000) == (0, 0)  # b's 10 KB is under 20 KB: big.bin is not ours
+    assert main(["cache", "--prune", "20K"]) == 0
+    out = capsys.readouterr().out
+    assert "files felixjax did not write, neither counted nor removed" in out and "still over" not in out
 
 
 def test_live_builds_and_recent_kernels_are_kept(cache):
