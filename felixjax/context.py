@@ -66,6 +66,11 @@ class SearchContext:
         """The cost model's view of this task (built on first use)."""
         return self.get_scorer()
 
+    def release_scorer(self) -> None:
+        """Drop this task's view of the model (its relaxations and feature tables: ~2 MB of JAX arrays a
+        task); a finished run's context keeps nothing heavy, and :meth:`get_scorer` makes it again if asked."""
+        self._scorer = None
+
     def get_scorer(self, cost_model: str | None = "auto", *, ranker: str | None = None, ranker_data: str | None = None,
                    opening: str = "shared"):
         """The scorer of this task: the session's shared one when the context has a factory, else a

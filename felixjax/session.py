@@ -573,6 +573,8 @@ class TuningSession:
         tr.clock += time.perf_counter() - t0 + simulated
         tr.stop_reason = tr.out_of_budget() or ("session" if self.out_of_budget() else "")
         tr.done = bool(tr.stop_reason)
+        if tr.done:  # a session of many tasks keeps no finished task's model view (a review: ~2 MB a task)
+            tr.ctx.release_scorer()
         self._event(tr, "round", new=len(new))
         return new
 
@@ -608,6 +610,7 @@ class TuningSession:
     def _finish(self, tr: TaskRun, reason: str, t0: float) -> list[TuningRecord]:
         tr.clock += time.perf_counter() - t0
         tr.done, tr.stop_reason = True, reason
+        tr.ctx.release_scorer()
         return []
 
     # ---- re-timing -----------------------------------------------------------------------------

@@ -463,3 +463,28 @@ def test_the_end_of_run_retiming_is_announced(capsys):
     assert events.index(again[0]) == len(events) - 1  # after the last round, before the re-timing's results
     fj.tune(T1, strategy="random", trials=8, batch=8, measurer=replay, retime=2)  # the default printer
     assert "timing the best" in capsys.readouterr().err
+
+
+def test_a_finished_run_keeps_no_view_of_the_model():
+    # session 77 (a review of long runs): a TuningSession kept every finished task's relaxations and feature
+    # tables (~2 MB and ~57 JAX arrays a task) until it was released; a finished run drops its model view
+    import gc
+
+    from felixjax.relax import Relaxation
+    from felixjax.session import TuningSession
+
+    tasks = [fj.ops.matmul(m, 32, 16) for m in (16, 24, 32)]
+    with TuningSession(fj.Target.cpu(), measurer=replay, progress=False, db=None) as s:
+        runs = []
+        for t in tasks:
+            run = s.add(t, "gradient", seed=0, trials=8)
+            while not run.done:
+                s.step(run)
+            runs.append(run)
+        gc.collect()
+        assert all(r.ctx._scorer is None for r in runs)
+        assert not [o for o in gc.get_objects() if isinstance(o, Relaxation)]
+        again = s.add(fj.ops.matmul(48, 32, 16), "gradient", seed=0, trials=16)  # the shared model goes on
+        while not again.done:
+            s.step(again)
+        assert len(again.history) == 16 and all(r.ok for r in again.history)
