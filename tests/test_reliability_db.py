@@ -409,9 +409,13 @@ def test_a_run_ending_claimed_names_the_holder_and_how_to_clear_it(tmp_path, mon
         tr = s.add(TASK, "random", trials=6)
         db.claim(TASK, s.target_key, tr.run, configs(3), owner="hostB:4242")
         monkeypatch.setattr(db, "claim", lambda *a, **k: [])  # every proposal held
-        with pytest.warns(RuntimeWarning) as caught:
+
+        def until_done():
             while not tr.done:
                 s.step(tr)
+
+        with pytest.warns(RuntimeWarning) as caught:
+            until_done()
         assert tr.stop_reason == "claimed"
         [msg] = [str(w.message) for w in caught if "ends 'claimed'" in str(w.message)]
         assert "hostB:4242 holds 3 (claimed since " in msg and "3600 s" in msg
