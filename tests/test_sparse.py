@@ -236,6 +236,29 @@ def test_build_model_regenerates_sparse_layers_with_their_weights():
     np.testing.assert_allclose(exe(x), fj.build_model(model)(x), rtol=1e-4, atol=1e-4)
 
 
+def test_sparsify_names_the_sparse_layers_it_leaves_dense():
+    # session 77 (a sparse-weights review): a 90%-zero depthwise conv stayed dense without a word
+    import warnings
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(_exact_zeros(rng, (8, 1, 3, 3), 0.9), "wd"),
+             numpy_helper.from_array(_exact_zeros(rng, (8, 8, 1, 1), 0.9), "wp")]
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], pads=[1, 1, 1, 1], group=8, name="depthwise"),
+             helper.make_node("Conv", ["d", "wp"], ["y"], name="pointwise")]
+    graph = helper.make_graph(nodes, "dw_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = fj.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    with pytest.warns(RuntimeWarning, match=r"sparsify: 1 layer\(s\) with at least 0.5 zero weights stay dense.*"
+                                            r"depthwise \(90% zeros: sparsity= applies to conv2d with groups=1"):
+        sparse = fj.sparsify(model, min_sparsity=0.5)
+    assert sorted(t.sparsity for t, _ in sparse.tasks) == [0.0, 0.9]  # the pointwise conv is sparse
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fj.sparsify(model, min_sparsity=0.95)  # nothing that sparse: no warning
+
+
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.2", "nan", "x"])
 def test_cli_sparsity_is_one_clear_line(value, tmp_path, capsys):
     from felixjax.cli import main as cli
