@@ -113,10 +113,16 @@ class BuildResult:
     key: str = ""
 
 
+def cache_root() -> Path:
+    """Where felixjax keeps its caches: `$FELIXJAX_CACHE` if set, else `~/.cache/felixjax` (the JAX and
+    GPU-simulation caches are folders of it; the kernels are `default_cache_dir`)."""
+    env = os.environ.get("FELIXJAX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "felixjax"
+
+
 def default_cache_dir() -> Path:
     """`$FELIXJAX_CACHE` if set, else `~/.cache/felixjax/build`."""
-    env = os.environ.get("FELIXJAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "felixjax" / "build"
+    return cache_root() if os.environ.get("FELIXJAX_CACHE") else cache_root() / "build"
 
 
 def build_key(source: str, flags: Sequence[str] = DEFAULT_FLAGS) -> str:

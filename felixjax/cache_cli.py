@@ -125,7 +125,9 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
 
 
 def _root() -> str:
-    return os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
+    from codegen.build import cache_root
+
+    return str(cache_root())
 
 
 def _files(folder: str) -> list[os.DirEntry]:

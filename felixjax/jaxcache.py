@@ -27,8 +27,9 @@ def cache_dir() -> str | None:
     where = os.environ.get("FELIXJAX_JAX_CACHE")
     if where == "0":
         return None
-    base = os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
-    return where or os.path.join(base, "jax")
+    from codegen.build import cache_root
+
+    return where or str(cache_root() / "jax")
 
 
 def cache_files(path: str) -> list[os.DirEntry]:

@@ -156,8 +156,9 @@ class EmulationResult:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
-    d = Path(root) / "cuda_emu"
+    from codegen.build import cache_root
+
+    d = cache_root() / "cuda_emu"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

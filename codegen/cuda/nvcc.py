@@ -69,8 +69,9 @@ def parse_ptxas(text: str) -> dict:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("FELIXJAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "felixjax")
-    d = Path(root) / "cubin"
+    from codegen.build import cache_root
+
+    d = cache_root() / "cubin"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
