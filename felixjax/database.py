@@ -31,6 +31,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -478,7 +479,8 @@ class Database:
 
     @staticmethod
     def _where(task: Task | None, target: Target | str | None, run: str | None,
-               ok_only: bool = False, since: int | None = None) -> tuple[str, tuple]:
+               ok_only: bool = False, since: int | None = None,
+               exclude_sketches: Collection[str] = ()) -> tuple[str, tuple]:
         conds, args = [], []
         if task is not None:
             conds.append("task_key = ?")
@@ -494,6 +496,10 @@ class Database:
         if since is not None:
             conds.append("id > ?")
             args.append(int(since))
+        if exclude_sketches:  # a sketch's name is its text before the first '.' (padded variants)
+            names = sorted({str(n) for n in exclude_sketches})
+            conds.append(f"substr(sketch, 1, instr(sketch || '.', '.') - 1) NOT IN ({', '.join('?' * len(names))})")
+            args.extend(names)
         return ("WHERE " + " AND ".join(conds) if conds else ""), tuple(args)
 
     def records(self, task: Task | None = None, target: Target | str | None = None, *,
@@ -515,23 +521,26 @@ class Database:
         return self._query("SELECT COALESCE(MAX(id), 0) FROM records")[0][0]
 
     def best(self, task: Task, target: Target | str, *, run: str | None = None,
-             retimed: bool = False) -> TuningRecord | None:
+             retimed: bool = False, exclude_sketches: Collection[str] = ()) -> TuningRecord | None:
         """The fastest correct record of a task on a target (``None`` if there is none); ``retimed``:
         among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups).
         In-network choices (``retime:network:<run>``, :meth:`network_choice`) hold a layer's time inside
-        a network, not its kernel's: they are never compared here."""
-        where, args = self._where(task, target, run, ok_only=True)
+        a network, not its kernel's: they are never compared here. ``exclude_sketches``: sketch names whose
+        records (their padded variants, ``<name>.<variant>``, included) are passed over."""
+        where, args = self._where(task, target, run, ok_only=True, exclude_sketches=exclude_sketches)
         if run is None:
             where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
         if retimed:
             where += " AND run LIKE 'retime:%'"
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
-    def network_choice(self, task: Task, target: Target | str) -> TuningRecord | None:
+    def network_choice(self, task: Task, target: Target | str, *,
+                       exclude_sketches: Collection[str] = ()) -> TuningRecord | None:
         """The newest in-network choice of a task's schedule on a target (a ``retime:network:<run>`` row
         written by :func:`felixjax.network_select.select_in_network`: the config whose layers ran fastest
-        inside a whole network, its latency the layer's time there), ``None`` if there is none."""
-        where, args = self._where(task, target, None, ok_only=True)
+        inside a whole network, its latency the layer's time there), ``None`` if there is none;
+        ``exclude_sketches`` as in :meth:`best`."""
+        where, args = self._where(task, target, None, ok_only=True, exclude_sketches=exclude_sketches)
         where += f" AND run LIKE '{NETWORK_PREFIX}%'"
         return next(self._rows(where, args, order="id DESC LIMIT 1"), None)
 

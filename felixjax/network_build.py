@@ -20,7 +20,7 @@ from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
 
-from .database import NETWORK_PREFIX, Database, TuningRecord
+from .database import NETWORK_PREFIX, Database
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
@@ -188,20 +188,6 @@ def is_winograd(sketch: str) -> bool:
     return sketch.split(".")[0] in WINOGRAD_VARIANTS
 
 
-def _best_without_winograd(database: Database, task: Task, target: Target) -> TuningRecord | None:
-    """:func:`choose_schedules`'s order of records (in-network choice, end-of-run re-timing, any) among those
-    of non-Winograd sketches."""
-    recs = [r for r in database.records(task, target, retimes=True) if r.ok and not is_winograd(r.config.sketch)]
-    network = [r for r in recs if r.run.startswith(NETWORK_PREFIX)]
-    if network:
-        return network[-1]
-    for pool in ([r for r in recs if r.run.startswith("retime:")], recs):
-        pool = [r for r in pool if not r.run.startswith(NETWORK_PREFIX)]
-        if pool:
-            return min(pool, key=lambda r: r.latency_s)
-    return None
-
-
 def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Database | None = None,
                      configs: Mapping[Task, Config] | None = None, threads: int | None = None,
                      winograd: bool = True) -> list[Schedule]:
@@ -219,6 +205,7 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     sketch, else the direct default (``configs`` are taken as given)."""
     database, own = _open_db(db)
     want = int(threads or target.cores)
+    skip = () if winograd else tuple(WINOGRAD_VARIANTS)
     # thread counts to look up, the one asked for first, then the nearest others
     counts = sorted(range(1, max(want, target.cores) + 1), key=lambda n: (abs(n - want), n))
     out = []
@@ -230,8 +217,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
             if database is not None and not (configs and task in configs):
                 for n in counts:
                     at = target.at_threads(n)
-                    rec = ((database.network_choice(task, at) or database.best(task, at, retimed=True)
-                            or database.best(task, at)) if winograd else _best_without_winograd(database, task, at))
+                    rec = (database.network_choice(task, at, exclude_sketches=skip)
+                           or database.best(task, at, retimed=True, exclude_sketches=skip)
+                           or database.best(task, at, exclude_sketches=skip))
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
                         break

@@ -32,7 +32,8 @@ def _load(args: Any, target: Target):
             layout = stored
             print(f"layout: {_describe(layout)} (chosen when {db} was tuned with --layout auto)")
         else:
-            layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None), **options)
+            layout, times = choose_layout(args.model, target, threads=getattr(args, "threads", None),
+                                          winograd=not getattr(args, "no_winograd", False), **options)
             if times:
                 print("layout: " + ", ".join(f"{k} {1e3 * v:.4g} ms" for k, v in times.items())
                       + f" (default schedules): {_describe(layout)}")

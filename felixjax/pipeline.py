@@ -141,7 +141,15 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         retimed = (session.kept_retime(tr) or session.retime([tr], top=retime).get(tr.run, [])) if retime else []
         stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock, retime_s=(time.perf_counter() - t) if retime else 0.0)
     stats.update(call_s=time.perf_counter() - t_call, jax_compile_s=jaxcache.compile_seconds() - compiled)
-    return TuneResult(task, session.target, tr.run, tr.history, stats, retimed, tr.stop_reason)
+    res = TuneResult(task, session.target, tr.run, tr.history, stats, retimed, tr.stop_reason)
+    if res.best is None and res.history:  # res.best is None: say why rather than leave a None to trip on
+        counts = res.status_counts()
+        why = (f"; {counts['noisy']} noisy: another process used the CPU while they were timed (their figures are "
+               f"upper bounds, never a result): tune on a quieter machine or give more trials"
+               if counts.get("noisy") else "")
+        warnings.warn(f"{task.name}: no correct kernel timed cleanly among {len(res.history)} trials of run "
+                      f"{tr.run!r} ({counts}){why}; res.best is None", RuntimeWarning, stacklevel=2)
+    return res
 
 
 def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *, trials: int = 2000,
@@ -334,7 +342,8 @@ def build_model(model: Model | str | os.PathLike | bytes, target: Target | None 
 
 def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None = None, *, threads: int | None = None,
                   rounds: int = 5, number: int = 5, db: str | os.PathLike | Database | None = None,
-                  mixed: bool = True, **load_options: Any) -> tuple[str | dict[str, str], dict[str, float]]:
+                  mixed: bool = True, winograd: bool = True,
+                  **load_options: Any) -> tuple[str | dict[str, str], dict[str, float]]:
     """The convolution layout to tune and build ``model`` in, chosen by measuring it: the model is
     imported in each layout of :data:`felixjax.layout.LAYOUTS` (``nchw``; ``nchwc``, whose convolutions
     run channel-blocked), each built with its tasks' default schedules (or ``db``'s best records); with
@@ -344,7 +353,8 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     faster in; the first plan over-charges runs of NCHW convs, which convert only at their ends). The
     builds are checked against the model's numpy reference (:meth:`CompiledModel.check`; a wrong one is left
     out with a ``RuntimeWarning``, none left is a ``RuntimeError``), timed in C, interleaved over ``rounds``
-    rounds of ``number`` runs; the smallest median wins and is checked again. Returns ``(layout, {"nchw" | "nchwc" | "mixed" | "mixed-fastest": median seconds per run})``,
+    rounds of ``number`` runs; the smallest median wins and is checked again. ``winograd=False`` builds every
+    contender as :func:`build_model` does with it (no Winograd convolution). Returns ``(layout, {"nchw" | "nchwc" | "mixed" | "mixed-fastest": median seconds per run})``,
     ``layout`` a name or, where a mixed build won, its ``{conv node name: layout}`` mapping
     (:func:`~felixjax.load_onnx` takes either); a model with no convolution that can be blocked returns
     ``("nchw", {})`` without building anything.
@@ -367,7 +377,7 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
     models = {lay: load_onnx(model, layout=lay, **load_options) for lay in LAYOUTS}
     if not any(n.is_anchor and n.task.op == "conv2d_nchwc" for n in models["nchwc"].graph.nodes):
         return "nchw", {}
-    builds = {lay: build_model(m, target, db=db, threads=threads) for lay, m in models.items()}
+    builds = {lay: build_model(m, target, db=db, threads=threads, winograd=winograd) for lay, m in models.items()}
     plans: dict[str, dict[str, str]] = {}
     if mixed:
         plan, rows = mixed_layout(models, builds, rounds=rounds, number=number)
@@ -376,7 +386,8 @@ def choose_layout(model: str | os.PathLike | bytes | Any, target: Target | None 
             if p and p not in plans.values():
                 plans[name] = p
     for name, p in plans.items():
-        builds[name] = build_model(load_onnx(model, layout=p, **load_options), target, db=db, threads=threads)
+        builds[name] = build_model(load_onnx(model, layout=p, **load_options), target, db=db, threads=threads,
+                                   winograd=winograd)
     for lay in list(builds):  # a build that computes something else is not a contender (the others still are)
         why = _wrong_build(builds[lay])
         if why:

@@ -150,3 +150,26 @@ def test_choose_layout_checks_each_build_before_timing_it(monkeypatch):
     monkeypatch.setattr(CompiledModel, "run", all_off)
     with pytest.raises(RuntimeError, match="every layout's build differs"), pytest.warns(RuntimeWarning):
         fj.choose_layout(_mobilenet(), rounds=1, number=1, mixed=False)
+
+
+@pytest.mark.cc
+def test_choose_layout_without_winograd_builds_no_contender_with_it(monkeypatch):
+    # `felixjax build --layout auto --no-winograd` chose its layout by timing builds with Winograd convs
+    # (session 78): each contender is now built as the final build will be
+    from test_network_select import _two_convs
+
+    import felixjax as fj
+    from felixjax.network_build import CompiledModel, is_winograd
+
+    built, check = [], CompiledModel.check
+
+    def spy(self, *a, **k):
+        built.append([s.config.sketch for s in self.schedules])
+        return check(self, *a, **k)
+
+    monkeypatch.setattr(CompiledModel, "check", spy)
+    fj.choose_layout(_two_convs(), rounds=1, number=1, mixed=False, winograd=False)
+    assert len(built) == 3 and not any(is_winograd(s) for b in built for s in b), built
+    built.clear()
+    fj.choose_layout(_two_convs(), rounds=1, number=1, mixed=False)
+    assert any(is_winograd(s) for b in built for s in b), built  # these 3x3 convs' default is Winograd

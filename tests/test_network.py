@@ -985,9 +985,13 @@ def test_check_measures_errors_against_the_largest_reference_value():
 def test_build_without_winograd_for_inputs_with_outliers(tmp_path):
     # session 77 (a numerical review): one pixel of 1e4 in an N(0, 1) image cost F(4x4) outputs that never read
     # it 5.6e-4 of their max (direct: 4e-7); build_model(winograd=False) / `build --no-winograd` avoid it
+    import dataclasses
+
     from onnx import TensorProto, numpy_helper
     from test_network_select import _two_convs
 
+    from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
+    from felixjax.database import NETWORK_PREFIX
     from felixjax.network_build import choose_schedules, is_winograd
     w = numpy_helper.from_array((0.1 * np.random.default_rng(0).standard_normal((16, 16, 3, 3))).astype(np.float32),
                                 "w")
@@ -1020,6 +1024,17 @@ def test_build_without_winograd_for_inputs_with_outliers(tmp_path):
     picked = {s.task: s for s in choose_schedules(model, target, db=db, winograd=False)}
     assert picked[task].config.sketch == "conv_spatial_pack" and picked[task].source == "tuned"
     assert {s.task: s for s in choose_schedules(model, target, db=db)}[task].config.sketch == "conv_winograd4"
+    # an in-network choice of Winograd is passed over too, and so is a padded variant's record (by name only:
+    # a sketch called conv_winograd4x is another sketch)
+    wino = fj.Space(task, "conv_winograd4", target).default()
+    db.add(TuningRecord(task, target.key, NETWORK_PREFIX + "random:0", 9, wino, MeasureResult("ok", (1e-6,)), 0.0,
+                        target.to_json()))
+    for k, name in enumerate(("conv_winograd4.pad8", "conv_winograd4x")):
+        db.add(TuningRecord(task, target.key, "random:0", 10 + k, dataclasses.replace(wino, sketch=name),
+                            MeasureResult("ok", ((k + 1) * 1e-7,)), 0.0, target.to_json()))
+    assert db.best(task, target, exclude_sketches=WINOGRAD_VARIANTS).config.sketch == "conv_winograd4x"
+    assert db.network_choice(task, target, exclude_sketches=WINOGRAD_VARIANTS) is None
+    assert db.network_choice(task, target).config == wino
     db.close()
     onnx.save(_two_convs(), str(tmp_path / "m.onnx"))
     assert cli.main(["build", str(tmp_path / "m.onnx"), "--db", "none", "--no-winograd", "-o", str(tmp_path / "o")]) == 0
