@@ -255,6 +255,8 @@ def tiny():
     ("negative budget", "quality_budget"), ("data not a tuple", "data must be"),
     ("no labels for accuracy", "fidelity"), ("wrong sample shape", "shape"), ("label count", "labels"),
     ("label range", "classes"), ("unknown metric", "metric"), ("unknown output", "not an output"),
+    ("budget a bool", "quality_budget"), ("holdout not a tuple", "holdout must be"),
+    ("holdout without labels", "fidelity"), ("holdout of another shape", "shape"),
 ])
 def test_bad_input_is_a_clear_error(tiny, case, match):
     proto, x, y = tiny
@@ -262,9 +264,23 @@ def test_bad_input_is_a_clear_error(tiny, case, match):
     kwargs.update({"negative budget": {"quality_budget": -0.1}, "data not a tuple": {"data": "x"},
                    "no labels for accuracy": {"data": (x,)}, "wrong sample shape": {"data": (x[:, :, :4], y)},
                    "label count": {"data": (x, y[:5])}, "label range": {"data": (x, y + 5)},
-                   "unknown metric": {"metric": "f1"}, "unknown output": {"output": "nope"}}[case])
+                   "unknown metric": {"metric": "f1"}, "unknown output": {"output": "nope"},
+                   "budget a bool": {"quality_budget": True}, "holdout not a tuple": {"holdout": x},
+                   "holdout without labels": {"holdout": (x,)}, "holdout of another shape": {"holdout": (x[:, :, :4], y)},
+                   }[case])
     with pytest.raises(ValueError, match=match):
         fj.approximate(proto, progress=False, **kwargs)
+
+
+def test_a_numpy_budget_is_taken_and_one_of_1_or_more_is_a_warning(tiny):
+    # session 78 (a review): np.float32(0.01) was refused while np.float64 passed, True was a budget of 1, and a
+    # budget of 1 (meant as 1%) allowed any drop without a word; the search error below comes after the budget's
+    proto, x, y = tiny
+    for budget in (np.float32(0.01), np.int64(0)):
+        with pytest.raises(ValueError, match="search must be"):
+            fj.approximate(proto, data=(x, y), quality_budget=budget, search="grid", progress=False)
+    with pytest.warns(UserWarning, match="allows any drop"), pytest.raises(ValueError, match="search must be"):
+        fj.approximate(proto, data=(x, y), quality_budget=1, search="grid", progress=False)
 
 
 def test_cli_bad_data_is_one_line_and_exit_2(tmp_path, tiny, capsys):
@@ -319,8 +335,10 @@ def test_approximate_measures_what_it_reports(tmp_path):
     params = {k: np.asarray(v) for k, v in _init(8, 0).items()}
     proto = to_onnx(params, 8)
     x = rng.uniform(0, 1, (40, 1, 8, 8)).astype(np.float32)
-    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=1.0,
-                         trials=0, rounds=1, steps=3, lam=0.05, multiple=4, latency="flops", progress=False)
+    held = rng.uniform(0, 1, (16, 1, 8, 8)).astype(np.float32)
+    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=0.99,
+                         trials=0, rounds=1, steps=3, lam=0.05, multiple=4, latency="flops", progress=False,
+                         holdout=(held,))
     assert res.pareto[0].method == "float32" and res.quality_evals == len(res.pareto)
     assert res.baseline_quality == 1.0  # fidelity of the float32 build to itself
     assert res.speedup > 0 and np.isfinite(res.latency_s)
@@ -328,10 +346,45 @@ def test_approximate_measures_what_it_reports(tmp_path):
     ref = np.stack([res.baseline(x[i: i + 1]) for i in range(len(x))])
     out = np.stack([res.executable(x[i: i + 1]) for i in range(len(x))])
     assert quality.metric_value(out, "fidelity", reference=ref) == pytest.approx(res.quality)
+    assert res.samples == len(x) and res.heldout_samples == len(held)  # and so is the held-out check (session 78)
+    href = np.stack([res.baseline(h[None]) for h in held])
+    hout = np.stack([res.executable(h[None]) for h in held])
+    assert res.heldout_baseline_quality == 1.0
+    assert res.heldout_quality == pytest.approx(quality.metric_value(hout, "fidelity", reference=href))
+    assert "held out (16 samples the search never saw)" in res.table()
+    # the chosen point is timed again beside the baseline after the choice (its own timing won among several)
+    assert (res.retimed is not None) == (res.chosen is not None)
+    if res.retimed is not None:
+        assert res.latency_s == res.retimed[0] and res.speedup == res.retimed[1] / res.retimed[0]
     m = fj.load_onnx(proto)
     np.testing.assert_allclose(ref[0], m.run_numpy(x[:1]), rtol=1e-4, atol=1e-5)
     assert len(res.layers) == 5 and "float32" in res.table()
     assert (res.export(tmp_path / "out") / "model.c").exists()
+
+
+@pytest.mark.cc
+def test_a_zero_budget_or_nothing_to_prune_keeps_the_exact_network(tiny):
+    # session 78 (a review): a budget of 0 returned a pruned network (its loss on the data was negative), and a
+    # network with no prunable layer failed with a ZeroDivisionError
+    from onnx import TensorProto, helper, numpy_helper
+
+    _, x, y = tiny
+    proto = to_onnx({k: np.asarray(v) for k, v in _init(8, 0).items()}, 8)  # channels of 8: prunable at multiple=4
+    res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x, y), quality_budget=0, trials=0, rounds=1,
+                         multiple=4, progress=False)
+    # nothing but the baseline built (with any budget, the front search builds its uniform seeds)
+    assert res.chosen is None and res.executable is res.baseline and len(res.pareto) == 1 and res.retimed is None
+    assert "in-sample: measured on the 24 samples" in res.table()
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((10, 64)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "W"], ["y"],
+                                                                                        transB=1)], "linear",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], [w])
+    linear = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    res = fj.approximate(linear, fj.Target.cpu(cores=1), data=(x, y), quality_budget=np.float32(0.05), trials=0,
+                         progress=False)
+    assert res.chosen is None and len(res.pareto) == 1 and res.quality_loss == 0.0
+    assert res.quality_budget == 0.05  # not float(np.float32(0.05)) = 0.0500000007
 
 
 # ---- the front search ----------------------------------------------------------------------------
@@ -406,9 +459,9 @@ def test_the_front_dominates_or_equals_every_seed_on_the_search_data():
 def test_docstring_examples_of_the_fast_modules():
     import doctest
 
-    from felixjax.approx import search
+    from felixjax.approx import result, search
 
-    for module in (quality, objective, search):
+    for module in (quality, objective, search, result):
         assert doctest.testmod(module).failed == 0, module.__name__
 
 
@@ -439,7 +492,7 @@ def test_cli_writes_the_points_plot_and_says_when_nothing_could_be_pruned(tmp_pa
     onnx.save(proto, model)
     np.savez(tmp_path / "d.npz", x=x, y=y)
     base = ["approx", str(model), "--data", str(tmp_path / "d.npz"), "--trials", "0", "--rounds", "1",
-            "--measure", "1", "--budget", "1.0", "--quiet"]
+            "--measure", "1", "--budget", "0.99", "--quiet"]
     assert main(base + ["-o", str(tmp_path / "a"), "--multiple", "64"]) == 0
     assert "note: only the float32 baseline was built" in capsys.readouterr().out
     assert (tmp_path / "a" / "approx.png").stat().st_size > 0

@@ -46,6 +46,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
     if model_inputs is not None:
         model_inputs(a)
     a.add_argument("--budget", type=float, default=0.01, help="allowed absolute drop of the metric (default 0.01)")
+    a.add_argument("--holdout", default=None, metavar="NPZ",
+                   help="data the search never sees (as --data): the chosen network is checked on it at the end "
+                        "(without it every quality figure is in-sample)")
     a.add_argument("--metric", default="accuracy", help="accuracy | fidelity (default accuracy)")
     a.add_argument("--output-name", default=None, help="the model output the metric reads (default: the first)")
     a.add_argument("--trials", type=int, default=200, help="tuning budget over the whole run (default 200; 0: the default schedules, no tuning)")
@@ -74,31 +77,38 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser],
     a.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
-    """Run ``felixjax approx``; bad input raises ``user_error`` (one line, exit code 2)."""
+def _load_npz(path: str, metric: str, user_error: type[Exception]) -> tuple:
+    """``(x, y)`` or ``(x,)`` of an ``.npz`` file (never a pickle)."""
     import numpy as np
 
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":  # np.savez writes a zip; anything else (an .npy, a pickle, a model) is refused here
+        raise user_error(f"{path}: not an .npz file (write one with np.savez(path, x=inputs, y=labels))")
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise user_error(f"{path}: not a readable .npz file ({e})") from None
+    if "x" not in npz.files:
+        raise user_error(f"{path} has no array 'x' (it has {npz.files})")
+    if "y" not in npz.files and metric == "accuracy":
+        raise user_error(f"{path} has no labels 'y' for --metric accuracy (it has {npz.files}); add y to the "
+                         "file, or use --metric fidelity (agreement with the float32 model's outputs)")
+    return (npz["x"], npz["y"]) if "y" in npz.files else (npz["x"],)
+
+
+def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
+    """Run ``felixjax approx``; bad input raises ``user_error`` (one line, exit code 2)."""
     from codegen.target import Target
 
     from .search import approximate
 
-    for path in (args.model, args.data):
+    holdout = getattr(args, "holdout", None)
+    for path in (args.model, args.data) + ((holdout,) if holdout else ()):
         if not os.path.exists(path):
             raise user_error(f"{path}: no such file")
-    with open(args.data, "rb") as f:
-        magic = f.read(4)
-    if magic != b"PK\x03\x04":  # np.savez writes a zip; anything else (an .npy, a pickle, a model) is refused here
-        raise user_error(f"{args.data}: not an .npz file (write one with np.savez(path, x=inputs, y=labels))")
-    try:
-        npz = np.load(args.data, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise user_error(f"{args.data}: not a readable .npz file ({e})") from None
-    if "x" not in npz.files:
-        raise user_error(f"{args.data} has no array 'x' (it has {npz.files})")
-    data: Any = (npz["x"], npz["y"]) if "y" in npz.files else (npz["x"],)
-    if "y" not in npz.files and args.metric == "accuracy":
-        raise user_error(f"{args.data} has no labels 'y' for --metric accuracy (it has {npz.files}); add y to the "
-                         "file, or use --metric fidelity (agreement with the float32 model's outputs)")
+    data = _load_npz(args.data, args.metric, user_error)
+    held = _load_npz(holdout, args.metric, user_error) if holdout else None
     if args.budget < 0:
         raise user_error(f"--budget must be >= 0 (got {args.budget})")
     if args.multiple is not None and args.multiple < 1:
@@ -114,11 +124,13 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                       output=args.output_name, trials=args.trials, db=args.db, seed=args.seed, rounds=args.rounds,
                       strategy=args.strategy, finetune_steps=args.finetune, progress=not args.quiet,
                       search=args.search, measure=args.measure, multiple=args.multiple,
-                      precisions=precisions_of(args), sparsities=args.sparsity)
+                      precisions=precisions_of(args), sparsities=args.sparsity, holdout=held)
     out = res.export(args.output)
     summary = {"speedup": res.speedup, "quality_loss": res.quality_loss, "baseline_latency_s": res.baseline_latency_s,
                "latency_s": res.latency_s, "baseline_quality": res.baseline_quality, "quality": res.quality,
-               "quality_evals": res.quality_evals, "search_evals": res.search_evals,
+               "quality_evals": res.quality_evals, "search_evals": res.search_evals, "samples": res.samples,
+               "retimed": res.retimed, "heldout_samples": res.heldout_samples,
+               "heldout_baseline_quality": res.heldout_baseline_quality, "heldout_quality": res.heldout_quality,
                "front": [{"keep": list(p.keep), "formats": list(p.formats), "speedup": p.speedup, "quality": p.quality}
                          for p in res.front], "excluded": list(res.excluded),  # (channels alone repeated)
                "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],

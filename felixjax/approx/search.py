@@ -22,11 +22,11 @@ is usually rejected. What is not a knob, and why, is in ``result.excluded`` (:fu
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,135 +54,7 @@ from .objective import (
 )
 from .precision import FormatLatency, assign, calibrate_ranges, with_formats
 from .quality import check_data, metric_value, within
-
-
-@dataclass(frozen=True)
-class LayerDecision:
-    """What one conv / dense layer became: its task before and after, output channels, precision, sparsity."""
-
-    name: str
-    before: str
-    after: str
-    channels: tuple[int, int]
-    precision: str = "float32"
-    sparsity: float = 0.0
-
-
-@dataclass(frozen=True)
-class ParetoPoint:
-    """One measured network: its latency (seconds, C build), quality and loss against the baseline."""
-
-    method: str
-    latency_s: float
-    quality: float
-    quality_loss: float
-    keep: tuple[tuple[int, int], ...]
-    note: str = ""
-    #: the float32 baseline timed interleaved with this point (same load, same minute): the speedup's
-    #: denominator; NaN for the baseline itself
-    baseline_s: float = float("nan")
-    #: the layers built at int8 (the others float32)
-    int8: tuple[str, ...] = ()
-    #: every layer not in the reference format: ``((layer, precision, sparsity), ...)`` (int8, float16,
-    #: sparse float32; :func:`felixjax.approx.formats.key`)
-    formats: tuple[tuple[str, str, float], ...] = ()
-
-    @property
-    def speedup(self) -> float:
-        return (self.baseline_s if math.isfinite(self.baseline_s) else self.latency_s) / self.latency_s
-
-    @property
-    def chosen(self) -> dict[str, Format]:
-        """``{layer: (precision, sparsity)}`` of the layers not in the reference format."""
-        return fm.of_key(self.formats)
-
-
-@dataclass(frozen=True)
-class ApproxResult:
-    """What :func:`approximate` returns; every number in it is measured on the built networks."""
-
-    baseline: CompiledModel
-    executable: CompiledModel
-    metric: str
-    baseline_latency_s: float
-    latency_s: float
-    baseline_quality: float
-    quality: float
-    quality_budget: float
-    layers: tuple[LayerDecision, ...]
-    pareto: tuple[ParetoPoint, ...]
-    quality_evals: int
-    excluded: tuple[str, ...] = ()
-    trace: tuple[dict, ...] = field(default=(), repr=False)
-
-    chosen: ParetoPoint | None = None
-    #: configurations scored on the given data in JAX (hard masks, no build) by the front search
-    search_evals: int = 0
-
-    @property
-    def speedup(self) -> float:
-        """Measured: the chosen network against the float32 build timed interleaved with it."""
-        return self.chosen.speedup if self.chosen is not None else self.baseline_latency_s / self.latency_s
-
-    @property
-    def quality_loss(self) -> float:
-        return self.baseline_quality - self.quality
-
-    @property
-    def front(self) -> tuple[ParetoPoint, ...]:
-        """The measured points no other measured point beats: none has a speedup (interleaved with the
-        float32 build) >= and a quality >= with one of them strictly better. Sorted by speedup."""
-        return pareto_front(self.pareto)
-
-    def export(self, directory: str | os.PathLike) -> Path:
-        """The approximated network as a standalone C folder (``CompiledModel.export``)."""
-        return self.executable.export(directory)
-
-    def table(self) -> str:
-        """The measured points and the chosen layers, as text."""
-        lines = [f"baseline (tuned float32): {self.baseline_latency_s * 1e3:.4g} ms, {self.metric} "
-                 f"{self.baseline_quality:.4f}",
-                 f"{'method':<12} {'ms':>8} {'base ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
-        for p in self.pareto:  # base ms: the baseline timed beside the point (the speedup's denominator)
-            base = f"{p.baseline_s * 1e3:>8.4g}" if math.isfinite(p.baseline_s) else f"{'-':>8}"
-            lines.append(f"{p.method:<12} {p.latency_s * 1e3:>8.4g} {base} {p.speedup:>7.2f}x "
-                         f"{p.quality:>9.4f} {p.quality_loss:>8.4f}  {' '.join(str(n) for _, n in p.keep)}  {p.note}"
-                         + (f" ({fm.describe(p.chosen)})" if p.formats else ""))
-        lines.append(f"chosen: {self.latency_s * 1e3:.4g} ms, {self.speedup:.2f}x, loss {self.quality_loss:.4f} "
-                     f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
-                     f"{self.search_evals} of configurations in JAX")
-        lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}" + (f", sparsity {d.sparsity:g})" if d.sparsity
-                  else ")") for d in self.layers if d.before != d.after] + [f"  excluded: {e}" for e in self.excluded]
-        paired = [p.baseline_s for p in self.pareto if math.isfinite(p.baseline_s)]
-        busy = [b / self.baseline_latency_s for b in paired if b > 2 * self.baseline_latency_s]
-        if busy:  # a loaded machine: ms of different rows do not compare, the paired speedups do
-            lines.append(f"note: {len(busy)} point(s) were timed on a busy machine (the baseline beside them read up "
-                         f"to {max(busy):.1f}x its own figure): compare rows by speedup")
-        if paired and self.baseline_latency_s > 2 * min(paired):  # the baseline's own figure is the outlier
-            own, beside = self.baseline_latency_s * 1e3, min(paired) * 1e3
-            lines.append(f"note: the baseline's own figure ({own:.4g} ms; {beside:.4g} ms beside a point) was timed on "
-                         f"a busy machine: figures built on it are not to be trusted")
-        return "\n".join(lines)
-
-
-def pareto_front(points: tuple[ParetoPoint, ...] | list[ParetoPoint]) -> tuple[ParetoPoint, ...]:
-    """The non-dominated points of ``points`` by (speedup up, quality up); ties keep the first.
-
-    Example:
-        >>> a, b, c = (ParetoPoint("x", 1.0, q, 0.0, (), baseline_s=s) for q, s in ((0.9, 2.0), (0.8, 1.5), (0.95, 1.2)))
-        >>> [p.quality for p in pareto_front([a, b, c])]
-        [0.95, 0.9]
-    """
-    pts = list(points)
-    out = []
-    for i, p in enumerate(pts):
-        beaten = any((q.speedup >= p.speedup and q.quality >= p.quality
-                      and (q.speedup > p.speedup or q.quality > p.quality or j < i))
-                     for j, q in enumerate(pts) if j != i)
-        if not beaten:
-            out.append(p)
-    return tuple(sorted(out, key=lambda p: p.speedup))
-
+from .result import ApproxResult, LayerDecision, ParetoPoint, pareto_front  # noqa: F401  (pareto_front: re-exported)
 
 #: keep ratios of the default seeds of the front search (the uniform baseline's points)
 UNIFORM = (0.75, 0.5, 0.375, 0.25)
@@ -393,6 +265,21 @@ class Approximator:
             self.reference = out  # the float32 baseline is the reference
         return metric_value(out, self.metric, labels=self.y, reference=self.reference)
 
+    def check_holdout(self, holdout: tuple) -> tuple[np.ndarray, np.ndarray | None]:
+        """``holdout`` checked as ``data`` is: ``(x, y)`` or ``(x,)``."""
+        if not isinstance(holdout, (tuple, list)) or len(holdout) not in (1, 2):
+            raise ValueError("holdout must be (x, y) or (x,), as data")
+        g = self.model.graph
+        return check_data(holdout[0], holdout[1] if len(holdout) == 2 else None, g.shapes[g.inputs[0]],
+                          g.shapes[self.output], self.metric)
+
+    def heldout(self, base: CompiledModel, exe: CompiledModel, x: np.ndarray, y: np.ndarray | None) -> tuple[float, float]:
+        """The metric of ``base`` and of ``exe`` on data the search never saw (fidelity: against ``base`` there)."""
+        ref = np.stack([base.run(xi)[self.out_index] for xi in x])
+        out = ref if exe is base else np.stack([exe.run(xi)[self.out_index] for xi in x])
+        return (metric_value(ref, self.metric, labels=y, reference=ref),
+                metric_value(out, self.metric, labels=y, reference=ref))
+
     def latency(self, exe: CompiledModel, *, repeats: int = 21) -> float:
         """Seconds per call of the C build: the best of ``repeats`` short timings (about 5 ms each), the protocol
         of :meth:`latency_pair` (five 0.1 s timings: a loaded machine preempted them all, the baseline read 800x)."""
@@ -472,7 +359,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                 lam: float = 1.0, finetune_steps: int = 0, multiple: int | None = None, batch: int = 64,
                 progress: bool | Callable[[str], None] = True, search: str = "front",
                 seeds: Sequence[float | Mapping[int, int]] | None = None, measure: int = 6,
-                precisions: Sequence[str] = ("float32",), sparsities: Sequence[float] = ()) -> ApproxResult:
+                precisions: Sequence[str] = ("float32",), sparsities: Sequence[float] = (),
+                holdout: tuple | None = None) -> ApproxResult:
     """Choose per-layer channel counts (and, where kernels exist, precisions and unstructured sparsity)
     in one objective with the schedules, under an absolute quality budget, and return the measured result.
 
@@ -482,7 +370,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         target: the machine (default ``Target.cpu()``).
         data: ``(x, y)`` (``x``: samples of the input shape, with or without the batch axis of 1;
             ``y``: integer labels) or ``(x,)`` for ``metric="fidelity"``.
-        quality_budget: allowed absolute drop of the metric (0.01 = one accuracy point), >= 0.
+        quality_budget: allowed absolute drop of the metric (0.01 = one accuracy point), >= 0; 0 keeps the
+            exact float32 network (no search); 1 or more allows any drop (a warning says so).
         metric: ``"accuracy"`` or ``"fidelity"`` (top-1 agreement with float32 for classifiers, else
             1 - relative L2 error), on ``output`` (default: the first output).
         trials: tuning budget in measured candidates over the whole call (half for the baseline).
@@ -515,6 +404,10 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
             fake-quantized quality holds the budget (at most ``measure`` more points, built with int8
             kernels and measured). Off by default: it tunes the int8 twin of every layer too.
             ``"float16"`` where the network build takes it (:func:`probe_knobs`), the same way.
+        holdout: data of the same form as ``data`` that the search never sees: the baseline and the chosen
+            network are scored on it at the end (``result.heldout_loss``). Without it every quality figure
+            is in-sample (measured on the data that chose the network: optimistic where many points were
+            compared, and a budget of a few samples is noise; ``result.table()`` says so).
         sparsities: levels of unstructured sparsity a layer may take (default none): at level ``s`` the
             fraction ``s`` of the layer's weights with the smallest magnitudes is zero and the layer runs
             as a sparse float32 kernel (conv2d groups 1, dense, matmul without batch; a layer is int8,
@@ -532,13 +425,19 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         >>> from felixjax.approx import digits
         >>> x, y = digits.load(size=8)
         >>> p = digits.train_cnn(x[:256], y[:256], width=4, epochs=1)
-        >>> res = fj.approximate(digits.to_onnx(p, 8), data=(x[:64], y[:64]), quality_budget=1.0, trials=4,
+        >>> res = fj.approximate(digits.to_onnx(p, 8), data=(x[:64], y[:64]), quality_budget=0.5, trials=4,
         ...                      rounds=1, steps=2, strategy="random", progress=False)
         >>> res.speedup > 0, len(res.pareto) >= 1
         (True, True)
     """
-    if not isinstance(quality_budget, (int, float)) or not math.isfinite(quality_budget) or quality_budget < 0:
+    if (isinstance(quality_budget, bool) or not isinstance(quality_budget, numbers.Real)
+            or not math.isfinite(quality_budget) or quality_budget < 0):
         raise ValueError(f"quality_budget must be a number >= 0 (an absolute drop of the metric), got {quality_budget!r}")
+    # np.float32(0.01) is 0.00999999977 as a float: a loss of one point in a hundred would break it
+    quality_budget = float(str(quality_budget)) if isinstance(quality_budget, np.floating) else float(quality_budget)
+    if quality_budget >= 1:
+        warnings.warn(f"quality_budget {quality_budget:g} allows any drop of the metric (it is a fraction: 0.01 is one "
+                      f"point of accuracy)", UserWarning, stacklevel=2)
     if trials < 0 or rounds < 0 or measure < 0:
         raise ValueError(f"trials, rounds and measure must be >= 0 (got trials={trials}, rounds={rounds}, "
                          f"measure={measure})")
@@ -554,6 +453,7 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     ax = Approximator(model, target, data=data, metric=metric, output=output, db=db, seed=seed, strategy=strategy,
                       progress=progress, multiple=multiple, finetune_steps=finetune_steps)
     say = ax._say
+    hold = ax.check_holdout(holdout) if holdout is not None else None
     excluded = tuple(e for e in probe_knobs()[1] if (bool(levels) if e.startswith("sparsity") else
                                                      any(e.startswith(f"precision {p}:") for p in precisions)))
     for e in excluded:
@@ -568,6 +468,10 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     base = ParetoPoint("float32", ax.latency(base_exe), ax.quality_of(base_exe), 0.0,
                        tuple((g, ax.groups.size(g)) for g in ax.groups.prunable()))
     say(f"approx: baseline {base.latency_s * 1e3:.4g} ms, {metric} {base.quality:.4f}")
+    if quality_budget == 0 or (not ax.groups.prunable() and len(formats) == 1):
+        say("approx: " + ("quality_budget 0: the exact float32 network" if quality_budget == 0 else
+                          "no layer can be pruned and no other format was asked for: the float32 network"))
+        return _result(ax, base, base_exe, (base, base_exe, base_model), [], [], excluded, quality_budget, hold)
     profiled = ax.layer_latencies(base_exe) if latency == "cost_model" else {}
     fractions = FRACTIONS if search == "descent" else tuple(sorted(set(FRACTIONS) | {k / 8 for k in range(1, 8)}))
     table = LatencyTable(base_model.graph, ax.groups, ax.target, measured={**profiled, **ax.measured()},
@@ -630,11 +534,28 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         best = _front_search(ax, table, base, base_exe, points, best, seen, seeds=seeds, measure=measure,
                              quality_budget=quality_budget, method=method,
                              observe=latency == "cost_model", trace=trace, formats=fmts)
+    return _result(ax, base, base_exe, best, points, trace, excluded, quality_budget, hold)
+
+
+def _result(ax: Approximator, base: ParetoPoint, base_exe: CompiledModel, best: tuple, points: list, trace: list,
+            excluded: tuple, quality_budget: float, hold: tuple | None) -> ApproxResult:
+    """:func:`approximate`'s result: the chosen point timed again beside the baseline (its own timing won
+    among several noisy ones), both scored on the held-out data where there is some."""
     chosen, exe, chosen_model = best
-    layers = _decisions(base_model, chosen_model)
-    return ApproxResult(base_exe, exe, metric, base.latency_s, chosen.latency_s, base.quality, chosen.quality,
-                        float(quality_budget), layers, tuple([base] + points), ax.quality_evals, excluded,
-                        tuple(trace), chosen if chosen is not base else None, ax.search_evals)
+    retimed = None
+    if chosen is not base:
+        retimed = ax.latency_pair(exe, base_exe)
+        ax._say(f"approx: the chosen network timed again beside the baseline: {retimed[0] * 1e3:.4g} ms against "
+                f"{retimed[1] * 1e3:.4g} ms ({retimed[1] / retimed[0]:.2f}x; {chosen.speedup:.2f}x when chosen)")
+    hb = hq = float("nan")
+    if hold is not None:
+        hb, hq = ax.heldout(base_exe, exe, *hold)
+        ax._say(f"approx: held out ({len(hold[0])} samples): {ax.metric} {hb:.4f} -> {hq:.4f} (loss {hb - hq:+.4f})")
+    return ApproxResult(base_exe, exe, ax.metric, base.latency_s, retimed[0] if retimed else chosen.latency_s,
+                        base.quality, chosen.quality, quality_budget, _decisions(ax.model, chosen_model),
+                        tuple([base] + points), ax.quality_evals, excluded, tuple(trace),
+                        chosen if chosen is not base else None, ax.search_evals, retimed, len(ax.x), hb, hq,
+                        len(hold[0]) if hold is not None else 0)
 
 
 def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
