@@ -20,7 +20,16 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, one place), or ``0+unknown`` from a bare checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("felixjax")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
 
 #: public name -> (module, attribute); modules relative to this package unless absolute
 _EXPORTS = {
@@ -43,6 +52,9 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "strategies"])
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # looked up on first use: importlib.metadata costs ~50 ms of import time
+        globals()[name] = value = _installed_version()
+        return value
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     if name not in _EXPORTS:

@@ -41,9 +41,16 @@ class UserError(Exception):
     """A mistake in the command line or its inputs: reported in one line, exit code 2."""
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="felixjax", description="JAX-native tensor program optimizer: gradient "
                                 "descent over relaxed schedules of real, measured C kernels.")
+    p.add_argument("--version", action="version", version=f"felixjax {_version()}")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable; found on the Python path or in the current folder): a "
                         "module that registers a strategy makes its name usable here, e.g. "

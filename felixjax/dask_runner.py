@@ -478,6 +478,7 @@ def local_cluster(*, build_workers: int = 1, pin: bool | None = None, allowed_fa
     """
     import os
 
+    _need_distributed("local_cluster()")
     import dask
     from distributed import LocalCluster
 
@@ -533,15 +534,22 @@ def _probe(spec: str) -> None:
         return
 
 
+def _need_distributed(what: str) -> None:
+    """An ``ImportError`` naming the extra to install where dask.distributed is missing."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise ImportError(f"{what} needs dask.distributed: pip install 'felixjax[dask]'") from None
+
+
 @contextlib.contextmanager
 def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iterator[DaskRunner]:
     """A :class:`DaskRunner` for ``--dask SPEC``: ``"local"`` starts a :func:`local_cluster` (closed on
     exit; measuring and builds pinned apart on hosts with ≤ 4 cores), an address (``tcp://host:8786``)
     connects to a running scheduler (left running)."""
-    try:
-        from distributed import Client
-    except ImportError:
-        raise ImportError("--dask needs dask.distributed: pip install 'felixjax[dask]'") from None
+    _need_distributed("--dask / connect()")
+    from distributed import Client
+
     cluster = None
     if spec == "local":
         cluster = local_cluster()

@@ -331,3 +331,25 @@ def test_an_error_message_never_carries_terminal_escapes(capsys):
     # (a window title, the clipboard) straight to the terminal; every error is printed escaped
     err = one_line_exit_2(["report", "\x1b]0;PWNED\x07.db"], capsys, "PWNED")  # "PATH: no such database"
     assert "\x1b" not in err and "\x07" not in err and "\\x1b" in err
+
+
+def test_version_is_the_installed_distributions(capsys):
+    # session 78 (a packaging review): `felixjax --version` was a usage error and the version was written twice
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as e:
+        cli(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"felixjax {metadata.version('felixjax')}\n"
+    assert fj.__version__ == metadata.version("felixjax")
+
+
+def test_dask_entry_points_name_the_extra_where_distributed_is_missing(monkeypatch):
+    # session 78 (a packaging review): local_cluster() raised a bare ModuleNotFoundError in a base install
+    from felixjax import dask_runner
+
+    monkeypatch.setitem(sys.modules, "distributed", None)  # what a base install without the dask extra has
+    with pytest.raises(ImportError, match=r"local_cluster\(\) needs dask.distributed: pip install 'felixjax\[dask\]'"):
+        dask_runner.local_cluster()
+    with pytest.raises(ImportError, match=r"connect\(\) needs dask.distributed: pip install 'felixjax\[dask\]'"), \
+            dask_runner.connect("local"):
+        pass

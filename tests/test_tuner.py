@@ -187,3 +187,17 @@ def test_cli_bad_input_is_one_line_exit_2(argv, msg, capsys):
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_run_without_a_correct_kernel_says_why_rather_than_return_a_silent_none():
+    # session 78 (a packaging review): on a loaded machine every timing of a short run was `noisy` and
+    # fj.tune(..., progress=False).best was None without a word; the README's next line failed on None
+    from codegen.measure import MeasureResult
+    from felixjax.testing import ReplayRunner
+
+    busy = ReplayRunner(lambda cfg: MeasureResult("noisy", (1e-3,), "disturbed measurement"))
+    with pytest.warns(RuntimeWarning, match=r"no correct kernel timed cleanly among 4 trials .*4 noisy: another "
+                                            r"process used the CPU"):
+        res = fj.tune("matmul:m=16,n=16,k=16", strategy="random", trials=4, progress=False, retime=0,
+                      measurer=lambda t, tg: busy)
+    assert res.best is None and len(res.history) == 4
