@@ -145,9 +145,12 @@ class EnsembleCostModel:
     def params(self) -> Any:
         """Member params stacked on a leading ``K`` axis (a pytree)."""
         if self._stacked is None:
-            # stacked in numpy: eager jnp.stack would compile once per leaf shape
+            # stacked in numpy: eager jnp.stack would compile once per leaf shape; eagerly even when first
+            # read inside a jit trace (`jit(lambda f: ens.apply(ens.params, f))`): a cached tracer leaked out
+            # of it and broke the next save / predict (session 78, seen when the test order changed)
             stack = lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs]))  # noqa: E731
-            self._stacked = jax.tree_util.tree_map(stack, *(m.params for m in self.members))
+            with jax.ensure_compile_time_eval():
+                self._stacked = jax.tree_util.tree_map(stack, *(m.params for m in self.members))
         return self._stacked
 
     @params.setter

@@ -101,6 +101,9 @@ class TrainConfig:
         sample_budget: epochs per update = sample_budget / n_train (Felix: 30000 / |D|), clipped.
         min_epochs: at least this many epochs per update.
         max_epochs: at most this many epochs per update.
+        max_samples: at most this many rows visited per update (``epochs x rows``; 0, the default: no
+            cap): a longer history trains each epoch on a fresh random subset of its rows, so an
+            update's cost stops growing with the history (online tuning sets it).
         patience: early stop after ``max(3, patience · epochs)`` epochs without improvement.
         val_fraction: share of the programs held out for early stopping, chosen by a stable hash
             of each program's features (``holdout_mask``), so held-out rows stay held out across
@@ -124,6 +127,7 @@ class TrainConfig:
     sample_budget: int = 12_288
     min_epochs: int = 5
     max_epochs: int = 400
+    max_samples: int = 0
     patience: float = 0.5
     val_fraction: float = 0.1
     min_val_size: int = 8
@@ -447,8 +451,11 @@ class MLPCostModel:
         opt_state = tx.init(net)
 
         n_train = len(train_index)
-        steps_per_epoch = math.ceil(n_train / cfg.batch_size)
         epochs = int(np.clip(round(cfg.sample_budget / max(n_train, 1)), cfg.min_epochs, cfg.max_epochs))
+        # a long history: each epoch a fresh random subset, so one update visits at most max_samples rows
+        per_epoch = n_train if not cfg.max_samples or epochs * n_train <= cfg.max_samples else max(
+            cfg.batch_size, cfg.max_samples // epochs)
+        steps_per_epoch = math.ceil(per_epoch / cfg.batch_size)
         patience = max(3, math.ceil(cfg.patience * epochs))
         total_steps = epochs * steps_per_epoch
         val = take(features, val_index), target[val_index], groups[val_index]
@@ -466,7 +473,8 @@ class MLPCostModel:
         step_count, epoch, last_loss = 0, 0, np.zeros(3)
         for epoch in range(1, epochs + 1):
             losses = []
-            for rows in self._epoch_batches(train_index, groups):
+            subset = train_index if per_epoch >= n_train else self._rng.choice(train_index, per_epoch, replace=False)
+            for rows in self._epoch_batches(subset, groups):
                 frac = step_count / max(total_steps, 1)
                 lr = cfg.learning_rate * (
                     cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * frac))
@@ -498,6 +506,7 @@ class MLPCostModel:
             "epochs": float(epoch),
             "best_epoch": float(best_epoch),
             "n_train": float(n_train),
+            "rows_per_epoch": float(per_epoch),
             "n_val": float(len(val_index)),
             "seconds": time.perf_counter() - start_time,
         }

@@ -77,6 +77,9 @@ class OnlineCostModel:
     #: from scratch on 30000 per round; here the MLP continues from its weights every round, so a
     #: smaller budget per round keeps the update under a second).
     SAMPLE_BUDGET = 4096
+    #: ... and at most this many rows per update (``min_epochs`` epochs over a longer history: a fresh random
+    #: subset each epoch), so a round's refit stops growing with the history past ~9,800 training rows
+    MAX_SAMPLES = 49_152
     #: The CPU prior: ``"multilevel"`` (:func:`multilevel_prior`, issue 15) or ``"roofline"`` (the
     #: single roofline over L3 traffic that ties most configs of a task).
     prior_kind = "roofline"
@@ -121,7 +124,7 @@ class OnlineCostModel:
                                            bandwidth=12e9 * max(1, int(target.cores)),
                                            efficiency_cols=(g("vec_utilization"), g("balance"),
                                                             g("register_utilization")), softness=0.1)
-        cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100)
+        cfg = train_config or TrainConfig(sample_budget=self.SAMPLE_BUDGET, max_epochs=100, max_samples=self.MAX_SAMPLES)
         pretrained = resolve_cost_model(pretrained, target)
         if pretrained is None:
             self.mlp = MLPCostModel(n_access, n_glob, hidden=hidden, seed=seed, config=cfg)

@@ -123,6 +123,16 @@ def test_apply_vmaps_over_single_programs(models, name):
     np.testing.assert_allclose(per_program, batched, rtol=1e-5, atol=1e-5)
 
 
+def test_ensemble_params_first_read_inside_a_trace_stay_concrete(tmp_path):
+    # session 78: the stacked params were cached from inside a jit trace (a tracer), and the next save failed
+    ens = EnsembleCostModel(F, G, num_members=2, hidden=8, seed=0)
+    features = small_features()
+    jax.jit(jax.grad(lambda f: ens.apply(ens.params, f).sum()))(features)
+    assert not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(ens.params))
+    ens.save(tmp_path / "ens.npz")
+    np.testing.assert_allclose(ens.predict(features), load_model(tmp_path / "ens.npz").predict(features), rtol=1e-6)
+
+
 def test_padding_slots_do_not_change_scores(models):
     model = models["mlp"]
     features = small_features()
@@ -199,6 +209,17 @@ def test_roofline_values_and_no_op_update():
 
 
 # ---- training ------------------------------------------------------------------------------
+
+
+def test_an_update_visits_at_most_max_samples_rows(trained_mlp, train_data):
+    # session 77's scale review: a round's refit grew with the history (min_epochs over every row: 12.5 s at 30k
+    # records); past max_samples (online tuning sets it) each epoch trains on a fresh random subset instead
+    _, metrics = trained_mlp
+    assert metrics["rows_per_epoch"] == metrics["n_train"]  # no cap by default (pretraining): every row
+    capped = MLPCostModel(F, G, hidden=HIDDEN, seed=0, config=TrainConfig(max_samples=640, max_epochs=10))
+    m = capped.update(*train_data)
+    assert m["rows_per_epoch"] == 64 < m["n_train"] and m["epochs"] <= 10  # 640 rows over 10 epochs
+    assert np.isfinite(m["loss"])
 
 
 def test_mlp_learns_ranking_and_beats_wrong_prior(trained_mlp, test_data):
