@@ -534,6 +534,14 @@ class Database:
             where += " AND run LIKE 'retime:%'"
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
+    def newest_id(self, task: Task, target: Target | str, *, retimes: bool) -> int:
+        """The row id of the task's newest tuning record (``retimes``: of its newest end-of-run re-timing row,
+        in-network choices apart) on a target, 0 when there is none: whether re-timings cover the records."""
+        where, args = self._where(task, target, None)
+        where += (f" AND run LIKE 'retime:%' AND run NOT LIKE '{NETWORK_PREFIX}%'" if retimes
+                  else " AND run NOT LIKE 'retime:%'")
+        return self._query(f"SELECT COALESCE(MAX(id), 0) FROM records {where}", args)[0][0]
+
     def network_choice(self, task: Task, target: Target | str, *,
                        exclude_sketches: Collection[str] = ()) -> TuningRecord | None:
         """The newest in-network choice of a task's schedule on a target (a ``retime:network:<run>`` row

@@ -675,7 +675,14 @@ class TuningSession:
             return []
         rows = self.db.records(tr.task, self.target_key, run=RETIME_PREFIX + tr.run)
         starts = [i for i, r in enumerate(rows) if r.trial == 0]
-        return sorted(rows[starts[-1]:], key=lambda r: r.latency_s) if starts else []
+        if not starts:
+            return []
+        # only a re-timing of the run as it stands: one interrupted (or skipped, retime=0) after later
+        # records leaves an older one behind, whose best may not be the run's (session 78: a 2x faster
+        # config of trials 17-32 was never re-timed and the 16-trial run's re-timing came back as the best)
+        newest = max((r.id or 0 for r in tr.history), default=0)
+        last = rows[starts[-1]:]
+        return sorted(last, key=lambda r: r.latency_s) if (last[0].id or 0) > newest else []
 
     # ---- progress ------------------------------------------------------------------------------
     def _event(self, tr: TaskRun, kind: str, **info) -> None:

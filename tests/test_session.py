@@ -131,6 +131,42 @@ def test_best_is_retimed_and_retimes_stay_out_of_history_and_budget(tmp_path):
     assert len(again.history) == 10  # the re-timing rows did not count against the budget
 
 
+def test_a_rerun_re_times_when_records_came_after_the_last_re_timing(tmp_path):
+    # session 78 (an interrupt review): a 16-trial run re-timed, the same run at 32 trials was stopped inside its
+    # re-timing (nothing of it is stored), and the cell run again kept the 16-trial re-timing as the best
+    db = str(tmp_path / "t.db")
+    fj.tune(T1, strategy="random", trials=10, db=db, measurer=replay, progress=False, retime=3)
+    longer = fj.tune(T1, strategy="random", trials=20, db=db, measurer=replay, progress=False, retime=0)  # as if cut
+    again = fj.tune(T1, strategy="random", trials=20, db=db, measurer=replay, progress=False, retime=3)
+    assert len(again.history) == 20 and again.stats["resumed"] == 20  # nothing measured twice
+    fastest = min((r for r in longer.history if r.ok), key=lambda r: r.latency_s).config
+    assert again.best.config == fastest and again.best.id > max(r.id for r in again.history)  # timed again now
+    with fj.Database(db) as d:
+        assert len(d.records(T1, TARGET, run="retime:random:0")) == 6
+    kept = fj.tune(T1, strategy="random", trials=20, db=db, measurer=replay, progress=False, retime=3)
+    assert kept.best.id == again.best.id  # run once more with nothing new: that re-timing is kept, not redone
+
+
+def test_a_build_passes_over_re_timings_older_than_the_records(tmp_path):
+    # session 78 (an interrupt review): a network built after a re-timing was cut short took the fastest of the
+    # older re-timings, not the run's best config measured since
+    import types
+
+    from felixjax.network_build import choose_schedules
+
+    db = str(tmp_path / "t.db")
+    one_task = types.SimpleNamespace(tasks=[(T1, 1)])  # choose_schedules reads a model's tasks only
+    first = fj.tune(T1, strategy="random", trials=10, db=db, measurer=replay, progress=False, retime=3)
+    [pick] = choose_schedules(one_task, TARGET, db=db)
+    assert pick.config == first.best.config and pick.latency_s == first.best.latency_s  # the re-timing
+    longer = fj.tune(T1, strategy="random", trials=20, db=db, measurer=replay, progress=False, retime=0)
+    [pick] = choose_schedules(one_task, TARGET, db=db)
+    assert pick.config == longer.best_while_tuning.config and "after its last re-timing" in pick.note
+    again = fj.tune(T1, strategy="random", trials=20, db=db, measurer=replay, progress=False, retime=3)
+    [pick] = choose_schedules(one_task, TARGET, db=db)
+    assert pick.config == again.best.config and pick.note == ""  # re-timed: current again
+
+
 def test_records_are_kept_per_thread_count(tmp_path):
     # a 2-thread tuning must not resume (and return the best of) a 1-thread one in the same database
     db = str(tmp_path / "t.db")
