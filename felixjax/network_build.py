@@ -196,9 +196,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one; not where tuning records came after the newest
-    re-timing (one cut short, or a run with ``retime=0``): they are stale then, and the fastest record while
-    tuning is taken (noted). An in-network choice (``retime:network:<run>``,
+    measurement of a noisy run is too often a lucky one (where tuning records came after the newest
+    re-timing, one cut short or a run with ``retime=0``, the note says so: the same tune run again re-times
+    them). An in-network choice (``retime:network:<run>``,
     ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a whole build) comes
     before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
@@ -220,16 +220,15 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
                 for n in counts:
                     at = target.at_threads(n)
                     retimed = database.best(task, at, retimed=True, exclude_sketches=skip)
-                    # records that came after the last re-timing (one cut short, or retime=0): it is stale
-                    cut = retimed is not None and (database.newest_id(task, at, retimes=False)
-                                                   > database.newest_id(task, at, retimes=True))
                     choice = database.network_choice(task, at, exclude_sketches=skip)
-                    rec = choice or (None if cut else retimed) or database.best(task, at, exclude_sketches=skip)
+                    rec = choice or retimed or database.best(task, at, exclude_sketches=skip)
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
-                        if cut and choice is None:
-                            note = (note + "; " if note else "") + ("records measured after its last re-timing "
-                                                                    "(cut short?): the fastest while tuning")
+                        if choice is None and retimed is not None and (database.newest_id(task, at, retimes=False)
+                                                                       > database.newest_id(task, at, retimes=True)):
+                            # kept (one lucky timing must not displace it), but it predates some records
+                            note = (note + "; " if note else "") + ("records came after its last re-timing (one "
+                                                                    "cut short, or retime=0): tune again to re-time")
                         break
             stale = False
             if configs and task in configs:

@@ -230,7 +230,7 @@ def scheduled_rounds(session: TuningSession, runs: list[TaskRun], weights: list[
                      provisional=tt.best is None)
         if i in sched.dead:  # the scheduler gives this task no more rounds: say why
             tt.stop_reason = (tr.stop_reason or "exhausted") if not new else "no_correct_kernel"
-        entry = {"round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),
+        entry = {"event": "network_round", "round": len(rounds) + 1, "index": i, "task": tr.task, "weight": tt.weight, "new": len(new),
                  "task_trials": tt.trials, "best": tt.best,
                  "noisy_bound_s": None if tt.best else round_best(tr.history), "trials": sum(t.trials for t in info),
                  "budget": (budget or 0) + sum(r.resumed for r in runs),

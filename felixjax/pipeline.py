@@ -184,7 +184,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
         seconds: wall-clock budget; measuring stops when it is spent. Each task's first round is then
             sized so that every task is measured within about a quarter of it
             (:func:`~felixjax.network_tune.warmup_round`).
-        progress: print one line per round and the summary table to stderr, or a callable per round.
+        progress: print one line per round and the summary table to stderr, or a callable per round (a dict,
+            ``"event": "network_round"``).
         trials_per_round: trials of one round (default ``trials // (4 * tasks)``, clamped to 1..64,
             so about a quarter of the budget is the warm-up and the rest is scheduled).
         threads: threads per measured kernel (default: all cores of the target).

@@ -327,8 +327,22 @@ class TuningSession:
     def __enter__(self) -> "TuningSession":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.runs:
+            self._say_kept()
         self.close()
+
+    def _say_kept(self) -> None:
+        """One line on stderr after a Ctrl-C (a notebook cell stopped): what the session's runs kept, and where."""
+        made = sum(len(tr.history) - tr.resumed for tr in self.runs)
+        runs = sorted({tr.run for tr in self.runs})
+        path = getattr(self.db, "path", ":memory:")
+        if path == ":memory:" or path.startswith("file::memory:"):
+            where = "in memory only (no db=): they are lost with this call; db='runs.db' keeps them"
+        else:
+            where = f"in {path}; the same call again continues from them"
+        print(f"[felixjax] interrupted: {made} measurement(s) of this call (run {', '.join(runs)}) are {where}",
+              file=sys.stderr, flush=True)
 
     # ---- shared parts --------------------------------------------------------------------------
     def model(self, group: Hashable = "", *, cost_model: str | None = None, ranker: str | None = None,

@@ -482,6 +482,7 @@ def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     res = tune_model(model, trials=3 * len(model.tasks), strategy="random", db=db, runner=runner, threads=1,
                      trials_per_round=2, progress=seen.append, retime=0)
     assert res.trials == 3 * len(model.tasks) and len(seen) == len(res.rounds)
+    assert {r["event"] for r in seen} == {"network_round"}  # as fj.tune's dicts, an "event" (session 78: none)
     assert all(t.trials >= 2 and t.best is not None for t in res.tasks)  # every task got its warm-up round
     n = len(model.tasks)  # the warm-up: every task once, the largest weight x FLOPs first
     assert sorted(r["index"] for r in seen[:n]) == list(range(n))
