@@ -497,7 +497,8 @@ class Database:
             conds.append("id > ?")
             args.append(int(since))
         if exclude_sketches:  # a sketch's name is its text before the first '.' (padded variants)
-            names = sorted({str(n) for n in exclude_sketches})
+            given = (exclude_sketches,) if isinstance(exclude_sketches, str) else exclude_sketches  # one name
+            names = sorted({str(n) for n in given})
             conds.append(f"substr(sketch, 1, instr(sketch || '.', '.') - 1) NOT IN ({', '.join('?' * len(names))})")
             args.extend(names)
         return ("WHERE " + " AND ".join(conds) if conds else ""), tuple(args)
