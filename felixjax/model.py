@@ -512,8 +512,9 @@ def make_ranker(kind: str | None, data: str | None = None, *, seed: int = 0):
 
 def resolve_cost_model(cost_model, target):
     """What a ``cost_model`` option means on ``target``: ``"auto"`` (the strategies' default) is the
-    packaged model (``"packaged"``) on a CPU target when it is installed, else none (the roofline prior
-    ranks until the online MLP beats it); anything else is returned as given.
+    packaged model (``"packaged"``) on a CPU target of the SIMD width it was measured at when it is
+    installed, else none (the roofline prior ranks until the online MLP beats it; another width: with a
+    ``RuntimeWarning``); anything else is returned as given.
 
     Example:
         >>> import felixjax as fj
@@ -526,7 +527,34 @@ def resolve_cost_model(cost_model, target):
         return cost_model
     if getattr(target, "is_gpu", False) or not PACKAGED_MODEL.exists():
         return None
+    lanes, machine = packaged_lanes()
+    if lanes is not None and int(getattr(target, "simd_lanes", lanes)) != lanes:
+        import warnings
+
+        warnings.warn(f"the shipped cost model was measured on a CPU with {lanes} fp32 SIMD lanes ({machine}); this "
+                      f"target has {target.simd_lanes}: tuning starts from the roofline prior instead (a replayed "
+                      f"review, session 78: a model of another machine's latencies cost 1.5-4x the trials of a cold "
+                      f"start). cost_model='packaged' uses it anyway; `felixjax pretrain` trains one on your own "
+                      f"databases", RuntimeWarning, stacklevel=2)
+        return None
     return "packaged"
+
+
+@functools.lru_cache(maxsize=1)
+def packaged_lanes() -> tuple[int | None, str]:
+    """``(fp32 SIMD lanes, machine)`` of the CPU the shipped dataset was measured on, from its provenance
+    (``None`` where it does not say): ``cost_model="auto"`` uses the shipped model on targets of that width."""
+    import json
+    import re
+
+    try:
+        meta = json.loads(PACKAGED_MODEL.with_name(PACKAGED_MODEL.name + ".json").read_text())
+        machine = next(m for m in meta["data_provenance"]["machine"] if m.lstrip("- ").startswith("machine:"))
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        return None, ""
+    found = re.search(r"\((\d+) fp32 lanes\)", machine)
+    text = machine.lstrip("- ").removeprefix("machine: ").split(",")[0]
+    return (int(found.group(1)) if found else None), text
 
 
 #: The MLP pretrained on the packaged dataset (``benchmarks/make_pretrain_dataset.py --model-only``), which

@@ -188,3 +188,16 @@ def test_the_judge_checkpoint_is_its_own_model_of_the_second_machines_data():
     f = data.features
     sub = Features(f.access[rows], f.mask[rows], f.glob[rows])
     assert not np.allclose(judge.predict(sub), first.predict(sub))
+
+
+def test_auto_uses_the_shipped_model_only_at_the_simd_width_it_was_measured_at():
+    # session 78 (a portability review): "auto" loaded the shipped model on any CPU target without a word, and
+    # replayed landscapes of another machine's latencies cost 1.5-4x a cold start's trials to 95% of the best
+    from felixjax.model import packaged_lanes, resolve_cost_model
+
+    lanes, machine = packaged_lanes()
+    assert lanes == 16 and machine == "AMD EPYC"  # from the shipped provenance's machine line
+    assert resolve_cost_model("auto", fj.Target.cpu(simd_lanes=lanes)) == "packaged"
+    with pytest.warns(RuntimeWarning, match="measured on a CPU with 16 fp32 SIMD lanes .AMD EPYC.; this target has 8"):
+        assert resolve_cost_model("auto", fj.Target.cpu(simd_lanes=8, vector_registers=16)) is None
+    assert resolve_cost_model("packaged", fj.Target.cpu(simd_lanes=8)) == "packaged"  # asked for by name: as given
