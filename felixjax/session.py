@@ -338,6 +338,8 @@ class TuningSession:
         runs = sorted({tr.run for tr in self.runs})
         path = getattr(self.db, "path", ":memory:")
         if path == ":memory:" or path.startswith("file::memory:"):
+            if self.measurers and all(getattr(m, "replayed", False) for m in self.measurers.values()):
+                return  # replayed, kept nowhere: a throwaway run (compare's JIT warm-up), nothing measured is lost
             where = "in memory only (no db=): they are lost with this call; db='runs.db' keeps them"
         else:
             where = f"in {path}; the same call again continues from them"

@@ -547,7 +547,18 @@ def test_a_ctrl_c_says_what_was_kept_and_where(tmp_path, capsys):
            f"again continues from them" in capsys.readouterr().err
     with fj.Database(db) as d:
         assert d.count(T1, TARGET, run="random:0") == 4  # each kept as it came
+    class Measured:  # as a real measurer: not a replay
+        def __init__(self, t, tg):
+            self.inner = stop_at_the_fifth(t, tg)
+
+        def measure(self, configs, on_result):
+            return self.inner.measure(configs, on_result)
+
     calls.clear()
     with pytest.raises(KeyboardInterrupt):
-        fj.tune(T1, strategy="random", trials=12, batch=12, measurer=stop_at_the_fifth, progress=False)
+        fj.tune(T1, strategy="random", trials=12, batch=12, measurer=Measured, progress=False)
     assert "are in memory only (no db=): they are lost with this call" in capsys.readouterr().err
+    calls.clear()  # replayed and kept nowhere (compare's JIT warm-up): nothing real was lost, nothing said
+    with pytest.raises(KeyboardInterrupt):
+        fj.tune(T1, strategy="random", trials=12, batch=12, measurer=stop_at_the_fifth, progress=False)
+    assert "interrupted" not in capsys.readouterr().err

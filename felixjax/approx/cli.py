@@ -131,14 +131,17 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                "quality_evals": res.quality_evals, "search_evals": res.search_evals, "samples": res.samples,
                "retimed": res.retimed, "heldout_samples": res.heldout_samples,
                "heldout_baseline_quality": res.heldout_baseline_quality, "heldout_quality": res.heldout_quality,
+               "heldout_loss": res.heldout_loss,
                "front": [{"keep": list(p.keep), "formats": list(p.formats), "speedup": p.speedup, "quality": p.quality}
                          for p in res.front], "excluded": list(res.excluded),  # (channels alone repeated)
                "pareto": [p.__dict__ | {"keep": list(p.keep)} for p in res.pareto],
                "layers": [d.__dict__ for d in res.layers]}
     with open(os.path.join(out, "approx.json"), "w") as f:
         json.dump(_finite(summary), f, indent=1, default=str)  # strict JSON: NaN / inf as null
-    print(res.table())
-    if len(res.pareto) <= 1:
+    print(res.table().replace("pass holdout= for", "pass --holdout NPZ for"))
+    if len(res.pareto) <= 1 and args.budget == 0:
+        print("note: --budget 0 keeps the exact float32 network (nothing is searched)")
+    elif len(res.pareto) <= 1:
         print(f"note: only the float32 baseline was built: with channel counts rounded to multiples of "
               f"{args.multiple or int(target.simd_lanes)} (--multiple) and no other format asked for (--int8, "
               "--float16, --sparsity), no layer had anything to approximate")

@@ -131,6 +131,11 @@ class ApproxResult:
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
         lines.append(self._quality_note())
+        kept = next((t["kept_baseline"] for t in self.trace if "kept_baseline" in t), None)
+        if kept is not None:  # the fastest point within budget was not faster when timed again
+            a, b = kept["retimed_s"]
+            lines.append(f"note: the point chosen ({kept['chosen'] or 'descent'}) timed again beside the baseline ran "
+                         f"{a * 1e3:.4g} ms against {b * 1e3:.4g} ms: not faster, so the exact float32 network is kept")
         lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}" + (f", sparsity {d.sparsity:g})" if d.sparsity
                   else ")") for d in self.layers if d.before != d.after] + [f"  excluded: {e}" for e in self.excluded]
         paired = [p.baseline_s for p in self.pareto if math.isfinite(p.baseline_s)]

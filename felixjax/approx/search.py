@@ -270,8 +270,11 @@ class Approximator:
         if not isinstance(holdout, (tuple, list)) or len(holdout) not in (1, 2):
             raise ValueError("holdout must be (x, y) or (x,), as data")
         g = self.model.graph
-        return check_data(holdout[0], holdout[1] if len(holdout) == 2 else None, g.shapes[g.inputs[0]],
-                          g.shapes[self.output], self.metric)
+        try:
+            return check_data(holdout[0], holdout[1] if len(holdout) == 2 else None, g.shapes[g.inputs[0]],
+                              g.shapes[self.output], self.metric)
+        except ValueError as e:  # check_data words it for data=
+            raise ValueError(f"holdout: {e}") from None
 
     def heldout(self, base: CompiledModel, exe: CompiledModel, x: np.ndarray, y: np.ndarray | None) -> tuple[float, float]:
         """The metric of ``base`` and of ``exe`` on data the search never saw (fidelity: against ``base`` there)."""
@@ -547,6 +550,10 @@ def _result(ax: Approximator, base: ParetoPoint, base_exe: CompiledModel, best: 
         retimed = ax.latency_pair(exe, base_exe)
         ax._say(f"approx: the chosen network timed again beside the baseline: {retimed[0] * 1e3:.4g} ms against "
                 f"{retimed[1] * 1e3:.4g} ms ({retimed[1] / retimed[0]:.2f}x; {chosen.speedup:.2f}x when chosen)")
+        if retimed[0] >= retimed[1]:  # not faster after all (its own timing was a lucky one): keep the exact one
+            ax._say("approx: not faster than the baseline timed beside it: the exact float32 network is kept")
+            trace = [*trace, {"kept_baseline": {"chosen": chosen.note, "retimed_s": retimed}}]
+            chosen, exe, chosen_model, retimed = base, base_exe, ax.model, None
     hb = hq = float("nan")
     if hold is not None:
         hb, hq = ax.heldout(base_exe, exe, *hold)
