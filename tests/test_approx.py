@@ -375,7 +375,7 @@ def test_a_choice_not_faster_when_timed_again_keeps_the_exact_network(tiny, monk
         return (2e-3, 1e-3) if again else (5e-4, 1e-3)
 
     monkeypatch.setattr(Approximator, "latency_pair", timed)
-    _, x, y = tiny
+    _, x, _ = tiny
     proto = to_onnx({k: np.asarray(v) for k, v in _init(8, 0).items()}, 8)
     res = fj.approximate(proto, fj.Target.cpu(cores=1), data=(x,), metric="fidelity", quality_budget=0.99,
                          trials=0, rounds=0, multiple=4, seeds=(0.5,), measure=0, progress=False)
