@@ -101,9 +101,10 @@ class TrainConfig:
         sample_budget: epochs per update = sample_budget / n_train (Felix: 30000 / |D|), clipped.
         min_epochs: at least this many epochs per update.
         max_epochs: at most this many epochs per update.
-        max_samples: at most this many rows visited per update (``epochs x rows``; 0, the default: no
-            cap): a longer history trains each epoch on a fresh random subset of its rows, so an
-            update's cost stops growing with the history (online tuning sets it).
+        max_samples: about this many rows visited per update at most (``epochs x rows``; each epoch
+            at least one batch; 0, the default: no cap): a longer history trains each epoch on a fresh
+            random subset of its rows, so an update's cost stops growing with the history (online
+            tuning sets it).
         patience: early stop after ``max(3, patience · epochs)`` epochs without improvement.
         val_fraction: share of the programs held out for early stopping, chosen by a stable hash
             of each program's features (``holdout_mask``), so held-out rows stay held out across
@@ -453,8 +454,8 @@ class MLPCostModel:
         n_train = len(train_index)
         epochs = int(np.clip(round(cfg.sample_budget / max(n_train, 1)), cfg.min_epochs, cfg.max_epochs))
         # a long history: each epoch a fresh random subset, so one update visits at most max_samples rows
-        per_epoch = n_train if not cfg.max_samples or epochs * n_train <= cfg.max_samples else max(
-            cfg.batch_size, cfg.max_samples // epochs)
+        per_epoch = n_train if not cfg.max_samples or epochs * n_train <= cfg.max_samples else min(n_train, max(
+            cfg.batch_size, cfg.max_samples // epochs))
         steps_per_epoch = math.ceil(per_epoch / cfg.batch_size)
         patience = max(3, math.ceil(cfg.patience * epochs))
         total_steps = epochs * steps_per_epoch

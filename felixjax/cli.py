@@ -15,6 +15,8 @@ import signal
 import sys
 import textwrap
 import threading
+import warnings
+from typing import Any
 
 EXAMPLES = {
     "tune": """examples:
@@ -41,16 +43,23 @@ class UserError(Exception):
     """A mistake in the command line or its inputs: reported in one line, exit code 2."""
 
 
-def _version() -> str:
-    from . import __version__
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (importlib.metadata costs ~50 ms)."""
 
-    return __version__
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the installed version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from . import __version__
+
+        print(f"felixjax {__version__}")
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="felixjax", description="JAX-native tensor program optimizer: gradient "
                                 "descent over relaxed schedules of real, measured C kernels.")
-    p.add_argument("--version", action="version", version=f"felixjax {_version()}")
+    p.add_argument("--version", action=_Version)
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable; found on the Python path or in the current folder): a "
                         "module that registers a strategy makes its name usable here, e.g. "
@@ -286,7 +295,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     rows = []
     options = _cost_model_options(args.strategy, args.cost_model)
-    with _runner(args) as runner:
+    with _runner(args) as runner, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*no correct kernel timed cleanly", RuntimeWarning)  # said below, per task
         results = [fj.tune(task, target, args.strategy, trials=args.trials, seconds=args.seconds, db=args.db,
                            seed=args.seed, threads=args.threads, strategy_options=options, progress=not args.quiet,
                            runner=runner, cost_aware=args.cost_aware) for task in tasks]
@@ -610,8 +620,14 @@ def main(argv: list[str] | None = None) -> int:
         args.db = os.path.expanduser(db)
     elif isinstance(db, list):
         args.db = [os.path.expanduser(d) for d in db]
-    with _ctrl_c():
-        return _run(args)
+    from . import session
+
+    said, session.SAY_KEPT[0] = session.SAY_KEPT[0], False  # its own line says what an interrupt kept
+    try:
+        with _ctrl_c():
+            return _run(args)
+    finally:
+        session.SAY_KEPT[0] = said
 
 
 def _import_plugins(modules: list[str]) -> None:

@@ -535,12 +535,10 @@ class Database:
             where += " AND run LIKE 'retime:%'"
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
-    def newest_id(self, task: Task, target: Target | str, *, retimes: bool) -> int:
-        """The row id of the task's newest tuning record (``retimes``: of its newest end-of-run re-timing row,
-        in-network choices apart) on a target, 0 when there is none: whether re-timings cover the records."""
-        where, args = self._where(task, target, None)
-        where += (f" AND run LIKE 'retime:%' AND run NOT LIKE '{NETWORK_PREFIX}%'" if retimes
-                  else " AND run NOT LIKE 'retime:%'")
+    def newest_id(self, task: Task, target: Target | str, run: str) -> int:
+        """The row id of the newest record of ``run`` for a task on a target, 0 when there is none (a run's
+        newest record against its ``retime:<run>`` rows': whether its end-of-run re-timing covers it)."""
+        where, args = self._where(task, target, run)
         return self._query(f"SELECT COALESCE(MAX(id), 0) FROM records {where}", args)[0][0]
 
     def network_choice(self, task: Task, target: Target | str, *,

@@ -196,9 +196,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one (where tuning records came after the newest
-    re-timing, one cut short or a run with ``retime=0``, the note says so: the same tune run again re-times
-    them). An in-network choice (``retime:network:<run>``,
+    measurement of a noisy run is too often a lucky one (where that re-timing's run measured more after it,
+    one cut short, the note says so: the same tune run again re-times it). An in-network choice (``retime:network:<run>``,
     ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a whole build) comes
     before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
@@ -224,11 +223,13 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
                     rec = choice or retimed or database.best(task, at, exclude_sketches=skip)
                     if rec is not None:
                         note = "" if n == want else f"tuned at {n} thread(s), built for {want}"
-                        if choice is None and retimed is not None and (database.newest_id(task, at, retimes=False)
-                                                                       > database.newest_id(task, at, retimes=True)):
-                            # kept (one lucky timing must not displace it), but it predates some records
-                            note = (note + "; " if note else "") + ("records came after its last re-timing (one "
-                                                                    "cut short, or retime=0): tune again to re-time")
+                        run = retimed.run.removeprefix("retime:") if retimed is not None else ""
+                        if choice is None and rec is retimed and (database.newest_id(task, at, run)
+                                                                  > database.newest_id(task, at, retimed.run)):
+                            # kept (one lucky timing must not displace it), but its run measured more since
+                            note = (note + "; " if note else "") + (f"run {run} measured more after its last "
+                                                                    f"re-timing (cut short, or retime=0): tune it "
+                                                                    f"again to re-time")
                         break
             stale = False
             if configs and task in configs:

@@ -255,6 +255,11 @@ class TaskRun:
         return max(p, self.clock / self.seconds) if self.seconds else p
 
 
+#: whether a Ctrl-C inside a session prints what the call kept (the CLI, which says it in its own words, sets
+#: this off while it runs)
+SAY_KEPT = [True]
+
+
 class TuningSession:
     """Budget, measurers, database, RNG streams and the shared online cost model of a tuning session.
 
@@ -328,9 +333,11 @@ class TuningSession:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.runs:
-            self._say_kept()
-        self.close()
+        try:
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.runs and SAY_KEPT[0]:
+                self._say_kept()
+        finally:
+            self.close()
 
     def _say_kept(self) -> None:
         """One line on stderr after a Ctrl-C (a notebook cell stopped): what the session's runs kept, and where."""

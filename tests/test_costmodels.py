@@ -216,6 +216,9 @@ def test_an_update_visits_at_most_max_samples_rows(trained_mlp, train_data):
     # records); past max_samples (online tuning sets it) each epoch trains on a fresh random subset instead
     _, metrics = trained_mlp
     assert metrics["rows_per_epoch"] == metrics["n_train"]  # no cap by default (pretraining): every row
+    roomy = MLPCostModel(F, G, hidden=HIDDEN, seed=0, config=TrainConfig(max_samples=10**9))
+    roomy.update(*train_data)  # a cap above the update's rows changes nothing (random stream included)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, roomy.params, trained_mlp[0].params)
     capped = MLPCostModel(F, G, hidden=HIDDEN, seed=0, config=TrainConfig(max_samples=640, max_epochs=10))
     m = capped.update(*train_data)
     assert m["rows_per_epoch"] == 64 < m["n_train"] and m["epochs"] <= 10  # 640 rows over 10 epochs

@@ -78,7 +78,8 @@ class ApproxResult:
     #: ``(chosen network s, baseline s)`` timed again, interleaved, after the choice (the point's own timing
     #: is the one that won among several noisy ones, biased up); ``None`` where the baseline was kept
     retimed: tuple[float, float] | None = None
-    #: samples of the data the search chose on (``quality`` is in-sample: measured on them)
+    #: samples of the data the search chose on, as its metric counts them (labels: B per input of a graph pinned
+    #: to batch B) (``quality`` is in-sample: measured on them)
     samples: int = 0
     #: the held-out check (``approximate(holdout=...)``): the metric of the baseline and of the chosen network on
     #: samples the search never saw; NaN and 0 without one
@@ -134,7 +135,7 @@ class ApproxResult:
         kept = next((t["kept_baseline"] for t in self.trace if "kept_baseline" in t), None)
         if kept is not None:  # the fastest point within budget was not faster when timed again
             a, b = kept["retimed_s"]
-            lines.append(f"note: the point chosen ({kept['chosen'] or 'descent'}) timed again beside the baseline ran "
+            lines.append(f"note: the point chosen ({kept['chosen']}) timed again beside the baseline ran "
                          f"{a * 1e3:.4g} ms against {b * 1e3:.4g} ms: not faster, so the exact float32 network is kept")
         lines += [f"  {d.name}: {d.before} -> {d.after} ({d.precision}" + (f", sparsity {d.sparsity:g})" if d.sparsity
                   else ")") for d in self.layers if d.before != d.after] + [f"  excluded: {e}" for e in self.excluded]
@@ -160,8 +161,8 @@ class ApproxResult:
                     f"({'within' if self.heldout_loss <= self.quality_budget + 1e-9 else 'OVER'} budget)"
                     + (f"; 95% interval of its accuracy [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""))
         one = f"; one sample is {1 / n:.4f} of accuracy" if n and self.metric == "accuracy" else ""
-        return (f"note: {self.metric} and loss are in-sample: measured on the {n} samples that chose the network{one}; "
-                f"pass holdout= for a check on data it never saw")
+        return (f"note: {self.metric} and loss are in-sample: measured on the {f'{n} ' if n else ''}samples that "
+                f"chose the network{one}; pass holdout= for a check on data it never saw")
 
 
 def pareto_front(points: tuple[ParetoPoint, ...] | list[ParetoPoint]) -> tuple[ParetoPoint, ...]:

@@ -374,7 +374,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
         data: ``(x, y)`` (``x``: samples of the input shape, with or without the batch axis of 1;
             ``y``: integer labels) or ``(x,)`` for ``metric="fidelity"``.
         quality_budget: allowed absolute drop of the metric (0.01 = one accuracy point), >= 0; 0 keeps the
-            exact float32 network (no search); 1 or more allows any drop (a warning says so).
+            exact float32 network (no search: not "any point of zero measured loss"); 1 or more allows any
+            drop of accuracy or top-1 agreement (a warning says so).
         metric: ``"accuracy"`` or ``"fidelity"`` (top-1 agreement with float32 for classifiers, else
             1 - relative L2 error), on ``output`` (default: the first output).
         trials: tuning budget in measured candidates over the whole call (half for the baseline).
@@ -439,8 +440,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
     # np.float32(0.01) is 0.00999999977 as a float: a loss of one point in a hundred would break it
     quality_budget = float(str(quality_budget)) if isinstance(quality_budget, np.floating) else float(quality_budget)
     if quality_budget >= 1:
-        warnings.warn(f"quality_budget {quality_budget:g} allows any drop of the metric (it is a fraction: 0.01 is one "
-                      f"point of accuracy)", UserWarning, stacklevel=2)
+        warnings.warn(f"quality_budget {quality_budget:g} allows any drop of accuracy or top-1 agreement (they lie in "
+                      f"[0, 1]: 0.01 is one point)", UserWarning, stacklevel=2)
     if trials < 0 or rounds < 0 or measure < 0:
         raise ValueError(f"trials, rounds and measure must be >= 0 (got trials={trials}, rounds={rounds}, "
                          f"measure={measure})")
@@ -557,12 +558,17 @@ def _result(ax: Approximator, base: ParetoPoint, base_exe: CompiledModel, best: 
     hb = hq = float("nan")
     if hold is not None:
         hb, hq = ax.heldout(base_exe, exe, *hold)
-        ax._say(f"approx: held out ({len(hold[0])} samples): {ax.metric} {hb:.4f} -> {hq:.4f} (loss {hb - hq:+.4f})")
+        ax._say(f"approx: held out ({_scored(*hold)} samples): {ax.metric} {hb:.4f} -> {hq:.4f} (loss {hb - hq:+.4f})")
     return ApproxResult(base_exe, exe, ax.metric, base.latency_s, retimed[0] if retimed else chosen.latency_s,
                         base.quality, chosen.quality, quality_budget, _decisions(ax.model, chosen_model),
                         tuple([base] + points), ax.quality_evals, excluded, tuple(trace),
-                        chosen if chosen is not base else None, ax.search_evals, retimed, len(ax.x), hb, hq,
-                        len(hold[0]) if hold is not None else 0)
+                        chosen if chosen is not base else None, ax.search_evals, retimed, _scored(ax.x, ax.y), hb, hq,
+                        _scored(*hold) if hold is not None else 0)
+
+
+def _scored(x: np.ndarray, y: np.ndarray | None) -> int:
+    """What a metric averages over: the labels (a graph pinned to batch B has B per sample), else the samples."""
+    return int(np.asarray(y).size) if y is not None else len(x)
 
 
 def _front_search(ax: Approximator, table: LatencyTable, base: ParetoPoint, base_exe: CompiledModel,
