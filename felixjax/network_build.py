@@ -197,9 +197,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
     the default timed again side by side), the fastest of those is its best record: the fastest single
     measurement of a noisy run is too often a lucky one (where that re-timing's run measured more after it,
-    one cut short, the note says so: the same tune run again re-times it). An in-network choice (``retime:network:<run>``,
-    ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a whole build) comes
-    before both; the newest one counts. A tuned record is ``stale`` where the task's
+    one cut short, the note says so: the same tune run again re-times it). An in-network choice
+    (``retime:network:<run>``, ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a
+    whole build) comes before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run
     measured): ``fj.tune_model(model, db=..., trials=0)`` re-times both side by side. ``winograd=False``: no
     Winograd schedule, for inputs with outliers (README, "The schedule space"): the best record of another

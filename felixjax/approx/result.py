@@ -156,8 +156,8 @@ class ApproxResult:
         if self.heldout_samples:
             h, hq = self.heldout_samples, self.heldout_quality
             ci = binomial_ci(hq, h) if self.metric == "accuracy" else None
-            return (f"held out ({h} samples the search never saw): {self.metric} {self.heldout_baseline_quality:.4f} -> "
-                    f"{hq:.4f}, loss {self.heldout_loss:+.4f} "
+            return (f"held out ({h} samples the search never saw): {self.metric} "
+                    f"{self.heldout_baseline_quality:.4f} -> {hq:.4f}, loss {self.heldout_loss:+.4f} "
                     f"({'within' if self.heldout_loss <= self.quality_budget + 1e-9 else 'OVER'} budget)"
                     + (f"; 95% interval of its accuracy [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""))
         one = f"; one sample is {1 / n:.4f} of accuracy" if n and self.metric == "accuracy" else ""

@@ -276,7 +276,8 @@ class Approximator:
         except ValueError as e:  # check_data words it for data=
             raise ValueError(f"holdout: {e}") from None
 
-    def heldout(self, base: CompiledModel, exe: CompiledModel, x: np.ndarray, y: np.ndarray | None) -> tuple[float, float]:
+    def heldout(self, base: CompiledModel, exe: CompiledModel, x: np.ndarray,
+                y: np.ndarray | None) -> tuple[float, float]:
         """The metric of ``base`` and of ``exe`` on data the search never saw (fidelity: against ``base`` there)."""
         ref = np.stack([base.run(xi)[self.out_index] for xi in x])
         out = ref if exe is base else np.stack([exe.run(xi)[self.out_index] for xi in x])
