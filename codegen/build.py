@@ -257,6 +257,10 @@ def _fsync(path: str) -> None:
             os.close(fd)
 
 
+#: per thread: the set a build_many call's worker registers its running compilers in (None elsewhere)
+_compilers = threading.local()
+
+
 def build_many(
     sources: Iterable[str], *, workers: int = 2, **build_kwargs
 ) -> list[BuildResult]:
@@ -275,8 +279,25 @@ def build_many(
     """
     sources = list(sources)
     unique = list(dict.fromkeys(sources))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        done = dict(zip(unique, pool.map(lambda s: build(s, **build_kwargs), unique)))
+    live: set[subprocess.Popen] = set()  # this call's running compilers (its worker threads register them)
+
+    def one(source: str) -> BuildResult:
+        _compilers.live = live
+        try:
+            return build(source, **build_kwargs)
+        finally:
+            _compilers.live = None
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        done = dict(zip(unique, pool.map(one, unique)))
+    except BaseException:  # a Ctrl-C: neither wait for the builds running (up to timeout_s each) nor leave them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(live):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    pool.shutdown()
     return [done[s] for s in sources]
 
 
@@ -321,6 +342,9 @@ def _run_compiler(argv: list[str], timeout_s: float, *, pid_dir: str | os.PathLi
     except OSError as e:
         return "compile_error", f"cannot run {argv[0]}: {e}"
     pid_file = _record_compiler(pid_dir, proc.pid, argv) if pid_dir is not None else None
+    live = getattr(_compilers, "live", None)  # build_many's: killed there on a Ctrl-C
+    if live is not None:
+        live.add(proc)
     try:
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -338,6 +362,8 @@ def _run_compiler(argv: list[str], timeout_s: float, *, pid_dir: str | os.PathLi
                 pass
             raise
     finally:
+        if live is not None:
+            live.discard(proc)
         if pid_file is not None:
             _unlink(pid_file)
     if proc.returncode != 0:

@@ -501,3 +501,37 @@ def test_the_subprocess_runners_child_imports_nothing_from_its_working_folder(li
         res = r.run(_vadd_request(libs["vadd"]))
     assert res.status == "ok", res.error
     assert not marker.exists()
+
+
+def test_a_ctrl_c_during_parallel_builds_neither_waits_for_nor_leaves_the_compilers(tmp_path, monkeypatch):
+    # session 78 (an interrupt review): build_many's pool waited for its running compilers (up to timeout_s
+    # each) before a Ctrl-C reached the caller, and they ran on
+    import importlib
+    import threading
+
+    build_mod = importlib.import_module("codegen.build")  # the module (codegen.build is also its function)
+    pids = tmp_path / "pids"
+    slow = tmp_path / "slowcc"  # a compiler that takes a minute and says who it is
+    slow.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "slowcc 1"; exit 0; }}\necho $$ >> {pids}\n'
+                    f"exec sleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(build_mod, "CC", str(slow))
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # a real Ctrl-C (wakes a blocked wait)
+    t = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        build_many([f"int a{i};" for i in range(2)], workers=2, cache_dir=tmp_path / "cache", timeout_s=60)
+    assert time.perf_counter() - t < 20  # not the compilers' minute
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_running(p) for p in started):
+        time.sleep(0.1)
+    assert not any(_running(p) for p in started)
+
+
+def _running(pid: int) -> bool:
+    """A live (not zombie) process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
