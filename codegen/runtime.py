@@ -20,6 +20,8 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 
 import numpy as np
 
@@ -47,8 +49,10 @@ class Kernel:
     ndarrays of the expected shapes and dtypes only compares them, allocates a fresh output and makes
     one C call (:mod:`codegen.fastcall`: addresses through the buffer protocol, the weights' check,
     the kernel; ctypes where that extension cannot be built); anything else takes the checked path
-    (shapes checked with a clear error, other dtypes or layouts converted). One call at a time per
-    kernel (one workspace).
+    (shapes checked with a clear error, other dtypes or layouts converted). Calls from several threads
+    take turns (a lock: the argument array and the workspace are the kernel's and its bound kernels').
+    A kernel loaded before a ``fork`` refuses to run in the child (its OpenMP pool does not survive the
+    fork: the call would hang); load it there, or use the spawn / forkserver start method.
 
     Example:
         >>> import numpy as np
@@ -97,6 +101,8 @@ class Kernel:
         self._quant_at = tuple((i, n) for i, n in enumerate(task.input_names()) if n in _QUANT_NAMES) \
             if task.quantized else ()
         self._quant_seen: tuple | None = None
+        self._lock = threading.Lock()  # one call at a time: 8 threads on one kernel got wrong outputs (session 78)
+        self._forks = _FORKS[0]  # forks of this process so far (a child counts one more)
 
     def _check_quant(self, arrays, skip: int = 0) -> None:
         """An int8 kernel's scales and zero points checked as ``task.reference`` checks them (a scale that
@@ -149,6 +155,12 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        if _FORKS[0] != self._forks:
+            raise _forked(self._name)
+        with self._lock:
+            return self._call(*arrays)
+
+    def _call(self, *arrays: np.ndarray) -> np.ndarray:
         if self._quant_at and len(arrays) == self._n:
             self._check_quant(arrays)
         fc = self._fast
@@ -213,6 +225,13 @@ class BoundKernel:
         self._quant = bool(kernel._quant_at)
 
     def __call__(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+        k = self.kernel
+        if _FORKS[0] != k._forks:
+            raise _forked(k._name)
+        with k._lock:  # the kernel's workspace: its calls and its bound kernels' take turns
+            return self._call(data, *rest)
+
+    def _call(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
         if self._quant and len(rest) == self._n_rest:
             self.kernel._check_quant(rest, skip=2)
         ptrs, fc = self._ptrs, self._fast
@@ -249,6 +268,19 @@ class BoundKernel:
         ptrs[self._out_slot] = out.ctypes.data
         self._fn(ptrs)
         return out
+
+
+#: how many forks led to this process (a child of a fork adds one): a kernel loaded before one refuses to run after
+#: it (cheaper per call than comparing os.getpid(), a system call)
+_FORKS = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _forked(name: str) -> RuntimeError:
+    return RuntimeError(f"{name}: this kernel was loaded in the parent of a fork; its OpenMP threads do not survive "
+                        f"the fork (a call here would hang): load it in this process, or use the 'spawn' or "
+                        f"'forkserver' multiprocessing start method")
 
 
 _addressof, _c_char = ctypes.addressof, ctypes.c_char

@@ -535,3 +535,71 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.cc
+def test_a_kernel_called_from_threads_gives_every_caller_its_own_result():
+    # session 78 (a concurrency review): 8 threads on one kernel got 0-2 wrong outputs of 300 each (its argument
+    # array and workspace are shared and the C call releases the GIL), a bound kernel up to 16
+    from concurrent.futures import ThreadPoolExecutor
+
+    from codegen.lower import lower
+    from codegen.ops import matmul
+    from codegen.render_c import render
+    from codegen.runtime import Kernel
+    from codegen.space import Space, default_sketch
+
+    task = matmul(64, 64, 64)
+    target = Target.cpu(cores=1)
+    plan = lower(Space(task, default_sketch(task, target), target), Space(task, default_sketch(task, target),
+                                                                           target).default())
+    k = Kernel(plan, build(render(plan)).lib_path, threads=1)
+    rng = np.random.default_rng(0)
+    cases = [[rng.standard_normal(s).astype(np.float32) for s in task.input_shapes()] for _ in range(8)]
+    bound = k.bind(cases[0][1])
+
+    def calls(i):
+        x, w = cases[i]
+        want, want_b = task.reference(x, w), task.reference(x, cases[0][1])
+        return sum(not np.allclose(k(x, w) if n % 2 else bound(x), want if n % 2 else want_b, rtol=1e-4, atol=1e-4)
+                   for n in range(150))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(calls, range(8))) == [0] * 8
+
+
+@pytest.mark.cc
+def test_a_kernel_loaded_before_a_fork_refuses_to_run_in_the_child():
+    # session 78 (a concurrency review): the child's call hung in libgomp (its OpenMP pool does not survive a fork)
+    import multiprocessing
+
+    from codegen.lower import lower
+    from codegen.ops import dense
+    from codegen.render_c import render
+    from codegen.runtime import Kernel
+    from codegen.space import Space
+
+    sp = Space(dense(1, 64, 16), "gemm_packed", Target.cpu())
+    plan = lower(sp, sp.default())
+    k = Kernel(plan, build(render(plan)).lib_path)
+    x, w = sp.task.random_inputs()
+    k(x, w)  # its OpenMP pool starts here
+    _FORKED_CALL[:] = [k, x, w]  # the child sees it in its copy of this process (a kernel does not pickle)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            err = pool.apply_async(_call_in_child).get(timeout=60)
+    finally:
+        _FORKED_CALL.clear()
+    assert "loaded in the parent of a fork" in err and "'spawn'" in err
+
+
+_FORKED_CALL: list = []
+
+
+def _call_in_child() -> str:
+    kernel, x, w = _FORKED_CALL
+    try:
+        kernel(x, w)
+    except RuntimeError as e:
+        return str(e)
+    return "ran"
