@@ -390,12 +390,17 @@ def _start_without_main(proc: multiprocessing.process.BaseProcess) -> None:
     JAX into every measuring child. The child needs only this module, so `__main__` is hidden
     for the moment `start()` reads it (the preparation data is taken synchronously in start).
     """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        proc.start()
-    finally:
-        sys.modules["__main__"] = main
+    with _MAIN_SWAP:  # two runners starting in two threads: the second restored the first's stand-in for good
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            proc.start()
+        finally:
+            sys.modules["__main__"] = main
+
+
+#: one `_start_without_main` at a time in this process (it swaps a process-wide module)
+_MAIN_SWAP = threading.Lock()
 
 
 def _payload(request: RunRequest, protocol: TimingProtocol) -> dict[str, Any]:

@@ -603,3 +603,23 @@ def _call_in_child() -> str:
     except RuntimeError as e:
         return str(e)
     return "ran"
+
+
+def test_runners_started_in_threads_leave_the_main_module_as_it_was():
+    # session 78 (a concurrency review): two tunes starting their runners at once in threads left an empty stand-in
+    # as sys.modules["__main__"] for the rest of the process (pickling the user's functions failed from then on)
+    import threading
+
+    from codegen.measure import _start_without_main
+
+    class Starting:  # a process whose start() takes a moment, as spawn's does
+        def start(self):
+            time.sleep(0.02)
+
+    main = sys.modules["__main__"]
+    threads = [threading.Thread(target=_start_without_main, args=(Starting(),)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sys.modules["__main__"] is main
