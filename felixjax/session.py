@@ -28,12 +28,15 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import math
 import numbers
 import os
 import re
+import socket
 import sys
 import time
 import warnings
@@ -57,6 +60,7 @@ from costmodels import kendall_tau
 from .context import SearchContext
 from .cost_aware import CostAware, Screen
 from .database import CLAIM_TTL_S, Database, TuningRecord
+from .errors import DatabaseError
 from .measurer import Measurer
 from .model import OnlineCostModel, make_ranker
 from .strategies import Strategy, get_strategy
@@ -255,6 +259,8 @@ class TaskRun:
         return max(p, self.clock / self.seconds) if self.seconds else p
 
 
+_SESSION_IDS = itertools.count(1)
+
 #: whether a Ctrl-C inside a session prints what the call kept (the CLI, which says it in its own words, sets
 #: this off while it runs)
 SAY_KEPT = [True]
@@ -320,9 +326,16 @@ class TuningSession:
         self.runs: list[TaskRun] = []
         self.start = time.perf_counter()
         self.used = 0  # trials measured by this session (resumed records are not counted here)
+        # its claims' owner: one per session, so two sessions of one process (two threads tuning one run) share
+        # the run's budget as two processes do (with "host:pid" each took the other's claims for its own)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{next(_SESSION_IDS)}"
 
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
+        release = getattr(self.db, "release", None)
+        if release is not None and self.runs:  # none should be left; a Ctrl-C between claim and measure leaves some
+            with contextlib.suppress(DatabaseError):
+                release(owner=self.owner)
         if self._own_runner and self.runner is not None:
             self.runner.close()
             self.runner = None
@@ -530,7 +543,7 @@ class TuningSession:
                                  f"{e}") from None
         claim = getattr(self.db, "claim", None)
         if claim is not None and cands:
-            cands = claim(tr.task, self.target_key, tr.run, cands, budget=tr.trials)
+            cands = claim(tr.task, self.target_key, tr.run, cands, budget=tr.trials, owner=self.owner)
             if not cands:  # another live tuner on this run holds every proposal: wait for its records, propose again
                 tr.waits += 1
                 if tr.waits > CLAIM_WAITS:
@@ -584,7 +597,7 @@ class TuningSession:
             if release is not None:
                 rest = [c for c in cands if c not in ctx.measured]
                 if rest:
-                    release(tr.task, self.target_key, tr.run, rest)
+                    release(tr.task, self.target_key, tr.run, rest, owner=self.owner)
         tr.stats["build_measure_s"] += time.perf_counter() - t_meas
         if predicted is not None:
             self._rank_quality(tr, cands, predicted, new)

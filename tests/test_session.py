@@ -2,6 +2,7 @@
 cost model shared across tasks and rounds; per-task strategy state; RNG streams; progress inside a
 round; failed timers; re-timing; two tuners on one run. All on the replay runner (no compiling)."""
 import math
+import time
 
 import numpy as np
 import pytest
@@ -587,3 +588,30 @@ def test_a_re_timing_is_ok_only_where_most_of_its_timings_were():
                   progress=False, retime=3, defaults=False)
     assert len(res.retimed) == 3 and not any(r.ok for r in res.retimed)  # 1 ok of 3 timings: not a result
     assert res.best is res.best_while_tuning and res.best.latency_s < 2e-3
+
+
+def test_two_threads_tuning_one_run_share_its_budget_and_measure_nothing_twice(tmp_path):
+    # session 78 (a concurrency review): two fj.tune calls on one run from two threads held 17-19 records for a
+    # budget of 16, some configs twice: both sessions claimed as "host:pid", so each took the other's claims
+    from concurrent.futures import ThreadPoolExecutor
+
+    db = str(tmp_path / "t.db")
+
+    def slow(t, tg):  # a replay that takes a moment per config, so the two runs overlap
+        inner = ReplayRunner.from_oracle(t, tg)
+
+        def latency(cfg):
+            time.sleep(0.004)
+            return inner.result(cfg)
+        return ReplayRunner(latency)
+
+    def tune(_):
+        return fj.tune(T2, strategy="random", trials=16, batch=4, db=db, measurer=slow, progress=False, retime=0,
+                       defaults=False)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(tune, range(2)))
+    with fj.Database(db) as d:
+        configs = [r.config for r in d.records(T2, TARGET, run="random:0")]
+        assert len(configs) == 16 and len(set(configs)) == 16
+        assert d.claims(T2, TARGET) == []  # and no claim left behind
