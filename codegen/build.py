@@ -257,7 +257,7 @@ def _fsync(path: str) -> None:
             os.close(fd)
 
 
-#: per thread: the set a build_many call's worker registers its running compilers in (None elsewhere)
+#: per thread: the _Compilers of the build_many call a worker builds for (None elsewhere)
 _compilers = threading.local()
 
 
@@ -279,9 +279,11 @@ def build_many(
     """
     sources = list(sources)
     unique = list(dict.fromkeys(sources))
-    live: set[subprocess.Popen] = set()  # this call's running compilers (its worker threads register them)
+    live = _Compilers()  # this call's running compilers (its worker threads register them)
 
-    def one(source: str) -> BuildResult:
+    def one(source: str) -> BuildResult | None:
+        if live.cancelled:
+            return None
         _compilers.live = live
         try:
             return build(source, **build_kwargs)
@@ -291,14 +293,43 @@ def build_many(
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         done = dict(zip(unique, pool.map(one, unique)))
-    except BaseException:  # a Ctrl-C: neither wait for the builds running (up to timeout_s each) nor leave them
+    except BaseException:  # a Ctrl-C (or a build that raised): neither wait for the running builds nor leave them
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(live):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        live.cancel()
         raise
     pool.shutdown()
     return [done[s] for s in sources]
+
+
+class _Compilers:
+    """A build_many call's running compilers, and whether the call was cancelled (a compiler started after
+    the cancel kills itself at once)."""
+
+    def __init__(self) -> None:
+        self.procs: set[subprocess.Popen] = set()
+        self.cancelled = False
+        self.lock = threading.Lock()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.add(proc)
+            if self.cancelled:
+                _kill_group(proc)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            for proc in list(self.procs):
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def assemble(

@@ -51,8 +51,9 @@ class Kernel:
     the kernel; ctypes where that extension cannot be built); anything else takes the checked path
     (shapes checked with a clear error, other dtypes or layouts converted). Calls from several threads
     take turns (a lock: the argument array and the workspace are the kernel's and its bound kernels').
-    A kernel loaded before a ``fork`` refuses to run in the child (its OpenMP pool does not survive the
-    fork: the call would hang); load it there, or use the spawn / forkserver start method.
+    In a process forked from one that had run kernels every kernel refuses to run (OpenMP's thread pool
+    does not survive the fork: a call would hang, a kernel loaded in the child too): use the spawn or
+    forkserver start method.
 
     Example:
         >>> import numpy as np
@@ -102,7 +103,6 @@ class Kernel:
             if task.quantized else ()
         self._quant_seen: tuple | None = None
         self._lock = threading.Lock()  # one call at a time: 8 threads on one kernel got wrong outputs (session 78)
-        self._forks = _FORKS[0]  # forks of this process so far (a child counts one more)
 
     def _check_quant(self, arrays, skip: int = 0) -> None:
         """An int8 kernel's scales and zero points checked as ``task.reference`` checks them (a scale that
@@ -155,8 +155,9 @@ class Kernel:
         return out
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
-        if _FORKS[0] != self._forks:
+        if _FORK[1]:
             raise _forked(self._name)
+        _FORK[0] = True
         with self._lock:
             return self._call(*arrays)
 
@@ -226,8 +227,9 @@ class BoundKernel:
 
     def __call__(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
         k = self.kernel
-        if _FORKS[0] != k._forks:
+        if _FORK[1]:
             raise _forked(k._name)
+        _FORK[0] = True
         with k._lock:  # the kernel's workspace: its calls and its bound kernels' take turns
             return self._call(data, *rest)
 
@@ -270,17 +272,18 @@ class BoundKernel:
         return out
 
 
-#: how many forks led to this process (a child of a fork adds one): a kernel loaded before one refuses to run after
-#: it (cheaper per call than comparing os.getpid(), a system call)
-_FORKS = [0]
+#: [this process has run a kernel, this process was forked from one that had]: OpenMP's thread pool does not
+#: survive a fork, so in such a child any kernel's parallel region hangs (a new one's too); checked per call
+#: (cheaper than os.getpid(), a system call)
+_FORK = [False, False]
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+    os.register_at_fork(after_in_child=lambda: _FORK.__setitem__(1, _FORK[1] or _FORK[0]))
 
 
 def _forked(name: str) -> RuntimeError:
-    return RuntimeError(f"{name}: this kernel was loaded in the parent of a fork; its OpenMP threads do not survive "
-                        f"the fork (a call here would hang): load it in this process, or use the 'spawn' or "
-                        f"'forkserver' multiprocessing start method")
+    return RuntimeError(f"{name}: this process was forked from one that had run kernels; their OpenMP threads do "
+                        f"not survive a fork (a kernel's call here would hang, one loaded here too): use the 'spawn' "
+                        f"or 'forkserver' multiprocessing start method")
 
 
 _addressof, _c_char = ctypes.addressof, ctypes.c_char

@@ -365,8 +365,9 @@ class Database:
 
         A claim lives in the ``claims`` table (never a record: no count, history or budget sees it) until
         :meth:`add` stores its record or :meth:`release` drops it. Claims whose process (same host) is gone,
-        or older than ``ttl_s`` seconds, are ignored and deleted. ``owner`` defaults to ``"host:pid"``;
-        re-claiming one's own configuration succeeds (and renews it).
+        or older than ``ttl_s`` seconds, are ignored and deleted. ``owner`` defaults to ``"host:pid"`` (a
+        tuning session passes ``"host:pid:n"``, one per session); re-claiming one's own configuration succeeds
+        (and renews it).
         """
         owner = owner or _owner()
         host, pid, now_s = socket.gethostname(), os.getpid(), time.time()
@@ -414,7 +415,7 @@ class Database:
                 configs: Iterable[Config] | None = None, *, owner: str | None = None) -> int:
         """Drop ``owner``'s claims in (task, target, run): those of ``configs``, or all when ``None``;
         returns how many were dropped. ``task``, ``target`` and ``run`` left out: the owner's claims
-        everywhere, e.g. ``db.release(owner="hostB:4242")`` for a tuner that died on another host (its
+        everywhere, e.g. ``db.release(owner="hostB:4242:1")`` for a tuner that died on another host (its
         claims would hold for an hour: :meth:`claim`'s ``ttl_s``)."""
         owner = owner or _owner()
         if configs is not None and (task is None or target is None or run is None):

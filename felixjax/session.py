@@ -60,7 +60,6 @@ from costmodels import kendall_tau
 from .context import SearchContext
 from .cost_aware import CostAware, Screen
 from .database import CLAIM_TTL_S, Database, TuningRecord
-from .errors import DatabaseError
 from .measurer import Measurer
 from .model import OnlineCostModel, make_ranker
 from .strategies import Strategy, get_strategy
@@ -332,15 +331,17 @@ class TuningSession:
 
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        release = getattr(self.db, "release", None)
-        if release is not None and self.runs:  # none should be left; a Ctrl-C between claim and measure leaves some
-            with contextlib.suppress(DatabaseError):
-                release(owner=self.owner)
-        if self._own_runner and self.runner is not None:
-            self.runner.close()
-            self.runner = None
-        if self._own_db:
-            self.db.close()
+        try:
+            release = getattr(self.db, "release", None)
+            if release is not None and self.runs:  # none should be left (every round releases what it did not measure)
+                with contextlib.suppress(Exception):  # best effort: a read-only, closed or locked file
+                    release(owner=self.owner)
+        finally:
+            if self._own_runner and self.runner is not None:
+                self.runner.close()
+                self.runner = None
+            if self._own_db:
+                self.db.close()
 
     def __enter__(self) -> "TuningSession":
         return self
@@ -556,7 +557,12 @@ class TuningSession:
             tr.waits = 0
         if not cands:
             return self._finish(tr, "exhausted", t0)
-        predicted = self._predict(tr, cands)
+        try:
+            predicted = self._predict(tr, cands)
+        except BaseException:  # a Ctrl-C in the model's ranking: its claims go back (measuring releases its own)
+            with contextlib.suppress(Exception):
+                self.db.release(tr.task, self.target_key, tr.run, cands, owner=self.owner)
+            raise
         new: list[TuningRecord] = []
         t_meas = time.perf_counter()
 
@@ -700,7 +706,8 @@ class TuningSession:
                 # ok from most of its timings only: one undisturbed timing among noisy ones (15.7 ms where tuning
                 # had measured 18.7 us, session 78's concurrency review) is no median; the failure says why
                 res = (MeasureResult("ok", tuple(lat[cfg])) if 2 * len(lat[cfg]) > repeats else
-                       failed.get(cfg, MeasureResult("runtime_error", error="re-timing gave no result")))
+                       failed.get(cfg, MeasureResult("runtime_error", error=f"re-timing: {len(lat[cfg])} of {repeats} "
+                                                                            f"timings ok")))
                 rows.append(self.db.add(TuningRecord(task, self.target_key, RETIME_PREFIX + tr.run, i, cfg, res,
                                                      tr.clock, self._target_json, info=dict(info))))
             out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
