@@ -532,10 +532,10 @@ def resolve_cost_model(cost_model, target):
         import warnings
 
         warnings.warn(f"the shipped cost model was measured on a CPU with {lanes} fp32 SIMD lanes ({machine}); this "
-                      f"target has {target.simd_lanes}: tuning starts from the roofline prior instead (a replayed "
-                      f"review, session 78: a model of another machine's latencies cost 1.5-4x the trials of a cold "
-                      f"start). cost_model='packaged' uses it anyway; `felixjax pretrain` trains one on your own "
-                      f"databases", RuntimeWarning, stacklevel=2)
+                      f"target has {target.simd_lanes}: tuning starts from the roofline prior instead (a model of "
+                      f"another machine's latencies misleads the first rounds: in replayed runs it took 1.5-4x the "
+                      f"trials of a cold start). cost_model='packaged' uses it anyway; `felixjax pretrain` trains one "
+                      f"on your own databases", RuntimeWarning, stacklevel=2)
         return None
     return "packaged"
 
