@@ -525,15 +525,19 @@ class Database:
     def best(self, task: Task, target: Target | str, *, run: str | None = None,
              retimed: bool = False, exclude_sketches: Collection[str] = ()) -> TuningRecord | None:
         """The fastest correct record of a task on a target (``None`` if there is none); ``retimed``:
-        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups).
-        In-network choices (``retime:network:<run>``, :meth:`network_choice`) hold a layer's time inside
-        a network, not its kernel's: they are never compared here. ``exclude_sketches``: sketch names whose
-        records (their padded variants, ``<name>.<variant>``, included) are passed over."""
+        among the ``retime:<run>`` rows only (end-of-run re-timings, interleaved with the runner-ups), each
+        run's newest re-timing only (a batch starts at its trial 0: an older one of the run could hold a
+        lucky figure of a config timed again since). In-network choices (``retime:network:<run>``,
+        :meth:`network_choice`) hold a layer's time inside a network, not its kernel's: they are never
+        compared here. ``exclude_sketches``: sketch names whose records (their padded variants,
+        ``<name>.<variant>``, included) are passed over."""
         where, args = self._where(task, target, run, ok_only=True, exclude_sketches=exclude_sketches)
         if run is None:
             where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
         if retimed:
-            where += " AND run LIKE 'retime:%'"
+            where += (" AND run LIKE 'retime:%' AND records.id >= (SELECT COALESCE(MAX(s.id), 0) FROM records s "
+                      "WHERE s.task_key = records.task_key AND s.target_key = records.target_key "
+                      "AND s.run = records.run AND s.trial = 0)")
         return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
 
     def newest_id(self, task: Task, target: Target | str, run: str) -> int:

@@ -195,9 +195,9 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     ``threads`` threads (default: the target's cores), else at the nearest other thread count (noted),
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
-    the default timed again side by side), the fastest of those is its best record: the fastest single
-    measurement of a noisy run is too often a lucky one (where that re-timing's run measured more after it,
-    one cut short, the note says so: the same tune run again re-times it). An in-network choice
+    the default timed again side by side), the fastest of each run's newest re-timing is its best record: the
+    fastest single measurement of a noisy run is too often a lucky one (where that re-timing's run measured more
+    after it, one cut short, the note says so: the same tune run again re-times it). An in-network choice
     (``retime:network:<run>``, ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a
     whole build) comes before both; the newest one counts. A tuned record is ``stale`` where the task's
     current default schedule appears in none of its records (a newer default than the one the run

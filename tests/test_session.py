@@ -615,3 +615,24 @@ def test_two_threads_tuning_one_run_share_its_budget_and_measure_nothing_twice(t
         configs = [r.config for r in d.records(T2, TARGET, run="random:0")]
         assert len(configs) == 16 and len(set(configs)) == 16
         assert d.claims(T2, TARGET) == []  # and no claim left behind
+
+
+def test_the_best_re_timing_is_each_runs_newest():
+    # session 78 (a code review): best(retimed=True) took the fastest of every re-timing of the task, so a lucky
+    # figure of an older re-timing of a run outlived the newer re-timing of the same config
+    from codegen.spaces import spaces_for
+    from felixjax.database import TuningRecord
+
+    space = spaces_for(T1, TARGET)["gemm_packed"]
+    a, b = space.sample_many(np.random.default_rng(0), 2)
+    db = fj.Database(":memory:")
+
+    def retimed(trial, cfg, s, run="retime:random:0"):
+        db.add(TuningRecord(T1, TARGET.key, run, trial, cfg, MeasureResult("ok", (s,)), 0.0, TARGET.to_json()))
+
+    retimed(0, a, 1e-6)  # the first re-timing: a lucky figure of a
+    retimed(0, a, 2e-3), retimed(1, b, 1.5e-3)  # the run re-timed again later: a is not that fast
+    assert db.best(T1, TARGET, retimed=True).config == b
+    retimed(0, a, 1.2e-3, run="retime:genetic:0")  # another run's newest re-timing still competes
+    assert db.best(T1, TARGET, retimed=True).config == a and db.best(T1, TARGET, retimed=True).latency_s == 1.2e-3
+    assert db.best(T1, TARGET).latency_s == 1e-6  # without retimed=: every ok row, as before
