@@ -380,17 +380,11 @@ def _run_compiler(argv: list[str], timeout_s: float, *, pid_dir: str | os.PathLi
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(proc)
             proc.communicate()
             return "timeout", f"{argv[0]} timed out after {timeout_s:g} s"
         except BaseException:  # interrupted (Ctrl-C): the compiler's group goes with us
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(proc)
             raise
     finally:
         if live is not None:

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
                "layers": [d.__dict__ for d in res.layers]}
     with open(os.path.join(out, "approx.json"), "w") as f:
         json.dump(_finite(summary), f, indent=1, default=str)  # strict JSON: NaN / inf as null
-    print(res.table().replace("pass holdout= for", "pass --holdout NPZ for"))
+    print(res.table(holdout_hint="--holdout NPZ"))
     if len(res.pareto) <= 1 and args.budget == 0:
         print("note: --budget 0 keeps the exact float32 network (nothing is searched)")
     elif len(res.pareto) <= 1:

@@ -116,8 +116,9 @@ class ApproxResult:
         """The approximated network as a standalone C folder (``CompiledModel.export``)."""
         return self.executable.export(directory)
 
-    def table(self) -> str:
-        """The measured points and the chosen layers, as text."""
+    def table(self, *, holdout_hint: str = "holdout=") -> str:
+        """The measured points and the chosen layers, as text (``holdout_hint``: how the in-sample note names the
+        held-out check, ``--holdout NPZ`` on the command line)."""
         lines = [f"baseline (tuned float32): {self.baseline_latency_s * 1e3:.4g} ms, {self.metric} "
                  f"{self.baseline_quality:.4f}",
                  f"{'method':<12} {'ms':>8} {'base ms':>8} {'speedup':>8} {self.metric:>9} {'loss':>8}  channels kept"]
@@ -131,7 +132,7 @@ class ApproxResult:
         lines.append(f"chosen: {self.latency_s * 1e3:.4g} ms, {self.speedup:.2f}x{again}, loss {self.quality_loss:.4f} "
                      f"(budget {self.quality_budget}); {self.quality_evals} quality evaluations of built networks, "
                      f"{self.search_evals} of configurations in JAX")
-        lines.append(self._quality_note())
+        lines.append(self._quality_note(holdout_hint))
         kept = next((t["kept_baseline"] for t in self.trace if "kept_baseline" in t), None)
         if kept is not None:  # the fastest point within budget was not faster when timed again
             a, b = kept["retimed_s"]
@@ -151,7 +152,7 @@ class ApproxResult:
         return "\n".join(lines)
 
 
-    def _quality_note(self) -> str:
+    def _quality_note(self, holdout_hint: str) -> str:
         n = self.samples
         if self.heldout_samples:
             h, hq = self.heldout_samples, self.heldout_quality
@@ -162,7 +163,7 @@ class ApproxResult:
                     + (f"; 95% interval of its accuracy [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""))
         one = f"; one sample is {1 / n:.4f} of accuracy" if n and self.metric == "accuracy" else ""
         return (f"note: {self.metric} and loss are in-sample: measured on the {f'{n} ' if n else ''}samples that "
-                f"chose the network{one}; pass holdout= for a check on data it never saw")
+                f"chose the network{one}; pass {holdout_hint} for a check on data it never saw")
 
 
 def pareto_front(points: tuple[ParetoPoint, ...] | list[ParetoPoint]) -> tuple[ParetoPoint, ...]:
