@@ -600,6 +600,39 @@ def test_kernels_refuse_to_run_in_a_child_forked_after_kernels_ran():
     assert err.count("forked from one that had run kernels") == 2 and "'spawn'" in err
 
 
+@pytest.mark.cc
+def test_networks_refuse_to_run_in_a_child_forked_after_kernels_ran():
+    # session 79: network libraries (NetLibrary) had the kernels' lock but not their fork check (session 78's list)
+    import multiprocessing
+
+    from codegen.netbuild import NetSpec, Step, Value, emit, load
+
+    spec = NetSpec((Value((4,), "input"), Value((4,), "temp")), (0,), (1,), (Step("Sigmoid", (0,), (1,)),))
+    net = load(emit(spec))
+    x = np.zeros(4, np.float32)
+    assert float(net.call_one(x)[0]) == 0.5  # this process has run a network
+    _FORKED_CALL[:] = [net, x]
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            err = pool.apply_async(_net_in_child).get(timeout=60)
+    finally:
+        _FORKED_CALL.clear()
+    assert err.startswith("one: None |") and err.count("forked from one that had run kernels") == 4, err
+
+
+def _net_in_child() -> str:
+    net, x = _FORKED_CALL
+    out = ["one: " + repr(net.call_one(x))]  # None: the caller takes the checked path, which raises
+    for call in (lambda: net.call_fast([x]), lambda: net([x]), lambda: net.timeit([x], net.new_outputs(), 2),
+                 lambda: net.profile([x])):
+        try:
+            call()
+            out.append("ran")
+        except RuntimeError as e:
+            out.append(str(e))
+    return " | ".join(out)
+
+
 _FORKED_CALL: list = []
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import fastcall
 from ..build import DEFAULT_FLAGS, build
+from ..runtime import _FORK, _forked
 
 from .emission import NetSource
 from .memory import _aligned_zeros
@@ -81,6 +82,12 @@ class NetLibrary:
         self._fast_args = (ctypes.cast(lib.fj_model_run_with, ctypes.c_void_p).value, self._weights.ctypes.data,
                            self._arena.ctypes.data, ctypes.addressof(self._ins), ctypes.addressof(self._outs), 1)
 
+    def _enter(self) -> None:
+        """Refuse a run in a process forked from one that had run kernels (OpenMP's pool: it would hang)."""
+        if _FORK[1]:
+            raise _forked("this network")
+        _FORK[0] = True
+
     def set_threads(self, n: int) -> None:
         """OpenMP threads of the calling thread's later runs."""
         self.threads = int(n)
@@ -104,6 +111,7 @@ class NetLibrary:
         """Run once into preallocated ``outputs`` (C-contiguous float32 of the output shapes)."""
         if self._lib is None:
             raise RuntimeError("the library was closed")
+        self._enter()
         ins, outs = self._pointers(inputs, outputs)
         with self._lock:
             rc = self._lib.fj_model_run_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs)
@@ -121,8 +129,9 @@ class NetLibrary:
         (anything else takes the checked path of :meth:`__call__`): fresh output arrays every call,
         the pointer arrays and the weight / arena pointers prepared once."""
         shapes = self._in_shapes
-        if self._lib is None or len(inputs) != len(shapes):
+        if self._lib is None or len(inputs) != len(shapes) or _FORK[1]:
             return self(inputs)
+        _FORK[0] = True
         for x, shape in zip(inputs, shapes):
             if type(x) is not _ndarray or x.shape != shape or x.dtype != _f32:
                 return self(inputs)
@@ -149,8 +158,9 @@ class NetLibrary:
         float32, the input's shape): a fresh output array; None when ``x`` is anything else (the caller
         then takes :meth:`call_fast` or the checked path). The shortest path from Python to the one C
         entry point (``fj_model_run_with``): one compare, two addresses, one ``np.empty``."""
-        if type(x) is not _ndarray or x.shape != self._shape1 or x.dtype != _f32 or self._lib is None:
+        if type(x) is not _ndarray or x.shape != self._shape1 or x.dtype != _f32 or self._lib is None or _FORK[1]:
             return None
+        _FORK[0] = True
         if self._fast is not None:
             y = _empty(self._oshape1, _f32)
             try:
@@ -174,6 +184,7 @@ class NetLibrary:
 
     def timeit(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], number: int) -> float:
         """Seconds for ``number`` back-to-back runs, timed in C (no Python overhead per run)."""
+        self._enter()
         ins, outs = self._pointers(inputs, outputs)
         with self._lock:
             return float(self._lib.fj_model_time_with(self._weights.ctypes.data, self._arena.ctypes.data, ins, outs,
@@ -181,6 +192,7 @@ class NetLibrary:
 
     def profile(self, inputs: Sequence[np.ndarray], *, number: int = 1) -> np.ndarray:
         """Seconds per step (spec order), averaged over ``number`` runs with every step timed in C."""
+        self._enter()
         outputs = self.new_outputs()
         ins, outs = self._pointers([np.require(np.asarray(x, dtype=np.float32), requirements="C") for x in inputs],
                                    outputs)
