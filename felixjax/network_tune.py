@@ -126,6 +126,33 @@ def _round_progress(p: dict) -> None:
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
 
 
+class InRoundProgress:
+    """``tune_model``'s default lines *inside* a long round (the session's events; :func:`_round_progress`
+    prints one line per round): at most one line every ``every_s`` seconds, none in a round shorter than that,
+    and one when the bests are timed again at the end. A callable ``progress=`` gets round dicts only."""
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s = every_s
+        self._start = self._last = time.monotonic()
+
+    def __call__(self, p: dict) -> None:
+        now, kind = time.monotonic(), p["event"]
+        if kind == "round":  # the next round starts now (its proposals, then its measurements)
+            self._start = now
+            return
+        if kind == "retime":
+            msg = f"timing its best {p['configs']} configs again, {p['repeats']} times interleaved"
+        elif kind == "measured" and now - self._start >= self.every_s and now - self._last >= self.every_s:
+            best = p["best"]
+            msg = (f"{p['in_round']}/{p['round_size']} measured in this round, "
+                   + (f"best {best.latency_s * 1e3:.4g} ms" if best else "no correct kernel yet")
+                   + f", {p['rate']:.2g} meas/s, round {now - self._start:.0f} s so far")
+        else:
+            return
+        self._last = now
+        print(f"[felixjax]   task {p['task'].name}: {msg}", file=sys.stderr, flush=True)
+
+
 def round_best(records) -> float | None:
     """What the task scheduler is told a task's best is: its fastest correct record, else the fastest
     timing of a correct kernel timed only on a busy machine (a ``noisy`` record: an upper bound on its

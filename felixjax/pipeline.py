@@ -39,7 +39,7 @@ from .database import Database
 from .errors import UnsupportedModelError
 from .network_build import CompiledModel, _as_model, choose_schedules, default_config_for, graph_to_spec
 from .network_select import select_in_network
-from .network_tune import NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
+from .network_tune import InRoundProgress, NetworkTuneResult, _default_strategy, _round_progress, scheduled_rounds
 from .onnx_import import Model
 from .results import TuneResult
 from .session import TuningSession, whole_number
@@ -241,8 +241,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     show = progress if callable(progress) else (_round_progress if progress else None)
     start = time.perf_counter()
     with TuningSession(target, db=db, runner=runner, measurer=measurer, threads=threads, protocol=protocol,
-                       cost_model=cost_model, seed=seed, seconds=seconds, progress=False,
-                       defaults=include_defaults,
+                       cost_model=cost_model, seed=seed, seconds=seconds,
+                       progress=InRoundProgress() if show is _round_progress else False, defaults=include_defaults,
                        cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ one model
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)

@@ -474,6 +474,39 @@ def test_a_task_timed_only_on_a_busy_machine_stays_in_the_schedule(tmp_path, cap
     assert "correct kernels timed only on a busy machine (noisy): best <= " in capsys.readouterr().err
 
 
+def test_tune_model_reports_inside_a_long_round(tmp_path, capsys, monkeypatch):
+    # session 79 (session 78's list): tune_model printed one line per round and nothing inside it, so a
+    # round of 64 slow trials was minutes of silence; a callable progress= still gets round dicts only
+    from felixjax import network_tune
+    from felixjax.testing import SyntheticOracle
+
+    clock = [0.0]  # time.monotonic as the printer sees it: 4 s a measurement
+    monkeypatch.setattr(network_tune.time, "monotonic", lambda: clock[0])
+
+    def measurer(task, target):
+        oracle = SyntheticOracle(task)
+
+        def timing(cfg):
+            clock[0] += 4.0
+            return oracle(cfg)
+        return ReplayRunner(timing)
+
+    model = load_onnx(zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
+    n = len(model.tasks)
+    res = fj.tune_model(model, trials=8 * n, trials_per_round=8, strategy="random", db=str(tmp_path / "p.db"),
+                        measurer=measurer, retime=2, in_network=0)
+    err = capsys.readouterr().err
+    inside = [ln for ln in err.splitlines() if "measured in this round" in ln]
+    # 8 measurements of 4 s a round: a line from the 3rd on (10 s into the round), then every 3rd (>= 10 s apart)
+    assert len(inside) == 2 * n and all(ln.startswith("[felixjax]   task ") for ln in inside), err
+    assert {ln.split(": ")[1].split(" measured")[0] for ln in inside} == {"3/8", "6/8"}
+    assert err.count("best 2 configs again") == n and len(res.rounds) == n
+    seen = []
+    fj.tune_model(model, trials=8 * n + 8, trials_per_round=8, strategy="random", db=str(tmp_path / "p.db"),
+                  measurer=measurer, retime=0, in_network=0, progress=seen.append)
+    assert [r["event"] for r in seen] == ["network_round"] and "measured in this round" not in capsys.readouterr().err
+
+
 def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     proto = zoo.make_model("transformer_block", seq=8, dim=16, heads=2)
     model = load_onnx(proto)
