@@ -2,7 +2,8 @@
 
 A knob's declaration holds everything every stage needs, next to each other:
 
-* ``name`` and the ``sketches`` it applies to (``()``: every sketch);
+* ``name`` and the ``sketches`` it applies to (``()``: every sketch; ``"<sketch>.pad_*"``: that sketch's
+  padded variants, :mod:`codegen.padding`, which otherwise take no declared knobs);
 * ``domain(space) -> tuple[int, ...]`` (or a fixed tuple) and ``default(space) -> int`` (or an int);
 * ``relax``: how the relaxation sees it, ``"index"`` (the continuous coordinate is the position in
   the sorted domain; values in between are interpolated linearly) or ``"log2"`` (value = 2**x; the
@@ -72,7 +73,10 @@ class Knob:
     doc: str = ""
 
     def applies(self, sketch: str) -> bool:
-        return not self.sketches or sketch in self.sketches
+        if not self.sketches or sketch in self.sketches:
+            return True
+        base, sep, _ = sketch.partition(".pad_")
+        return bool(sep) and base + ".pad_*" in self.sketches
 
     def values(self, space) -> tuple[int, ...]:
         """The sorted domain on ``space``, checked (at most :data:`MAX_KNOB_VALUES` distinct ints;

@@ -54,7 +54,9 @@ from .padding import (
     block_rows,
     masked_tail,
     padded_contraction,
+    pad_extent,
     padded_sketch,
+    paddable,
     parse_pad,
     row_padded_sketch,
     sketch_contraction,
@@ -117,8 +119,11 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
         >>> [s.name for s in sketches_for(conv2d(1, 8, 15, 15, out_channels=8), Target(simd_lanes=8))][:4]  # 13x13
         ['conv_direct', 'conv_direct.pad_y16_x16', 'conv_spatial_pack', 'conv_spatial_pack.pad_y16_x16']
     """
-    if task.sparsity:  # weights compiled into the kernel, zeros skipped (codegen.sparse): one sketch
-        return (Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n"),)
+    if task.sparsity:  # weights compiled into the kernel, zeros skipped (codegen.sparse): one sketch, and on a
+        # target its variant padded on the vector axis only (the weights keep their shape)
+        sparse = Sketch(SPARSE_SKETCH, "x" if task.op == "conv2d" else "m", "k" if task.op == "conv2d" else "n")
+        padded = _sparse_padded(task, sparse, target) if target is not None else None
+        return (sparse,) + ((padded,) if padded is not None else ())
     if task.op in ("matmul", "dense"):
         base: tuple[Sketch, ...] = (Sketch("gemm_packed", "n", "n"),)
     elif task.op == _blocked.OP:  # channel-blocked (codegen.blocked); a 1x1 conv also over its flat pixels
@@ -156,6 +161,16 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
     return tuple(out)
 
 
+def _sparse_padded(task: Task, sketch: Sketch, target: Target) -> Sketch | None:
+    """The sparse sketch with its columns padded to whole vectors (:func:`codegen.padding.pad_extent`), or None.
+    Without it a conv's 7x7 / 14x14 outputs and a batch of 12 rows had scalar or 2-lane schedules only
+    (a session-77 review measured such layers 3-25x slower than their dense kernels)."""
+    v = sketch.vector_axis
+    con = task.contraction()
+    e = pad_extent(con.axis(v).extent, vector=True, lanes=int(target.simd_lanes))
+    return with_pad(task, sketch, {v: e}) if e != con.axis(v).extent and paddable(con, v) else None
+
+
 def get_sketch(task: Task, name: str | Sketch) -> Sketch:
     """The sketch named ``name`` (a padded variant's name spells its extents, so no target is needed)."""
     if isinstance(name, Sketch):
@@ -165,7 +180,10 @@ def get_sketch(task: Task, name: str | Sketch) -> Sketch:
         if s.name == base:
             if not pads:
                 return s
-            return with_pad(task, s, parse_pad(task, name, pads))
+            pad = parse_pad(task, name, pads)
+            if task.sparsity and set(pad) != {s.vector_axis}:
+                raise ValueError(f"sketch {name!r}: a sparse task pads only its vector axis {s.vector_axis!r}")
+            return with_pad(task, s, pad)
     raise ValueError(f"sketch {name!r} does not apply to {task.name}; valid: "
                      f"{', '.join(s.name for s in sketches_for(task))} (and their padded variants '<name>{PAD_SEP}...')")
 
@@ -468,8 +486,12 @@ def default_sketch(task: Task, target: Target, *, winograd: bool = True) -> Sket
         'conv_spatial_pack'
     """
     sketches = sketches_for(task)
-    if task.sparsity:  # one sketch, no padded variants: its weights are compiled in (codegen.sparse)
-        return sketches[0]
+    if task.sparsity:  # its columns padded where the exact count takes vectors of under half the lanes
+        padded = _sparse_padded(task, sketches[0], target)
+        ext = task.contraction().axis(sketches[0].vector_axis).extent
+        lanes = int(target.simd_lanes)
+        exact_vec = max(v for v in VEC_CHOICES if v <= lanes and ext % v == 0)
+        return padded if padded is not None and 2 * exact_vec < lanes else sketches[0]
     if task.op == _blocked.OP:
         return _blocked.default_sketch(task, sketches_for(task, target), target)
     if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:

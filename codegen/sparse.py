@@ -47,7 +47,12 @@ class SparseWeightsError(ValueError):
 class Geometry:
     """The sparse-GEMM view of a task: ``O`` output features, ``R`` reduction, ``S`` columns per
     batch item, ``batch`` items (conv images); ``copy``: how the kernel forms ``X`` (``"none"``: the
-    data itself, ``"transpose"``: ``x.T`` (dense / matmul with ``S > 1``), ``"im2col"``)."""
+    data itself, ``"transpose"``: ``x.T`` (dense / matmul with ``S > 1``), ``"im2col"``).
+
+    The columns come in rows of ``row`` (a conv's output width; dense / matmul: one row of ``S``). The
+    padded sketch (``sparse_bsr.pad_x16``, :mod:`codegen.padding`) stores each row as ``row_pad`` columns
+    of ``X``, zeros past ``row``, so that whole vectors tile it (49 pixels in 16 lanes: 7 rows of 16);
+    ``cols`` is ``X``'s row length, and the kernel writes the outputs of real columns only."""
 
     op: str
     O: int
@@ -55,35 +60,53 @@ class Geometry:
     S: int
     batch: int
     copy: str
+    row: int = 0
+    row_pad: int = 0
+
+    @property
+    def padded(self) -> bool:
+        return self.row_pad > self.row
+
+    @property
+    def cols(self) -> int:
+        """Columns of ``X`` per reduction row: ``S``, or ``S / row * row_pad`` padded."""
+        return self.S // self.row * self.row_pad if self.padded else self.S
 
     @property
     def workspace_floats(self) -> int:
         """Floats of the timed ``X`` copy (one batch item), 0 without a copy."""
-        return 0 if self.copy == "none" else self.R * self.S
+        return 0 if self.copy == "none" else self.R * self.cols
 
 
-def geometry(task) -> Geometry:
-    """The :class:`Geometry` of a sparse task (see the module docstring).
+def geometry(task, pad: dict[str, int] | None = None) -> Geometry:
+    """The :class:`Geometry` of a sparse task (see the module docstring); ``pad``: the padded sketch's
+    ``{vector axis: padded extent}`` (``x`` of a conv, ``m`` of a dense / matmul layer).
 
     Example:
         >>> from codegen.ops import conv2d, dense
         >>> geometry(dense(1, 64, 32, sparsity=0.5))
-        Geometry(op='dense', O=32, R=64, S=1, batch=1, copy='none')
+        Geometry(op='dense', O=32, R=64, S=1, batch=1, copy='none', row=1, row_pad=1)
         >>> geometry(conv2d(2, 8, 6, 6, out_channels=4, kernel=3, padding=1, sparsity=0.5)).copy
         'im2col'
+        >>> g = geometry(conv2d(1, 8, 7, 7, out_channels=4, kernel=1, sparsity=0.5), {"x": 16})
+        >>> g.copy, g.S, g.cols   # a 1x1 conv reads its input in place, unless padded
+        ('im2col', 49, 112)
     """
-    p = task.p
-    if task.op == "dense":
-        return Geometry("dense", p["out"], p["in"], p["n"], 1, "transpose" if p["n"] > 1 else "none")
-    if task.op == "matmul":
-        if p.get("batch"):
+    p, pad = task.p, dict(pad or {})
+    axis = "x" if task.op == "conv2d" else "m"
+    if set(pad) - {axis}:
+        raise ValueError(f"a sparse {task.op} pads only its vector axis {axis!r}, got {sorted(pad)}")
+    if task.op in ("dense", "matmul"):
+        if task.op == "matmul" and p.get("batch"):
             raise ValueError("a sparse matmul has no batch= (one weight matrix)")
-        return Geometry("matmul", p["n"], p["k"], p["m"], 1, "transpose" if p["m"] > 1 else "none")
+        o, r, s = (p["out"], p["in"], p["n"]) if task.op == "dense" else (p["n"], p["k"], p["m"])
+        return Geometry(task.op, o, r, s, 1, "transpose" if s > 1 else "none", s, pad.get(axis, s))
     if p["groups"] != 1:
         raise ValueError(f"a sparse conv2d has groups=1, got {p['groups']}")
     n, k, oh, ow = task.output_shape
-    direct = p["r"] == p["s"] == 1 and p["stride"] == (1, 1) and not any(p["pad"])
-    return Geometry("conv2d", k, p["c"] * p["r"] * p["s"], oh * ow, n, "none" if direct else "im2col")
+    direct = p["r"] == p["s"] == 1 and p["stride"] == (1, 1) and not any(p["pad"]) and axis not in pad
+    return Geometry("conv2d", k, p["c"] * p["r"] * p["s"], oh * ow, n, "none" if direct else "im2col", ow,
+                    pad.get(axis, ow))
 
 
 def weight_matrix(task, weight: np.ndarray) -> np.ndarray:
@@ -172,8 +195,11 @@ def _density_permille(space) -> tuple[int, ...]:
     return (round(1000 * (1.0 - space.task.sparsity)),)
 
 
+#: the sparse sketch and its padded variants (codegen.padding)
+_SKETCHES = (SPARSE_SKETCH, SPARSE_SKETCH + ".pad_*")
+
 SPARSE_BC = register_knob(Knob(
-    "sparse_bc", (SPARSE_SKETCH,), _bc_domain, 1, relax="log2",
+    "sparse_bc", _SKETCHES, _bc_domain, 1, relax="log2",
     features=lambda xp, v, info: {"sparse_block_cols": v}, feature_names=("sparse_block_cols",),
     mutation_weight=0.1,
     doc="columns of a weight block (BSR; 1 = CSR): a kept block stores bc weights per row, zeros included"))
@@ -181,7 +207,7 @@ SPARSE_BC = register_knob(Knob(
 #: the task's density (non-zero fraction, per mille) as a one-value knob: the features see it (the
 #: density, and the FLOPs that remain), the search has nothing to choose
 SPARSE_DENSITY = register_knob(Knob(
-    "sparse_density", (SPARSE_SKETCH,), _density_permille, lambda space: _density_permille(space)[0],
+    "sparse_density", _SKETCHES, _density_permille, lambda space: _density_permille(space)[0],
     features=lambda xp, v, info: {"sparse_density": v / 1000.0, "sparse_flops": info["flops"] * v / 1000.0},
     feature_names=("sparse_density", "sparse_flops"), mutation_weight=0.0,
     doc="fraction of non-zero weights (per mille), a constant of the task"))

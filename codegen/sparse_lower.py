@@ -91,7 +91,7 @@ def finish(plan: Plan, weights: np.ndarray | None = None) -> SparsePlan:
     ``task.random_inputs(seed=0)``)."""
     space, cfg = plan.space, plan.config
     task = space.task
-    geo = geometry(task)
+    geo = geometry(task, dict(space.sketch.pad))
     tiles = {a.name: t for a, t in zip(space.axes, cfg.tiles)}
     br, ts = tiles[space.sketch.weight_axis][-1], tiles[space.sketch.vector_axis][-1]
     bc = space.knob_value(cfg, next(k for k in space.knobs if k.name == "sparse_bc"))

@@ -104,10 +104,13 @@ def _epilogue_value(plan, v: str, o: str, idx: str) -> list[str]:
 def _copy(plan, w: Writer, par: str) -> None:
     """The timed copy forming ``X [R, S]`` of batch item ``b`` in the workspace."""
     g, task = plan.geometry, plan.space.task
-    if g.copy == "transpose":  # x [S, R] -> X [R, S]
+    if g.copy == "transpose":  # x [S, R] -> X [R, S] (padded: [R, cols], zeros past S)
         w(par)
-        w(f"for (long r = 0; r < {g.R}; ++r)")
-        w(f"  for (long s = 0; s < {g.S}; ++s) xt[r * {g.S} + s] = data[s * {g.R} + r];")
+        w(f"for (long r = 0; r < {g.R}; ++r) {{")
+        w(f"  for (long s = 0; s < {g.S}; ++s) xt[r * {g.cols} + s] = data[s * {g.R} + r];")
+        if g.cols > g.S:
+            w(f"  for (long s = {g.S}; s < {g.cols}; ++s) xt[r * {g.cols} + s] = 0.0f;")
+        w("}")
         return
     p = task.p
     c, h, wd = p["c"], p["h"], p["w"]
@@ -115,12 +118,12 @@ def _copy(plan, w: Writer, par: str) -> None:
     (sh, sw), (dh, dw) = p["stride"], p["dilation"]
     pt, pl = p["pad"][0], p["pad"][1]
     _, _, oh, ow = task.output_shape
-    w("/* im2col of image b (timed): X[(c * R + ry) * S + rx][y * OW + x] */")
+    w(f"/* im2col of image b (timed): X[(c * R + ry) * S + rx][y * {g.row_pad} + x], zeros for x >= {ow} */")
     w(par)
     w(f"for (long cr = 0; cr < {c * kr * ks}; ++cr) {{")
     w(f"  const long ci = cr / {kr * ks}, ry = cr / {ks} % {kr}, rx = cr % {ks};")
     w(f"  const float* src = data + (b * {c} + ci) * {h * wd};")
-    w(f"  float* dst = xt + cr * {g.S};")
+    w(f"  float* dst = xt + cr * {g.cols};")
     # the columns whose input lies inside the row, [xlo, xhi), computed once: no per-element test (gcc 12
     # -O3 miscompiled the guarded select of the earlier form: wrong columns, 1x1x6x3 3x3 p1, session 12)
     w(f"  const long t0 = {pl} - rx * {dw}, t1 = {wd - 1 + pl} - rx * {dw};")
@@ -130,12 +133,12 @@ def _copy(plan, w: Writer, par: str) -> None:
     w("  if (xhi < xlo) xhi = xlo;")
     w(f"  for (long y = 0; y < {oh}; ++y) {{")
     w(f"    const long iy = y * {sh} + ry * {dh} - {pt};")
-    w(f"    float* drow = dst + y * {ow};")
-    w(f"    if (iy < 0 || iy >= {h}) {{ for (long x = 0; x < {ow}; ++x) drow[x] = 0.0f; continue; }}")
+    w(f"    float* drow = dst + y * {g.row_pad};")
+    w(f"    if (iy < 0 || iy >= {h}) {{ for (long x = 0; x < {g.row_pad}; ++x) drow[x] = 0.0f; continue; }}")
     w(f"    const float* srow = src + iy * {wd} - {pl} + rx * {dw};")
     w("    for (long x = 0; x < xlo; ++x) drow[x] = 0.0f;")
     w(f"    for (long x = xlo; x < xhi; ++x) drow[x] = srow[x * {sw}];")
-    w(f"    for (long x = xhi; x < {ow}; ++x) drow[x] = 0.0f;")
+    w(f"    for (long x = xhi; x < {g.row_pad}; ++x) drow[x] = 0.0f;")
     w("  }")
     w("}")
 
@@ -153,7 +156,7 @@ def _rows_vector(plan, w: Writer, prefix: str) -> None:
     br, bc, ts, vec = b.br, b.bc, plan.ts, plan.vec
     nv = ts // vec
     vt = "vf" if vec > 1 else "float"
-    w(f"for (long st = 0; st < {g.S}; st += {ts}) {{")
+    w(f"for (long st = 0; st < {g.cols}; st += {ts}) {{")
     for i in range(br):
         w("  " + " ".join(f"{vt} a{i}_{q} = {'(vf){0}' if vec > 1 else '0.0f'};" for q in range(nv)))
     # no more copies than the longest block-row has blocks: gcc took > 60 s on a 6x6x4 matmul whose
@@ -162,16 +165,18 @@ def _rows_vector(plan, w: Writer, prefix: str) -> None:
     if unroll > 1:
         w(f"  #pragma GCC unroll {unroll}")
     w(f"  for (int p = {prefix}_ptr[ob]; p < {prefix}_ptr[ob + 1]; ++p) {{")
-    w(f"    const float* xr = xb + (long){prefix}_col[p] * {g.S} + st;")
+    w(f"    const float* xr = xb + (long){prefix}_col[p] * {g.cols} + st;")
     w(f"    const float* wv = {prefix}_val + (long)p * {br * bc};")
     for j in range(bc):
         for q in range(nv):
-            load = f"*(const vfu*)(xr + {j * g.S + q * vec})" if vec > 1 else f"xr[{j * g.S + q}]"
+            load = f"*(const vfu*)(xr + {j * g.cols + q * vec})" if vec > 1 else f"xr[{j * g.cols + q}]"
             w(f"    const {vt} x{j}_{q} = {load};")
         for i in range(br):
             for q in range(nv):
                 w(f"    a{i}_{q} += wv[{i * bc + j}] * x{j}_{q};")
     w("  }")
+    if g.padded:  # a block never straddles two rows (ts divides row_pad): outputs of real columns only
+        w(f"  const long y0 = st / {g.row_pad}, x0 = st % {g.row_pad};")
     for i in range(br):
         o = f"ob * {br} + {i}"
         for q in range(nv):
@@ -179,8 +184,13 @@ def _rows_vector(plan, w: Writer, prefix: str) -> None:
             w(f"    const long o = {o};")
             for lane in range(vec):
                 val = f"a{i}_{q}[{lane}]" if vec > 1 else f"a{i}_{q}"
-                idx = _out_index(plan, "o", f"st + {q * vec + lane}")
-                w("    { " + " ".join(_epilogue_value(plan, val, "o", idx)) + " }")
+                c = q * vec + lane
+                if g.padded:
+                    idx = _out_index(plan, "o", f"y0 * {g.row} + x0 + {c}")
+                    w(f"    if (x0 + {c} < {g.row}) {{ " + " ".join(_epilogue_value(plan, val, "o", idx)) + " }")
+                else:
+                    idx = _out_index(plan, "o", f"st + {c}")
+                    w("    { " + " ".join(_epilogue_value(plan, val, "o", idx)) + " }")
             w("  }")
     w("}")
 
