@@ -691,6 +691,14 @@ class Database:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
         return rows[0][0] if rows else default
 
+    def run_settings(self, task: Task, target_key: str, run: str) -> dict | None:
+        """What a run was started with (:mod:`felixjax.provenance`: seed, strategy and its options, cost model,
+        defaults, library versions, start time), or None (a run started before session 79, or none)."""
+        from .provenance import settings_key
+
+        raw = self.get_meta(settings_key(target_key, task.key, run))
+        return None if raw is None else json.loads(raw)
+
 
 def _row(rec: TuningRecord) -> tuple:
     """The records table's values of ``rec``, in :data:`_COLUMNS` order."""

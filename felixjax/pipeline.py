@@ -134,7 +134,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
                        defaults=defaults,
                        cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ model, ⑩ measurer, ⑪ database
         tr = session.add(task, strategy, seed=seed, trials=trials, seconds=seconds, run=run,
-                         strategy_options=strategy_options)                    # ③ sketches -> spaces (+ resume)
+                         strategy_options=strategy_options, batch=batch)       # ③ sketches -> spaces (+ resume)
         while not tr.done:
             session.step(tr, batch)                                            # ④–⑫ one round
         t = time.perf_counter()

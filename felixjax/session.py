@@ -62,6 +62,7 @@ from .cost_aware import CostAware, Screen
 from .database import CLAIM_TTL_S, Database, TuningRecord
 from .measurer import Measurer
 from .model import OnlineCostModel, make_ranker
+from .provenance import effective_options, keep_settings, run_settings, settings_key
 from .strategies import Strategy, get_strategy
 from .strategies.base import opening_defaults
 
@@ -415,14 +416,16 @@ class TuningSession:
     def add(self, task: Task, strategy: str | Strategy = "gradient", *, seed: int = 0, trials: int | None = None,
             seconds: float | None = None, run: str | None = None, label: str | None = None,
             group: Hashable = "", strategy_options: dict | None = None,
-            cost_aware: CostAware | None = None, model_seed: Hashable | None = None) -> TaskRun:
+            cost_aware: CostAware | None = None, model_seed: Hashable | None = None,
+            batch: int | None = None) -> TaskRun:
         """Start (or resume) a run of ``task``: records of the same ``run`` in the database are
         reloaded, count against its budget, are shown to the strategy, and are never measured again.
 
         ``strategy`` is a registered name (a fresh instance per run) or an object (used as given);
         ``group`` names the cost model the run's scorer views and ``model_seed`` the random numbers that
         model draws (see :meth:`model`); ``cost_aware`` replaces the session's cost-aware options for this
-        run (``CostAware()``: off).
+        run (``CostAware()``: off); ``batch``: the candidates per round the caller's :meth:`step` calls will ask
+        for (kept with the run's settings, :mod:`felixjax.provenance`; default: the strategy's ``batch_size``).
         """
         if isinstance(task, str):
             from codegen.ops import parse_spec
@@ -449,6 +452,10 @@ class TuningSession:
                              f"continue it: give another run name (run=...) or database")
         if before is None:
             self.db.set_meta(key, strat.name)
+        keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
+            strat.name, seed, effective_options(strategy, strategy_options), session_cost_model=self.cost_model, defaults=self.defaults,
+            model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None)), resumed=bool(history),
+            what=f"run {run!r} of {task.name}")
         spaces = spaces_for(task, self.target)
         model_group = group
 

@@ -95,6 +95,34 @@ def test_rng_streams_make_a_resumed_run_propose_what_an_uninterrupted_one_did(tm
     assert [r.config for r in resumed.history] == [r.config for r in full.history]
 
 
+def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_warns(tmp_path):
+    # session 79 (a reproducibility review): a run resumed with another seed or other strategy options was accepted
+    # silently (its history then mixes two searches), and the database kept neither
+    import warnings
+
+    db = str(tmp_path / "p.db")
+    kw = dict(strategy="random", db=db, measurer=replay, progress=False, retime=0, run="paper")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fj.tune(T1, trials=4, seed=0, batch=8, **kw)
+        fj.tune(T1, trials=6, seed=0, batch=8, **kw)  # the same settings, a larger budget: nothing to say
+    settings = fj.Database(db).run_settings(T1, TARGET.key, "paper")
+    assert settings["strategy"] == "random" and settings["seed"] == 0 and settings["defaults"] is True
+    assert settings["versions"]["felixjax"] and settings["versions"]["numpy"] == np.__version__
+    with pytest.warns(RuntimeWarning, match=r"run 'paper' of .* was started with seed=0; this call continues it "
+                                            r"with seed=7: its history now mixes both"):
+        fj.tune(T1, trials=8, seed=7, batch=8, **kw)
+    with pytest.warns(RuntimeWarning, match=r"started with batch=8; this call continues it with batch=4"):
+        fj.tune(T1, trials=10, seed=0, batch=4, **kw)
+    kw["strategy"] = "genetic"
+    fj.tune(T1, trials=4, seed=0, strategy_options={"population": 64}, **dict(kw, run="g"))
+    with pytest.warns(RuntimeWarning, match=r"options=\{.*'population': 64.*options=\{.*'population': 2048"):
+        fj.tune(T1, trials=6, seed=0, **dict(kw, run="g"))
+    assert fj.Database(db).run_settings(T1, TARGET.key, "g")["options"]["population"] == 64
+    assert fj.Database(db).run_settings(T1, TARGET.key, "paper")["started"] == settings["started"]  # the first
+    assert fj.Database(db).run_settings(T1, TARGET.key, "other") is None
+
+
 def test_progress_is_reported_inside_a_round():
     events = []
     fj.tune(T1, strategy="random", trials=12, batch=12, measurer=replay, progress=events.append, retime=0)

@@ -1,0 +1,104 @@
+"""What a tuning run was started with, kept in its database: the seed, the strategy and its options, the
+candidates per round, the cost model, whether the default schedules were measured first, and the versions of felixjax, jax, flax and
+numpy (the target's JSON in every record already names the CPU and the compiler). Written once, when a run
+is first started (``Database.run_settings`` reads it back); a call that resumes the run with other settings
+warns, since the run's history then mixes two searches (session 79, a reproducibility review: a run
+resumed with another seed or batch size was accepted silently; only another strategy is refused).
+
+Example:
+    >>> from felixjax.database import Database
+    >>> db = Database(":memory:")
+    >>> s = run_settings("genetic", 0, {"batch_size": 16}, session_cost_model=None, defaults=True, model_seed=None,
+    ...                  batch=16)
+    >>> keep_settings(db, "settings:t:k:genetic:0", s, resumed=False, what="run 'genetic:0'")
+    >>> json.loads(db.get_meta("settings:t:k:genetic:0"))["options"]
+    {'batch_size': 16}
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import warnings
+from functools import lru_cache
+from typing import Any
+
+#: the settings whose change makes a resumed run's history mix two searches (versions are provenance only)
+COMPARED = ("strategy", "seed", "options", "batch", "session_cost_model", "defaults", "model_seed")
+
+
+def settings_key(target_key: str, task_key: str, run: str) -> str:
+    return f"settings:{target_key}:{task_key}:{run}"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: numbers, strings, booleans, None, lists and string-keyed dicts as they
+    are, anything else (a cost-model object, an array, a function) as ``"<TypeName>"``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # a numpy scalar
+        return jsonable(value.item())
+    return f"<{type(value).__name__}>"
+
+
+def effective_options(strategy: Any, options: dict | None) -> dict:
+    """A registered strategy's options as its constructor takes them: its defaults, overridden by ``options``
+    (so ``{}`` and ``{"population": <the default>}`` are the same settings); a strategy object's: ``options``."""
+    from .strategies.base import _REGISTRY
+
+    options = dict(options or {})
+    cls = _REGISTRY.get(strategy) if isinstance(strategy, str) else None
+    if cls is None:
+        return options
+    params = inspect.signature(cls).parameters.values()
+    out = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    out.update(options)
+    return out
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Installed versions of felixjax and the libraries its searches depend on (``""``: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("felixjax", "jax", "flax", "optax", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = ""
+    return out
+
+
+def run_settings(strategy: str, seed: int, options: dict | None, *, session_cost_model: Any, defaults: bool,
+                 model_seed: Any, batch: int | None = None) -> dict:
+    """The settings record of a run (see the module docstring); ``batch``: candidates per round."""
+    return {"strategy": strategy, "seed": int(seed), "options": jsonable(dict(options or {})), "batch": jsonable(batch),
+            "session_cost_model": jsonable(session_cost_model), "defaults": bool(defaults),
+            "model_seed": jsonable(model_seed), "versions": versions(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def keep_settings(db, key: str, settings: dict, *, resumed: bool, what: str) -> None:
+    """Store ``settings`` for a run started now; for a resumed run, warn where the stored ones differ (a run
+    of a database older than this record has none: nothing is said or stored, its start is not known)."""
+    before = db.get_meta(key)
+    if before is None:
+        if not resumed:
+            db.set_meta(key, json.dumps(settings, sort_keys=True))
+        return
+    try:
+        was = json.loads(before)
+    except ValueError:
+        return
+    changed = [k for k in COMPARED if k in was and was[k] != settings.get(k)]
+    if changed:
+        then = ", ".join(f"{k}={was[k]!r}" for k in changed)
+        now = ", ".join(f"{k}={settings.get(k)!r}" for k in changed)
+        warnings.warn(f"{what} was started with {then}; this call continues it with {now}: its history now mixes "
+                      f"both searches (give another run name, run=..., to keep them apart)", RuntimeWarning,
+                      stacklevel=4)
