@@ -366,7 +366,7 @@ class Comparison:
         if self.shared_cache:
             out += (" One build cache for every run: a run proposing a kernel another run compiled gets it free, "
                     "which shortens its seconds (`run_caches=` / `--run-caches` gives each run its own).")
-        if self.resumed:
+        if self.resumed and not self.replay:  # a replay builds nothing
             out += (" Some runs were resumed from the database: their earlier records were built as that call chose "
                     "(shared or own build caches).")
         return out
