@@ -699,13 +699,18 @@ def from_database(db: str | os.PathLike | Database, tasks, strategies: Iterable[
             for k, (rows, lat) in runs.items():
                 (references if k[1].startswith(REFERENCE_PREFIX) else histories)[k] = rows
                 remeasured[k] = lat
+        batches = {}  # candidates per round, where every run of a strategy kept the same (runs since session 79)
+        for name in strategies:
+            got = {(database.run_settings(t, key, f"{name}:{seed}") or {}).get("batch") for t in done for seed in seeds}
+            if len(got) == 1 and isinstance(next(iter(got)), int):
+                batches[name] = got.pop()
     finally:
         if own:
             database.close()
     if not done:
         return None, waiting
     return Comparison(done, strategies, seeds, trials, None, histories, remeasured, replay, references,
-                      _openings(done, target) if defaults else {}), waiting
+                      _openings(done, target) if defaults else {}, batches=batches), waiting
 
 
 def _openings(tasks: list[Task], target: Target) -> dict[str, frozenset]:

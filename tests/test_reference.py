@@ -59,6 +59,7 @@ def test_a_stopped_comparison_is_summarized_from_its_database(tmp_path):
     assert _histories(got) == _histories(cmp) and got.remeasured == cmp.remeasured
     assert {k: len(v) for k, v in got.references.items()} == {k: len(v) for k, v in cmp.references.items()}
     assert got.openings == cmp.openings and got.rows() == cmp.rows()
+    assert got.batches == cmp.batches and "Candidates per round" in got.table()  # session 79: from the run settings
     # a seed that never ran, or no reference where one ran: nothing is finished / the runs still match
     assert from_database(db, [TASK], ["genetic", "random"], [0, 1, 2], 12, replay=True) == (None, [TASK.name])
     bare, _ = from_database(db, [TASK], ["genetic"], [0], 12, replay=True, reference=False)
