@@ -384,7 +384,10 @@ class CostModelScorer:
             return
         cfgs = [r.config for r in new]
         if self.shared.add(self.group, cfgs, self.features(cfgs), [r.latency_s for r in new]):
-            self.shared.fit()
+            try:
+                self.shared.fit()
+            except KeyboardInterrupt:  # raised inside JAX's training step: ~100 lines of its frames otherwise
+                raise KeyboardInterrupt("interrupted while the cost model was being refit") from None
 
 
 class Blend:

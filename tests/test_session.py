@@ -123,6 +123,23 @@ def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_w
     assert fj.Database(db).run_settings(T1, TARGET.key, "other") is None
 
 
+def test_a_ctrl_c_inside_the_models_refit_is_a_short_traceback(monkeypatch):
+    # session 79 (session 78's list): a Ctrl-C in the refit printed ~97 lines of JAX's frames
+    import traceback
+
+    from felixjax.model import OnlineCostModel
+
+    def deep(depth=40):  # stands in for JAX's training step
+        if depth:
+            deep(depth - 1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(OnlineCostModel, "fit", lambda self: deep())
+    with pytest.raises(KeyboardInterrupt, match="while the cost model was being refit") as e:
+        fj.tune(T1, strategy="genetic", trials=24, batch=8, measurer=replay, progress=False, retime=0)
+    assert e.value.__suppress_context__ and len(traceback.extract_tb(e.value.__traceback__)) < 15
+
+
 def test_progress_is_reported_inside_a_round():
     events = []
     fj.tune(T1, strategy="random", trials=12, batch=12, measurer=replay, progress=events.append, retime=0)
