@@ -21,6 +21,8 @@ def resize_taps(in_size: int, out_size: int, scale: float, mode: str, ctm: str, 
     the extrapolation value), computed by onnx's reference resize on the identity matrix (exact semantics)."""
     from onnx.reference.ops import op_resize as R
 
+    if ctm == "tf_half_pixel_for_nn":  # opset 11-12 (tf2onnx's TF nearest resize; onnx's reference lacks it)
+        return _tf_nearest_taps(in_size, out_size, scale, nearest_mode), np.ones((out_size, 1)), None
     if mode == "nearest":
         def coeffs(r, s):
             return R._nearest_coeffs(r, mode=nearest_mode)
@@ -41,6 +43,27 @@ def resize_taps(in_size: int, out_size: int, scale: float, mode: str, ctm: str, 
     index = order.astype(np.int64)
     weight = np.take_along_axis(w, order, axis=1)
     return index, weight, (extrapolated if extrapolated.any() else None)
+
+
+def _tf_nearest_taps(in_size: int, out_size: int, scale: float, nearest_mode: str) -> np.ndarray:
+    """Nearest taps of ``tf_half_pixel_for_nn``: output ``o`` reads ``(o + 0.5) / scale``, rounded by
+    ``nearest_mode``, clamped to the input.
+
+    Example:
+        >>> _tf_nearest_taps(4, 8, 2.0, "floor").ravel().tolist()
+        [0, 1, 1, 2, 2, 3, 3, 3]
+    """
+    x = (np.arange(out_size) + 0.5) / scale
+    frac = x - np.floor(x)
+    if nearest_mode == "floor":
+        i = np.floor(x)
+    elif nearest_mode == "ceil":
+        i = np.ceil(x)
+    elif nearest_mode == "round_prefer_ceil":
+        i = np.where(frac == 0.5, np.ceil(x), np.round(x))
+    else:  # round_prefer_floor
+        i = np.where(frac == 0.5, np.floor(x), np.round(x))
+    return np.clip(i, 0, in_size - 1).astype(np.int64).reshape(-1, 1)
 
 
 def _resize(ctx: Any) -> list[Node]:
@@ -84,9 +107,12 @@ def _resize(ctx: Any) -> list[Node]:
                 ctx.fail(f"roi has {len(r)} entries, expected {2 * len(axes)}")
             roi = {ax: (r[k], r[k + len(axes)]) for k, ax in enumerate(axes)}
     known = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-             "tf_crop_and_resize")
+             "tf_crop_and_resize", "tf_half_pixel_for_nn")
     if ctm not in known:
         ctx.fail(f"coordinate_transformation_mode={ctm!r} is not supported (supported: {', '.join(known)})")
+    if ctm == "tf_half_pixel_for_nn" and mode != "nearest":
+        ctx.fail(f"coordinate_transformation_mode='tf_half_pixel_for_nn' with mode={mode!r} is not supported (it is "
+                 f"for nearest)")
     if nearest_mode not in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
         ctx.fail(f"nearest_mode={nearest_mode!r} is not supported")
     if policy not in ("stretch", "not_larger", "not_smaller"):

@@ -165,6 +165,17 @@ def test_resize_modes_by_scales(mode, ctm, nearest):
     _check(g.model([_vi("x", [1, 2, 5, 6])], [y], opset=13), {"x": _x(1, 2, 5, 6)})
 
 
+@pytest.mark.parametrize("scales,nearest", [([1, 1, 2.0, 1.5], "round_prefer_ceil"), ([1, 1, 0.6, 2.5], "floor"),
+                                            ([1, 1, 1.5, 0.5], "round_prefer_floor"), ([1, 1, 3.0, 0.7], "ceil")])
+def test_resize_tf_half_pixel_for_nn(scales, nearest):
+    # session 79 (a review of tf2onnx exports): TF's nearest resize (tf.image.resize's default method) is written as
+    # tf_half_pixel_for_nn (opset 11-12, still run at 13+ by onnxruntime); felixjax refused it
+    g = _G()
+    y = g.op("Resize", ["x", g.const([], np.float32), g.const(scales, np.float32)], mode="nearest",
+             coordinate_transformation_mode="tf_half_pixel_for_nn", nearest_mode=nearest)
+    _check(g.model([_vi("x", [1, 2, 5, 6])], [y], opset=11), {"x": _x(1, 2, 5, 6)})
+
+
 def test_upsample_opset9():
     g = _G()
     y = g.op("Upsample", ["x", g.const([1, 1, 2, 2], np.float32)], mode="nearest")
