@@ -40,6 +40,7 @@ from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
 from felixjax.layout import LAYOUTS, resolve as resolve_layout
+from felixjax.onnx_functions import inline_local_functions
 from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
 from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model
 
@@ -163,6 +164,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
     with size_limits(limits):
         proto, name = _read(model)
         try:
+            proto = inline_local_functions(proto)  # jax2onnx / onnxscript write model-local functions
             source, opset = import_graph(proto, input_shapes=input_shapes, input_values=input_values)
             graph = optimize(source)
             _finite_layer_weights(graph, proto)
@@ -292,8 +294,8 @@ def _check_ops(graph: onnx.GraphProto) -> None:
         def shown(text: str) -> str:  # a model's strings never drive the terminal (escape sequences)
             return text if text.isprintable() else repr(text)
 
-        more = f" (and {len(bad) - 1} more unsupported nodes: {', '.join(sorted({shown(b.op_type) for b in bad[1:]}))})" \
-            if len(bad) > 1 else ""
+        others = sorted({shown(b.op_type if b.domain in ("", "ai.onnx") else f"{b.domain}.{b.op_type}") for b in bad[1:]})
+        more = f" (and {len(bad) - 1} more unsupported nodes: {', '.join(others)})" if len(bad) > 1 else ""
         op = shown(op)
         raise UnsupportedModelError(f"node {name!r} (op {op}) is not supported{more}; supported ops: "
                                     f"{', '.join(SUPPORTED_OPS)}")
@@ -568,10 +570,13 @@ def _check_inputs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[in
             continue
         tt = vi.type.tensor_type
         if tt.elem_type != TensorProto.FLOAT:
+            floating = tt.elem_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
             raise UnsupportedModelError(
-                f"input {vi.name!r} has dtype {_dtype_name(tt.elem_type)}; felixjax runs float32 tensors only: pin "
-                f"this input to a value with load_onnx(..., input_values={{{vi.name!r}: ...}}) or --input-value "
-                f"{vi.name}=V1,V2,...")
+                f"input {vi.name!r} has dtype {_dtype_name(tt.elem_type)}; felixjax runs float32 tensors only: "
+                + ("export the model in float32 (its data input and weights; felixjax's own low precision is "
+                   "fj.approximate / float16 and int8 tasks)" if floating else
+                   f"pin this input to a value with load_onnx(..., input_values={{{vi.name!r}: ...}}) or --input-value "
+                   f"{vi.name}=V1,V2,... (shape and index inputs)"))
         if vi.name in pinned:
             continue
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) \

@@ -51,7 +51,7 @@ def _tf_nearest_taps(in_size: int, out_size: int, scale: float, nearest_mode: st
 
     Example:
         >>> _tf_nearest_taps(4, 8, 2.0, "floor").ravel().tolist()
-        [0, 1, 1, 2, 2, 3, 3, 3]
+        [0, 0, 1, 1, 2, 2, 3, 3]
     """
     x = (np.arange(out_size) + 0.5) / scale
     frac = x - np.floor(x)

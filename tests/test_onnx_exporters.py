@@ -457,3 +457,48 @@ def test_folding_never_materializes_huge_constants(op):
     with pytest.raises((UnsupportedModelError, fj.errors.ModelFormatError)):
         fj.load_onnx(model)
     assert time.perf_counter() - t0 < 60  # a hang guard: materializing the constant would exhaust memory first
+
+
+# ---- model-local functions (jax2onnx @onnx_function, onnxscript local functions) ------------------------
+
+def test_model_local_functions_are_inlined():
+    # session 79 (a review of other exporters): jax2onnx / onnxscript models with FunctionProtos were refused as
+    # unknown ops; here: a function called twice (its intermediates must not collide), one calling another, an
+    # attribute reference bound by the call and one left to the function's default, an optional input not given
+    o18 = helper.make_opsetid("", 18)
+    scale = helper.make_node("Mul", ["v", "s"], ["t"])
+    clip = helper.make_node("Clip", ["t", "lo"], ["w"])  # "lo" is an optional input the call omits -> ""
+    leaky = helper.make_node("LeakyRelu", ["w"], ["out"])
+    leaky.attribute.append(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    inner = helper.make_function("my.fns", "ScaleAct", ["v", "s", "lo"], ["out"], [scale, clip, leaky], [o18])
+    inner.attribute_proto.append(helper.make_attribute("alpha", 0.3))  # the default
+    outer_nodes = [helper.make_node("ScaleAct", ["a", "k"], ["h"], domain="my.fns", alpha=0.05),
+                   helper.make_node("Tanh", ["h"], ["b"])]
+    outer = helper.make_function("my.fns", "Block", ["a", "k"], ["b"], outer_nodes,
+                                 [o18, helper.make_opsetid("my.fns", 1)])
+    g = helper.make_graph(
+        [helper.make_node("Block", ["x", "two"], ["y1"], domain="my.fns"),
+         helper.make_node("Block", ["y1", "two"], ["y2"], domain="my.fns"),
+         helper.make_node("ScaleAct", ["y2", "two"], ["y"], domain="my.fns")], "fns",
+        [_vi("x", [2, 6])], [_vi("y", [2, 6])], [numpy_helper.from_array(np.float32(2.0), "two")])
+    model = helper.make_model(g, functions=[inner, outer], opset_imports=[o18, helper.make_opsetid("my.fns", 1)])
+    model.ir_version = 8
+    x = _x(2, 6) * 3
+    m = _check(model, {"x": x})
+    assert m.graph.nodes  # nothing of the functions is left to refuse
+    recursive = helper.make_function("my.fns", "Loop1", ["v"], ["out"],
+                                     [helper.make_node("Loop1", ["v"], ["out"], domain="my.fns")], [o18])
+    g2 = helper.make_graph([helper.make_node("Loop1", ["x"], ["y"], domain="my.fns")], "rec", [_vi("x", [2])],
+                           [_vi("y", [2])])
+    with pytest.raises(UnsupportedModelError, match="more than 32 deep"):
+        fj.load_onnx(helper.make_model(g2, functions=[recursive],
+                                       opset_imports=[o18, helper.make_opsetid("my.fns", 1)]))
+
+
+def test_docstring_examples_of_the_function_inliner_and_resize_taps():
+    import doctest
+
+    from felixjax import onnx_functions, onnx_spatial, provenance
+
+    for module in (onnx_functions, onnx_spatial, provenance):
+        assert doctest.testmod(module).failed == 0, module.__name__
