@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a model's tasks: after tuning, build the network with each task's best config of its K "
                         "fastest sketch families and keep, per task, the one whose layers ran fastest inside the "
                         "network (default 3; 0: off)")
+    t.add_argument("--no-winograd", action="store_true",
+                   help="a model's tasks: tune and build no Winograd convolution (its sketches are left out of the "
+                        "search): Winograd's error follows the largest input of its tile")
 
     r = add("report", "summarize a tuning database: tasks, trials, statuses, each run's best while tuning (best_ms, "
                       "a minimum over noisy timings) and re-timed at its end (retimed_ms, what fj.tune reports)")
@@ -271,6 +274,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError("give either a model file or --op specs, not both")
     if not args.model and not args.op:
         raise UserError("nothing to tune: give --op SPEC or a model.onnx (see felixjax tune --help)")
+    if args.op and getattr(args, "no_winograd", False):
+        raise UserError("--no-winograd applies to a model's tasks (their search and build); an --op is tuned over "
+                        "every sketch")
     if args.strategy is None:
         args.strategy = "gradient" if "gradient" in fj.strategies() else "random"
     if args.strategy not in fj.strategies():

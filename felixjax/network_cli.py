@@ -87,7 +87,7 @@ def tune_model_cli(args: Any, target: Target) -> int:
                      seconds=args.seconds, threads=args.threads, progress=False if quiet else _round_progress,
                      strategy_options=cost_model_options(args.strategy, getattr(args, "cost_model", None)),
                      runner=getattr(args, "runner", None), cost_aware=getattr(args, "cost_aware", None),
-                     in_network=getattr(args, "in_network", 3))
+                     in_network=getattr(args, "in_network", 3), winograd=not getattr(args, "no_winograd", False))
     print(res.table())
     if res.selection is not None:
         print("\nschedules chosen inside the network:\n" + res.selection.table())

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -32,6 +33,7 @@ from codegen.ops import Task, parse_spec
 from codegen.render_c import render
 from codegen.space import Config, Space
 from codegen.target import Target
+from codegen.winograd import VARIANTS as WINOGRAD_SKETCHES
 
 from . import jaxcache
 from .cost_aware import CostAware
@@ -161,7 +163,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                beta: float = 2.0, window: int = 3, cost_model: str | None = None,
                measurer: Callable[[Task, Target], Any] | None = None, filter_p: float | None = None,
                early_stop: float | str | None = None, cost_aware: CostAware | None = None,
-               retime: int = 3, in_network: int = 3) -> NetworkTuneResult:
+               retime: int = 3, in_network: int = 3, winograd: bool = True) -> NetworkTuneResult:
     """Tune every distinct task of a model under one trial budget (``fj.tune_model``).
 
     One tuning session serves every task: one strategy instance and context per task for the whole
@@ -214,6 +216,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             0 or 1: off; also off with a ``measurer`` (a replay has no network to time), with a runner
             that measures elsewhere (a Dask cluster's devices: the network would be timed on this machine
             instead) and on GPU targets.
+        winograd: ``False`` tunes no Winograd convolution (its sketches are left out of every task's search, the
+            opening measures the direct default instead) and ``res.build()`` builds none, as
+            ``build_model(winograd=False)``.
 
     Returns:
         A :class:`~felixjax.network_tune.NetworkTuneResult`; ``.table()`` summarizes it, ``.build()``
@@ -244,7 +249,9 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                        cost_model=cost_model, seed=seed, seconds=seconds,
                        progress=InRoundProgress() if show is _round_progress else False, defaults=include_defaults,
                        cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ one model
-        runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options)
+        skip = () if winograd else tuple(WINOGRAD_SKETCHES)
+        builder = build_model if winograd else functools.partial(build_model, winograd=False)
+        runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options, exclude_sketches=skip)
                 for t, _ in pairs]                                            # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
         new_tasks = sum(1 for r in runs if not r.history)
@@ -263,16 +270,16 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                                         beta=beta, window=window, seed=seed, show=show)  # ④–⑫ scheduled rounds
         if retime > 0:                                                        # the bests and defaults, again
             for tr, tt in zip(runs, info):
-                default = default_config_for(tr.task, session.target)
+                default = default_config_for(tr.task, session.target, winograd=winograd)
                 if not session.kept_retime(tr):  # nothing new measured since the last: keep that one
                     session.retime([tr], top=retime, extra=[default])
                 # what build_model picks: the fastest re-timing of the task, this one's or an earlier run's
-                tt.best = session.db.best(tr.task, session.target_key, retimed=True) or tt.best
+                tt.best = session.db.best(tr.task, session.target_key, retimed=True, exclude_sketches=skip) or tt.best
         selection = None
         here = runner is None or isinstance(runner, LocalRunner)  # kernels were timed on this machine
         if in_network > 1 and measurer is None and here and not session.target.is_gpu:  # ⑬ chosen in-network
             try:
-                selection = select_in_network(model, session.target, session.db, build_model, run=run,
+                selection = select_in_network(model, session.target, session.db, builder, run=run,
                                               key=session.target_key, threads=threads, families=in_network,
                                               log=(lambda s: print(s, file=sys.stderr, flush=True))
                                               if progress is True else None)
@@ -283,7 +290,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                 tt.best = picks.get(tt.task, tt.best)
         target = session.target
     result = NetworkTuneResult(model, target, run, sname, info, rounds, time.perf_counter() - start,
-                               builder=build_model, selection=selection)
+                               builder=builder, selection=selection)
     if progress is True:
         print(result.table(), file=sys.stderr, flush=True)
     return result

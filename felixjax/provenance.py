@@ -24,7 +24,8 @@ from functools import lru_cache
 from typing import Any
 
 #: the settings whose change makes a resumed run's history mix two searches (versions are provenance only)
-COMPARED = ("strategy", "seed", "options", "batch", "session_cost_model", "defaults", "model_seed")
+COMPARED = ("strategy", "seed", "options", "batch", "excluded_sketches", "session_cost_model", "defaults",
+            "model_seed")
 
 
 def settings_key(target_key: str, task_key: str, run: str) -> str:
@@ -75,9 +76,11 @@ def versions() -> dict[str, str]:
 
 
 def run_settings(strategy: str, seed: int, options: dict | None, *, session_cost_model: Any, defaults: bool,
-                 model_seed: Any, batch: int | None = None) -> dict:
-    """The settings record of a run (see the module docstring); ``batch``: candidates per round."""
+                 model_seed: Any, batch: int | None = None, excluded: Any = ()) -> dict:
+    """The settings record of a run (see the module docstring); ``batch``: candidates per round; ``excluded``:
+    sketches the run may not propose."""
     return {"strategy": strategy, "seed": int(seed), "options": jsonable(dict(options or {})), "batch": jsonable(batch),
+            "excluded_sketches": sorted(excluded),
             "session_cost_model": jsonable(session_cost_model), "defaults": bool(defaults),
             "model_seed": jsonable(model_seed), "versions": versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -417,7 +417,7 @@ class TuningSession:
             seconds: float | None = None, run: str | None = None, label: str | None = None,
             group: Hashable = "", strategy_options: dict | None = None,
             cost_aware: CostAware | None = None, model_seed: Hashable | None = None,
-            batch: int | None = None) -> TaskRun:
+            batch: int | None = None, exclude_sketches: Collection[str] = ()) -> TaskRun:
         """Start (or resume) a run of ``task``: records of the same ``run`` in the database are
         reloaded, count against its budget, are shown to the strategy, and are never measured again.
 
@@ -425,7 +425,8 @@ class TuningSession:
         ``group`` names the cost model the run's scorer views and ``model_seed`` the random numbers that
         model draws (see :meth:`model`); ``cost_aware`` replaces the session's cost-aware options for this
         run (``CostAware()``: off); ``batch``: the candidates per round the caller's :meth:`step` calls will ask
-        for (kept with the run's settings, :mod:`felixjax.provenance`; default: the strategy's ``batch_size``).
+        for (kept with the run's settings, :mod:`felixjax.provenance`; default: the strategy's ``batch_size``);
+        ``exclude_sketches``: sketches (by name, padded variants included) the run never proposes.
         """
         if isinstance(task, str):
             from codegen.ops import parse_spec
@@ -452,11 +453,14 @@ class TuningSession:
                              f"continue it: give another run name (run=...) or database")
         if before is None:
             self.db.set_meta(key, strat.name)
+        options = effective_options(strategy, strategy_options)
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
-            strat.name, seed, effective_options(strategy, strategy_options), session_cost_model=self.cost_model, defaults=self.defaults,
-            model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None)), resumed=bool(history),
+            strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults, model_seed=model_seed,
+            batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches), resumed=bool(history),
             what=f"run {run!r} of {task.name}")
-        spaces = spaces_for(task, self.target)
+        spaces = {k: sp for k, sp in spaces_for(task, self.target).items() if sp.sketch.base not in exclude_sketches}
+        if not spaces:
+            raise ValueError(f"{task.name}: every sketch is excluded ({', '.join(sorted(exclude_sketches))})")
         model_group = group
 
         def scorer_factory(ctx: SearchContext):

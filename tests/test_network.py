@@ -507,6 +507,31 @@ def test_tune_model_reports_inside_a_long_round(tmp_path, capsys, monkeypatch):
     assert [r["event"] for r in seen] == ["network_round"] and "measured in this round" not in capsys.readouterr().err
 
 
+def test_tune_model_without_winograd_never_proposes_it(tmp_path, capsys):
+    # session 79 (session 78's list): --no-winograd built without Winograd, but tuning still spent trials on it
+    from felixjax.network_build import default_config_for
+    from felixjax.testing import SyntheticOracle
+
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1, "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Relu", ["c"], ["y"])], "wg",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 16, 16])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 16, 16])], [w])
+    model = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    task = model.tasks[0][0]
+    assert default_config_for(task, fj.Target.cpu()).sketch.startswith("conv_winograd")  # else this tests nothing
+    db = str(tmp_path / "w.db")
+    res = fj.tune_model(model, trials=24, strategy="genetic", db=db, progress=False, retime=2, in_network=0,
+                        measurer=lambda t, tg: ReplayRunner(SyntheticOracle(t, tg)), winograd=False)
+    recs = fj.Database(db).records(task)
+    assert len(recs) == 24 and not any(r.config.sketch.startswith("conv_winograd") for r in recs)
+    assert recs[0].config == default_config_for(task, fj.Target.cpu(), winograd=False)  # the opening's first
+    assert fj.Database(db).run_settings(task, res.tasks[0].best.target_key, "genetic:0")["excluded_sketches"] == [
+        "conv_winograd", "conv_winograd4"]
+    assert cli.main(["tune", "--op", "conv2d:c=8,h=8,w=8,k=8,r=3,pad=1", "--no-winograd", "--trials", "2"]) == 2
+
+
 def test_tiny_tune_model_then_build_uses_tuned_records(tmp_path, runner):
     proto = zoo.make_model("transformer_block", seq=8, dim=16, heads=2)
     model = load_onnx(proto)

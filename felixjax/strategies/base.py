@@ -131,6 +131,8 @@ def opening_defaults(ctx: SearchContext, n: int) -> list[Config]:
     out = []
     try:
         first = default_sketch(ctx.task, ctx.target).name
+        if first not in ctx.spaces:  # a run without Winograd: what a build without it runs untuned
+            first = default_sketch(ctx.task, ctx.target, winograd=False).name
     except (ValueError, KeyError, AttributeError):  # no CPU sketch applies (a GPU target's spaces)
         first = None
     for name in sorted(ctx.spaces, key=lambda name: (name != first, name)):
