@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from codegen.measure import LocalRunner  # noqa: E402
-from codegen.ops import Task, conv2d, dense, matmul  # noqa: E402
-from codegen.space import Space, sketches_for  # noqa: E402
-from codegen.target import Target  # noqa: E402
-from felixjax.measurer import Measurer  # noqa: E402
-from felixjax.network_build import default_config_for  # noqa: E402
+from codegen.measure import LocalRunner
+from codegen.ops import Task, conv2d, dense, matmul
+from codegen.space import Space, sketches_for
+from codegen.target import Target
+from felixjax.measurer import Measurer
+from felixjax.network_build import default_config_for
 
 LAYERS: dict[str, Task] = {  # none of them used while writing the padded variant except the first two
     "conv 3x3 256ch 7x7": conv2d(1, 256, 7, 7, out_channels=256, kernel=3, padding=1),
@@ -68,7 +68,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for k, (_, cfg) in arms.items():
                     got = []
-                    measurers[k].measure([cfg], lambda c, r: got.append(r) or True)
+                    measurers[k].measure([cfg], lambda c, r, got=got: got.append(r) or True)
                     if got[0].ok:
                         times[k].append(got[0].latency_s)
                     else:

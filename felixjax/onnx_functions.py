@@ -13,7 +13,8 @@ Example:
     >>> g = helper.make_graph([helper.make_node("Twice", ["x"], ["y"], domain="local")], "g",
     ...                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
     ...                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    >>> m = helper.make_model(g, functions=[f], opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)])
+    >>> m = helper.make_model(g, functions=[f],
+    ...                       opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)])
     >>> [(n.op_type, list(n.input), list(n.output)) for n in inline_local_functions(m).graph.node]
     [('Add', ['x', 'x'], ['y'])]
 """
@@ -47,8 +48,9 @@ def inline_local_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
     for f in proto.functions:
         for o in f.opset_import:
             if o.domain in ("", "ai.onnx") and default is not None and o.version != default:
-                raise UnsupportedModelError(f"model-local function {f.domain}.{f.name} imports ONNX opset {o.version}, "
-                                            f"the model {default}: felixjax inlines functions of the model's opset only")
+                raise UnsupportedModelError(f"model-local function {f.domain}.{f.name} imports ONNX opset "
+                                            f"{o.version}, the model {default}: felixjax inlines functions of the "
+                                            f"model's opset only")
     calls = itertools.count()
 
     def expand(nodes, depth: int) -> list[onnx.NodeProto]:

@@ -294,7 +294,8 @@ def _check_ops(graph: onnx.GraphProto) -> None:
         def shown(text: str) -> str:  # a model's strings never drive the terminal (escape sequences)
             return text if text.isprintable() else repr(text)
 
-        others = sorted({shown(b.op_type if b.domain in ("", "ai.onnx") else f"{b.domain}.{b.op_type}") for b in bad[1:]})
+        others = sorted({shown(b.op_type if b.domain in ("", "ai.onnx") else f"{b.domain}.{b.op_type}")
+                         for b in bad[1:]})
         more = f" (and {len(bad) - 1} more unsupported nodes: {', '.join(others)})" if len(bad) > 1 else ""
         op = shown(op)
         raise UnsupportedModelError(f"node {name!r} (op {op}) is not supported{more}; supported ops: "

@@ -1,6 +1,7 @@
 """What a tuning run was started with, kept in its database: the seed, the strategy and its options, the
-candidates per round, the cost model, whether the default schedules were measured first, and the versions of felixjax, jax, flax and
-numpy (the target's JSON in every record already names the CPU and the compiler). Written once, when a run
+candidates per round, the sketches left out, the cost model, whether the default schedules were measured
+first, and the versions of felixjax, jax, flax, optax and numpy (the target's JSON in every record already
+names the CPU and the compiler). Written once, when a run
 is first started (``Database.run_settings`` reads it back); a call that resumes the run with other settings
 warns, since the run's history then mixes two searches (session 79, a reproducibility review: a run
 resumed with another seed or batch size was accepted silently; only another strategy is refused).

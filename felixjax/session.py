@@ -455,8 +455,9 @@ class TuningSession:
             self.db.set_meta(key, strat.name)
         options = effective_options(strategy, strategy_options)
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
-            strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults, model_seed=model_seed,
-            batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches), resumed=bool(history),
+            strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
+            model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches),
+            resumed=bool(history),
             what=f"run {run!r} of {task.name}")
         spaces = {k: sp for k, sp in spaces_for(task, self.target).items() if sp.sketch.base not in exclude_sketches}
         if not spaces:

@@ -101,7 +101,7 @@ def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_w
     import warnings
 
     db = str(tmp_path / "p.db")
-    kw = dict(strategy="random", db=db, measurer=replay, progress=False, retime=0, run="paper")
+    kw = {"strategy": "random", "db": db, "measurer": replay, "progress": False, "retime": 0, "run": "paper"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fj.tune(T1, trials=4, seed=0, batch=8, **kw)
@@ -115,9 +115,9 @@ def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_w
     with pytest.warns(RuntimeWarning, match=r"started with batch=8; this call continues it with batch=4"):
         fj.tune(T1, trials=10, seed=0, batch=4, **kw)
     kw["strategy"] = "genetic"
-    fj.tune(T1, trials=4, seed=0, strategy_options={"population": 64}, **dict(kw, run="g"))
+    fj.tune(T1, trials=4, seed=0, strategy_options={"population": 64}, **{**kw, "run": "g"})
     with pytest.warns(RuntimeWarning, match=r"options=\{.*'population': 64.*options=\{.*'population': 2048"):
-        fj.tune(T1, trials=6, seed=0, **dict(kw, run="g"))
+        fj.tune(T1, trials=6, seed=0, **{**kw, "run": "g"})
     assert fj.Database(db).run_settings(T1, TARGET.key, "g")["options"]["population"] == 64
     assert fj.Database(db).run_settings(T1, TARGET.key, "paper")["started"] == settings["started"]  # the first
     assert fj.Database(db).run_settings(T1, TARGET.key, "other") is None
