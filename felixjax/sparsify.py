@@ -16,8 +16,10 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -54,12 +56,54 @@ def layer_weights(graph: Graph, node: Node) -> np.ndarray:
     return w
 
 
-def sparsify(model: Model, *, min_sparsity: float = 0.5, decimals: int = 2) -> Model:
+def _keep_faster(g: Graph, nodes: list[Node], target: Any, threads: int | None, rounds: int) -> list[Node]:
+    """``nodes`` with each sparse layer made dense again where its dense default kernel ran faster."""
+    from codegen.measure import LocalRunner
+    from codegen.target import Target
+
+    from .measurer import Measurer
+    from .network_build import default_config_for
+
+    target = Target.parse(target)
+    pairs = {n.task: o.task for n, o in zip(nodes, g.nodes) if n.is_anchor and n.task.sparsity and n is not o}
+    times: dict = {}
+    with LocalRunner() as runner:
+        for sparse, dense in pairs.items():
+            arms = [(t, Measurer(t, target, runner, threads=threads), default_config_for(t, target))
+                    for t in (dense, sparse)]
+            got: list[list[float]] = [[], []]
+            for _ in range(max(1, int(rounds))):
+                for i, (_, m, cfg) in enumerate(arms):
+                    res = []
+                    m.measure([cfg], lambda c, r, res=res: res.append(r) or True)
+                    if res and res[0].ok:
+                        got[i].append(res[0].latency_s)
+            times[sparse] = tuple(statistics.median(t) if t else math.inf for t in got)
+    slower, out = [], []
+    for n, o in zip(nodes, g.nodes):
+        if n.task in times and times[n.task][1] >= times[n.task][0]:
+            d, s = times[n.task]
+            slower.append(f"{n.name} ({n.task.sparsity:.0%} zeros: sparse {s * 1e3:.4g} ms, dense {d * 1e3:.4g} ms)")
+            n = o
+        out.append(n)
+    if slower:
+        warnings.warn(f"sparsify: {len(slower)} layer(s) stay dense, their dense kernel ran faster (default "
+                      f"schedules): {'; '.join(slower[:5])}{' ...' if len(slower) > 5 else ''}", RuntimeWarning,
+                      stacklevel=3)
+    return out
+
+
+def sparsify(model: Model, *, min_sparsity: float = 0.5, decimals: int = 2, measure: bool = False,
+             target: Any = None, threads: int | None = None, rounds: int = 3) -> Model:
     """A copy of ``model`` whose anchor layers (conv2d with groups 1, dense, matmul without batch) with
     constant weights of at least ``min_sparsity`` zeros are sparse tasks.
 
     A layer sparse enough but of a kind without sparse kernels (a grouped or depthwise conv, a conv in the
     channel-blocked layout, a batched matmul, low precision) stays dense, named in one ``RuntimeWarning``.
+    ``measure=True`` also times each such layer's default sparse kernel against its default dense kernel on
+    ``target`` (this CPU by default; ``threads`` per kernel, default all its cores), interleaved, ``rounds``
+    times, and keeps it dense where the dense kernel ran faster (at 50% zeros it usually does), named in a
+    ``RuntimeWarning`` with both medians. Kernels are timed with random weights of the layer's zero fraction.
 
     Raises:
         ValueError: ``min_sparsity`` outside (0, 1).
@@ -83,6 +127,8 @@ def sparsify(model: Model, *, min_sparsity: float = 0.5, decimals: int = 2) -> M
                 else:
                     dense.append(f"{node.name} ({frac:.0%} zeros: {why})")
         nodes.append(node)
+    if measure:
+        nodes = _keep_faster(g, nodes, target, threads, rounds)
     if dense:  # a review (session 77): these stayed dense without a word
         warnings.warn(f"sparsify: {len(dense)} layer(s) with at least {min_sparsity:g} zero weights stay dense, "
                       f"no sparse kernel for their kind: {'; '.join(dense[:5])}{' ...' if len(dense) > 5 else ''}",

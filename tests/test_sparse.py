@@ -322,6 +322,39 @@ def test_sparsify_names_the_sparse_layers_it_leaves_dense():
         fj.sparsify(model, min_sparsity=0.95)  # nothing that sparse: no warning
 
 
+@pytest.mark.cc
+def test_sparsify_measure_keeps_a_layer_dense_where_its_dense_kernel_ran_faster(monkeypatch):
+    # session 77's list: sparsify compared nothing with the dense kernel (a 50%-sparse layer is usually slower);
+    # measure=True times both defaults. The timings are stood in for here (no verdict rests on this machine's speed)
+    from onnx import TensorProto, helper, numpy_helper
+
+    from codegen.measure import MeasureResult
+    from felixjax import measurer
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(_exact_zeros(rng, (8, 8, 3, 3), 0.9), "wa"),
+             numpy_helper.from_array(_exact_zeros(rng, (8, 8, 1, 1), 0.6), "wb")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1], name="sparse90"),
+             helper.make_node("Conv", ["a", "wb"], ["y"], name="sparse60")]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 7, 7])], inits)
+    model = fj.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    timed = []
+
+    def fake(self, configs, on_result):  # 90% zeros: sparse 1 ms, dense 2 ms; 60%: sparse 3 ms, dense 2 ms
+        timed.append((self.task.sparsity, configs[0].sketch))
+        ms = 2.0 if not self.task.sparsity else 1.0 if self.task.sparsity > 0.8 else 3.0
+        on_result(configs[0], MeasureResult("ok", (ms * 1e-3,)))
+
+    monkeypatch.setattr(measurer.Measurer, "measure", fake)
+    with pytest.warns(RuntimeWarning, match=r"1 layer\(s\) stay dense, their dense kernel ran faster .*sparse60 "
+                                            r"\(59% zeros: sparse 3 ms, dense 2 ms\)"):  # 38 of 64
+        out = fj.sparsify(model, min_sparsity=0.5, measure=True, rounds=2)
+    assert sorted(t.sparsity > 0 for t, _ in out.tasks) == [False, True]
+    assert out.tasks[0][0].sparsity > 0.8 or out.tasks[1][0].sparsity > 0.8
+    assert len(timed) == 8 and {k for s, k in timed if s} == {"sparse_bsr.pad_x8"}  # 2 layers x 2 kernels x 2 rounds
+
+
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.2", "nan", "x"])
 def test_cli_sparsity_is_one_clear_line(value, tmp_path, capsys):
     from felixjax.cli import main as cli
