@@ -165,10 +165,16 @@ def _sparse_padded(task: Task, sketch: Sketch, target: Target) -> Sketch | None:
     """The sparse sketch with its columns padded to whole vectors (:func:`codegen.padding.pad_extent`), or None.
     Without it a conv's 7x7 / 14x14 outputs and a batch of 12 rows had scalar or 2-lane schedules only
     (a session-77 review measured such layers 3-25x slower than their dense kernels)."""
-    v = sketch.vector_axis
+    v, lanes = sketch.vector_axis, int(target.simd_lanes)
     con = task.contraction()
-    e = pad_extent(con.axis(v).extent, vector=True, lanes=int(target.simd_lanes))
-    return with_pad(task, sketch, {v: e}) if e != con.axis(v).extent and paddable(con, v) else None
+    n = con.axis(v).extent
+    e = pad_extent(n, vector=True, lanes=lanes)
+
+    def widest(extent: int) -> int:  # the widest vector a tile of the axis can take
+        return max(c for c in VEC_CHOICES if c <= lanes and extent % c == 0)
+
+    # none where padding gains no wider vector (5 -> 6 columns on 4 lanes: vectors are 1, 4, 8 or 16 wide)
+    return with_pad(task, sketch, {v: e}) if widest(e) > widest(n) and paddable(con, v) else None
 
 
 def get_sketch(task: Task, name: str | Sketch) -> Sketch:

@@ -78,6 +78,14 @@ def test_default_sketch_of_a_sparse_task_is_the_sparse_sketch(task, names, lanes
     assert plan.vec >= lanes // 2 or task.op == "dense"
 
 
+def test_no_padded_sparse_sketch_where_padding_gains_no_wider_vector():
+    # session 79 (a review): on 4 lanes, 5 columns padded to 6 (a multiple of lanes / 2) and vectors are 1, 4, 8 or 16
+    # wide: the padded default ran scalar, after a copy the exact 1x1 conv does not make
+    for task in (matmul(5, 16, 16, sparsity=0.5), conv2d(1, 4, 3, 5, out_channels=8, kernel=1, sparsity=0.5)):
+        assert [s.name for s in sketches_for(task, Target.cpu(simd_lanes=4))] == [SPARSE_SKETCH]
+        assert default_sketch(task, Target.cpu(simd_lanes=4)).name == SPARSE_SKETCH
+
+
 def test_a_sparse_task_pads_only_its_vector_axis():
     t = conv2d(1, 8, 7, 7, out_channels=10, padding=1, sparsity=0.5)
     assert Space(t, "sparse_bsr.pad_x16", TARGET).con.axis("x").extent == 16
@@ -162,10 +170,11 @@ def test_every_sparse_kernel_matches_numpy(data, op, sparsity, epi):
         task = matmul(ints(st.integers(1, 24)), ints(st.integers(2, 16)), ints(st.sampled_from([4, 8, 12])),
                       sparsity=sparsity, **epi)
     else:
-        r = ints(st.sampled_from([1, 3]))
+        r, s = ints(st.sampled_from([1, 3])), ints(st.sampled_from([1, 3]))  # 1-wide kernels too (session 79)
         task = conv2d(ints(st.integers(1, 2)), ints(st.integers(1, 6)), ints(st.integers(3, 8)), ints(st.integers(3, 8)),
-                      out_channels=ints(st.integers(1, 8)), kernel=r, stride=ints(st.sampled_from([1, 2])),
-                      padding=ints(st.integers(0, r // 2)), sparsity=sparsity, **epi)
+                      out_channels=ints(st.integers(1, 8)), kernel=(r, s), stride=ints(st.sampled_from([1, 2])),
+                      padding=(ints(st.integers(0, max(1, r // 2))), ints(st.integers(0, max(1, s // 2)))),
+                      sparsity=sparsity, **epi)
     sp = Space(task, ints(st.sampled_from(sketches_for(task, TARGET))), TARGET)  # padded columns too (session 79)
     cfg = sp.default() if ints(st.booleans()) else sp.sample(np.random.default_rng(ints(st.integers(0, 999))))
     _check(task, cfg)
@@ -185,6 +194,15 @@ def test_the_im2col_of_a_padded_conv_survives_gcc_vectorization():
         sp = Space(task, SPARSE_SKETCH, TARGET)
         for cfg in [sp.default()] + sp.sample_many(np.random.default_rng(sum(args)), 3):
             _check(task, cfg)
+    # session 79 (a review): gcc 12's loop vectorizer miscompiled the copy of 1-wide kernels with padding (3x1, and
+    # 1x1 with padding: every config of the padded sketch): values up to 1e35, the copy is now a memcpy at stride 1
+    for task in (conv2d(2, 4, 14, 7, out_channels=4, kernel=(3, 1), padding=(1, 0), sparsity=0.3),
+                 conv2d(3, 4, 14, 5, out_channels=5, kernel=1, padding=1, bias=True, sparsity=0.3),
+                 conv2d(1, 3, 9, 11, out_channels=4, kernel=(5, 1), padding=(2, 0), stride=2, sparsity=0.5)):
+        for sk in sketches_for(task, TARGET):
+            sp = Space(task, sk, TARGET)
+            for cfg in [sp.default()] + sp.sample_many(np.random.default_rng(7), 2):
+                _check(task, cfg)
 
 
 @pytest.mark.cc

@@ -135,9 +135,15 @@ def _copy(plan, w: Writer, par: str) -> None:
     w(f"    const long iy = y * {sh} + ry * {dh} - {pt};")
     w(f"    float* drow = dst + y * {g.row_pad};")
     w(f"    if (iy < 0 || iy >= {h}) {{ for (long x = 0; x < {g.row_pad}; ++x) drow[x] = 0.0f; continue; }}")
-    w(f"    const float* srow = src + iy * {wd} - {pl} + rx * {dw};")
+    # the first in-image column's source (no pointer before the row); at stride 1 one memcpy: gcc 12.2's loop
+    # vectorizer miscompiled the element loop there (session 79, a review: 1-wide kernels with padding, 240 of
+    # 512 values wrong at -O3 -march=native, right at -O2 or with -fno-tree-loop-vectorize)
+    w(f"    const float* srow = src + iy * {wd} + (xlo * {sw} - {pl} + rx * {dw});")
     w("    for (long x = 0; x < xlo; ++x) drow[x] = 0.0f;")
-    w(f"    for (long x = xlo; x < xhi; ++x) drow[x] = srow[x * {sw}];")
+    if sw == 1:
+        w("    if (xhi > xlo) __builtin_memcpy(drow + xlo, srow, (size_t)(xhi - xlo) * sizeof(float));")
+    else:
+        w(f"    for (long x = xlo; x < xhi; ++x) drow[x] = srow[(x - xlo) * {sw}];")
     w(f"    for (long x = xhi; x < {g.row_pad}; ++x) drow[x] = 0.0f;")
     w("  }")
     w("}")
