@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,17 +117,20 @@ class NetworkSelection:
 
 
 def family_candidates(db: Database, task: Task, target: Target | str, families: int, *,
-                      max_ratio: float = MAX_RATIO) -> list[TuningRecord]:
+                      max_ratio: float = MAX_RATIO, exclude_sketches: Collection[str] = ()) -> list[TuningRecord]:
     """The best record of each of a task's ``families`` fastest sketch families on ``target`` (a target
     or its key, thread count included), first the record ``build_model`` would pick (the fastest end-of-run
     re-timing, else the fastest record); families whose best is over ``max_ratio`` times slower alone are
-    left out (a network build of a hopeless config only costs time)."""
-    first = db.best(task, target, retimed=True) or db.best(task, target)
+    left out (a network build of a hopeless config only costs time); none of ``exclude_sketches`` (names of
+    exact sketches: their padded variants too)."""
+    first = (db.best(task, target, retimed=True, exclude_sketches=exclude_sketches)
+             or db.best(task, target, exclude_sketches=exclude_sketches))
     if first is None:
         return []
     out, seen = [first], {first.sketch}
     for rec in sorted((r for r in db.records(task, target, retimes=True)
-                       if r.ok and not r.run.startswith(NETWORK_PREFIX)), key=lambda r: r.latency_s):
+                       if r.ok and not r.run.startswith(NETWORK_PREFIX)
+                       and r.config.sketch.split(".")[0] not in exclude_sketches), key=lambda r: r.latency_s):
         if len(out) >= families:
             break
         if rec.latency_s > max_ratio * first.latency_s:
@@ -151,17 +154,18 @@ def _settle(build: CompiledModel, x: list[np.ndarray]) -> None:
 
 def select_in_network(model: Model, target: Target, db: Database, builder: Callable[..., CompiledModel], *,
                       run: str, key: str | None = None, threads: int | None = None, families: int = 3,
-                      rounds: int = 7,
-                      margin: float = MARGIN, log: Callable[[str], None] | None = None) -> NetworkSelection | None:
+                      rounds: int = 7, margin: float = MARGIN, log: Callable[[str], None] | None = None,
+                      exclude_sketches: Collection[str] = ()) -> NetworkSelection | None:
     """Choose each task's schedule by its layers' time inside the network (module docstring).
 
-    ``builder`` is :func:`felixjax.build_model`; ``key`` the target key the records were timed under
+    ``builder`` is :func:`felixjax.build_model`; ``exclude_sketches`` as for :func:`family_candidates` (a
+    ``tune_model(winograd=False)``: no Winograd candidate); ``key`` the target key the records were timed under
     (default ``target.at_threads(threads).key``); rows are written to ``db`` under ``retime:network:<run>`` only when the choices are kept.
     Returns ``None`` when no task has more than one sketch family to choose from.
     """
     threads = threads or target.cores
     key = key or target.at_threads(threads).key
-    cands = {t: family_candidates(db, t, key, families) for t, _ in model.tasks}
+    cands = {t: family_candidates(db, t, key, families, exclude_sketches=exclude_sketches) for t, _ in model.tasks}
     cands = {t: c for t, c in cands.items() if c}
     depth = max((len(c) for c in cands.values()), default=0)
     if depth < 2:

@@ -126,6 +126,9 @@ def _round_progress(p: dict) -> None:
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
 
 
+_clock = time.monotonic  # InRoundProgress's clock (a test replaces it)
+
+
 class InRoundProgress:
     """``tune_model``'s default lines *inside* a long round (the session's events; :func:`_round_progress`
     prints one line per round): at most one line every ``every_s`` seconds, none in a round shorter than that,
@@ -133,10 +136,10 @@ class InRoundProgress:
 
     def __init__(self, every_s: float = 10.0):
         self.every_s = every_s
-        self._start = self._last = time.monotonic()
+        self._start = self._last = _clock()
 
     def __call__(self, p: dict) -> None:
-        now, kind = time.monotonic(), p["event"]
+        now, kind = _clock(), p["event"]
         if kind == "round":  # the next round starts now (its proposals, then its measurements)
             self._start = now
             return

@@ -79,7 +79,8 @@ def _body(f: onnx.FunctionProto, call: onnx.NodeProto, n: int) -> list[onnx.Node
     prefix = f"{call.name or f.name}__fn{n}/"
     names = {formal: actual for formal, actual in zip(f.input, call.input)}
     names.update({formal: "" for formal in f.input[len(call.input):]})  # optional inputs not given
-    names.update({formal: actual for formal, actual in zip(f.output, call.output)})
+    # an output the call omits ("") stays an intermediate: the body may still read it
+    names.update({formal: actual or prefix + formal for formal, actual in zip(f.output, call.output)})
     given = {a.name: a for a in call.attribute}
     defaults = {a.name: a for a in getattr(f, "attribute_proto", ())}
     body = []

@@ -79,8 +79,8 @@ def parse_input_value(text: str) -> tuple[str, list[float]]:
 
 def fix_hint(name: str, shape: Sequence[Any] | None) -> str:
     """How to pin a dynamic input, in Python and on the command line."""
-    dims = [str(d) if isinstance(d, int) and d > 0 else (str(d) if d else f"d{k}") for k, d in
-            enumerate(shape or [])] or ["D1", "D2"]
+    dims = [str(d) if isinstance(d, int) and d > 0 else (str(d) if d and not isinstance(d, int) else f"d{k}")
+            for k, d in enumerate(shape or [])] or ["D1", "D2"]
     named = [d for d in dims if not d.isdigit()]
     return (f"pin it with load_onnx(..., input_shapes={{{name!r}: ({', '.join(dims)})}}) or on the command line "
             f"with --input-shape {name}={'x'.join(dims)}, with sizes for {', '.join(named) or 'the names'}")

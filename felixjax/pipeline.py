@@ -251,8 +251,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                        cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ one model
         skip = () if winograd else tuple(WINOGRAD_SKETCHES)
         builder = build_model if winograd else functools.partial(build_model, winograd=False)
-        runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options, exclude_sketches=skip)
-                for t, _ in pairs]                                            # ③ spaces per task (+ resume)
+        runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options, exclude_sketches=skip,
+                            batch=per_round) for t, _ in pairs]                 # ③ spaces per task (+ resume)
         session.trials = max(0, trials - sum(r.resumed for r in runs))      # resumed records count
         new_tasks = sum(1 for r in runs if not r.history)
         covered = -(-session.trials // per_round)  # first rounds of per_round trials the budget pays for
@@ -281,6 +281,7 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             try:
                 selection = select_in_network(model, session.target, session.db, builder, run=run,
                                               key=session.target_key, threads=threads, families=in_network,
+                                              exclude_sketches=skip,
                                               log=(lambda s: print(s, file=sys.stderr, flush=True))
                                               if progress is True else None)
             except (RuntimeError, UnsupportedModelError) as e:  # a variant that does not build or agree

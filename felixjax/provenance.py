@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import time
 import warnings
 from functools import lru_cache
@@ -48,18 +49,30 @@ def jsonable(value: Any) -> Any:
 
 
 def effective_options(strategy: Any, options: dict | None) -> dict:
-    """A registered strategy's options as its constructor takes them: its defaults, overridden by ``options``
-    (so ``{}`` and ``{"population": <the default>}`` are the same settings); a strategy object's: ``options``."""
+    """A strategy's options as its constructor takes them. By name: its defaults, overridden by ``options`` (so
+    ``{}`` and ``{"population": <the default>}`` are the same settings); an object (``fj.compare``'s, a user's):
+    the constructor's parameters it holds as attributes of the same name."""
     from .strategies.base import _REGISTRY
 
     options = dict(options or {})
-    cls = _REGISTRY.get(strategy) if isinstance(strategy, str) else None
-    if cls is None:
+    cls = _REGISTRY.get(strategy) if isinstance(strategy, str) else type(strategy)
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # a class without an inspectable constructor
         return options
-    params = inspect.signature(cls).parameters.values()
+    if not isinstance(strategy, str):
+        return {p.name: getattr(strategy, p.name) for p in params if hasattr(strategy, p.name)} | options
     out = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     out.update(options)
     return out
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside felixjax (the user's call), as seen from keep_settings."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "felixjax":
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 @lru_cache(maxsize=1)
@@ -105,4 +118,4 @@ def keep_settings(db, key: str, settings: dict, *, resumed: bool, what: str) -> 
         now = ", ".join(f"{k}={settings.get(k)!r}" for k in changed)
         warnings.warn(f"{what} was started with {then}; this call continues it with {now}: its history now mixes "
                       f"both searches (give another run name, run=..., to keep them apart)", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=_caller_level())

@@ -426,7 +426,8 @@ class TuningSession:
         model draws (see :meth:`model`); ``cost_aware`` replaces the session's cost-aware options for this
         run (``CostAware()``: off); ``batch``: the candidates per round the caller's :meth:`step` calls will ask
         for (kept with the run's settings, :mod:`felixjax.provenance`; default: the strategy's ``batch_size``);
-        ``exclude_sketches``: sketches (by name, padded variants included) the run never proposes.
+        ``exclude_sketches``: exact sketches (names such as ``"conv_winograd"``) whose configs, padded variants
+        included, the run never proposes.
         """
         if isinstance(task, str):
             from codegen.ops import parse_spec
@@ -453,6 +454,9 @@ class TuningSession:
                              f"continue it: give another run name (run=...) or database")
         if before is None:
             self.db.set_meta(key, strat.name)
+        if isinstance(exclude_sketches, str) or any("." in s for s in exclude_sketches):
+            raise ValueError(f"exclude_sketches takes names of exact sketches (e.g. ('conv_winograd',); their padded "
+                             f"variants go with them), got {exclude_sketches!r}")
         options = effective_options(strategy, strategy_options)
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,

@@ -481,7 +481,7 @@ def test_tune_model_reports_inside_a_long_round(tmp_path, capsys, monkeypatch):
     from felixjax.testing import SyntheticOracle
 
     clock = [0.0]  # time.monotonic as the printer sees it: 4 s a measurement
-    monkeypatch.setattr(network_tune.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(network_tune, "_clock", lambda: clock[0])
 
     def measurer(task, target):
         oracle = SyntheticOracle(task)
@@ -527,8 +527,18 @@ def test_tune_model_without_winograd_never_proposes_it(tmp_path, capsys):
     recs = fj.Database(db).records(task)
     assert len(recs) == 24 and not any(r.config.sketch.startswith("conv_winograd") for r in recs)
     assert recs[0].config == default_config_for(task, fj.Target.cpu(), winograd=False)  # the opening's first
-    assert fj.Database(db).run_settings(task, res.tasks[0].best.target_key, "genetic:0")["excluded_sketches"] == [
-        "conv_winograd", "conv_winograd4"]
+    settings = fj.Database(db).run_settings(task, res.tasks[0].best.target_key, "genetic:0")
+    assert settings["excluded_sketches"] == ["conv_winograd", "conv_winograd4"] and settings["batch"] == 6  # per round
+    # Winograd records of another run: the in-network choice's candidates leave them out too (a code review)
+    from felixjax.network_select import family_candidates
+
+    fj.tune_model(model, trials=12, strategy="random", db=db, progress=False, retime=0, in_network=0, run="with",
+                  measurer=lambda t, tg: ReplayRunner(SyntheticOracle(t, tg)))
+    key = res.tasks[0].best.target_key
+    names = [r.sketch for r in family_candidates(fj.Database(db), task, key, 4)]
+    assert any(n.startswith("conv_winograd") for n in names), names
+    assert not any(r.sketch.startswith("conv_winograd") for r in family_candidates(
+        fj.Database(db), task, key, 4, exclude_sketches=("conv_winograd", "conv_winograd4")))
     assert cli.main(["tune", "--op", "conv2d:c=8,h=8,w=8,k=8,r=3,pad=1", "--no-winograd", "--trials", "2"]) == 2
 
 

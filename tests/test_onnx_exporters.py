@@ -486,6 +486,12 @@ def test_model_local_functions_are_inlined():
     x = _x(2, 6) * 3
     m = _check(model, {"x": x})
     assert m.graph.nodes  # nothing of the functions is left to refuse
+    # a call that omits an output the function's body still reads (a code review)
+    two = helper.make_function("my.fns", "Two", ["a"], ["t", "b"], [helper.make_node("Relu", ["a"], ["t"]),
+                                                                    helper.make_node("Add", ["t", "t"], ["b"])], [o18])
+    g3 = helper.make_graph([helper.make_node("Two", ["x"], ["", "y"], domain="my.fns")], "omit", [_vi("x", [2, 6])],
+                           [_vi("y", [2, 6])])
+    _check(helper.make_model(g3, functions=[two], opset_imports=[o18, helper.make_opsetid("my.fns", 1)]), {"x": x})
     recursive = helper.make_function("my.fns", "Loop1", ["v"], ["out"],
                                      [helper.make_node("Loop1", ["v"], ["out"], domain="my.fns")], [o18])
     g2 = helper.make_graph([helper.make_node("Loop1", ["x"], ["y"], domain="my.fns")], "rec", [_vi("x", [2])],

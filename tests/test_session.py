@@ -119,6 +119,18 @@ def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_w
     with pytest.warns(RuntimeWarning, match=r"options=\{.*'population': 64.*options=\{.*'population': 2048"):
         fj.tune(T1, trials=6, seed=0, **{**kw, "run": "g"})
     assert fj.Database(db).run_settings(T1, TARGET.key, "g")["options"]["population"] == 64
+    with pytest.raises(ValueError, match="names of exact sketches"):  # a padded name or a bare string excluded nothing
+        TuningSession(TARGET, measurer=replay, progress=False).add(T1, "random", exclude_sketches="gemm_packed")
+    with pytest.raises(ValueError, match="names of exact sketches"):
+        TuningSession(TARGET, measurer=replay, progress=False).add(T1, "random",
+                                                                   exclude_sketches=("gemm_packed.pad_m72",))
+    # fj.compare passes strategy objects: their options are read from them (a code review: stored as {})
+    from felixjax.strategies.genetic import GeneticSearch
+
+    with TuningSession(TARGET, measurer=replay, progress=False, db=db) as s:
+        s.add(T2, GeneticSearch(population=96, batch_size=8), run="obj")
+    got = fj.Database(db).run_settings(T2, TARGET.key, "obj")
+    assert got["options"]["population"] == 96 and got["batch"] == 8
     assert fj.Database(db).run_settings(T1, TARGET.key, "paper")["started"] == settings["started"]  # the first
     assert fj.Database(db).run_settings(T1, TARGET.key, "other") is None
 

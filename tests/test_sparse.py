@@ -371,6 +371,8 @@ def test_sparsify_measure_keeps_a_layer_dense_where_its_dense_kernel_ran_faster(
     assert sorted(t.sparsity > 0 for t, _ in out.tasks) == [False, True]
     assert out.tasks[0][0].sparsity > 0.8 or out.tasks[1][0].sparsity > 0.8
     assert len(timed) == 8 and {k for s, k in timed if s} == {"sparse_bsr.pad_x8"}  # 2 layers x 2 kernels x 2 rounds
+    with pytest.raises(ValueError, match="times CPU kernels"):  # a code review: it timed CPU kernels for a GPU
+        fj.sparsify(model, min_sparsity=0.5, measure=True, target=fj.Target.cuda_sim("orin"))
 
 
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.2", "nan", "x"])
