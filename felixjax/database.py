@@ -530,15 +530,21 @@ class Database:
         lucky figure of a config timed again since). In-network choices (``retime:network:<run>``,
         :meth:`network_choice`) hold a layer's time inside a network, not its kernel's: they are never
         compared here. ``exclude_sketches``: sketch names whose records (their padded variants,
-        ``<name>.<variant>``, included) are passed over."""
+        ``<name>.<variant>``, included) are passed over. A re-timing where a config timed only on a busy machine
+        (``noisy``: its timings are upper bounds) ran faster than the fastest clean row is inconclusive: ``None``
+        then (callers fall back to the best while tuning; a slower runner-up was taken for the best)."""
         where, args = self._where(task, target, run, ok_only=True, exclude_sketches=exclude_sketches)
         if run is None:
             where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
         if retimed:
-            where += (" AND run LIKE 'retime:%' AND records.id >= (SELECT COALESCE(MAX(s.id), 0) FROM records s "
-                      "WHERE s.task_key = records.task_key AND s.target_key = records.target_key "
-                      "AND s.run = records.run AND s.trial = 0)")
-        return next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
+            where += " AND run LIKE 'retime:%' AND records.id >= " + _BATCH_START
+        rec = next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
+        if retimed and rec is not None:
+            noisy = self._rows("WHERE task_key = ? AND target_key = ? AND run = ? AND status = 'noisy' AND records.id >= "
+                               + _BATCH_START, (rec.task.key, rec.target_key, rec.run))
+            if any(r.result.latencies and min(r.result.latencies) < rec.latency_s for r in noisy):
+                return None
+        return rec
 
     def newest_id(self, task: Task, target: Target | str, run: str) -> int:
         """The row id of the newest record of ``run`` for a task on a target, 0 when there is none (a run's
@@ -698,6 +704,11 @@ class Database:
 
         raw = self.get_meta(settings_key(target_key, task.key, run))
         return None if raw is None else json.loads(raw)
+
+
+#: the first row id of a re-timing batch's newest batch (a batch starts at its trial 0), for ``records``
+_BATCH_START = ("(SELECT COALESCE(MAX(s.id), 0) FROM records s WHERE s.task_key = records.task_key "
+                "AND s.target_key = records.target_key AND s.run = records.run AND s.trial = 0)")
 
 
 def _row(rec: TuningRecord) -> tuple:
