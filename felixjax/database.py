@@ -606,8 +606,8 @@ class Database:
         record, aggregated in SQL (a report of a million records decodes a row per run, not every record):
         ``task``, ``target_key``, ``target`` (its JSON), ``run``, ``trials``, ``ok`` (correct and timed),
         ``seconds`` (the run's clock at its last record), ``best_s`` (inf without a correct record) and its
-        ``sketch``, ``statuses`` ({failed status: count}) and ``retimed_s`` (the lowest end-of-run re-timing,
-        ``None`` without one)."""
+        ``sketch``, ``statuses`` ({failed status: count}) and ``retimed_s`` (the lowest clean row of the run's
+        newest end-of-run re-timing, as ``fj.tune`` reports it; ``None`` without one)."""
         ok, hist = "status = 'ok' AND latency IS NOT NULL", "run NOT LIKE 'retime:%'"
         best_rows, failed_rows, again_rows, pair_rows, run_rows = self._read_together(
             f"SELECT task_key, target_key, run, MIN(latency), sketch FROM records WHERE {ok} AND {hist} "
@@ -615,7 +615,7 @@ class Database:
             f"SELECT task_key, target_key, run, status, COUNT(*) FROM records WHERE NOT ({ok}) AND {hist} "
             "GROUP BY task_key, target_key, run, status",
             f"SELECT task_key, target_key, substr(run, 8), MIN(latency) FROM records WHERE {ok} AND run LIKE "
-            "'retime:%' GROUP BY task_key, target_key, substr(run, 8)",
+            f"'retime:%' AND records.id >= {_BATCH_START} GROUP BY task_key, target_key, substr(run, 8)",
             self._TASK_TARGETS,
             f"SELECT task_key, target_key, run, COUNT(*), SUM({ok}), MAX(elapsed_s) FROM records WHERE {hist} "
             "GROUP BY task_key, target_key, run ORDER BY MIN(id)")

@@ -24,7 +24,8 @@ def latency_unit(seconds: float) -> tuple[str, float]:
 
 def summary_rows(db: Database) -> list[dict]:
     """One row per (task, target, run): trials, statuses, best latency while tuning, its re-timing at the
-    end of the run where there is one (``retimed_ms``), and GFLOP/s. Aggregated in SQL
+    end of the run where there is one (``retimed_ms``), and GFLOP/s (of ``retimed_ms`` where there is one, the
+    figure ``fj.tune`` reports, else of ``best_ms``). Aggregated in SQL
     (:meth:`Database.run_summaries`): a database of a million records is not decoded record by record."""
     runs = db.run_summaries()
     several = len({r["target_key"] for r in runs}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell them apart
@@ -37,7 +38,8 @@ def summary_rows(db: Database) -> list[dict]:
         if retimed:  # the end-of-run re-timings (retime:<run>, the best configs timed again, interleaved): the
             # figure fj.tune reports, beside best_ms, the minimum over the noisy timings while tuning
             row["retimed_ms"] = None if r["retimed_s"] is None else r["retimed_s"] * 1e3
-        row.update(gflops=r["task"].flops / best / 1e9 if math.isfinite(best) and best > 0 else 0.0,
+        fig = r["retimed_s"] if r["retimed_s"] is not None else best
+        row.update(gflops=r["task"].flops / fig / 1e9 if math.isfinite(fig) and fig > 0 else 0.0,
                    sketch=r["sketch"], seconds=max(r["seconds"], 0.0),
                    failures=", ".join(f"{k}={v}" for k, v in sorted(r["statuses"].items())) or "-")
         if several:
@@ -200,7 +202,8 @@ def report(path: str, *, plot: str | None = None) -> str:
     with Database(path, readonly=True) as db:
         rows = summary_rows(db)
         if not rows:
-            return "(empty database)" + (f"; no plot written to {plot}" if plot else "")
+            what = f"(no tuning history: {len(db)} re-timing rows only)" if len(db) else "(empty database)"
+            return what + (f"; no plot written to {plot}" if plot else "")
         trials = sum(r["trials"] for r in rows)  # the table's; end-of-run re-timings are counted apart
         again = len(db) - trials
         text = (f"{path}: {trials} measurements" + (f" (and {again} re-timings of bests)" if again else "")
