@@ -206,8 +206,9 @@ class Comparison:
         Tasks whose shared opening already reaches 95% (:meth:`opening_reaches`) are left out (listed
         in ``apart``), and so are tasks no run measured a correct kernel of (``failed``). ``nokernel``: tasks
         where the strategy found no correct kernel and the reference did (its final ratio is infinite: not in
-        the geomean, which is over finite ratios; counted here and said under the table). A censored median (most seeds never reached) enters as the budget it spent: a
-        bound, flagged. Returns ``{strategy: {...}}`` with ``trials95``, ``seconds95``, ``final`` (over
+        the geomean, which is over finite ratios; counted here and said under the table). A censored median (no
+        majority of the seeds reached) enters as the budget it spent: a bound, flagged. Returns ``{strategy: {...}}``
+        with ``trials95``, ``seconds95``, ``final`` (over
         the tasks kept), ``censored`` (tasks whose ratio involves a censored median), ``bound``
         (``"lower"`` when only the strategy's medians are censored, so its ratios are at least the
         value; ``"upper"`` when only the reference strategy's are; ``"mixed"``; ``None``: no bound),
@@ -287,7 +288,7 @@ class Comparison:
     def table(self) -> str:
         """Markdown: per task and strategy, final best (re-measured) and best while tuning (medians
         over seeds), trials and seconds to reach 95% of the best any strategy found (median over
-        seeds; ``>`` marks a censored median: most seeds never got there within the budget), failed
+        seeds; ``>`` marks a censored median: no majority of the seeds got there within the budget), failed
         trials (median over seeds: builds, wrong results, crashes, disturbed timings), then geomean
         ratios against the reference strategy."""
         budget = f"{self.trials} trials" + (f" / {self.seconds:g} s" if self.seconds else "")
@@ -295,7 +296,7 @@ class Comparison:
                 + (")" if self.warmup_s else ", one-off JAX compilations included: the first run of each learned "
                    "strategy pays them; warmup=64 keeps them out)") if self.replay else "measured")
         lines = [f"Budget per run: {budget}; seeds: {', '.join(map(str, self.seeds))}; latencies: {mode}. "
-                 f"Medians over seeds; `>`: censored (most seeds never reached 95% of the best found)."
+                 f"Medians over seeds; `>`: censored (no majority of the seeds reached 95% of the best found)."
                  + (f" JIT warm-up before the runs (every task): {self.warmup_s:.0f} s, in no run's clock."
                     if self.warmup_s else "")
                  + self._early_stops() + self._equipment(),
@@ -304,7 +305,7 @@ class Comparison:
                  "| seconds to 95% | reached | failed trials |",
                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in self.rows():
-            tr = (">" if r["trials95_censored"] else "") + f"{r['trials95']:.0f}"
+            tr = (">" if r["trials95_censored"] else "") + f"{r['trials95']:g}"  # a median of 2 seeds: 20.5
             sec = (">" if r["seconds95_censored"] else "") + f"{r['seconds95']:.1f}"
             lines.append(f"| {r['task']} | {r['strategy']} | {r['final_ms']:.4g} | {r['found_ms']:.4g} | {tr} | {sec} "
                          f"| {r['reached']}/{r['seeds']} | {r['failed']:g} |")

@@ -1,6 +1,7 @@
 """The figure of a strategy comparison (:meth:`felixjax.compare.Comparison.plot`): per task, the best
 latency so far against trials (steps: it changes only when a trial finds a faster kernel) and against
-seconds, one line per strategy (median over seeds) with a band from the best to the worst seed; a dotted
+seconds, one line per strategy (median over seeds; each seed thin beside it; a line style per strategy) with a
+band from the best to the worst seed; a dotted
 line at 95% of the best known (what "reached" means); a title saying what was run."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import warnings
 import numpy as np
 
 from .report import latency_unit
+
+STYLES = ("-", "--", "-.", (0, (6, 1.5, 1, 1.5, 1, 1.5)))  # per strategy: lines that coincide stay visible
 
 
 def _unit(values: np.ndarray) -> tuple[str, float]:
@@ -61,7 +64,7 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
         for k, s in enumerate(cmp.strategies):
             if curves[s] is None:
                 continue
-            color = colors[k % len(colors)]
+            color, style = colors[k % len(colors)], STYLES[k % len(STYLES)]
             for ax, x, y, step in ((row[0], np.arange(1, length + 1), curves[s][0], True),
                                    (row[1], grid_s, curves[s][1], False)):
                 y = np.pad(y, ((0, 0), (0, len(x) - y.shape[1])), mode="edge") if y.shape[1] < len(x) else y
@@ -70,7 +73,13 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
                     med, lo, hi = (np.where(np.isfinite(v), v * scale, np.nan)  # inf: not drawn
                                    for v in (np.median(y, 0), np.min(y, 0), np.max(y, 0)))
                 kw = {"drawstyle": "steps-post"} if step else {}
-                (line,) = ax.plot(x, med, color=color, lw=1.4, marker="o" if len(x) <= 3 else None, ms=4, **kw)
+                # each seed thin: a seed without a kernel yet leaves the median (and the band) undrawn (a review:
+                # a seed that reached 95% at 3 s was invisible until the other's first kernel at 34 s)
+                for seed_y in (y if y.shape[0] > 1 else ()):
+                    ax.plot(x, np.where(np.isfinite(seed_y), seed_y * scale, np.nan), color=color, lw=0.6, alpha=0.45,
+                            ls=style, **kw)
+                (line,) = ax.plot(x, med, color=color, lw=1.4, ls=style, marker="o" if len(x) <= 3 else None, ms=4,
+                                  **kw)
                 ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0, step="post" if step else None)
                 handles.setdefault(s, line)
         tag = " (no correct kernel: left out of the ratios)" if task.name in failed else (
@@ -101,7 +110,8 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
     budget = f"{cmp.trials} trial{'s' if cmp.trials != 1 else ''}" + (f" / {cmp.seconds:g} s" if cmp.seconds else "")
     mode = "replayed (synthetic latencies)" if cmp.replay else "measured on this machine"
     fig.suptitle(f"{budget} per run, seeds {', '.join(map(str, cmp.seeds))}, {mode}. Lines: median over seeds; "
-                 f"bands: best to worst seed; dotted: {cmp.reach_frac:.0%} of the best known", fontsize=9)
+                 f"thin: each seed; bands: best to worst seed; dotted grey: {cmp.reach_frac:.0%} of the best known",
+                 fontsize=9)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8,
                    frameon=False)

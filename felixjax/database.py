@@ -540,8 +540,8 @@ class Database:
             where += " AND run LIKE 'retime:%' AND records.id >= " + _BATCH_START
         rec = next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
         if retimed and rec is not None:
-            noisy = self._rows("WHERE task_key = ? AND target_key = ? AND run = ? AND status = 'noisy' AND records.id >= "
-                               + _BATCH_START, (rec.task.key, rec.target_key, rec.run))
+            noisy = self._rows("WHERE task_key = ? AND target_key = ? AND run = ? AND status = 'noisy' AND "
+                               "records.id >= " + _BATCH_START, (rec.task.key, rec.target_key, rec.run))
             if any(r.result.latencies and min(r.result.latencies) < rec.latency_s for r in noisy):
                 return None
         return rec
@@ -634,6 +634,15 @@ class Database:
                         "ok": n_ok or 0, "seconds": seconds, "best_s": lat, "sketch": sketch,
                         "statuses": failed.get(key, {}), "retimed_s": again.get(key)})
         return out
+
+    def replayed_runs(self) -> set[tuple[str, str, str]]:
+        """``(task_key, target_key, run)`` of the runs holding replayed records (synthetic latencies of a replay
+        measurer, ``info["replayed"]``; ``fj.tune(measurer=...)`` files them under the real target's key)."""
+        if not self._has_info():
+            return set()
+        return {tuple(r) for r in self._query(
+            "SELECT DISTINCT task_key, target_key, run FROM records JOIN record_info ON record_info.record_id = "
+            "records.id WHERE record_info.info LIKE '%\"replayed\": true%'", ())}
 
     def trial_latencies(self) -> list[tuple[str, str, str, float]]:
         """``(task_key, target_key, run, latency)`` of every trial of every history (no re-timing rows), in

@@ -102,7 +102,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
               "them fed)")
     elif not getattr(args, "no_compare", False):
         cmp = compare_onnxruntime(exe, args.model, threads=args.threads or target.cores)
-        print(f"end to end ({cmp['threads']} threads): felixjax {cmp['felixjax_ms']:.4g} ms, onnxruntime "
+        n = cmp["threads"]
+        print(f"end to end ({n} thread{'s' if n != 1 else ''}): felixjax {cmp['felixjax_ms']:.4g} ms, onnxruntime "
               f"{cmp['onnxruntime_ms']:.4g} ms (x{cmp['speedup']:.2f}); outputs agree to "
               f"{cmp['max_rel_err']:.1e}")
     return 0

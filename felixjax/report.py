@@ -28,12 +28,15 @@ def summary_rows(db: Database) -> list[dict]:
     figure ``fj.tune`` reports, else of ``best_ms``). Aggregated in SQL
     (:meth:`Database.run_summaries`): a database of a million records is not decoded record by record."""
     runs = db.run_summaries()
+    replayed = db.replayed_runs()
     several = len({r["target_key"] for r in runs}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell them apart
     retimed = any(r["retimed_s"] is not None for r in runs)
     out = []
     for r in runs:
         best = r["best_s"]
-        row = {"task": r["task"].name, "run": r["run"], "trials": r["trials"], "ok": r["ok"],
+        replay = (r["task"].key, r["target_key"], r["run"]) in replayed  # synthetic latencies under this CPU's key
+        row = {"task": r["task"].name, "run": r["run"] + (" (replayed)" if replay else ""), "trials": r["trials"],
+               "ok": r["ok"],
                "best_ms": best * 1e3}
         if retimed:  # the end-of-run re-timings (retime:<run>, the best configs timed again, interleaved): the
             # figure fj.tune reports, beside best_ms, the minimum over the noisy timings while tuning
@@ -102,6 +105,7 @@ def plot_curves(db: Database, path: str) -> str:
         kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
         keys = [k for k in keys if k in kept]
     run_names = sorted({r for k in keys for r in series[k]})
+    replayed = {(k[:2], k[2]) for k in db.replayed_runs()}
     # a colour per strategy ("gradient:0" -> "gradient"), a line style per seed of it: seeds read as one family
     strategies = sorted({r.rpartition(":")[0] or r for r in run_names})
     colors = {r: f"C{strategies.index(r.rpartition(':')[0] or r) % 10}" for r in run_names}
@@ -128,8 +132,9 @@ def plot_curves(db: Database, path: str) -> str:
             unit, scale = latency_unit(mid)
         for run, ys in sorted(series[key].items()):
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
-            ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run],
-                    linestyle=styles[run], linewidth=1.3, label=run)
+            ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run], linestyle=styles[run],
+                    linewidth=1.3, label=run + (" (replayed)" if (key, run) in replayed else ""),
+                    marker="o" if len(vs) <= 3 else None, ms=4)  # one trial: a dot, not nothing
         if not any(math.isfinite(y) for ys in series[key].values() for y in ys):  # failures only: say so
             ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", fontsize=8,
                     transform=ax.transAxes)

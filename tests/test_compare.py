@@ -481,6 +481,34 @@ def test_curves_never_rise_when_a_seed_stops_early(tmp_path, monkeypatch):
         assert (np.diff(y) <= 1e-12).all()
 
 
+def test_each_seed_is_drawn_where_the_median_is_not_yet_defined(tmp_path, monkeypatch):
+    # session 79 (a review of the outputs): with 2 seeds the median is inf until both have a kernel, so a seed that
+    # reached 95% early was invisible in the seconds panel; each seed is now a thin line beside the median
+    import dataclasses
+
+    import matplotlib.figure
+
+    from codegen.measure import MeasureResult
+
+    figs = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: figs.append(self) or real(self, *a, **k))
+    cmp = fj.compare([fj.ops.matmul(64, 64, 64)], ["random"], trials=32, seeds=2, db=None, progress=False,
+                     replay=True, defaults=False)
+    key = next(iter(cmp.histories))
+    cmp.histories[key] = [dataclasses.replace(r, result=MeasureResult("runtime_error", error="x")) if i < 20 else r
+                          for i, r in enumerate(cmp.histories[key])]  # one seed without a kernel for 20 trials
+    cmp.plot(tmp_path / "c.png")
+    for ax in figs[0].axes:
+        ys = [np.asarray(ln.get_ydata(), float) for ln in ax.get_lines() if len(ln.get_ydata()) > 2]
+        assert len(ys) == 3  # two seeds and their median
+        median, seeds = ys[-1], ys[:-1]
+        early = ~np.isfinite(median)
+        assert early.any() and any(np.isfinite(s[early]).any() for s in seeds)
+        assert len({ln.get_linestyle() for ln in ax.get_lines() if len(ln.get_ydata()) > 2}) == 1  # one strategy
+
+
 def test_a_task_without_a_correct_kernel_reaches_nothing_and_leaves_the_ratios():
     # session 76: inf <= inf / 0.95 made an all-failed op "reached 2/2 in 1 trial", and the geomean was its alone
     import math

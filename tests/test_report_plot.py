@@ -147,6 +147,7 @@ def test_report_counts_trials_and_retimings_apart(tmp_path):
         row = report_mod.summary_rows(db)[0]
     assert row["retimed_ms"] == pytest.approx(res.best.latency_s * 1e3)
     assert row["gflops"] == pytest.approx(res.best.gflops)
+    assert row["run"] == "random:0 (replayed)"  # synthetic latencies filed under this CPU's key: said
 
 
 def test_a_task_with_failures_only_and_an_empty_database_say_so(tmp_path, monkeypatch):
