@@ -406,7 +406,8 @@ class CompiledModel:
             shown = node.name if node.name.isprintable() else repr(node.name)  # no terminal escapes from a model
             lines.append(f"{shown[:32]:<32} {kind:<8} {r['op'][:46]:<46} {r['ms']:>9.4g} "
                          f"{100 * r['ms'] / total:>6.1f}%")
-        lines.append(f"total {total:.4g} ms: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
+        lines.append(f"total {total:.4g} ms (each step timed on its own: above one untimed run, exe.timeit): "
+                     + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.items()))
         if disturbed(wall, cpu, waited_s=waited):  # the same test as a tuning timing's (`noisy`)
             lines.append(f"note: these timings were disturbed (another process took the CPU: {wall:.3f} s wall, "
                          f"{cpu:.3f} s CPU" + (f", a thread waited {waited:.3f} s for a CPU" if waited else "") +
