@@ -192,6 +192,30 @@ def row_padded_sketch(task: Task, sketch, rows: int, lanes: int = 0):
     return with_pad(task, sketch, {axis: padded})
 
 
+def widest_vector(extent: int, lanes: int, vec_choices: tuple[int, ...]) -> int:
+    """The widest vector (of ``vec_choices``, at most ``lanes``) that divides ``extent``."""
+    return max(c for c in vec_choices if c <= lanes and extent % c == 0)
+
+
+def vector_padded_sketch(task: Task, sketch, lanes: int, vec_choices: tuple[int, ...]):
+    """``sketch`` with only its vector axis padded (:func:`pad_extent`), or None where that gains no wider vector
+    (5 -> 6 columns on 4 lanes: vectors of 1, 4, 8 or 16) or the axis cannot be padded. The sparse sketch's
+    variant (its weights keep their shape).
+
+    Example:
+        >>> from codegen.ops import conv2d
+        >>> from codegen.space import Sketch
+        >>> t = conv2d(1, 8, 7, 7, out_channels=8, kernel=1, sparsity=0.5)
+        >>> vector_padded_sketch(t, Sketch("sparse_bsr", "x", "k"), 16, (1, 4, 8, 16)).name
+        'sparse_bsr.pad_x8'
+    """
+    v, con = sketch.vector_axis, task.contraction()
+    n = con.axis(v).extent
+    e = pad_extent(n, vector=True, lanes=lanes)
+    gains = widest_vector(e, lanes, vec_choices) > widest_vector(n, lanes, vec_choices)
+    return with_pad(task, sketch, {v: e}) if gains and paddable(con, v) else None
+
+
 def pad_name(base: str, pad: dict[str, int], con: Contraction) -> str:
     return base + PAD_SEP + "_".join(f"{a.name}{pad[a.name]}" for a in con.axes if a.name in pad)
 

@@ -53,13 +53,13 @@ from .padding import (
     PAD_SEP,
     block_rows,
     masked_tail,
-    pad_extent,
-    paddable,
     padded_contraction,
     padded_sketch,
     parse_pad,
     row_padded_sketch,
     sketch_contraction,
+    vector_padded_sketch,
+    widest_vector,
     with_pad,
 )
 from .sparse import SPARSE_SKETCH
@@ -162,19 +162,9 @@ def sketches_for(task: Task, target: Target | None = None) -> tuple[Sketch, ...]
 
 
 def _sparse_padded(task: Task, sketch: Sketch, target: Target) -> Sketch | None:
-    """The sparse sketch with its columns padded to whole vectors (:func:`codegen.padding.pad_extent`), or None.
-    Without it a conv's 7x7 / 14x14 outputs and a batch of 12 rows had scalar or 2-lane schedules only
-    (a session-77 review measured such layers 3-25x slower than their dense kernels)."""
-    v, lanes = sketch.vector_axis, int(target.simd_lanes)
-    con = task.contraction()
-    n = con.axis(v).extent
-    e = pad_extent(n, vector=True, lanes=lanes)
-
-    def widest(extent: int) -> int:  # the widest vector a tile of the axis can take
-        return max(c for c in VEC_CHOICES if c <= lanes and extent % c == 0)
-
-    # none where padding gains no wider vector (5 -> 6 columns on 4 lanes: vectors are 1, 4, 8 or 16 wide)
-    return with_pad(task, sketch, {v: e}) if widest(e) > widest(n) and paddable(con, v) else None
+    """The sparse sketch with its columns padded to whole vectors, or None (:func:`vector_padded_sketch`: 7x7 /
+    14x14 outputs and 12 rows had scalar or 4-lane schedules only, 3-25x slower than dense in a session-77 review)."""
+    return vector_padded_sketch(task, sketch, int(target.simd_lanes), VEC_CHOICES)
 
 
 def get_sketch(task: Task, name: str | Sketch) -> Sketch:
@@ -493,11 +483,9 @@ def default_sketch(task: Task, target: Target, *, winograd: bool = True) -> Sket
     """
     sketches = sketches_for(task)
     if task.sparsity:  # its columns padded where the exact count takes vectors of under half the lanes
-        padded = _sparse_padded(task, sketches[0], target)
-        ext = task.contraction().axis(sketches[0].vector_axis).extent
-        lanes = int(target.simd_lanes)
-        exact_vec = max(v for v in VEC_CHOICES if v <= lanes and ext % v == 0)
-        return padded if padded is not None and 2 * exact_vec < lanes else sketches[0]
+        padded, lanes = _sparse_padded(task, sketches[0], target), int(target.simd_lanes)
+        exact = widest_vector(task.contraction().axis(sketches[0].vector_axis).extent, lanes, VEC_CHOICES)
+        return padded if padded is not None and 2 * exact < lanes else sketches[0]
     if task.op == _blocked.OP:
         return _blocked.default_sketch(task, sketches_for(task, target), target)
     if task.op in ("matmul", "dense") and task.dtype == "float32" and not task.sparsity:

@@ -709,10 +709,13 @@ class Database:
     def run_settings(self, task: Task, target_key: str, run: str) -> dict | None:
         """What a run was started with (:mod:`felixjax.provenance`: seed, strategy and its options, cost model,
         defaults, library versions, start time), or None (a run started before session 79, or none)."""
-        from .provenance import settings_key
-
         raw = self.get_meta(settings_key(target_key, task.key, run))
         return None if raw is None else json.loads(raw)
+
+
+def settings_key(target_key: str, task_key: str, run: str) -> str:
+    """The meta key of a run's settings (:mod:`felixjax.provenance`)."""
+    return f"settings:{target_key}:{task_key}:{run}"
 
 
 #: the first row id of a re-timing batch's newest batch (a batch starts at its trial 0), for ``records``

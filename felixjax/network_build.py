@@ -16,6 +16,7 @@ from codegen.build import DEFAULT_FLAGS
 from codegen.lower import Plan, lower
 from codegen.ops import Task
 from codegen.space import Config, Space, default_sketch
+from codegen.spaces import spaces_for
 from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
@@ -179,7 +180,10 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
 
 def default_config_for(task: Task, target: Target, *, winograd: bool = True) -> Config:
     """The schedule an untuned build of ``task`` uses: its default sketch's default config (``winograd=False``:
-    never a Winograd sketch's)."""
+    never a Winograd sketch's); on a GPU target its CUDA sketch's (a CPU config there was re-timed at the end of
+    a GPU tune_model, a compile_error each time)."""
+    if getattr(target, "is_gpu", False):
+        return next(iter(spaces_for(task, target).values())).default()
     return Space(task, default_sketch(task, target, winograd=winograd), target).default()
 
 

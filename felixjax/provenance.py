@@ -30,10 +30,6 @@ COMPARED = ("strategy", "seed", "options", "batch", "excluded_sketches", "sessio
             "model_seed")
 
 
-def settings_key(target_key: str, task_key: str, run: str) -> str:
-    return f"settings:{target_key}:{task_key}:{run}"
-
-
 def jsonable(value: Any) -> Any:
     """``value`` as JSON can hold it: numbers, strings, booleans, None, lists and string-keyed dicts as they
     are, anything else (a cost-model object, an array, a function) as ``"<TypeName>"``."""
@@ -49,22 +45,26 @@ def jsonable(value: Any) -> Any:
 
 
 def effective_options(strategy: Any, options: dict | None) -> dict:
-    """A strategy's options as its constructor takes them. By name: its defaults, overridden by ``options`` (so
-    ``{}`` and ``{"population": <the default>}`` are the same settings); an object (``fj.compare``'s, a user's):
-    the constructor's parameters it holds as attributes of the same name."""
-    from .strategies.base import _REGISTRY
-
+    """The options of a strategy instance as its constructor takes them: those given (``options``), else the value
+    it holds in an attribute of the parameter's name, else the parameter's default; so ``{}`` and
+    ``{"population": <the default>}`` are the same settings, and an object built by ``fj.compare`` or a user
+    (no options given) is read from its attributes."""
     options = dict(options or {})
-    cls = _REGISTRY.get(strategy) if isinstance(strategy, str) else type(strategy)
     try:
-        params = list(inspect.signature(cls).parameters.values())
+        params = list(inspect.signature(type(strategy)).parameters.values())
     except (TypeError, ValueError):  # a class without an inspectable constructor
         return options
-    if not isinstance(strategy, str):
-        return {p.name: getattr(strategy, p.name) for p in params if hasattr(strategy, p.name)} | options
-    out = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    out.update(options)
-    return out
+    out = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.name in options:
+            out[p.name] = options[p.name]
+        elif hasattr(strategy, p.name):
+            out[p.name] = getattr(strategy, p.name)
+        elif p.default is not p.empty:
+            out[p.name] = p.default
+    return out | {k: v for k, v in options.items() if k not in out}
 
 
 def _caller_level() -> int:
@@ -100,6 +100,13 @@ def run_settings(strategy: str, seed: int, options: dict | None, *, session_cost
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def _differing(value: Any, other: Any) -> Any:
+    """``value``, or for two dicts only its entries that differ from ``other``'s (options hold ~20 keys)."""
+    if isinstance(value, dict) and isinstance(other, dict):
+        return {k: v for k, v in value.items() if other.get(k, object()) != v}
+    return value
+
+
 def keep_settings(db, key: str, settings: dict, *, resumed: bool, what: str) -> None:
     """Store ``settings`` for a run started now; for a resumed run, warn where the stored ones differ (a run
     of a database older than this record has none: nothing is said or stored, its start is not known)."""
@@ -114,8 +121,8 @@ def keep_settings(db, key: str, settings: dict, *, resumed: bool, what: str) -> 
         return
     changed = [k for k in COMPARED if k in was and was[k] != settings.get(k)]
     if changed:
-        then = ", ".join(f"{k}={was[k]!r}" for k in changed)
-        now = ", ".join(f"{k}={settings.get(k)!r}" for k in changed)
+        then = ", ".join(f"{k}={_differing(was[k], settings.get(k))!r}" for k in changed)
+        now = ", ".join(f"{k}={_differing(settings.get(k), was[k])!r}" for k in changed)
         warnings.warn(f"{what} was started with {then}; this call continues it with {now}: its history now mixes "
                       f"both searches (give another run name, run=..., to keep them apart)", RuntimeWarning,
                       stacklevel=_caller_level())

@@ -59,10 +59,10 @@ from costmodels import kendall_tau
 
 from .context import SearchContext
 from .cost_aware import CostAware, Screen
-from .database import CLAIM_TTL_S, Database, TuningRecord
+from .database import CLAIM_TTL_S, Database, TuningRecord, settings_key
 from .measurer import Measurer
 from .model import OnlineCostModel, make_ranker
-from .provenance import effective_options, keep_settings, run_settings, settings_key
+from .provenance import effective_options, keep_settings, run_settings
 from .strategies import Strategy, get_strategy
 from .strategies.base import opening_defaults
 
@@ -457,7 +457,7 @@ class TuningSession:
         if isinstance(exclude_sketches, str) or any("." in s for s in exclude_sketches):
             raise ValueError(f"exclude_sketches takes names of exact sketches (e.g. ('conv_winograd',); their padded "
                              f"variants go with them), got {exclude_sketches!r}")
-        options = effective_options(strategy, strategy_options)
+        options = effective_options(strat, strategy_options)
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
             model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches),

@@ -62,10 +62,13 @@ def layer_weights(graph: Graph, node: Node) -> np.ndarray:
 def _keep_faster(g: Graph, nodes: list[Node], target: Any, threads: int | None, rounds: int) -> list[Node]:
     """``nodes`` with each sparse layer made dense again where its dense default kernel ran faster."""
     from codegen.measure import LocalRunner
+    from codegen.space import Space, default_sketch
     from codegen.target import Target
 
     from .measurer import Measurer
-    from .network_build import default_config_for
+
+    def default_config_for(t, target):  # as network_build's (which imports this module), GPUs refused above
+        return Space(t, default_sketch(t, target), target).default()
 
     target = Target.parse(target)
     if target.is_gpu:

@@ -539,6 +539,8 @@ def test_tune_model_without_winograd_never_proposes_it(tmp_path, capsys):
     assert any(n.startswith("conv_winograd") for n in names), names
     assert not any(r.sketch.startswith("conv_winograd") for r in family_candidates(
         fj.Database(db), task, key, 4, exclude_sketches=("conv_winograd", "conv_winograd4")))
+    # on a GPU target the default is the CUDA sketch's (a CPU config was re-timed there, a compile_error each time)
+    assert default_config_for(task, fj.Target.cuda_sim("orin")).sketch == "cuda_tiled"
     assert cli.main(["tune", "--op", "conv2d:c=8,h=8,w=8,k=8,r=3,pad=1", "--no-winograd", "--trials", "2"]) == 2
 
 
