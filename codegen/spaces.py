@@ -9,6 +9,8 @@ Example:
 """
 from __future__ import annotations
 
+from . import blocked, depthwise, flat, sparse, winograd
+from .cuda.space import SKETCH as CUDA_SKETCH
 from .cuda.space import cuda_spaces
 from .ops import Task
 from .space import Space, sketches_for
@@ -21,3 +23,16 @@ def spaces_for(task: Task, target: Target) -> dict[str, Space]:
     if getattr(target, "is_gpu", False):
         return dict(cuda_spaces(task, target))
     return {sk.name: Space(task, sk, target) for sk in sketches_for(task, target)}
+
+
+def sketch_names() -> tuple[str, ...]:
+    """The name of every sketch (exact ones; a padded variant is ``<name>.pad_...``), e.g. to check a list of
+    sketches to leave out.
+
+    Example:
+        >>> "conv_winograd4" in sketch_names() and "gemm_packed" in sketch_names()
+        True
+    """
+    return ("gemm_packed", "conv_direct", "conv_spatial_pack", depthwise.DW_SKETCH, winograd.WG_SKETCH,
+            winograd.WG4_SKETCH, flat.FLAT_SKETCH, flat.IM2COL_SKETCH, blocked.SKETCH, blocked.FLAT_SKETCH,
+            blocked.DW_SKETCH, sparse.SPARSE_SKETCH, CUDA_SKETCH)

@@ -53,7 +53,7 @@ from codegen.ops import Task
 from codegen.render_c import render
 from codegen.run.gpusim import GpuSimMeasurer
 from codegen.space import Config
-from codegen.spaces import spaces_for
+from codegen.spaces import sketch_names, spaces_for
 from codegen.target import Target
 from costmodels import kendall_tau
 
@@ -454,9 +454,9 @@ class TuningSession:
                              f"continue it: give another run name (run=...) or database")
         if before is None:
             self.db.set_meta(key, strat.name)
-        if isinstance(exclude_sketches, str) or any("." in s for s in exclude_sketches):
-            raise ValueError(f"exclude_sketches takes names of exact sketches (e.g. ('conv_winograd',); their padded "
-                             f"variants go with them), got {exclude_sketches!r}")
+        if isinstance(exclude_sketches, str) or set(exclude_sketches) - set(sketch_names()):
+            raise ValueError(f"exclude_sketches takes names of exact sketches (their padded variants go with them: "
+                             f"{', '.join(sketch_names())}), got {exclude_sketches!r}")
         options = effective_options(strat, strategy_options)
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
