@@ -13,7 +13,7 @@ from . import blocked, depthwise, flat, sparse, winograd
 from .cuda.space import SKETCH as CUDA_SKETCH
 from .cuda.space import cuda_spaces
 from .ops import Task
-from .space import Space, sketches_for
+from .space import Config, Space, default_sketch, sketches_for
 from .target import Target
 
 
@@ -36,3 +36,17 @@ def sketch_names() -> tuple[str, ...]:
     return ("gemm_packed", "conv_direct", "conv_spatial_pack", depthwise.DW_SKETCH, winograd.WG_SKETCH,
             winograd.WG4_SKETCH, flat.FLAT_SKETCH, flat.IM2COL_SKETCH, blocked.SKETCH, blocked.FLAT_SKETCH,
             blocked.DW_SKETCH, sparse.SPARSE_SKETCH, CUDA_SKETCH)
+
+
+def default_config(task: Task, target: Target, *, winograd: bool = True) -> Config:
+    """The schedule an untuned build of ``task`` runs on ``target``: its default sketch's default config
+    (``winograd=False``: never a Winograd sketch's); on a GPU target the CUDA sketch's.
+
+    Example:
+        >>> from codegen.ops import matmul
+        >>> default_config(matmul(8, 8, 8), Target.cuda_sim("orin")).sketch
+        'cuda_tiled'
+    """
+    if getattr(target, "is_gpu", False):
+        return next(iter(spaces_for(task, target).values())).default()
+    return Space(task, default_sketch(task, target, winograd=winograd), target).default()

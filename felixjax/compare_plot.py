@@ -109,9 +109,9 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
             ax.set_title(task.name + tag, fontsize=8)
     budget = f"{cmp.trials} trial{'s' if cmp.trials != 1 else ''}" + (f" / {cmp.seconds:g} s" if cmp.seconds else "")
     mode = "replayed (synthetic latencies)" if cmp.replay else "measured on this machine"
+    thin = "thin: each seed; " if len(cmp.seeds) > 1 else ""
     fig.suptitle(f"{budget} per run, seeds {', '.join(map(str, cmp.seeds))}, {mode}. Lines: median over seeds; "
-                 f"thin: each seed; bands: best to worst seed; dotted grey: {cmp.reach_frac:.0%} of the best known",
-                 fontsize=9)
+                 f"{thin}bands: best to worst seed; dotted grey: {cmp.reach_frac:.0%} of the best known", fontsize=9)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8,
                    frameon=False)

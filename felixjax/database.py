@@ -530,21 +530,36 @@ class Database:
         lucky figure of a config timed again since). In-network choices (``retime:network:<run>``,
         :meth:`network_choice`) hold a layer's time inside a network, not its kernel's: they are never
         compared here. ``exclude_sketches``: sketch names whose records (their padded variants,
-        ``<name>.<variant>``, included) are passed over. A re-timing where a config timed only on a busy machine
-        (``noisy``: its timings are upper bounds) ran faster than the fastest clean row is inconclusive: ``None``
-        then (callers fall back to the best while tuning; a slower runner-up was taken for the best)."""
+        ``<name>.<variant>``, included) are passed over. Where a config re-timed only on a busy machine (``noisy``:
+        its timings are upper bounds) ran faster than the fastest clean row, that config wins, as its run's fastest
+        record of it while tuning (a slower clean runner-up was taken for the best)."""
         where, args = self._where(task, target, run, ok_only=True, exclude_sketches=exclude_sketches)
         if run is None:
             where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
         if retimed:
             where += " AND run LIKE 'retime:%' AND records.id >= " + _BATCH_START
         rec = next(self._rows(where, args, order="latency ASC, id ASC LIMIT 1"), None)
-        if retimed and rec is not None:
-            noisy = self._rows("WHERE task_key = ? AND target_key = ? AND run = ? AND status = 'noisy' AND "
-                               "records.id >= " + _BATCH_START, (rec.task.key, rec.target_key, rec.run))
-            if any(r.result.latencies and min(r.result.latencies) < rec.latency_s for r in noisy):
-                return None
-        return rec
+        if not retimed:
+            return rec
+        return self._disturbed_below(task, target, run, rec, exclude_sketches) or rec
+
+    def _disturbed_below(self, task: Task, target: Target | str, run: str | None, rec: TuningRecord | None,
+                         exclude_sketches: Collection[str]) -> TuningRecord | None:
+        """A config re-timed only on a busy machine (``noisy``: its timings are upper bounds) whose lowest timing is
+        below ``rec``'s (the fastest clean re-timing; ``None``: there is none), in the runs' newest re-timings: its
+        run's fastest record of it while tuning, else ``None``. A review (session 79): such a re-timing of the best
+        config made a 2.7x slower clean runner-up the best."""
+        where, args = self._where(task, target, run, exclude_sketches=exclude_sketches)
+        where += (f" AND status = 'noisy' AND run LIKE 'retime:%' AND run NOT LIKE '{NETWORK_PREFIX}%' AND "
+                  f"records.id >= {_BATCH_START}")
+        bound = rec.latency_s if rec is not None else math.inf
+        below = [r for r in self._rows(where, args) if r.result.latencies and min(r.result.latencies) < bound]
+        if not below:
+            return None
+        fastest = min(below, key=lambda r: min(r.result.latencies))
+        where, args = self._where(task, target, fastest.run.removeprefix("retime:"), ok_only=True)
+        return next(self._rows(where + " AND config = ?", args + (fastest.config.dumps(),),
+                               order="latency ASC, id ASC LIMIT 1"), None)
 
     def newest_id(self, task: Task, target: Target | str, run: str) -> int:
         """The row id of the newest record of ``run`` for a task on a target, 0 when there is none (a run's
@@ -607,7 +622,8 @@ class Database:
         ``task``, ``target_key``, ``target`` (its JSON), ``run``, ``trials``, ``ok`` (correct and timed),
         ``seconds`` (the run's clock at its last record), ``best_s`` (inf without a correct record) and its
         ``sketch``, ``statuses`` ({failed status: count}) and ``retimed_s`` (the lowest clean row of the run's
-        newest end-of-run re-timing, as ``fj.tune`` reports it; ``None`` without one)."""
+        newest end-of-run re-timing, what ``fj.tune`` reports unless a disturbed re-timing came below it;
+        ``None`` without one)."""
         ok, hist = "status = 'ok' AND latency IS NOT NULL", "run NOT LIKE 'retime:%'"
         best_rows, failed_rows, again_rows, pair_rows, run_rows = self._read_together(
             f"SELECT task_key, target_key, run, MIN(latency), sketch FROM records WHERE {ok} AND {hist} "

@@ -15,8 +15,8 @@ from codegen import netbuild
 from codegen.build import DEFAULT_FLAGS
 from codegen.lower import Plan, lower
 from codegen.ops import Task
-from codegen.space import Config, Space, default_sketch
-from codegen.spaces import spaces_for
+from codegen.space import Config, Space
+from codegen.spaces import default_config
 from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
@@ -179,12 +179,9 @@ def _open_db(db: str | os.PathLike | Database | None) -> tuple[Database | None, 
 
 
 def default_config_for(task: Task, target: Target, *, winograd: bool = True) -> Config:
-    """The schedule an untuned build of ``task`` uses: its default sketch's default config (``winograd=False``:
-    never a Winograd sketch's); on a GPU target its CUDA sketch's (a CPU config there was re-timed at the end of
-    a GPU tune_model, a compile_error each time)."""
-    if getattr(target, "is_gpu", False):
-        return next(iter(spaces_for(task, target).values())).default()
-    return Space(task, default_sketch(task, target, winograd=winograd), target).default()
+    """The schedule an untuned build of ``task`` uses (:func:`codegen.spaces.default_config`; on a GPU target its
+    CUDA sketch's: a CPU config there was re-timed at the end of a GPU tune_model, a compile_error each time)."""
+    return default_config(task, target, winograd=winograd)
 
 
 def is_winograd(sketch: str) -> bool:
@@ -199,7 +196,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
     ``threads`` threads (default: the target's cores), else at the nearest other thread count (noted),
     then the default schedule of :func:`~codegen.space.default_sketch` (also where a stored config no
     longer lowers). Where a task has end-of-run re-timings (``retime:<run>`` rows: the best configs and
-    the default timed again side by side), the fastest of each run's newest re-timing is its best record: the
+    the default timed again side by side), the fastest of each run's newest re-timing is its best record (or a
+    config re-timed only noisy below it, as :meth:`Database.best` says): the
     fastest single measurement of a noisy run is too often a lucky one (where that re-timing's run measured more
     after it, one cut short, the note says so: the same tune run again re-times it). An in-network choice
     (``retime:network:<run>``, ``tune_model(in_network=...)``: the schedule whose layers ran fastest inside a

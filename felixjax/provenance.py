@@ -44,27 +44,21 @@ def jsonable(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
-def effective_options(strategy: Any, options: dict | None) -> dict:
-    """The options of a strategy instance as its constructor takes them: those given (``options``), else the value
-    it holds in an attribute of the parameter's name, else the parameter's default; so ``{}`` and
-    ``{"population": <the default>}`` are the same settings, and an object built by ``fj.compare`` or a user
-    (no options given) is read from its attributes."""
+def effective_options(strategy: Any, options: dict | None, *, by_name: bool) -> dict:
+    """The options of a strategy instance as its constructor takes them. Made by name (``by_name``): the
+    constructor's defaults, overridden by ``options`` (so ``{}`` and ``{"population": <the default>}`` are the
+    same settings; attributes are not read: ``__init__`` turns some into values of this machine, e.g. a worker
+    count). An object (``fj.compare``'s, a user's): the constructor's parameters it holds as attributes of the
+    same name."""
     options = dict(options or {})
     try:
-        params = list(inspect.signature(type(strategy)).parameters.values())
+        params = [p for p in inspect.signature(type(strategy)).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except (TypeError, ValueError):  # a class without an inspectable constructor
         return options
-    out = {}
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        if p.name in options:
-            out[p.name] = options[p.name]
-        elif hasattr(strategy, p.name):
-            out[p.name] = getattr(strategy, p.name)
-        elif p.default is not p.empty:
-            out[p.name] = p.default
-    return out | {k: v for k, v in options.items() if k not in out}
+    if by_name:
+        return {p.name: p.default for p in params if p.default is not p.empty} | options
+    return {p.name: getattr(strategy, p.name) for p in params if hasattr(strategy, p.name)} | options
 
 
 def _caller_level() -> int:
@@ -101,9 +95,11 @@ def run_settings(strategy: str, seed: int, options: dict | None, *, session_cost
 
 
 def _differing(value: Any, other: Any) -> Any:
-    """``value``, or for two dicts only its entries that differ from ``other``'s (options hold ~20 keys)."""
+    """``value``, or for two dicts only its entries that differ from ``other``'s (options hold ~20 keys), a key
+    only ``other`` has as ``"<unset>"``."""
     if isinstance(value, dict) and isinstance(other, dict):
-        return {k: v for k, v in value.items() if other.get(k, object()) != v}
+        return {k: value.get(k, "<unset>") for k in sorted(set(value) | set(other))
+                if value.get(k, "<unset>") != other.get(k, "<unset>")}
     return value
 
 

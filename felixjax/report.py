@@ -34,9 +34,7 @@ def summary_rows(db: Database) -> list[dict]:
     out = []
     for r in runs:
         best = r["best_s"]
-        replay = (r["task"].key, r["target_key"], r["run"]) in replayed  # synthetic latencies under this CPU's key
-        row = {"task": r["task"].name, "run": r["run"] + (" (replayed)" if replay else ""), "trials": r["trials"],
-               "ok": r["ok"],
+        row = {"task": r["task"].name, "run": r["run"], "trials": r["trials"], "ok": r["ok"],
                "best_ms": best * 1e3}
         if retimed:  # the end-of-run re-timings (retime:<run>, the best configs timed again, interleaved): the
             # figure fj.tune reports, beside best_ms, the minimum over the noisy timings while tuning
@@ -45,6 +43,8 @@ def summary_rows(db: Database) -> list[dict]:
         row.update(gflops=r["task"].flops / fig / 1e9 if math.isfinite(fig) and fig > 0 else 0.0,
                    sketch=r["sketch"], seconds=max(r["seconds"], 0.0),
                    failures=", ".join(f"{k}={v}" for k, v in sorted(r["statuses"].items())) or "-")
+        if replayed:  # synthetic latencies of a replay measurer, filed under this CPU's key: said
+            row["latencies"] = "replayed" if (r["task"].key, r["target_key"], r["run"]) in replayed else "measured"
         if several:
             row = {"task": row["task"], "target": target_label(r["target_key"], r["target"]), **row}
         out.append(row)
@@ -105,7 +105,7 @@ def plot_curves(db: Database, path: str) -> str:
         kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
         keys = [k for k in keys if k in kept]
     run_names = sorted({r for k in keys for r in series[k]})
-    replayed = {(k[:2], k[2]) for k in db.replayed_runs()}
+    replayed_names = {k[2] for k in db.replayed_runs() if k[:2] in set(keys)}
     # a colour per strategy ("gradient:0" -> "gradient"), a line style per seed of it: seeds read as one family
     strategies = sorted({r.rpartition(":")[0] or r for r in run_names})
     colors = {r: f"C{strategies.index(r.rpartition(':')[0] or r) % 10}" for r in run_names}
@@ -133,7 +133,7 @@ def plot_curves(db: Database, path: str) -> str:
         for run, ys in sorted(series[key].items()):
             vs = [y * scale if math.isfinite(y) else math.nan for y in ys]
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run], linestyle=styles[run],
-                    linewidth=1.3, label=run + (" (replayed)" if (key, run) in replayed else ""),
+                    linewidth=1.3, label=run,
                     marker="o" if len(vs) <= 3 else None, ms=4)  # one trial: a dot, not nothing
         if not any(math.isfinite(y) for ys in series[key].values() for y in ys):  # failures only: say so
             ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", fontsize=8,
@@ -173,8 +173,9 @@ def plot_curves(db: Database, path: str) -> str:
     handles = [plt.Line2D([], [], color=colors[r], linestyle=styles[r]) for r in run_names]
     drawn = {r for k in keys for r, ys in series[k].items() if any(math.isfinite(y) for y in ys)}
     if handles:  # a run without one correct kernel draws no line: its legend entry says so
-        fig.legend(handles, [r if r in drawn else f"{r} (no correct kernel)" for r in run_names], loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7,
-                   frameon=False)
+        shown = [(f"{r} (replayed)" if r in replayed_names else r) + ("" if r in drawn else " (no correct kernel)")
+                 for r in run_names]
+        fig.legend(handles, shown, loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7, frameon=False)
     legend_rows = math.ceil(len(run_names) / max(1, min(len(run_names), cols * 2)))
     height = 2.6 * rows + 0.5
     fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.2 * legend_rows) / height) if handles else 0, 1, 1))

@@ -457,7 +457,7 @@ class TuningSession:
         if isinstance(exclude_sketches, str) or set(exclude_sketches) - set(sketch_names()):
             raise ValueError(f"exclude_sketches takes names of exact sketches (their padded variants go with them: "
                              f"{', '.join(sketch_names())}), got {exclude_sketches!r}")
-        options = effective_options(strat, strategy_options)
+        options = effective_options(strat, strategy_options, by_name=isinstance(strategy, str))
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
             model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches),

@@ -62,13 +62,10 @@ def layer_weights(graph: Graph, node: Node) -> np.ndarray:
 def _keep_faster(g: Graph, nodes: list[Node], target: Any, threads: int | None, rounds: int) -> list[Node]:
     """``nodes`` with each sparse layer made dense again where its dense default kernel ran faster."""
     from codegen.measure import LocalRunner
-    from codegen.space import Space, default_sketch
+    from codegen.spaces import default_config
     from codegen.target import Target
 
     from .measurer import Measurer
-
-    def default_config_for(t, target):  # as network_build's (which imports this module), GPUs refused above
-        return Space(t, default_sketch(t, target), target).default()
 
     target = Target.parse(target)
     if target.is_gpu:
@@ -80,7 +77,7 @@ def _keep_faster(g: Graph, nodes: list[Node], target: Any, threads: int | None, 
     times: dict = {}
     with LocalRunner() as runner:
         for sparse, dense in pairs.items():
-            arms = [(t, Measurer(t, target, runner, threads=threads), default_config_for(t, target))
+            arms = [(t, Measurer(t, target, runner, threads=threads), default_config(t, target))
                     for t in (dense, sparse)]
             got: list[list[float]] = [[], []]
             for _ in range(max(1, int(rounds))):
