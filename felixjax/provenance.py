@@ -1,9 +1,8 @@
 """What a tuning run was started with, kept in its database: the seed, the strategy and its options, the
 candidates per round, the sketches left out, the cost model, whether the default schedules were measured
 first, and the versions of felixjax, jax, flax, optax and numpy (the target's JSON in every record already
-names the CPU and the compiler). Written once, when a run
-is first started (``Database.run_settings`` reads it back); a call that resumes the run with other settings
-warns, since the run's history then mixes two searches (session 79, a reproducibility review: a run
+names the CPU and the compiler). Written when a run starts (no record of it yet; ``Database.run_settings`` reads
+it back); a call that resumes the run with other settings warns, since the run's history then mixes two searches (session 79, a reproducibility review: a run
 resumed with another seed or batch size was accepted silently; only another strategy is refused).
 
 Example:
@@ -104,12 +103,14 @@ def _differing(value: Any, other: Any) -> Any:
 
 
 def keep_settings(db, key: str, settings: dict, *, resumed: bool, what: str) -> None:
-    """Store ``settings`` for a run started now; for a resumed run, warn where the stored ones differ (a run
-    of a database older than this record has none: nothing is said or stored, its start is not known)."""
+    """Store ``settings`` for a run started now (no record of it yet: settings of a call that measured nothing
+    are replaced); for a resumed run, warn where the stored ones differ (a run of a database older than this
+    record has none: nothing is said or stored, its start is not known)."""
+    if not resumed:
+        db.set_meta(key, json.dumps(settings, sort_keys=True))
+        return
     before = db.get_meta(key)
     if before is None:
-        if not resumed:
-            db.set_meta(key, json.dumps(settings, sort_keys=True))
         return
     try:
         was = json.loads(before)

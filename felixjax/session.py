@@ -442,6 +442,9 @@ class TuningSession:
         if not whole_number(seed) or seed < 0:
             raise ValueError(f"seed must be a whole number >= 0 (got {seed!r}): it names the run and its random "
                              f"streams")
+        if isinstance(exclude_sketches, str) or set(exclude_sketches) - set(sketch_names()):
+            raise ValueError(f"exclude_sketches takes names of exact sketches (their padded variants go with them: "
+                             f"{', '.join(sketch_names())}), got {exclude_sketches!r}")
         strat = get_strategy(strategy, **(strategy_options or {}))
         label = label or strat.name
         run = run or f"{label}:{seed}"
@@ -454,15 +457,11 @@ class TuningSession:
                              f"continue it: give another run name (run=...) or database")
         if before is None:
             self.db.set_meta(key, strat.name)
-        if isinstance(exclude_sketches, str) or set(exclude_sketches) - set(sketch_names()):
-            raise ValueError(f"exclude_sketches takes names of exact sketches (their padded variants go with them: "
-                             f"{', '.join(sketch_names())}), got {exclude_sketches!r}")
         options = effective_options(strat, strategy_options, by_name=isinstance(strategy, str))
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
             model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches),
-            resumed=bool(history),
-            what=f"run {run!r} of {task.name}")
+            resumed=bool(history), what=f"run {run!r} of {task.name}")
         spaces = {k: sp for k, sp in spaces_for(task, self.target).items() if sp.sketch.base not in exclude_sketches}
         if not spaces:
             raise ValueError(f"{task.name}: every sketch is excluded ({', '.join(sorted(exclude_sketches))})")

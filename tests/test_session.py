@@ -133,6 +133,12 @@ def test_a_run_keeps_what_it_was_started_with_and_a_resume_with_other_settings_w
     assert got["options"]["population"] == 96 and got["batch"] == 8
     assert fj.Database(db).run_settings(T1, TARGET.key, "paper")["started"] == settings["started"]  # the first
     assert fj.Database(db).run_settings(T1, TARGET.key, "other") is None
+    with TuningSession(TARGET, measurer=replay, progress=False, db=db) as s:  # a run that measured nothing ...
+        s.add(T1, "random", seed=1, run="empty")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ... is started afresh, with this call's settings
+        fj.tune(T1, trials=2, seed=2, batch=8, **{**kw, "run": "empty"})
+    assert fj.Database(db).run_settings(T1, TARGET.key, "empty")["seed"] == 2
 
 
 def test_a_ctrl_c_inside_the_models_refit_is_a_short_traceback(monkeypatch):
