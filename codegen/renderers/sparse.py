@@ -136,8 +136,8 @@ def _copy(plan, w: Writer, par: str) -> None:
     w(f"    float* drow = dst + y * {g.row_pad};")
     w(f"    if (iy < 0 || iy >= {h}) {{ for (long x = 0; x < {g.row_pad}; ++x) drow[x] = 0.0f; continue; }}")
     # the first in-image column's source (no pointer before the row); at stride 1 one memcpy: gcc 12.2's loop
-    # vectorizer miscompiled the element loop there (session 79, a review: 1-wide kernels with padding, 240 of
-    # 512 values wrong at -O3 -march=native, right at -O2 or with -fno-tree-loop-vectorize)
+    # vectorizer miscompiled the element loop there (session 79, a review: 1-wide kernels with padding, outputs
+    # up to 1e35; a standalone copy got 240 values wrong at -O3 -march=native, none at -O2 or without vectorizing)
     w(f"    const float* srow = src + iy * {wd} + (xlo * {sw} - {pl} + rx * {dw});")
     w("    for (long x = 0; x < xlo; ++x) drow[x] = 0.0f;")
     if sw == 1:
