@@ -2,8 +2,9 @@
 candidates per round, the sketches left out, the cost model, whether the default schedules were measured
 first, and the versions of felixjax, jax, flax, optax and numpy (the target's JSON in every record already
 names the CPU and the compiler). Written when a run starts (no record of it yet; ``Database.run_settings`` reads
-it back); a call that resumes the run with other settings warns, since the run's history then mixes two searches (session 79, a reproducibility review: a run
-resumed with another seed or batch size was accepted silently; only another strategy is refused).
+it back); a call that resumes the run with other settings warns, since the run's history then mixes two
+searches (session 79, a reproducibility review: a run resumed with another seed or batch size was accepted
+silently; only another strategy is refused).
 
 Example:
     >>> from felixjax.database import Database
