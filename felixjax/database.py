@@ -545,18 +545,14 @@ class Database:
 
     def _disturbed_below(self, task: Task, target: Target | str, run: str | None, rec: TuningRecord | None,
                          exclude_sketches: Collection[str]) -> TuningRecord | None:
-        """A config re-timed only on a busy machine (``noisy``: its timings are upper bounds) whose lowest timing is
-        below ``rec``'s (the fastest clean re-timing; ``None``: there is none), in the runs' newest re-timings: its
-        run's fastest record of it while tuning, else ``None``. A review (session 79): such a re-timing of the best
-        config made a 2.7x slower clean runner-up the best."""
+        """:func:`disturbed_below` over the runs' newest re-timings: its run's fastest record of that config while
+        tuning, else ``None`` (session 79: a disturbed best made a 2.7x slower clean runner-up the best)."""
         where, args = self._where(task, target, run, exclude_sketches=exclude_sketches)
         where += (f" AND status = 'noisy' AND run LIKE 'retime:%' AND run NOT LIKE '{NETWORK_PREFIX}%' AND "
                   f"records.id >= {_BATCH_START}")
-        bound = rec.latency_s if rec is not None else math.inf
-        below = [r for r in self._rows(where, args) if r.result.latencies and min(r.result.latencies) < bound]
-        if not below:
+        fastest = disturbed_below(self._rows(where, args), rec)
+        if fastest is None:
             return None
-        fastest = min(below, key=lambda r: min(r.result.latencies))
         where, args = self._where(task, target, fastest.run.removeprefix("retime:"), ok_only=True)
         return next(self._rows(where + " AND config = ?", args + (fastest.config.dumps(),),
                                order="latency ASC, id ASC LIMIT 1"), None)
@@ -727,6 +723,14 @@ class Database:
         defaults, library versions, start time), or None (a run started before session 79, or none)."""
         raw = self.get_meta(settings_key(target_key, task.key, run))
         return None if raw is None else json.loads(raw)
+
+
+def disturbed_below(retimed: Iterable[TuningRecord], best: TuningRecord | None) -> TuningRecord | None:
+    """The ``noisy`` re-timing row (timings are upper bounds) of lowest timing below ``best``'s latency (the fastest
+    clean row; ``None``: none), else ``None``: that config is the faster (Database.best, TuneResult.best)."""
+    noisy = [r for r in retimed if r.result.status == "noisy" and r.result.latencies]
+    fastest = min(noisy, key=lambda r: min(r.result.latencies), default=None)
+    return fastest if fastest and min(fastest.result.latencies) < (best.latency_s if best else math.inf) else None
 
 
 def settings_key(target_key: str, task_key: str, run: str) -> str:

@@ -105,7 +105,8 @@ def plot_curves(db: Database, path: str) -> str:
         kept = set(sorted(keys, key=lambda k: -sum(len(v) for v in series[k].values()))[:PLOT_MAX_PANELS])
         keys = [k for k in keys if k in kept]
     run_names = sorted({r for k in keys for r in series[k]})
-    replayed_names = {k[2] for k in db.replayed_runs() if k[:2] in set(keys)}
+    shown_keys = set(keys)
+    replayed_names = {k[2] for k in db.replayed_runs() if k[:2] in shown_keys}
     # a colour per strategy ("gradient:0" -> "gradient"), a line style per seed of it: seeds read as one family
     strategies = sorted({r.rpartition(":")[0] or r for r in run_names})
     colors = {r: f"C{strategies.index(r.rpartition(':')[0] or r) % 10}" for r in run_names}

@@ -17,7 +17,7 @@ from codegen.runtime import Kernel
 from codegen.space import Space
 from codegen.target import Target
 
-from .database import TuningRecord
+from .database import TuningRecord, disturbed_below
 
 
 @dataclass
@@ -40,12 +40,9 @@ class TuneResult:
         config is the best, as its fastest record while tuning (a slower runner-up became the best, session 79)."""
         ok = [r for r in self.retimed if r.ok]
         best = min(ok, key=lambda r: r.latency_s) if ok else None
-        bound = best.latency_s if best is not None else math.inf
-        below = [r for r in self.retimed
-                 if r.result.status == "noisy" and r.result.latencies and min(r.result.latencies) < bound]
-        if below:
-            cfg = min(below, key=lambda r: min(r.result.latencies)).config
-            mine = [r for r in self.history if r.ok and r.config == cfg]
+        noisy = disturbed_below(self.retimed, best)
+        if noisy is not None:
+            mine = [r for r in self.history if r.ok and r.config == noisy.config]
             if mine:
                 return min(mine, key=lambda r: r.latency_s)
         return best if best is not None else self.best_while_tuning
