@@ -14,6 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Node
+from felixjax.onnx_einsum import ATTRS as _EINSUM_ATTRS
+from felixjax.onnx_einsum import IMPORTERS as _EINSUM_IMPORTERS
+from felixjax.onnx_einsum import OPS as _EINSUM_OPS
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
 from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
 from felixjax.onnx_ops import OPS as _NEW_OPS
@@ -24,7 +27,7 @@ SUPPORTED_OPS = (
     "Erf", "BatchNormalization", "LayerNormalization", "ReduceMean", "MaxPool", "AveragePool",
     "GlobalAveragePool", "Flatten", "Reshape", "Transpose", "Concat", "Softmax", "Pad", "Identity", "Dropout",
     "Constant", "ConstantOfShape",
-) + _NEW_OPS
+) + _NEW_OPS + _EINSUM_OPS
 
 # Attributes each op may carry (any other one is refused, never ignored).
 _ATTRS: dict[str, set[str]] = {
@@ -40,7 +43,7 @@ _ATTRS: dict[str, set[str]] = {
     "Clip": {"min", "max"}, "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"},
     "ConstantOfShape": {"value"},
     **{op: {"broadcast", "axis"} for op in ("Add", "Sub", "Mul", "Div", "Pow")},
-    **_NEW_ATTRS,
+    **_NEW_ATTRS, **_EINSUM_ATTRS,
 }
 
 
@@ -419,7 +422,7 @@ _IMPORTERS = {
     "Reshape": _reshape, "Transpose": _transpose, "Concat": _concat, "Softmax": _softmax, "Pad": _pad,
     "Identity": _identity, "Dropout": _dropout, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
     **_NEW_IMPORTERS,
-    **SPATIAL_IMPORTERS,
+    **SPATIAL_IMPORTERS, **_EINSUM_IMPORTERS,
 }
 for _op in ("Conv", "MaxPool", "AveragePool"):  # 1-D (N, C, L) inputs run as 2-D with a unit height
     _IMPORTERS[_op] = lift_1d(_IMPORTERS[_op])

@@ -89,7 +89,7 @@ def _keep_faster(g: Graph, nodes: list[Node], target: Any, threads: int | None, 
             times[sparse] = tuple(statistics.median(t) if t else math.inf for t in got)
     slower, out = [], []
     for n, o in zip(nodes, g.nodes):
-        if n.task in times and times[n.task][1] >= times[n.task][0]:
+        if n.is_anchor and n.task in times and times[n.task][1] >= times[n.task][0]:
             d, s = (f"{t * 1e3:.4g} ms" if math.isfinite(t) else "no clean timing" for t in times[n.task])
             slower.append(f"{n.name} ({n.task.sparsity:.0%} zeros: sparse {s}, dense {d})")
             n = o
