@@ -374,7 +374,8 @@ def _cost_aware(early_stop: str | None, filter_p: float | None):
             raise UserError(f"--early-stop takes 'calibrated' or a number (got {early_stop!r})") from None
         return CostAware(filter_p=filter_p, early_stop=threshold)
     except ValueError as e:  # in the command line's names
-        raise UserError(str(e).replace("early_stop", "--early-stop").replace("filter_p", "--filter-p")) from None
+        raise UserError(str(e).replace("early_stop", "--early-stop").replace("filter_p", "--filter-p")
+                        .replace(" or None", "")) from None
 
 
 def _against_onnxruntime(res, threads: int) -> dict:

@@ -117,8 +117,10 @@ class CostAware:
             raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
         if self.early_stop is not None and not self.early_stop > 0:
             raise ValueError(f"early_stop must be > 0 (got {self.early_stop})")
-        if self.warmup < 1 or self.patience < 1 or self.window < 1:
-            raise ValueError("warmup, patience and window must be >= 1")
+        for name, low in (("warmup", 1), ("patience", 1), ("window", 1), ("explore", 0)):  # counts (session 80:
+            v = getattr(self, name)  # a float window failed mid-run)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+                raise ValueError(f"{name} must be a whole number >= {low} (got {v!r})")
 
     @property
     def enabled(self) -> bool:

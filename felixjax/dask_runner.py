@@ -130,6 +130,7 @@ class DaskRunner:
         self._device_peak = 0  # the most measuring workers seen (candidates on a device at once)
         self._scattered: dict[int, tuple[Any, Any]] = {}  # id(array) -> (array, future)
         self._shipped: dict[str, remote.Shipped] = {}  # Runner-protocol builds: key -> shipped build
+        self._stranded: list[tuple[int, MeasureResult]] = []  # see take_stranded
         self._device_sources: dict[str, str] = {}  # Runner-protocol builds made when measured: key -> source
 
     def __repr__(self) -> str:
@@ -281,7 +282,15 @@ class DaskRunner:
                                          f"resume") from e
             raise
 
+    def take_stranded(self) -> list[tuple[int, MeasureResult]]:
+        """(index, result) of the candidates of the last stream that finished but were never yielded (a later
+        one than a candidate still measuring when the stream stopped: Ctrl-C, a lost scheduler), once: the
+        Measurer records them when a stream ends by an exception (session 80: a review lost 2 of 7)."""
+        out, self._stranded = self._stranded, []
+        return out
+
     def _stream(self, sources: list, requests: list, builds: list) -> Iterator[MeasureResult]:
+        self._stranded = []
         n = len(sources)
         futs = [self._guard(self._submit, s, r, b, n - i) for i, (s, r, b) in enumerate(zip(sources, requests, builds))]
         with contextlib.suppress(SchedulerLostError):
@@ -359,6 +368,7 @@ class DaskRunner:
                     index[futs[i].key] = i
                     futs[i].add_done_callback(ready.put)
         finally:
+            self._stranded = sorted(done.items())
             rest = [f for i, f in enumerate(futs) if i >= nxt and not f.done()]
             if rest and self.client.status == "running":
                 try:

@@ -83,10 +83,16 @@ class Measurer:
             sources.append(self.renderer(plans[-1]))
         stream = getattr(self.runner, "measure_stream", None)
         if stream is not None:  # a runner that builds and measures a whole batch itself (fj.DaskRunner), in order
-            with contextlib.closing(stream(sources, [self._request(p) for p in plans])) as results:
-                for cfg, res in zip(configs, results):
-                    if not on_result(cfg, res):
-                        return
+            try:
+                with contextlib.closing(stream(sources, [self._request(p) for p in plans])) as results:
+                    for cfg, res in zip(configs, results):
+                        if not on_result(cfg, res):
+                            return
+            except BaseException:  # Ctrl-C, a lost scheduler: results that finished after an unfinished one too
+                for i, res in getattr(self.runner, "take_stranded", list)():
+                    if not on_result(configs[i], res):
+                        break
+                raise
             return
         step = self.build_chunk or max(1, len(sources))
         for lo in range(0, len(sources), step):

@@ -495,16 +495,17 @@ class TuningSession:
         return f"early_stop:{self.target_key}:{tr.task.key}:{tr.run}"
 
     def _stopped_early(self, tr: TaskRun, ca: CostAware | None) -> str:
-        """``"early_stop"`` when this run was stopped early with the same options and nothing was added
-        since (the rule's state, e.g. its count of cold rounds, is not in the records: rerunning the same
-        call measured one more round each time); else ``""``."""
+        """``"early_stop"`` when this run was stopped early with the same options and trials budget (a bigger one
+        goes on: session 80) and nothing was added since (the rule's state, e.g. its count of cold rounds, is not
+        in the records: rerunning the same call measured one more round each time); else ``""``."""
         if tr.screen is None or not tr.resumed:
             return ""
         stored = self.db.get_meta(self._early_stop_key(tr))
         if not stored:
             return ""
         mark = json.loads(stored)
-        return "early_stop" if mark == {"at": tr.resumed, "options": repr(ca)} else ""
+        mark.setdefault("trials", tr.trials)  # (marks written before session 80 hold no budget)
+        return "early_stop" if mark == {"at": tr.resumed, "options": repr(ca), "trials": tr.trials} else ""
 
     def _pick_up_others(self, tr: TaskRun) -> None:
         """Records another process added to this run since we last looked count here too (two
@@ -545,7 +546,8 @@ class TuningSession:
             if why:
                 if why == "early_stop":  # remembered: the same call again stays stopped (_stopped_early)
                     self.db.set_meta(self._early_stop_key(tr),
-                                     json.dumps({"at": len(ctx.history), "options": repr(tr.screen.options)}))
+                                     json.dumps({"at": len(ctx.history), "options": repr(tr.screen.options),
+                                                 "trials": tr.trials}))
                 return self._finish(tr, why, t0)
         tr.stats["propose_s"] += time.perf_counter() - t0
         for c in cands:

@@ -93,6 +93,9 @@ def test_options_are_checked():
         CostAware(early_stop=0)
     with pytest.raises(ValueError, match="stop_rule"):
         CostAware(early_stop=1e-3, stop_rule="sometimes")
+    for bad in ({"window": 2.5}, {"warmup": 0}, {"patience": True}, {"explore": 8.0}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a whole number"):  # session 80: window=2.5
+            CostAware(early_stop=1e-3, **bad)  # was accepted, then failed mid-run
 
 
 def test_with_the_real_ensemble():
@@ -273,8 +276,8 @@ def test_python_cost_aware_arguments_are_checked_and_calibrated_by_name():
                     ({"cost_aware": CostAware(filter_p=0.5), "early_stop": 0.5}, "alone"),
                     ({"cost_aware": "calibrated"}, "must be a CostAware")):
         with pytest.raises(ValueError, match=msg):
-            fj.tune(fj.ops.matmul(8, 8, 8), strategy="random", trials=4, progress=False, retime=0, measurer=_replay,
-                    **kw)
+            fj.tune(fj.ops.matmul(8, 8, 8), TARGET, strategy="random", trials=4, progress=False, retime=0,
+                    measurer=_replay, **kw)
 
 
 def test_compare_refuses_a_seed_twice_and_plot_names_the_file_it_writes(tmp_path):
@@ -292,12 +295,15 @@ def test_a_run_stopped_early_stays_stopped_when_the_same_call_runs_again(tmp_pat
     # session 74 (a user's review): the rule's count of cold rounds is not in the records, so each rerun of the same
     # call measured one more round (48, 64, 80 trials); now the stop is remembered in the database
     db = str(tmp_path / "es.db")
-    runs = [fj.tune(fj.ops.matmul(64, 64, 64), strategy="random", trials=256, batch=16, early_stop=0.5, db=db,
+    runs = [fj.tune(fj.ops.matmul(64, 64, 64), TARGET, strategy="random", trials=256, batch=16, early_stop=0.5, db=db,
                     progress=False, retime=0, measurer=_replay) for _ in range(3)]
     assert runs[0].stop_reason == "early_stop" and len(runs[0].history) < 256
     assert [len(r.history) for r in runs[1:]] == [len(runs[0].history)] * 2
     assert all(r.stop_reason == "early_stop" for r in runs)
-    more = fj.tune(fj.ops.matmul(64, 64, 64), strategy="random", trials=len(runs[0].history) + 16, batch=16, db=db,
+    bigger = fj.tune(fj.ops.matmul(64, 64, 64), TARGET, strategy="random", trials=512, batch=16, early_stop=0.5, db=db,
+                     progress=False, retime=0, measurer=_replay)  # session 80: a bigger budget stayed stopped
+    assert len(bigger.history) > len(runs[0].history)
+    more = fj.tune(fj.ops.matmul(64, 64, 64), TARGET, strategy="random", trials=len(runs[0].history) + 16, batch=16, db=db,
                    progress=False, retime=0, measurer=_replay)  # without early stop: it goes on
     assert len(more.history) == len(runs[0].history) + 16
 
