@@ -116,6 +116,9 @@ class DaskRunner:
                  no_device_s: float = 120.0):
         if builds not in BUILD_MODES:
             raise ValueError(f"builds={builds!r}: expected one of {BUILD_MODES}")
+        if isinstance(client, str):  # session 80: read as a lost scheduler ("'str' object has no attribute ...")
+            raise TypeError(f"DaskRunner takes a distributed.Client (got the string {client!r}); "
+                            f"felixjax.dask_runner.connect({client!r}) connects to an address")
         self.client = client
         self.builds = builds
         self.flags, self.build_timeout_s, self.build_workers = tuple(flags), float(build_timeout_s), build_workers
@@ -567,7 +570,10 @@ def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iter
         runner_kwargs = {"measure_cpus": measure_cpus, "build_cpus": build_cpus, **runner_kwargs}
         client = Client(cluster)
     else:
-        _probe(spec)
+        if "://" not in spec and ":" not in spec:  # session 80: "loca" said "missing port number in address"
+            raise SchedulerLostError(f"--dask takes 'local' or a scheduler address such as tcp://host:8786 "
+                                     f"(got {spec!r})")
+        _probe(spec if "://" in spec else f"tcp://{spec}")  # (Dask reads host:port as tcp)
         try:
             client = Client(spec, timeout=f"{timeout_s}s")
         except OSError as e:

@@ -42,7 +42,7 @@ from codegen.space import Config
 from codegen.target import Target
 
 from . import db_files
-from .db_files import APPLICATION_ID, COLUMNS, SCHEMA_VERSION
+from .db_files import APPLICATION_ID, COLUMNS, SCHEMA_VERSION, finite_json  # noqa: F401 (finite_json: re-exported)
 from .errors import DatabaseError
 
 #: run-name prefix of in-network schedule choices (``retime:network:<run>``, :meth:`Database.network_choice`)
@@ -151,18 +151,6 @@ class TuningRecord:
         return TuningRecord(Task.from_json(d["task"]), d["target_key"], d["run"], int(d["trial"]),
                             Config.from_json(d["config"]), MeasureResult.from_json(d["result"]),
                             float(d.get("elapsed_s", 0.0)), d.get("target") or {}, info=d.get("info") or {})
-
-
-def finite_json(v):
-    """``v`` (dicts, lists, tuples, scalars) with every non-finite float as None: what strict JSON holds
-    of a figure that was not measured (a NaN mean over nothing, an inf latency)."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: finite_json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [finite_json(x) for x in v]
-    return v
 
 
 def _target_key(target: Target | str) -> str:
@@ -532,7 +520,8 @@ class Database:
         compared here. ``exclude_sketches``: sketch names whose records (their padded variants,
         ``<name>.<variant>``, included) are passed over. Where a config re-timed only on a busy machine (``noisy``:
         its timings are upper bounds) ran faster than the fastest clean row, that config wins, as its run's fastest
-        record of it while tuning (a slower clean runner-up was taken for the best)."""
+        record of it while tuning (a slower clean runner-up was taken for the best), else, timed only disturbed, as
+        its re-timing at its lowest timing (:func:`as_bound`)."""
         where, args = self._where(task, target, run, ok_only=True, exclude_sketches=exclude_sketches)
         if run is None:
             where += f" AND run NOT LIKE '{NETWORK_PREFIX}%'"
@@ -546,16 +535,16 @@ class Database:
     def _disturbed_below(self, task: Task, target: Target | str, run: str | None, rec: TuningRecord | None,
                          exclude_sketches: Collection[str]) -> TuningRecord | None:
         """:func:`disturbed_below` over the runs' newest re-timings: its run's fastest record of that config while
-        tuning, else ``None`` (session 79: a disturbed best made a 2.7x slower clean runner-up the best)."""
+        tuning (else its re-timing as an upper bound, :func:`as_bound`), else ``None`` (session 79: a disturbed best
+        made a 2.7x slower clean runner-up the best)."""
         where, args = self._where(task, target, run, exclude_sketches=exclude_sketches)
         where += (f" AND status = 'noisy' AND run LIKE 'retime:%' AND run NOT LIKE '{NETWORK_PREFIX}%' AND "
                   f"records.id >= {_BATCH_START}")
-        fastest = disturbed_below(self._rows(where, args), rec)
-        if fastest is None:
+        if (fastest := disturbed_below(self._rows(where, args), rec)) is None:
             return None
         where, args = self._where(task, target, fastest.run.removeprefix("retime:"), ok_only=True)
         return next(self._rows(where + " AND config = ?", args + (fastest.config.dumps(),),
-                               order="latency ASC, id ASC LIMIT 1"), None)
+                               order="latency ASC, id ASC LIMIT 1"), None) or as_bound(fastest)
 
     def newest_id(self, task: Task, target: Target | str, run: str) -> int:
         """The row id of the newest record of ``run`` for a task on a target, 0 when there is none (a run's
@@ -731,6 +720,17 @@ def disturbed_below(retimed: Iterable[TuningRecord], best: TuningRecord | None) 
     noisy = [r for r in retimed if r.result.status == "noisy" and r.result.latencies]
     fastest = min(noisy, key=lambda r: min(r.result.latencies), default=None)
     return fastest if fastest and min(fastest.result.latencies) < (best.latency_s if best else math.inf) else None
+
+
+def as_bound(rec: TuningRecord) -> TuningRecord:
+    """A ``noisy`` record as ``ok`` at its lowest timing, an upper bound (its ``error`` says so): a config timed only
+    disturbed, below every clean one, is the best (session 80: one 5x slower was built instead)."""
+    bound = (min(rec.result.latencies),)
+    return dataclasses.replace(rec, result=dataclasses.replace(rec.result, status="ok", latencies=bound,
+                                                               error=UPPER_BOUND))
+
+
+UPPER_BOUND = "upper bound: every timing of this config was disturbed (noisy); its latency is the lowest of them"
 
 
 def settings_key(target_key: str, task_key: str, run: str) -> str:

@@ -3,6 +3,7 @@ application's file, a newer schema, a damaged header, read-only files and journa
 errors for each (:class:`felixjax.errors.DatabaseError`). Used by :class:`felixjax.database.Database`."""
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import urllib.parse
@@ -150,3 +151,15 @@ def inspect(path: str, timeout: float) -> int:
         return version if app_id == APPLICATION_ID else 0
     finally:
         conn.close()
+
+
+def finite_json(v):
+    """``v`` (dicts, lists, tuples, scalars) with every non-finite float as None: what strict JSON holds
+    of a figure that was not measured (a NaN mean over nothing, an inf latency)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_json(x) for x in v]
+    return v

@@ -46,6 +46,10 @@ class Measurer:
                  protocol: TimingProtocol | None = None, build_workers: int = 2,
                  build_chunk: int | None = BUILD_CHUNK, input_seed: int = 0,
                  renderer: Callable[[Plan], str] = render, cache_dir: str | os.PathLike | None = None):
+        if not (hasattr(runner, "measure") or hasattr(runner, "measure_stream") or hasattr(runner, "run")):
+            raise TypeError(f"runner= takes a runner object (codegen.measure.LocalRunner, fj.DaskRunner, ...), got "
+                            f"{runner!r}" + ("; for a Dask cluster: felixjax.dask_runner.connect(address)"
+                                             if isinstance(runner, str) else ""))
         self.task, self.target, self.runner = task, target, runner
         self.cache_dir = cache_dir  # compiled-kernel cache (None: codegen.build's default); a session may set it per run
         self.renderer = renderer

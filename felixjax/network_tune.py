@@ -120,10 +120,21 @@ def _round_progress(p: dict) -> None:
          f"correct kernels timed only on a busy machine (noisy): best <= {bound * 1e3:.4g} ms" if bound else
          "no correct kernel yet")
     print(f"[felixjax] round {p['round']:3d}  task {p['index'] + 1}/{p['tasks']} {p['task'].name} (x{p['weight']}): "
-          f"+{p['new']} -> {p['task_trials']} trials, {b} | network est. {p['estimate_s'] * 1e3:.4g} ms"
-          + (f" ({p['measured_tasks']} of {p['tasks']} tasks)" if p.get("measured_tasks", p["tasks"]) < p["tasks"]
-             else "") + " | "
+          f"+{p['new']} -> {_n(p['task_trials'], 'trial')}, {b} | " + _estimate(p) + " | "
           f"{p['trials']}/{p['budget']} trials, {p['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
+
+
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
+def _estimate(p: dict) -> str:
+    """The round line's network estimate (none before a task has a clean timing; session 80: "est. 0 ms")."""
+    measured = p.get("measured_tasks", p["tasks"])
+    if not measured:
+        return "network est. none yet (no task timed cleanly)"
+    part = f" ({measured} of {p['tasks']} tasks)" if measured < p["tasks"] else ""
+    return f"network est. {p['estimate_s'] * 1e3:.4g} ms{part}"
 
 
 _clock = time.monotonic  # InRoundProgress's clock (a test replaces it)
@@ -144,7 +155,7 @@ class InRoundProgress:
             self._start = now
             return
         if kind == "retime":
-            msg = f"timing its best {p['configs']} configs again, {p['repeats']} times interleaved"
+            msg = f"timing its best {_n(p['configs'], 'config')} again, {p['repeats']} times interleaved"
         elif kind == "measured" and now - self._start >= self.every_s and now - self._last >= self.every_s:
             best = p["best"]
             msg = (f"{p['in_round']}/{p['round_size']} measured in this round, "

@@ -1,5 +1,5 @@
 """What a tuning run was started with, kept in its database: the seed, the strategy and its options, the
-candidates per round, the sketches left out, the cost model, whether the default schedules were measured
+candidates per round, the sketches left out, the cost model, the cost-aware options, whether the defaults were measured
 first, and the versions of felixjax, jax, flax, optax and numpy (the target's JSON in every record already
 names the CPU and the compiler). Written when a run starts (no record of it yet; ``Database.run_settings`` reads
 it back); a call that resumes the run with other settings warns, since the run's history then mixes two
@@ -27,7 +27,7 @@ from typing import Any
 
 #: the settings whose change makes a resumed run's history mix two searches (versions are provenance only)
 COMPARED = ("strategy", "seed", "options", "batch", "excluded_sketches", "session_cost_model", "defaults",
-            "model_seed")
+            "model_seed", "cost_aware")
 
 
 def jsonable(value: Any) -> Any:
@@ -84,11 +84,14 @@ def versions() -> dict[str, str]:
 
 
 def run_settings(strategy: str, seed: int, options: dict | None, *, session_cost_model: Any, defaults: bool,
-                 model_seed: Any, batch: int | None = None, excluded: Any = ()) -> dict:
+                 model_seed: Any, batch: int | None = None, excluded: Any = (), cost_aware: Any = None) -> dict:
     """The settings record of a run (see the module docstring); ``batch``: candidates per round; ``excluded``:
-    sketches the run may not propose."""
+    sketches the run may not propose; ``cost_aware``: its :class:`~felixjax.cost_aware.CostAware` options (None
+    when off; session 80: a resume with another filter or early stop was silent)."""
+    on = cost_aware is not None and cost_aware.enabled
     return {"strategy": strategy, "seed": int(seed), "options": jsonable(dict(options or {})), "batch": jsonable(batch),
             "excluded_sketches": sorted(excluded),
+            "cost_aware": jsonable(dict(vars(cost_aware))) if on else None,
             "session_cost_model": jsonable(session_cost_model), "defaults": bool(defaults),
             "model_seed": jsonable(model_seed), "versions": versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -17,7 +17,7 @@ from codegen.runtime import Kernel
 from codegen.space import Space
 from codegen.target import Target
 
-from .database import TuningRecord, disturbed_below
+from .database import TuningRecord, as_bound, disturbed_below
 
 
 @dataclass
@@ -37,14 +37,14 @@ class TuneResult:
         """The best kernel: its re-timed record (timed again at the end of the run, interleaved with
         the runner-ups) when the run re-timed, else its best record while tuning. Where a config re-timed only on a
         busy machine (``noisy``: its timings are upper bounds) ran faster than the fastest clean re-timing, that
-        config is the best, as its fastest record while tuning (a slower runner-up became the best, session 79)."""
+        config is the best, as its fastest record while tuning (a slower runner-up became the best, session 79),
+        else (timed only disturbed) as its re-timing at its lowest timing, an upper bound (``database.as_bound``)."""
         ok = [r for r in self.retimed if r.ok]
         best = min(ok, key=lambda r: r.latency_s) if ok else None
         noisy = disturbed_below(self.retimed, best)
         if noisy is not None:
             mine = [r for r in self.history if r.ok and r.config == noisy.config]
-            if mine:
-                return min(mine, key=lambda r: r.latency_s)
+            return min(mine, key=lambda r: r.latency_s) if mine else as_bound(noisy)  # timed only disturbed
         return best if best is not None else self.best_while_tuning
 
     @property

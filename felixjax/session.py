@@ -458,9 +458,11 @@ class TuningSession:
         if before is None:
             self.db.set_meta(key, strat.name)
         options = effective_options(strat, strategy_options, by_name=isinstance(strategy, str))
+        ca = cost_aware if cost_aware is not None else self.cost_aware
         keep_settings(self.db, settings_key(self.target_key, task.key, run), run_settings(
             strat.name, seed, options, session_cost_model=self.cost_model, defaults=self.defaults,
-            model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches),
+            model_seed=model_seed, batch=batch or getattr(strat, "batch_size", None), excluded=exclude_sketches,
+            cost_aware=ca),
             resumed=bool(history), what=f"run {run!r} of {task.name}")
         spaces = {k: sp for k, sp in spaces_for(task, self.target).items() if sp.sketch.base not in exclude_sketches}
         if not spaces:
@@ -479,13 +481,12 @@ class TuningSession:
         tr = TaskRun(task, run, label, seed, strat, ctx, trials, seconds, group,
                      clock=history[-1].elapsed_s if history else 0.0, resumed=len(history),
                      last_id=max((r.id or 0 for r in history), default=0))
-        ca = cost_aware if cost_aware is not None else self.cost_aware
         tr.screen = Screen(ca, seed) if ca is not None and ca.enabled else None
         if history:
             t = time.perf_counter()
             strat.update(ctx, list(history))
             tr.stats["update_s"] += time.perf_counter() - t
-            self._event(tr, "resumed")
+            self._event(tr, "resumed", spent=tr.out_of_budget())
         tr.stop_reason = tr.out_of_budget() or self._stopped_early(tr, ca)
         tr.done = bool(tr.stop_reason)
         self.runs.append(tr)
@@ -781,7 +782,9 @@ class _ProgressPrinter:
         b = f"best {best.gflops:7.1f} GFLOP/s ({best.latency_s * 1e3:.4g} ms)" if best else "best  -"
         budget = f"/{p['budget']}" if p.get("budget") else ""
         if p["event"] == "resumed":
-            full = " (the budget: nothing left to measure)" if p.get("budget") and p["resumed"] >= p["budget"] else ""
+            full = {"trials": " (the budget: nothing left to measure)", "seconds": " (its seconds budget is spent: it "
+                    "counts the run's earlier calls)"}.get(p.get("spent") or ("trials" if p.get("budget") and
+                                                                              p["resumed"] >= p["budget"] else ""), "")
             msg = f"resumed: {p['resumed']} records found in the database{full}, {b}"
         elif p["event"] == "retime":
             msg = (f"timing the best {p['configs']} configs again, {p['repeats']} times interleaved "

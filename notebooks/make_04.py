@@ -93,7 +93,7 @@ about three trials per task the schedules are barely tuned (the sketches' hand-w
 so either side may be ahead here. `benchmarks/networks.py` measures the tuned builds with a real budget."""),
     ("code", """cmp = compare_onnxruntime(exe, onnx_path, threads=1, rounds=3, min_time_s=0.1)
 print(f"felixjax {cmp['felixjax_ms']:.2f} ms, onnxruntime {cmp['onnxruntime_ms']:.2f} ms "
-      f"({cmp['threads']} threads, medians of {cmp['rounds']})")
+      f"({cmp['threads']} thread{'' if cmp['threads'] == 1 else 's'}, medians of {cmp['rounds']})")
 rows = sorted(exe.profile(x, number=5), key=lambda r: -r["ms"])
 total = sum(r["ms"] for r in rows)
 for r in rows[:6]:
