@@ -70,7 +70,8 @@ from codegen.build import BuildResult
 from codegen.measure_child import _child_main, load_kernel_library  # noqa: F401  (load_kernel_library: re-exported)
 from codegen.measure_records import (  # noqa: F401  (the records are re-exported: codegen.measure is their public home)
     _LOCK_TIMEOUT_S, _MAX_WALL_CPU_RATIO, _READY_TIMEOUT_S, _REMEASURE, _STEP_FACTOR, _STEP_FLOOR_S,
-    STATUSES, MeasureResult, RunRequest, TimingProtocol, check_output, disturbed, invalid_latencies,
+    MAX_SPREAD, STATUSES, MeasureResult, RunRequest, TimingProtocol, check_output, disturbed, invalid_latencies,
+    spread_out,
 )
 from codegen.renderers.harness import TIMING_HARNESS_C
 from codegen.measure_lock import MeasureLock, lock_path  # noqa: F401
@@ -379,6 +380,11 @@ def _interpret(out: dict[str, Any], max_ratio: float | None) -> tuple[str, tuple
                                     f"took more than {max_ratio:g}x their CPU time or a thread waited more than "
                                     f"{1 - 1 / max_ratio:.0%} of the time for a CPU ({shown}); another process "
                                     f"was using this CPU{load}")
+    if max_ratio is not None and spread_out(latencies):
+        return "noisy", latencies, (f"disturbed measurement: its repeats spread {max(latencies) / min(latencies):.0f}x "
+                                    f"({min(latencies) * 1e3:.3g}-{max(latencies) * 1e3:.3g} ms), more than "
+                                    f"{MAX_SPREAD:g}x, in every attempt: time the CPU did not give the kernel (e.g. "
+                                    f"a virtual machine's stolen time) that neither CPU-time sign sees")
     return status, latencies, error
 
 

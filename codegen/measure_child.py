@@ -26,6 +26,7 @@ from codegen.measure_records import (
     invalid_latencies,
     longest_wait_s,
     run_delays,
+    spread_out,
 )
 
 
@@ -227,7 +228,7 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
             lost = max(1 - cpu_s / wall_s, (waited_s or 0.0) / wall_s) if wall_s > 0 else 0.0
             if lost < best:
                 best, latencies = lost, lat
-            if not disturbed(wall_s, cpu_s, max_ratio, waited_s):
+            if not disturbed(wall_s, cpu_s, max_ratio, waited_s) and not (max_ratio is not None and spread_out(lat)):
                 break
     except _InvalidTime as e:
         return fail("runtime_error", str(e), restart=False)

@@ -90,9 +90,10 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
                 ax.axhline(known / cmp.reach_frac * scale, color="grey", ls=":", lw=1)
             if any(np.isfinite(line.get_ydata()).any() for line in ax.get_lines()):
                 ax.set_yscale("log")
-                plain = FuncFormatter(lambda v, _: f"{v:.3g}")
-                ax.yaxis.set_major_formatter(plain)
-                ax.yaxis.set_minor_formatter(plain)
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+                # minor ticks: only 2x and 5x a power of ten are labelled (every one piled up over a decade)
+                ax.yaxis.set_minor_formatter(FuncFormatter(
+                    lambda v, _: f"{v:.3g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
                 ax.tick_params(axis="y", which="both", labelsize=7)
             else:
                 noisy = any(r.status == "noisy" for (t, _, _), recs in cmp.histories.items() if t == task.name
@@ -110,12 +111,12 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
     budget = f"{cmp.trials} trial{'s' if cmp.trials != 1 else ''}" + (f" / {cmp.seconds:g} s" if cmp.seconds else "")
     mode = "replayed (synthetic latencies)" if cmp.replay else "measured on this machine"
     thin = "thin: each seed; " if len(cmp.seeds) > 1 else ""
-    fig.suptitle(f"{budget} per run, seeds {', '.join(map(str, cmp.seeds))}, {mode}. Lines: median over seeds; "
+    fig.suptitle(f"{budget} per run, seeds {', '.join(map(str, cmp.seeds))}, {mode}.\nLines: median over seeds; "
                  f"{thin}bands: best to worst seed; dotted grey: {cmp.reach_frac:.0%} of the best known", fontsize=9)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8,
                    frameon=False)
-    fig.tight_layout(rect=(0, 0.05 if handles else 0, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.05 if handles else 0, 1, 0.93))  # (a two-line title: one line was cut off)
     path = os.fspath(path)
     path = path if os.path.splitext(path)[1] else path + ".png"  # what matplotlib writes without a suffix
     fig.savefig(path, dpi=100)

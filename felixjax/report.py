@@ -200,7 +200,7 @@ def _fmt_cell(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return "inf" if math.isinf(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")
+        return "-" if math.isinf(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")  # inf: no clean timing
     return str(v)
 
 

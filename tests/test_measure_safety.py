@@ -78,6 +78,18 @@ def test_invalid_latencies_and_disturbed_checks():
     assert not disturbed(2e-4, 1e-4)  # less than a millisecond lost: clock noise, not disturbance
 
 
+def test_repeats_spread_tenfold_are_noisy():
+    # session 80 (a review on a busy VM): ok repeats of 11.9, 11.9, 4.9, 0.058, 0.015 ms passed both CPU-time signs
+    from codegen.measure import _interpret
+
+    quiet = [(0.05, 0.05, 0.0)]
+    out = {"status": "ok", "latencies": [11.85e-3, 11.9e-3, 4.86e-3, 58e-6, 15e-6], "attempts": quiet}
+    status, lat, error = _interpret(out, 1.5)
+    assert status == "noisy" and len(lat) == 5 and "spread 793x" in error
+    assert _interpret(out, None)[0] == "ok"  # the checks turned off (FELIXJAX_MAX_WALL_CPU_RATIO=off)
+    assert _interpret({**out, "latencies": [1e-3, 1.4e-3, 9e-3]}, 1.5)[0] == "ok"  # 9x: a kernel's own spread
+
+
 # ---- disturbed measurements -----------------------------------------------------------------------
 
 @pytest.mark.cc

@@ -13,7 +13,9 @@ from felixjax.strategies.genetic import GeneticSearch
 from felixjax.strategies.gradient import GradientSearch
 from felixjax.testing import ReplayRunner, SyntheticOracle
 
-TARGET = fj.Target.cpu()
+# the shipped model's machine (16 lanes; on another SIMD width the default cost model sets it aside): replayed only
+TARGET = fj.Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_vnni=True, l1d_bytes=32 << 10,
+                       l2_bytes=1 << 20, l3_bytes=32 << 20)
 T1 = fj.ops.matmul(64, 48, 32)
 T2 = fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)
 
@@ -88,7 +90,7 @@ def test_a_model_group_serves_one_opening_and_compare_gives_each_arm_its_own():
     opened = GeneticSearch(population=128, batch_size=24, opening="packaged")
     opened.name = "genetic_open"
     cmp = fj.compare([T1, T2], [GeneticSearch(population=128, batch_size=24), opened], trials=48, seeds=1, db=None,
-                     replay=True, progress=False, remeasure=0, defaults=False)
+                     replay=True, progress=False, remeasure=0, defaults=False, target=TARGET)
     first = {(task, arm): [r.config for r in h[:24]] for (task, arm, _), h in cmp.histories.items()}
     # the first task opens on the loaded checkpoint under both (nothing fine-tuned yet): the same 24 picks
     assert first[(T1.name, "genetic")] == first[(T1.name, "genetic_open")]

@@ -520,19 +520,21 @@ def test_tune_model_without_winograd_never_proposes_it(tmp_path, capsys):
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 16, 16])], [w])
     model = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
     task = model.tasks[0][0]
-    assert default_config_for(task, fj.Target.cpu()).sketch.startswith("conv_winograd")  # else this tests nothing
+    zen4 = fj.Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_vnni=True, l1d_bytes=32 << 10,
+                         l2_bytes=1 << 20, l3_bytes=32 << 20)  # replayed: this project's host, whatever runs it
+    assert default_config_for(task, zen4).sketch.startswith("conv_winograd")  # else this tests nothing
     db = str(tmp_path / "w.db")
-    res = fj.tune_model(model, trials=24, strategy="genetic", db=db, progress=False, retime=2, in_network=0,
+    res = fj.tune_model(model, zen4, trials=24, strategy="genetic", db=db, progress=False, retime=2, in_network=0,
                         measurer=lambda t, tg: ReplayRunner(SyntheticOracle(t, tg)), winograd=False)
     recs = fj.Database(db).records(task)
     assert len(recs) == 24 and not any(r.config.sketch.startswith("conv_winograd") for r in recs)
-    assert recs[0].config == default_config_for(task, fj.Target.cpu(), winograd=False)  # the opening's first
+    assert recs[0].config == default_config_for(task, zen4, winograd=False)  # the opening's first
     settings = fj.Database(db).run_settings(task, res.tasks[0].best.target_key, "genetic:0")
     assert settings["excluded_sketches"] == ["conv_winograd", "conv_winograd4"] and settings["batch"] == 6  # per round
     # Winograd records of another run: the in-network choice's candidates leave them out too (a code review)
     from felixjax.network_select import family_candidates
 
-    fj.tune_model(model, trials=12, strategy="random", db=db, progress=False, retime=0, in_network=0, run="with",
+    fj.tune_model(model, zen4, trials=12, strategy="random", db=db, progress=False, retime=0, in_network=0, run="with",
                   measurer=lambda t, tg: ReplayRunner(SyntheticOracle(t, tg)))
     key = res.tasks[0].best.target_key
     names = [r.sketch for r in family_candidates(fj.Database(db), task, key, 4)]
