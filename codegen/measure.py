@@ -383,8 +383,8 @@ def _interpret(out: dict[str, Any], max_ratio: float | None) -> tuple[str, tuple
     if max_ratio is not None and spread_out(latencies):
         return "noisy", latencies, (f"disturbed measurement: its repeats spread {max(latencies) / min(latencies):.0f}x "
                                     f"({min(latencies) * 1e3:.3g}-{max(latencies) * 1e3:.3g} ms), more than "
-                                    f"{MAX_SPREAD:g}x, in every attempt: time the CPU did not give the kernel (e.g. "
-                                    f"a virtual machine's stolen time) that neither CPU-time sign sees")
+                                    f"{MAX_SPREAD:g}x, and no attempt was undisturbed: time the CPU did not give the "
+                                    f"kernel (e.g. a virtual machine's stolen time) that neither CPU-time sign sees")
     return status, latencies, error
 
 

@@ -224,11 +224,13 @@ def _measure(conn, p: dict[str, Any], libs: _LibCache, flush: dict) -> dict[str,
                 waited_s = math.nan if waited is None else waited_s + waited
             waited_s = None if math.isnan(waited_s) else waited_s
             attempts.append((wall_s, cpu_s, waited_s))
-            # keep the least disturbed attempt's latencies: the smallest share of time lost either way
+            # keep the least disturbed attempt's latencies: the smallest share of time lost either way; a clean
+            # attempt's (it ends the loop) even where an earlier one lost less CPU time but spread its repeats
             lost = max(1 - cpu_s / wall_s, (waited_s or 0.0) / wall_s) if wall_s > 0 else 0.0
-            if lost < best:
+            clean = not (disturbed(wall_s, cpu_s, max_ratio, waited_s) or max_ratio is not None and spread_out(lat))
+            if lost < best or clean:
                 best, latencies = lost, lat
-            if not disturbed(wall_s, cpu_s, max_ratio, waited_s) and not (max_ratio is not None and spread_out(lat)):
+            if clean:
                 break
     except _InvalidTime as e:
         return fail("runtime_error", str(e), restart=False)

@@ -117,10 +117,12 @@ class CostAware:
             raise ValueError(f"filter_p must be in (0, 1) (got {self.filter_p})")
         if self.early_stop is not None and not self.early_stop > 0:
             raise ValueError(f"early_stop must be > 0 (got {self.early_stop})")
-        for name, low in (("warmup", 1), ("patience", 1), ("window", 1), ("explore", 0)):  # counts (session 80:
-            v = getattr(self, name)  # a float window failed mid-run)
+        for name, low in (("warmup", 1), ("patience", 1), ("window", 1), ("explore", 0), ("members", 1),
+                          ("hidden", 1)):  # counts (session 80: a float window failed mid-run)
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
                 raise ValueError(f"{name} must be a whole number >= {low} (got {v!r})")
+            object.__setattr__(self, name, int(v))  # (a numpy int's repr would not match a stored early-stop mark)
 
     @property
     def enabled(self) -> bool:

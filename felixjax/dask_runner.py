@@ -250,6 +250,7 @@ class DaskRunner:
         cancels what has not run yet.
         """
         sources, requests = list(sources), list(requests)
+        self._stranded = []  # a batch before this one's (a code review: handed over when this one failed to start)
         if len(sources) != len(requests):
             raise ValueError("one source per request")
         if requests:
@@ -293,7 +294,6 @@ class DaskRunner:
         return out
 
     def _stream(self, sources: list, requests: list, builds: list) -> Iterator[MeasureResult]:
-        self._stranded = []
         n = len(sources)
         futs = [self._guard(self._submit, s, r, b, n - i) for i, (s, r, b) in enumerate(zip(sources, requests, builds))]
         with contextlib.suppress(SchedulerLostError):

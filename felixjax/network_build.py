@@ -21,7 +21,7 @@ from codegen.sparse_lower import SparsePlan, with_weights
 from codegen.target import Target
 from codegen.winograd import VARIANTS as WINOGRAD_VARIANTS
 
-from .database import NETWORK_PREFIX, Database
+from .database import NETWORK_PREFIX, UPPER_BOUND, Database
 from .errors import UnsupportedModelError
 from .graph_passes import Graph
 from .onnx_import import Model, load_onnx
@@ -240,6 +240,8 @@ def choose_schedules(model: Model, target: Target, *, db: str | os.PathLike | Da
                 cfg, source, lat = rec.config, "tuned", rec.latency_s
                 if rec.run.startswith(NETWORK_PREFIX):
                     note = (note + "; " if note else "") + "chosen by its layers' time inside a network"
+                if rec.result.error == UPPER_BOUND:  # Database.best's as_bound: below every clean config
+                    note = (note + "; " if note else "") + "timed only on a busy machine: its time is an upper bound"
                 stale = cfg != default and all(r.config != default for r in database.records(
                     task, rec.target_key, retimes=True))
                 if stale:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from felixjax.errors import ModelFormatError
 from felixjax.graph_passes import Node
 
 __all__ = ["ATTRS", "IMPORTERS", "OPS", "EquationError", "check_model_equations", "check_syntax", "parse_equation"]
@@ -61,7 +62,6 @@ def check_syntax(equation: str) -> None:
 
 def check_model_equations(nodes: Sequence[Any]) -> None:
     """Raise ``ModelFormatError`` naming the first Einsum node (ONNX NodeProto) whose equation is malformed."""
-    from felixjax.errors import ModelFormatError
     for k, node in enumerate(nodes):
         if node.op_type == "Einsum" and node.domain in ("", "ai.onnx"):
             eq = next((a.s.decode(errors="replace") for a in node.attribute if a.name == "equation"), "")
@@ -94,20 +94,20 @@ def parse_equation(equation: str, ranks: Sequence[int]) -> tuple[list[list[str]]
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ranks):
-        raise EquationError(f"{equation!r} has {len(terms)} operand terms for {len(ranks)} inputs")
+        raise EquationError(f"it has {len(terms)} operand terms for {len(ranks)} inputs")
     width = max([r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t], default=0)
     labels = [_term(t, r, width) for t, r in zip(terms, ranks)]
     if arrow:
         if "-" in rhs or ">" in rhs or "," in rhs:
-            raise EquationError(f"{equation!r}: the output term {rhs!r} is malformed")
+            raise EquationError(f"the output term {rhs!r} is malformed")
         if "..." not in rhs and width:
-            raise EquationError(f"{equation!r}: the inputs' '...' axes need a '...' in the output")
+            raise EquationError("the inputs' '...' axes need a '...' in the output")
         out = _term(rhs, -1, width)
         if len(set(out)) != len(out):
-            raise EquationError(f"{equation!r}: the output names a label twice")
+            raise EquationError("the output names a label twice")
         missing = [x for x in out if not any(x in lab for lab in labels)]
         if missing:
-            raise EquationError(f"{equation!r}: output label {missing[0]!r} names no input axis")
+            raise EquationError(f"output label {missing[0]!r} names no input axis")
     else:
         count = Counter(x for lab in labels for x in lab if not x.startswith("..."))
         out = [f"...{k}" for k in range(width)] + sorted(x for x, c in count.items() if c == 1)
@@ -232,15 +232,20 @@ def _einsum(ctx: Any) -> list[Node]:
         acc = ops[0]
         for j in range(1, len(ops)):
             later = {x for p in ops[j + 1:] for x in p.labels}
-            acc = low.contract(acc, ops[j], wanted | later)
+            other = ops[j]
+            if acc.name in ctx.consts and other.name not in ctx.consts:  # weights second: a MatMul anchor (tunable)
+                acc, other = other, acc
+            acc = low.contract(acc, other, wanted | later)
         acc = low.transpose(acc, out)
     except EquationError as e:
-        ctx.fail(f"equation {ctx.attrs['equation']!r}: {e}")
+        raise ModelFormatError(f"node {ctx.name!r} (op Einsum): equation {ctx.attrs['equation']!r}: {e}") from None
     expected = ctx.static_shape(ctx.outputs[0])
     if expected is None:  # ONNX's inference left it open (e.g. an implicit scalar output): ours is exact
         ctx.types[ctx.outputs[0]] = (ctx.types.get(ctx.outputs[0], (TensorProto.FLOAT,))[0], tuple(acc.shape))
-    elif tuple(expected) != tuple(acc.shape):
-        ctx.fail(f"the equation gives shape {tuple(acc.shape)}, the model declares {expected}")
+    elif tuple(expected) != tuple(acc.shape):  # ONNX's inference takes a size-1 first operand's size for a label
+        # that broadcasts (onnxruntime computes ours); the shapes it inferred after this node are wrong too
+        ctx.fail(f"the equation gives shape {tuple(acc.shape)}, ONNX's shape inference says {expected} (a size-1 "
+                 f"axis broadcast against a longer one: list the operand with the longer axis first, or expand it)")
     # the last node writes the Einsum's output (an Identity where the lowering is empty)
     if low.nodes and low.nodes[-1].outputs == (acc.name,):
         last = low.nodes.pop()

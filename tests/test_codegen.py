@@ -446,7 +446,8 @@ def test_gemm_default_row_split_balances_the_cores():
                 else:
                     cands = [p for p in range(1, blocks + 1) if blocks % p == 0 and p >= want] or [blocks]
                     assert _imbalance(chunks * d, cores) == min(_imbalance(chunks * p, cores) for p in cands)
-    zen4 = Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, l1d_bytes=32 << 10, l2_bytes=1 << 20,
+    zen4 = Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_vnni=True, avx512_fp16=False,
+                      l1d_bytes=32 << 10, l2_bytes=1 << 20,
                       l3_bytes=32 << 20)  # (all of it pinned: an 8-lane host's 512 KiB L2 split 11 x 3 x 8)
     sp = Space(ops.matmul(257, 96, 384), "gemm_packed.pad_m264", zen4)
     assert sp.default().tiles[1] == (33, 1, 1, 8)  # 33 chunks of 8 rows (was 3 chunks of 11 x 8)

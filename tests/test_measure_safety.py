@@ -88,6 +88,8 @@ def test_repeats_spread_tenfold_are_noisy():
     assert status == "noisy" and len(lat) == 5 and "spread 793x" in error
     assert _interpret(out, None)[0] == "ok"  # the checks turned off (FELIXJAX_MAX_WALL_CPU_RATIO=off)
     assert _interpret({**out, "latencies": [1e-3, 1.4e-3, 9e-3]}, 1.5)[0] == "ok"  # 9x: a kernel's own spread
+    # one interrupted repeat of a microsecond kernel timed one call per repeat (a code review): not disturbed
+    assert _interpret({**out, "latencies": [5.9e-6] * 9 + [92e-6]}, 1.5)[0] == "ok"
 
 
 # ---- disturbed measurements -----------------------------------------------------------------------

@@ -14,8 +14,8 @@ from felixjax.strategies.gradient import GradientSearch
 from felixjax.testing import ReplayRunner, SyntheticOracle
 
 # the shipped model's machine (16 lanes; on another SIMD width the default cost model sets it aside): replayed only
-TARGET = fj.Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_vnni=True, l1d_bytes=32 << 10,
-                       l2_bytes=1 << 20, l3_bytes=32 << 20)
+TARGET = fj.Target.cpu(cores=2, simd_lanes=16, vector_registers=32, fma=True, avx512_vnni=True, avx512_fp16=False,
+                       l1d_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=32 << 20)
 T1 = fj.ops.matmul(64, 48, 32)
 T2 = fj.ops.conv2d(1, 16, 14, 14, out_channels=32, kernel=3, padding=1)
 
