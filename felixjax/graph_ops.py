@@ -53,6 +53,11 @@ def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = 
     return op_table.pad(np, x, pads, value, mode)
 
 
+_COMPARE = {"Greater": np.greater, "Less": np.less, "GreaterOrEqual": np.greater_equal, "LessOrEqual": np.less_equal,
+            "Equal": np.equal}
+_LOGIC = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}
+
+
 def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | None],
                    out_shapes: Sequence[Sequence[int]] | None) -> list[np.ndarray] | None:
     """One output list for the ops of ``felixjax.onnx_ops`` that only the numpy executor runs (the others
@@ -83,6 +88,12 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_f32(np.where(x > np.float32(a["alpha"]), x, 0), x)]
     if op == "Where":
         return [np.where(args[0] != 0, args[1], args[2]).astype(np.result_type(args[1], args[2]))]
+    if op in _COMPARE:  # masks as float32 0 / 1 (felixjax.onnx_logic)
+        return [_COMPARE[op](args[0], args[1]).astype(np.float32)]
+    if op in _LOGIC:
+        return [_LOGIC[op](args[0] != 0, args[1] != 0).astype(np.float32)]
+    if op == "Not":
+        return [(x == 0).astype(np.float32)]
     if op == "Gather":
         return [np.take(x, a["indices"], axis=a["axis"])]
     if op == "Expand":

@@ -17,6 +17,8 @@ from felixjax.graph_passes import Node
 from felixjax.onnx_einsum import ATTRS as _EINSUM_ATTRS
 from felixjax.onnx_einsum import IMPORTERS as _EINSUM_IMPORTERS
 from felixjax.onnx_einsum import OPS as _EINSUM_OPS
+from felixjax.onnx_logic import IMPORTERS as _LOGIC_IMPORTERS
+from felixjax.onnx_logic import OPS as _LOGIC_OPS
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
 from felixjax.onnx_ops import IMPORTERS as _NEW_IMPORTERS
 from felixjax.onnx_ops import OPS as _NEW_OPS
@@ -27,7 +29,7 @@ SUPPORTED_OPS = (
     "Erf", "BatchNormalization", "LayerNormalization", "ReduceMean", "MaxPool", "AveragePool",
     "GlobalAveragePool", "Flatten", "Reshape", "Transpose", "Concat", "Softmax", "Pad", "Identity", "Dropout",
     "Constant", "ConstantOfShape",
-) + _NEW_OPS + _EINSUM_OPS
+) + _NEW_OPS + _EINSUM_OPS + _LOGIC_OPS
 
 # Attributes each op may carry (any other one is refused, never ignored).
 _ATTRS: dict[str, set[str]] = {
@@ -422,7 +424,7 @@ _IMPORTERS = {
     "Reshape": _reshape, "Transpose": _transpose, "Concat": _concat, "Softmax": _softmax, "Pad": _pad,
     "Identity": _identity, "Dropout": _dropout, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
     **_NEW_IMPORTERS,
-    **SPATIAL_IMPORTERS, **_EINSUM_IMPORTERS,
+    **SPATIAL_IMPORTERS, **_EINSUM_IMPORTERS, **_LOGIC_IMPORTERS,
 }
 for _op in ("Conv", "MaxPool", "AveragePool"):  # 1-D (N, C, L) inputs run as 2-D with a unit height
     _IMPORTERS[_op] = lift_1d(_IMPORTERS[_op])

@@ -40,7 +40,7 @@ op                                     inputs              attrs
 ``LogSoftmax``                         x                   axes (as Softmax)
 ``Gelu``                               x                   approximate ("none" | "tanh")
 ``Max Min PRelu``                      a, b                (numpy broadcasting; PRelu: b is the slope)
-``Where``                              cond, a, b          (cond: a float 0/1 constant)
+``Where``                              cond, a, b          (cond: float 0/1, a constant or a mask)
 ``Slice``                              x                   slices: ((start, stop or None, step) per dim)
 ``Gather``                             x                   axis, indices (an int64 array, >= 0)
 ``Expand``                             x                   shape (the output shape)
@@ -65,6 +65,7 @@ import numpy as np
 from onnx import TensorProto
 
 from felixjax.graph_passes import Node
+from felixjax.onnx_logic import cast_to_bool
 
 REDUCE = ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
           "ReduceLogSum", "ReduceLogSumExp")
@@ -197,8 +198,9 @@ def _prelu(ctx: Any) -> list[Node]:
 
 
 def _where(ctx: Any) -> list[Node]:
-    cond = ctx.const(ctx.input(0), "the condition")
-    c = ctx.new_const("cond", cond.astype(bool).astype(np.float32))
+    c = ctx.input(0)  # a mask computed at run time is float 0 / 1 already (felixjax.onnx_logic)
+    if c in ctx.consts:
+        c = ctx.new_const("cond", ctx.consts[c].astype(bool).astype(np.float32))
     return [_node(ctx, "Where", [c, ctx.input(1), ctx.input(2)])]
 
 
@@ -234,6 +236,8 @@ def _cast(ctx: Any) -> list[Node]:
         like = ctx.input(1)
         to = TensorProto.FLOAT if like in ctx.consts and ctx.consts[like].dtype == np.float32 else \
             ctx.types.get(like, (0,))[0]
+    if to == TensorProto.BOOL and ctx.op == "Cast":
+        return cast_to_bool(ctx)
     if to != TensorProto.FLOAT:
         ctx.fail(f"a cast of a data tensor to {TensorProto.DataType.Name(to).lower() if to else 'another type'} "
                  f"is not supported (felixjax runs float32 tensors; casts of constants and shapes fold)")
@@ -521,8 +525,7 @@ IMPORTERS = {
     "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space, "GroupNormalization": _group_norm,
     **{op: _normalization for op in ("RMSNormalization", "LpNormalization")},
     "Trilu": _trilu,
-    **{op: _must_fold for op in ("Shape", "Size", "Range", "Equal", "Less", "Greater", "Not", "And", "Or",
-                                 "NonZero")},
+    **{op: _must_fold for op in ("Shape", "Size", "Range", "NonZero")},
 }
 
 # Resize / Upsample, ConvTranspose and 1-D lifting live in felixjax/onnx_spatial.py (it imports the helpers

@@ -55,8 +55,15 @@ UNARY: dict[str, Callable[[dict], str]] = {
     "Shrink": lambda a: f"({{0}} < -(float){_flt(a['lambd'])} ? {{0}} + (float){_flt(a['bias'])} : "
                         f"({{0}} > (float){_flt(a['lambd'])} ? {{0}} - (float){_flt(a['bias'])} : 0.0f))",
     "Swish": lambda a: f"(float)((double){{0}} / (1.0 + exp(-{_flt(a['alpha'])} * (double){{0}})))",
+    "Not": lambda a: "({0} == 0.0f ? 1.0f : 0.0f)",  # a mask's negation (felixjax.onnx_logic)
 }
-BINARY = {"Max": "fj_max({0}, {1})", "Min": "fj_min({0}, {1})", "PRelu": "({0} < 0.0f ? {0} * {1} : {0})"}
+BINARY = {"Max": "fj_max({0}, {1})", "Min": "fj_min({0}, {1})", "PRelu": "({0} < 0.0f ? {0} * {1} : {0})",
+          # masks as float 0 / 1 (felixjax.onnx_logic); a NaN compares false, as in IEEE
+          **{op: f"({{0}} {c} {{1}} ? 1.0f : 0.0f)" for op, c in (("Greater", ">"), ("Less", "<"),
+                                                                   ("GreaterOrEqual", ">="), ("LessOrEqual", "<="),
+                                                                   ("Equal", "=="))},
+          **{op: f"(({{0}} != 0.0f) {c} ({{1}} != 0.0f) ? 1.0f : 0.0f)" for op, c in (("And", "&&"), ("Or", "||"),
+                                                                                       ("Xor", "!="))}}
 
 
 def _r_unary(c: _Ctx, w: Any) -> None:

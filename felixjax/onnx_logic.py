@@ -1,0 +1,85 @@
+"""Stage ① importers for ONNX comparisons and boolean logic on data tensors.
+
+felixjax runs float32 tensors only; a boolean tensor computed at run time (a mask: ``x > 0``, ``a == b``,
+``Not``, ``And``, ``Or``, ``Xor``) is held as a float32 tensor of 0.0 / 1.0. Its consumers read it as ONNX
+does: ``Where``'s condition (non-zero: true), another logic op, or ``Cast`` back to float (an Identity:
+the 0 / 1 values are already the cast's). A Cast of float data to bool is ``x != 0`` (``Not`` twice).
+Comparisons follow IEEE rules (a NaN compares false, ``Equal`` is exact), as onnxruntime's do. On
+constants every one of these folds at import (``felixjax.onnx_shapes``), as shape computations need.
+
+Canonical ops (numpy semantics in ``felixjax.graph_ops``, C in ``codegen.netbuild.more_ops``):
+
+==========================================================  ========  ==================================
+op                                                          inputs    output
+==========================================================  ========  ==================================
+``Greater Less GreaterOrEqual LessOrEqual Equal``           a, b      1.0 where the comparison holds
+``And Or Xor``                                              a, b      of ``a != 0`` and ``b != 0``
+``Not``                                                     x         1.0 where ``x == 0``
+==========================================================  ========  ==================================
+
+(numpy broadcasting throughout.) A model whose *output* is such a mask returns it as float32 0 / 1.
+
+Example:
+    >>> import numpy as np
+    >>> from felixjax.graph_ops import evaluate_extra
+    >>> evaluate_extra("Greater", {}, [np.array([1., -2., np.nan], np.float32), np.float32(0)], None)
+    [array([1., 0., 0.], dtype=float32)]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from felixjax.graph_passes import Node
+
+COMPARE = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
+LOGIC = ("And", "Or", "Xor")
+OPS = COMPARE + LOGIC + ("Not",)
+ATTRS: dict[str, set[str]] = {}
+
+
+def _operand(ctx: Any, k: int) -> str:
+    """Input ``k``: a constant as float32 (a bool or integer constant's 0 / 1 or values), else the value."""
+    name = ctx.input(k)
+    if name in ctx.consts and ctx.consts[name].dtype != np.float32:
+        value = ctx.consts[name]
+        if value.dtype != bool and not np.issubdtype(value.dtype, np.floating):
+            as_float = value.astype(np.float32)
+            if not np.array_equal(as_float.astype(value.dtype), value):
+                ctx.fail(f"constant {name!r} ({value.dtype}) is not exact in float32, where felixjax compares")
+        return ctx.new_const(f"in{k}", value.astype(np.float32))
+    return name
+
+
+def _mask_output(ctx: Any) -> None:
+    """The output is a bool tensor to ONNX: held as float32 0 / 1 here."""
+    out = ctx.outputs[0]
+    ctx.types[out] = (TensorProto.FLOAT, ctx.out_shape(out))
+
+
+def _binary(ctx: Any) -> list[Node]:
+    a, b = _operand(ctx, 0), _operand(ctx, 1)
+    _mask_output(ctx)
+    return [Node(ctx.op, (a, b), (ctx.outputs[0],), {}, ctx.name)]
+
+
+def _not(ctx: Any) -> list[Node]:
+    x = _operand(ctx, 0)
+    _mask_output(ctx)
+    return [Node("Not", (x,), (ctx.outputs[0],), {}, ctx.name)]
+
+
+def cast_to_bool(ctx: Any) -> list[Node]:
+    """``Cast(x, to=BOOL)`` of float data: ``x != 0`` as ``Not(Not(x))`` (0 / 1)."""
+    x, out = _operand(ctx, 0), ctx.outputs[0]
+    _mask_output(ctx)
+    mid = ctx.fresh("is_zero")
+    ctx.types[mid] = (TensorProto.FLOAT, ctx.out_shape(out))
+    return [Node("Not", (x,), (mid,), {}, ctx.name), Node("Not", (mid,), (out,), {}, ctx.name)]
+
+
+IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not}
+
+__all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]

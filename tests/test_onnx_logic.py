@@ -1,0 +1,74 @@
+"""Comparisons and boolean logic on data tensors (``felixjax.onnx_logic``: masks held as float32 0 / 1), with
+``Where`` on a mask and ``Cast`` to and from bool: numpy executor and C build against onnxruntime, NaN included."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import felixjax as fj
+from felixjax.errors import UnsupportedModelError
+
+RNG = np.random.default_rng(0)
+ZERO = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+
+
+def _model(nodes, inputs, inits=()):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[ZERO, *inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _check(model, inputs):
+    feeds = {n: RNG.standard_normal(s).astype(np.float32) for n, s in inputs}
+    first = feeds[inputs[0][0]]
+    first.flat[0], first.flat[-1] = np.nan, 0.0  # a NaN compares false; an exact 0 for Equal / Not
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run(feeds)
+    for y in (m.run_numpy(feeds), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(y, ref)  # 0 / 1 masks and selected values: exact
+    return m
+
+
+def test_leaky_relu_written_as_where_of_a_comparison():
+    slope = numpy_helper.from_array(np.array(0.1, np.float32), "slope")
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["m"]), helper.make_node("Mul", ["x", "slope"], ["xs"]),
+             helper.make_node("Where", ["m", "x", "xs"], ["y"])]
+    _check(_model(nodes, [("x", (2, 3, 4))], [slope]), [("x", (2, 3, 4))])
+
+
+@pytest.mark.parametrize("op", ["Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal"])
+def test_each_comparison_broadcasts_and_casts_back_to_float(op):
+    nodes = [helper.make_node(op, ["x", "b"], ["m"]), helper.make_node("Cast", ["m"], ["y"], to=TensorProto.FLOAT)]
+    _check(_model(nodes, [("x", (3, 5)), ("b", (1, 5))]), [("x", (3, 5)), ("b", (1, 5))])
+
+
+def test_logic_chain_with_a_bool_constant():
+    flags = numpy_helper.from_array(np.array([True, False, True, False, True]), "flags")
+    nodes = [helper.make_node("Less", ["x", "b"], ["l"]), helper.make_node("Equal", ["x", "x"], ["e"]),
+             helper.make_node("GreaterOrEqual", ["b", "zero"], ["g"]), helper.make_node("Or", ["e", "g"], ["o"]),
+             helper.make_node("And", ["l", "o"], ["a"]), helper.make_node("Xor", ["a", "flags"], ["xr"]),
+             helper.make_node("Not", ["xr"], ["n"]), helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["nf", "x"], ["y"])]
+    _check(_model(nodes, [("x", (3, 5)), ("b", (1, 5))], [flags]), [("x", (3, 5)), ("b", (1, 5))])
+
+
+def test_cast_of_float_data_to_bool_is_a_nonzero_mask():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["m"], to=TensorProto.BOOL),
+             helper.make_node("Where", ["m", "x", "zero"], ["y"])]
+    _check(_model(nodes, [("x", (4, 4))]), [("x", (4, 4))])
+
+
+def test_a_mask_output_comes_out_as_float_and_other_casts_are_still_refused():
+    g = helper.make_graph([helper.make_node("Greater", ["x", "zero"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3))],
+                          [helper.make_tensor_value_info("y", TensorProto.BOOL, None)], initializer=[ZERO])
+    m = fj.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(m.run_numpy({"x": x}), (x > 0).astype(np.float32))
+    nodes = [helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32), helper.make_node("Cast", ["i"], ["y"],
+                                                                                             to=TensorProto.FLOAT)]
+    with pytest.raises(UnsupportedModelError, match="a cast of a data tensor to int32 is not supported"):
+        fj.load_onnx(_model(nodes, [("x", (2, 3))]))
