@@ -91,9 +91,10 @@ def plot_comparison(cmp, path: str | os.PathLike) -> str:
             if any(np.isfinite(line.get_ydata()).any() for line in ax.get_lines()):
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
-                # minor ticks: only 2x and 5x a power of ten are labelled (every one piled up over a decade)
-                ax.yaxis.set_minor_formatter(FuncFormatter(
-                    lambda v, _: f"{v:.3g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
+                lo, hi = ax.get_ylim()  # over a decade, only the minor ticks at 2x and 5x a power of ten are
+                wide = hi > 10 * lo  # labelled (every one piled up); within one, every one (else none might be)
+                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _, wide=wide: f"{v:.3g}" if not wide or (
+                    v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5)) else ""))
                 ax.tick_params(axis="y", which="both", labelsize=7)
             else:
                 noisy = any(r.status == "noisy" for (t, _, _), recs in cmp.histories.items() if t == task.name

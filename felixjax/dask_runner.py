@@ -323,7 +323,7 @@ class DaskRunner:
                 else:  # reconnecting, or closed: give it lost_after_s
                     gone_since = gone_since or time.monotonic()
                     if time.monotonic() - gone_since > self.lost_after_s:
-                        raise SchedulerLostError(self._lost_message(nxt, len(futs)))
+                        raise SchedulerLostError(self._lost_message(nxt + len(done), len(futs)))  # (done: stranded)
                     if f is not None:
                         ready.put(f)  # look again once the scheduler is back
                         time.sleep(0.2)
@@ -571,13 +571,16 @@ def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iter
         client = Client(cluster)
     else:
         if "://" not in spec and ":" not in spec:  # session 80: "loca" said "missing port number in address"
-            raise SchedulerLostError(f"--dask takes 'local' or a scheduler address such as tcp://host:8786 "
-                                     f"(got {spec!r})")
+            raise SchedulerLostError(f"--dask / connect() take 'local' or a scheduler address such as "
+                                     f"tcp://host:8786 (got {spec!r})")
         _probe(spec if "://" in spec else f"tcp://{spec}")  # (Dask reads host:port as tcp)
         try:
             client = Client(spec, timeout=f"{timeout_s}s")
         except OSError as e:
             raise SchedulerLostError(f"cannot reach the Dask scheduler at {spec}: {e}") from None
+        except (TypeError, ValueError) as e:  # "127.0.0.1:" (no port), "tls://" without a security config
+            raise SchedulerLostError(f"cannot connect to the Dask scheduler at {spec!r} ({type(e).__name__}: {e}); "
+                                     f"--dask / connect() take 'local' or an address such as tcp://host:8786") from None
     try:
         yield DaskRunner(client, **runner_kwargs)
     finally:

@@ -13,7 +13,7 @@ from codegen.ops import Task
 from codegen.space import Config
 from codegen.target import Target
 
-from .database import TuningRecord
+from .database import UPPER_BOUND, TuningRecord
 from .network_build import CompiledModel
 from .onnx_import import Model
 from .scheduler import TaskScheduler
@@ -84,8 +84,9 @@ class NetworkTuneResult:
                 rows.append((t.task.name, str(t.weight), str(t.trials), "-", "-", "-", "-"))
                 continue
             wl = t.weight * t.best.latency_s
-            rows.append((t.task.name, str(t.weight), str(t.trials), f"{t.best.latency_s * 1e3:.4g}",
-                         f"{t.best.gflops:.1f}", f"{wl * 1e3:.4g}", f"{100 * wl / total:.1f}%"))
+            le = "<= " if t.best.result.error == UPPER_BOUND else ""  # timed only disturbed: an upper bound
+            rows.append((t.task.name, str(t.weight), str(t.trials), f"{le}{t.best.latency_s * 1e3:.4g}",
+                         f"{'>= ' if le else ''}{t.best.gflops:.1f}", f"{le}{wl * 1e3:.4g}", f"{100 * wl / total:.1f}%"))
         missing = sum(t.best is None for t in self.tasks)
         rows.append((f"total (anchors{f', {missing} task(s) without a timing left out' if missing else ''})",
                      str(sum(t.weight for t in self.tasks)), str(self.trials), "", "",

@@ -14,7 +14,7 @@ from codegen.lower import Plan, lower
 from codegen.ops import Task
 from codegen.render_c import render
 from codegen.runtime import Kernel
-from codegen.space import Space
+from codegen.space import Config, Space
 from codegen.target import Target
 
 from .database import TuningRecord, as_bound, disturbed_below
@@ -99,3 +99,12 @@ class TuneResult:
         b = self.best
         s = f"{b.gflops:.1f} GFLOP/s, {b.latency_s * 1e3:.4g} ms" if b else "no correct kernel"
         return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s})"
+
+
+def noisy_contender(history: list[TuningRecord], clean_best_s: float) -> Config | None:
+    """The config of the lowest ``noisy`` timing in ``history`` (timings are upper bounds) where it is below
+    ``clean_best_s`` (the fastest clean record), else None: the end-of-run re-timing times it beside the clean
+    bests (a config timed only disturbed lost to one 10x slower, session 80)."""
+    noisy = [r for r in history if r.result.status == "noisy" and r.result.latencies]
+    low = min(noisy, key=lambda r: min(r.result.latencies), default=None)
+    return low.config if low is not None and min(low.result.latencies) < clean_best_s else None

@@ -258,6 +258,30 @@ def test_a_config_timed_only_disturbed_below_every_clean_one_is_the_best_as_an_u
         assert db.best(t, TARGET.key).config == a  # while tuning: only clean rows count (unchanged)
 
 
+def test_fj_tune_re_times_a_config_timed_only_disturbed_below_the_clean_best(tmp_path):
+    # session 80 (a verification): the end-of-run re-timing took configs with a clean record only, so in fj.tune a
+    # config every timing of which was disturbed lost to a clean one 10x slower
+    from felixjax.database import UPPER_BOUND
+
+    oracle = SyntheticOracle(T1, TARGET)
+    first = []
+
+    class Disturbed(ReplayRunner):
+        def measure(self, configs, on_result):
+            for cfg in configs:
+                first.append(first[0] if first else cfg)  # the first config measured: always disturbed, fast
+                r = self._result(self.latency(cfg))
+                if cfg == first[0]:
+                    r = MeasureResult("noisy", (0.1 * r.latency_s,) * 3)
+                if not on_result(cfg, r):
+                    return
+
+    res = fj.tune(T1, strategy="random", trials=8, progress=False, db=str(tmp_path / "d.db"),
+                  measurer=lambda t, g: Disturbed(oracle))
+    assert res.history[0].result.status == "noisy" and not any(r.ok for r in res.history if r.config == first[0])
+    assert res.best.config == first[0] and res.best.result.error == UPPER_BOUND
+
+
 def test_progress_is_reported_inside_a_round():
     events = []
     fj.tune(T1, strategy="random", trials=12, batch=12, measurer=replay, progress=events.append, retime=0)
