@@ -48,6 +48,15 @@ def resize(x: np.ndarray, taps: Sequence[tuple], extrapolation_value: float) -> 
     return y.astype(x.dtype)
 
 
+def cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """ONNX CumSum in float64 (``exclusive``: each sum leaves its own element out; ``reverse``: from the end)."""
+    y = np.flip(x, axis) if reverse else x
+    c = np.cumsum(y.astype(np.float64), axis=axis)
+    if exclusive:
+        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)), np.delete(c, -1, axis=axis)], axis=axis)
+    return (np.flip(c, axis) if reverse else c).astype(x.dtype)
+
+
 def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = "constant") -> np.ndarray:
     """ONNX Pad in numpy (:func:`felixjax.op_table.pad`, written once for numpy and JAX)."""
     return op_table.pad(np, x, pads, value, mode)
@@ -94,6 +103,8 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_LOGIC[op](args[0] != 0, args[1] != 0).astype(np.float32)]
     if op == "Not":
         return [(x == 0).astype(np.float32)]
+    if op == "CumSum":
+        return [cumsum(x, int(a["axis"]), bool(a["exclusive"]), bool(a["reverse"]))]
     if op == "Gather":
         return [np.take(x, a["indices"], axis=a["axis"])]
     if op == "Expand":

@@ -73,7 +73,8 @@ UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish",
          "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish")
 PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu", "Shrink", "Swish")
 OPS = UNARY + PARAM_UNARY + (
-    "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "Expand", "Split", "Squeeze", "Unsqueeze",
+    "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "GatherND", "CumSum", "Expand", "Split",
+    "Squeeze", "Unsqueeze",
     "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
     "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax", "DepthToSpace", "SpaceToDepth",
     "GroupNormalization", "RMSNormalization", "LpNormalization", "Trilu",
@@ -87,7 +88,8 @@ ATTRS: dict[str, set[str]] = {
     "SpaceToDepth": {"blocksize", "mode"}, "GroupNormalization": {"num_groups", "epsilon", "stash_type"},
     "RMSNormalization": {"axis", "epsilon", "stash_type"}, "LpNormalization": {"axis", "p"},
     "Trilu": {"upper"},
-    "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "Split": {"axis", "split", "num_outputs"},
+    "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "GatherND": {"batch_dims"},
+    "CumSum": {"exclusive", "reverse"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
     **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in REDUCE},
@@ -285,6 +287,37 @@ def _gather(ctx: Any) -> list[Node]:
         ctx.fail(f"indices out of range for axis {axis} of size {xs[axis]}")
     idx = np.where(idx < 0, idx + xs[axis], idx)
     return [_node(ctx, "Gather", ctx.inputs[:1], {"axis": axis, "indices": idx})]
+
+
+def _gather_nd(ctx: Any) -> list[Node]:
+    """GatherND with constant indices: the indexed axes (after ``batch_dims``) flattened into one, then one Gather
+    of the flat offsets (a batch's offset included): output ``batch + index shape + the rest``."""
+    xs = ctx.shape(ctx.input(0))
+    idx = ctx.const(ctx.input(1), "the indices").astype(np.int64)
+    b = int(ctx.attrs.get("batch_dims", 0))
+    k = idx.shape[-1] if idx.ndim else -1
+    if idx.ndim < b + 1 or not 0 <= b < len(xs) or not 0 <= k <= len(xs) - b or tuple(idx.shape[:b]) != xs[:b]:
+        ctx.fail(f"indices of shape {idx.shape} with batch_dims={b} do not fit data of shape {xs}")
+    dims = np.array(xs[b:b + k], np.int64)
+    if ((idx < -dims) | (idx >= dims)).any():
+        ctx.fail(f"indices out of range for axes of sizes {tuple(dims)}")
+    idx = np.where(idx < 0, idx + dims, idx)
+    strides = np.array([math.prod(xs[b + j + 1:b + k]) for j in range(k)], np.int64)
+    nb, nd, rest = math.prod(xs[:b]), math.prod(xs[b:b + k]), tuple(xs[b + k:])
+    flat = (idx * strides).sum(-1) + np.arange(nb, dtype=np.int64).reshape(xs[:b] + (1,) * (idx.ndim - 1 - b)) * nd
+    mid = _tmp(ctx, "flat", (nb * nd,) + rest)
+    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": (nb * nd,) + rest}, [mid]),
+            _node(ctx, "Gather", [mid], {"axis": 0, "indices": flat})]
+
+
+def _cumsum(ctx: Any) -> list[Node]:
+    rank = len(ctx.shape(ctx.input(0)))
+    axis = ctx.const(ctx.input(1), "the axis").reshape(-1)
+    if axis.size != 1:
+        ctx.fail(f"the axis must be one integer (got {axis.tolist()})")
+    return [_node(ctx, "CumSum", ctx.inputs[:1], {"axis": ctx.axis(int(axis[0]), rank),
+                                                  "exclusive": int(ctx.attrs.get("exclusive", 0)),
+                                                  "reverse": int(ctx.attrs.get("reverse", 0))})]
 
 
 def _expand(ctx: Any) -> list[Node]:
@@ -518,7 +551,8 @@ def _must_fold(ctx: Any) -> list[Node]:
 IMPORTERS = {
     **{op: _unary for op in UNARY}, **{op: _param_unary for op in PARAM_UNARY},
     **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Where": _where,
-    "Slice": _slice, "Gather": _gather, "Expand": _expand, "Split": _split, "Squeeze": _squeeze,
+    "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "CumSum": _cumsum, "Expand": _expand,
+    "Split": _split, "Squeeze": _squeeze,
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
     **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,
     "InstanceNormalization": _instance_norm, "LRN": _lrn, "Tile": _tile, "LogSoftmax": _log_softmax,

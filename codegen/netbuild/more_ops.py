@@ -289,11 +289,33 @@ def _r_log_softmax(c: _Ctx, w: Any) -> None:
     w.close()
 
 
+def _r_cumsum(c: _Ctx, w: Any) -> None:
+    """ONNX CumSum along ``axis`` (``exclusive``, ``reverse``), accumulated in double (as the numpy reference)."""
+    shape = c.need(0)
+    axis = int(c.step.attrs["axis"])
+    outer, cnt, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    excl, rev = bool(c.step.attrs["exclusive"]), bool(c.step.attrs["reverse"])
+    if outer * inner >= 2 and outer * cnt * inner >= PARALLEL_MIN:
+        w("#pragma omp parallel for schedule(static) collapse(2)")
+    w.open(f"for (long o = 0; o < {outer}; ++o)")
+    w.open(f"for (long i = 0; i < {inner}; ++i)")
+    w(f"const float* xp = {c.x[0]} + o*{cnt * inner} + i;")
+    w(f"float* yp = {c.y[0]} + o*{cnt * inner} + i;")
+    w("double s = 0.0;")
+    w.open(f"for (long t = 0; t < {cnt}; ++t)")
+    w(f"const long j = {f'{cnt - 1} - t' if rev else 't'};")
+    add, put = f"s += (double)xp[j*{inner}];", f"yp[j*{inner}] = (float)s;"
+    w(f"{put} {add}" if excl else f"{add} {put}")
+    w.close()
+    w.close()
+    w.close()
+
+
 MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
     **{op: _r_unary for op in UNARY}, **{op: _r_binary for op in BINARY},
     "Where": _r_where, "Expand": _r_expand, "Slice": _r_slice, "Gather": _r_gather,
     **{op: _r_reduce for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                                 "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
     "LRN": _r_lrn, "Pad": _r_pad,
-    "Resize": _r_resize, "LogSoftmax": _r_log_softmax,
+    "Resize": _r_resize, "LogSoftmax": _r_log_softmax, "CumSum": _r_cumsum,
 }
