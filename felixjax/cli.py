@@ -269,6 +269,7 @@ def _target(threads: int | None, name: str = "cpu"):
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     import felixjax as fj
+    from felixjax.database import UPPER_BOUND
 
     if args.model and args.op:
         raise UserError("give either a model file or --op specs, not both")
@@ -319,9 +320,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(f"{task.name}: no correct kernel among {len(res.history)} trials ({res.status_counts()})")
             continue
         during = res.best_while_tuning
-        retimed = best is not during and during is not None and target.kind != "cuda-sim"
+        bound = best.result.error == UPPER_BOUND  # every timing of it disturbed (Database.as_bound)
+        retimed = best is not during and during is not None and target.kind != "cuda-sim" and not bound
         print(f"\n{task.name}: best of {len(res.history)} trials ({args.strategy}): "
-              f"{_ms(best.latency_s)}, {best.gflops:.1f} GFLOP/s"
+              f"{'<= ' if bound else ''}{_ms(best.latency_s)}, {'>= ' if bound else ''}{best.gflops:.1f} GFLOP/s"
+              + (" (every timing of it was disturbed: an upper bound)" if bound else "")
               + (f" (timed again at the end of the run; {_ms(during.latency_s)} while tuning, the minimum over "
                  "noisy timings that `felixjax report` lists)" if retimed else "")
               + (f" (simulated: felixjax's model of the {target.spec.full_name}, no GPU ran)"

@@ -573,8 +573,8 @@ def connect(spec: str, *, timeout_s: float = 30.0, **runner_kwargs: Any) -> Iter
         if "://" not in spec and ":" not in spec:  # session 80: "loca" said "missing port number in address"
             raise SchedulerLostError(f"--dask / connect() take 'local' or a scheduler address such as "
                                      f"tcp://host:8786 (got {spec!r})")
-        _probe(spec if "://" in spec else f"tcp://{spec}")  # (Dask reads host:port as tcp)
         try:
+            _probe(spec if "://" in spec else f"tcp://{spec}")  # (Dask reads host:port as tcp)
             client = Client(spec, timeout=f"{timeout_s}s")
         except OSError as e:
             raise SchedulerLostError(f"cannot reach the Dask scheduler at {spec}: {e}") from None

@@ -50,10 +50,10 @@ def resize(x: np.ndarray, taps: Sequence[tuple], extrapolation_value: float) -> 
 
 def cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
     """ONNX CumSum in float64 (``exclusive``: each sum leaves its own element out; ``reverse``: from the end)."""
-    y = np.flip(x, axis) if reverse else x
-    c = np.cumsum(y.astype(np.float64), axis=axis)
-    if exclusive:
-        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)), np.delete(c, -1, axis=axis)], axis=axis)
+    y = (np.flip(x, axis) if reverse else x).astype(np.float64)
+    if exclusive:  # the sums of a +0.0 and the elements before each (a -0.0 first element sums to +0.0, as in C)
+        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)), np.delete(y, -1, axis=axis)], axis=axis)
+    c = np.cumsum(y, axis=axis)
     return (np.flip(c, axis) if reverse else c).astype(x.dtype)
 
 

@@ -450,6 +450,8 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
             for o in node.outputs:
                 if o:
                     shapes[o] = ctx.out_shape(o)
+                    if types.get(o, (0,))[0] == TensorProto.BOOL and node.op in _MASK_MOVES:  # a mask moved (its
+                        types[o] = (TensorProto.FLOAT, types[o][1])  # data inputs are float 0 / 1: onnx_logic)
                     if types.get(o, (TensorProto.FLOAT,))[0] != TensorProto.FLOAT:
                         ctx.fail(f"output {o!r} has dtype {_dtype_name(types[o][0])}; felixjax supports float32 "
                                  f"tensors only")
@@ -477,6 +479,10 @@ def _known_shape(ctx: "_Ctx", value: str) -> tuple[int, ...] | None:
     if value in ctx.consts:
         return tuple(ctx.consts[value].shape)
     return ctx.shapes.get(value)
+
+
+#: canonical ops that only move or select values: a bool (mask) output of these holds 0 / 1 floats as its inputs do
+_MASK_MOVES = frozenset({"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Identity", "Pad", "Where"})
 
 
 def _check_node_shapes(ctx: "_Ctx", node: Node) -> None:

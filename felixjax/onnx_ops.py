@@ -238,7 +238,7 @@ def _cast(ctx: Any) -> list[Node]:
         like = ctx.input(1)
         to = TensorProto.FLOAT if like in ctx.consts and ctx.consts[like].dtype == np.float32 else \
             ctx.types.get(like, (0,))[0]
-    if to == TensorProto.BOOL and ctx.op == "Cast":
+    if to == TensorProto.BOOL:
         return cast_to_bool(ctx)
     if to != TensorProto.FLOAT:
         ctx.fail(f"a cast of a data tensor to {TensorProto.DataType.Name(to).lower() if to else 'another type'} "

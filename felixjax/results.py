@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +18,7 @@ from codegen.runtime import Kernel
 from codegen.space import Config, Space
 from codegen.target import Target
 
-from .database import TuningRecord, as_bound, disturbed_below
+from .database import UPPER_BOUND, TuningRecord, as_bound, disturbed_below
 
 
 @dataclass
@@ -97,14 +98,15 @@ class TuneResult:
 
     def __repr__(self) -> str:
         b = self.best
-        s = f"{b.gflops:.1f} GFLOP/s, {b.latency_s * 1e3:.4g} ms" if b else "no correct kernel"
+        le = "<= " if b and b.result.error == UPPER_BOUND else ""  # timed only disturbed: an upper bound
+        s = f"{'>= ' if le else ''}{b.gflops:.1f} GFLOP/s, {le}{b.latency_s * 1e3:.4g} ms" if b else "no correct kernel"
         return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s})"
 
 
-def noisy_contender(history: list[TuningRecord], clean_best_s: float) -> Config | None:
+def noisy_contender(history: list[TuningRecord], clean_best_s: float, sketches: Collection[str]) -> Config | None:
     """The config of the lowest ``noisy`` timing in ``history`` (timings are upper bounds) where it is below
-    ``clean_best_s`` (the fastest clean record), else None: the end-of-run re-timing times it beside the clean
-    bests (a config timed only disturbed lost to one 10x slower, session 80)."""
-    noisy = [r for r in history if r.result.status == "noisy" and r.result.latencies]
+    ``clean_best_s`` (the fastest clean record), else None; of ``sketches`` only (the run's, exclusions left out):
+    the end-of-run re-timing times it beside the clean bests (one timed only disturbed lost to one 10x slower)."""
+    noisy = [r for r in history if r.result.status == "noisy" and r.result.latencies and r.config.sketch in sketches]
     low = min(noisy, key=lambda r: min(r.result.latencies), default=None)
     return low.config if low is not None and min(low.result.latencies) < clean_best_s else None

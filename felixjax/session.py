@@ -691,10 +691,10 @@ class TuningSession:
             raise ValueError("retime() takes runs of one task")
         picks: dict[str, list[Config]] = {}
         for tr in runs:
-            ok = sorted((r for r in tr.history if r.ok), key=lambda r: r.latency_s)
-            best = list(dict.fromkeys(r.config for r in ok))[:top]
-            low = noisy_contender(tr.history, ok[0].latency_s if ok else math.inf)  # timed only disturbed, below
-            best += [low] if low is not None and low not in best else []  # the best (a verification, session 80)
+            ok = sorted((r for r in tr.history if r.ok and r.config.sketch in tr.ctx.spaces), key=lambda r: r.latency_s)
+            best = list(dict.fromkeys(r.config for r in ok))[:top]  # (excluded sketches of an earlier call left out)
+            low = noisy_contender(tr.history, ok[0].latency_s if ok else math.inf, tr.ctx.spaces)  # timed only
+            best += [low] if low is not None and low not in best else []  # disturbed, below the best (session 80)
             picks[tr.run] = best + [c for c in dict.fromkeys(extra) if c not in best]
         configs = list(dict.fromkeys(c for cs in picks.values() for c in cs))
         if not configs:

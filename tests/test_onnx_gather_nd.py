@@ -64,3 +64,17 @@ def test_bad_indices_are_refused_clearly():
     node = helper.make_node("GatherND", ["x", "i"], ["y"])
     with pytest.raises(UnsupportedModelError, match="indices out of range"):
         fj.load_onnx(_model([node], (3, 4), [_ints("i", [[0, 4]])]))
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+def test_cumsum_keeps_onnxruntimes_sign_of_zero(exclusive):
+    # a review: the C scan started at +0.0 (an inclusive sum of -0.0 came out +0.0) and numpy's exclusive one kept
+    # the first element's -0.0 (onnxruntime adds it to +0.0)
+    node = helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive)
+    model = _model([node], (3,), [_ints("a", 0)])
+    feeds = {"x": np.array([-0.0, -0.0, 1.0], np.float32)}
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run(feeds)
+    for y in (m.run_numpy(feeds), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))

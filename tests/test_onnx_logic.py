@@ -72,3 +72,15 @@ def test_a_mask_output_comes_out_as_float_and_other_casts_are_still_refused():
                                                                                              to=TensorProto.FLOAT)]
     with pytest.raises(UnsupportedModelError, match="a cast of a data tensor to int32 is not supported"):
         fj.load_onnx(_model(nodes, [("x", (2, 3))]))
+
+
+def test_a_mask_moved_by_reshape_transpose_concat_and_unsqueeze_stays_a_mask():
+    # a review: the attention-mask pattern (a mask reshaped / transposed / concatenated, then Where) was refused
+    # ("output has dtype bool"); data movement keeps its 0 / 1 values
+    shape = numpy_helper.from_array(np.array([4, 3], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),
+             helper.make_node("Concat", ["t", "t"], ["c"], axis=1), helper.make_node("Unsqueeze", ["c", "axes"], ["u"]),
+             helper.make_node("Where", ["u", "y0", "zero"], ["y"])]
+    _check(_model(nodes, [("x", (2, 6)), ("y0", (1, 3, 8))], [shape, axes]), [("x", (2, 6)), ("y0", (1, 3, 8))])

@@ -301,7 +301,7 @@ def _r_cumsum(c: _Ctx, w: Any) -> None:
     w.open(f"for (long i = 0; i < {inner}; ++i)")
     w(f"const float* xp = {c.x[0]} + o*{cnt * inner} + i;")
     w(f"float* yp = {c.y[0]} + o*{cnt * inner} + i;")
-    w("double s = 0.0;")
+    w(f"double s = {'0.0' if excl else '-0.0'};")  # (-0.0 + x is x, a -0.0 included, as onnxruntime's first sum)
     w.open(f"for (long t = 0; t < {cnt}; ++t)")
     w(f"const long j = {f'{cnt - 1} - t' if rev else 't'};")
     add, put = f"s += (double)xp[j*{inner}];", f"yp[j*{inner}] = (float)s;"
