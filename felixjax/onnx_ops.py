@@ -12,6 +12,7 @@ rewritten into canonical ones the rest of the stack already runs:
     RMSNormalization, LpNormalization   chains of Mul / ReduceMean / ReduceL1 / ReduceL2 / Max / Sqrt / Div
     Trilu                               Where with a constant triangular mask
     Tile                                one Gather per repeated axis
+    GatherND (constant indices)         Reshape (the indexed axes as one) -> one Gather of flat offsets
     Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
     GlobalMaxPool                       ReduceMax over the spatial axes
     InstanceNormalization               Reshape -> LayerNormalization -> Reshape -> ScaleShift
@@ -44,6 +45,7 @@ op                                     inputs              attrs
 ``Slice``                              x                   slices: ((start, stop or None, step) per dim)
 ``Gather``                             x                   axis, indices (an int64 array, >= 0)
 ``Expand``                             x                   shape (the output shape)
+``CumSum``                             x                   axis (>= 0), exclusive, reverse (0 / 1)
 ``ReduceSum ReduceMax ReduceMin``      x                   axes (sorted, >= 0), keepdims
 ``ReduceProd ReduceL1 ReduceL2``       x                   axes, keepdims
 ``ReduceSumSquare ReduceLogSum(Exp)``  x                   axes, keepdims
