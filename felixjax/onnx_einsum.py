@@ -192,11 +192,7 @@ class _Lowering:
         k = [x for x in a.labels if x in b.labels and x not in needed]
         m = [x for x in a.labels if x not in b.labels]
         n = [x for x in b.labels if x not in a.labels]
-        size = {**dict(zip(b.labels, b.shape)), **dict(zip(a.labels, a.shape))}
-        for x in k:
-            if dict(zip(b.labels, b.shape))[x] != size[x]:
-                raise EquationError(f"label {x!r} names axes of sizes {size[x]} and "
-                                    f"{dict(zip(b.labels, b.shape))[x]}")
+        size = {**dict(zip(b.labels, b.shape)), **dict(zip(a.labels, a.shape))}  # (_einsum checked they agree)
         bs = [size[x] for x in batch]
         pm, pk, pn = (math.prod(size[x] for x in g) for g in (m, k, n))
         at = self.transpose(a, batch + m + k)
