@@ -43,7 +43,7 @@ from felixjax.layout import LAYOUTS, resolve as resolve_layout
 from felixjax.onnx_einsum import check_model_equations
 from felixjax.onnx_functions import inline_local_functions
 from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
-from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model
+from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model, gather_nd_shapes
 
 MIN_OPSET = 6
 # ----------------------------------------------------------------------------------------------
@@ -352,7 +352,10 @@ def _infer_types(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int
             raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
         fixes = ceil_pool_pads(inferred)
         if not fixes:
-            break
+            if not (found := gather_nd_shapes(inferred)):
+                break
+            model.graph.value_info.extend(found)
+            continue
         for i, pads in fixes.items():  # shapes only: the node run keeps its own attributes (op_table's pools)
             node = model.graph.node[i]
             kept = [at for at in node.attribute if at.name not in ("ceil_mode", "pads")]
@@ -447,6 +450,8 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
                              f"{str(e).strip()[:200]})")
                 consts.update((o, v) for o, v in zip(node.outputs, outs) if o)
                 continue
+            if node.op in _MASK_MOVES and any(types.get(o, (0,))[0] == TensorProto.BOOL for o in node.outputs if o):
+                node = _float_bool_constants(node, consts)
             for o in node.outputs:
                 if o:
                     shapes[o] = ctx.out_shape(o)
@@ -483,6 +488,16 @@ def _known_shape(ctx: "_Ctx", value: str) -> tuple[int, ...] | None:
 
 #: canonical ops that only move or select values: a bool (mask) output of these holds 0 / 1 floats as its inputs do
 _MASK_MOVES = frozenset({"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Identity", "Pad", "Where"})
+
+
+def _float_bool_constants(node: Node, consts: dict[str, np.ndarray]) -> Node:
+    """A mask moved with bool constants (a Concat of a mask and a constant one): the constants as 0 / 1 floats."""
+    inputs = list(node.inputs)
+    for k, i in enumerate(inputs):
+        if i in consts and consts[i].dtype == bool:
+            inputs[k] = f"{i}/as_float"
+            consts.setdefault(inputs[k], consts[i].astype(np.float32))
+    return Node(node.op, tuple(inputs), node.outputs, node.attrs, node.name) if inputs != list(node.inputs) else node
 
 
 def _check_node_shapes(ctx: "_Ctx", node: Node) -> None:

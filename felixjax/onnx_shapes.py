@@ -135,6 +135,29 @@ def ceil_pool_pads(model: onnx.ModelProto) -> dict[int, list[int]]:
     return out
 
 
+
+def gather_nd_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Shapes onnx's inference leaves out: a GatherND whose result is a scalar per batch (onnx 1.2x gives it no
+    shape, and so none to every value after it). ``model`` is shape-inferred; returns value infos to add."""
+    vis = list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output)
+    shapes = {vi.name: _shape_of(vi) for vi in vis}
+    shapes.update((t.name, tuple(t.dims)) for t in model.graph.initializer)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in vis}
+    types.update((t.name, t.data_type) for t in model.graph.initializer)
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "GatherND" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+                or shapes.get(node.output[0]) is not None:
+            continue
+        xs, idx = shapes.get(node.input[0]), shapes.get(node.input[1])
+        b = next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "batch_dims"), 0)
+        if xs is None or not idx or not all(isinstance(d, int) for d in xs + idx) or not 0 <= b < len(idx) \
+                or not 0 <= idx[-1] <= len(xs) - b:
+            continue  # (malformed: the importer says why)
+        shape = list(xs[:b]) + list(idx[b:-1]) + list(xs[b + idx[-1]:])
+        out.append(helper.make_tensor_value_info(node.output[0], types.get(node.input[0], 0), shape))
+    return out
+
 DATA_PROP_MAX_ELEMENTS = 1 << 16  # a 1-D integer tensor longer than this is no shape: no data propagation
 
 

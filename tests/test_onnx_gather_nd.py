@@ -60,6 +60,14 @@ def test_gather_nd_and_cumsum_chain_builds_in_c():
     _run(model, (2, 6, 5), c_build=True)
 
 
+@pytest.mark.parametrize("batch_dims,x_shape,indices", [(0, (2, 3), [1, 2]), (1, (2, 3), [[1], [0]])])
+def test_gather_nd_scalar_results_feed_other_nodes(batch_dims, x_shape, indices):
+    # onnx's inference gives a GatherND with one scalar per batch no shape, nor anything after it: was refused
+    nodes = [helper.make_node("GatherND", ["x", "i"], ["g"], batch_dims=batch_dims),
+             helper.make_node("Unsqueeze", ["g", "ax"], ["u"]), helper.make_node("Mul", ["x", "u"], ["y"])]
+    _run(_model(nodes, x_shape, [_ints("i", indices), _ints("ax", [-1])]), x_shape, c_build=True)
+
+
 def test_bad_indices_are_refused_clearly():
     node = helper.make_node("GatherND", ["x", "i"], ["y"])
     with pytest.raises(UnsupportedModelError, match="indices out of range"):

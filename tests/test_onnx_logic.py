@@ -84,3 +84,12 @@ def test_a_mask_moved_by_reshape_transpose_concat_and_unsqueeze_stays_a_mask():
              helper.make_node("Concat", ["t", "t"], ["c"], axis=1), helper.make_node("Unsqueeze", ["c", "axes"], ["u"]),
              helper.make_node("Where", ["u", "y0", "zero"], ["y"])]
     _check(_model(nodes, [("x", (2, 6)), ("y0", (1, 3, 8))], [shape, axes]), [("x", (2, 6)), ("y0", (1, 3, 8))])
+
+
+def test_a_mask_concatenated_with_a_bool_constant_stays_a_mask():
+    # the known gap of session 80: a bool constant moved beside a mask was refused ("is a bool constant")
+    pad = numpy_helper.from_array(np.array([[True], [False]]), "pad")
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["m"]), helper.make_node("Concat", ["m", "pad"], ["c"], axis=1),
+             helper.make_node("Concat", ["pad", "c"], ["c2"], axis=1),
+             helper.make_node("Where", ["c2", "y0", "zero"], ["y"])]
+    _check(_model(nodes, [("x", (2, 3)), ("y0", (2, 5))], [pad]), [("x", (2, 3)), ("y0", (2, 5))])
