@@ -119,6 +119,9 @@ class DaskRunner:
         if isinstance(client, str):  # session 80: read as a lost scheduler ("'str' object has no attribute ...")
             raise TypeError(f"DaskRunner takes a distributed.Client (got the string {client!r}); "
                             f"felixjax.dask_runner.connect({client!r}) connects to an address")
+        if client is None or isinstance(client, (int, float, bytes)):  # failed later as a lost scheduler
+            raise TypeError(f"DaskRunner takes a distributed.Client (got {client!r}); "
+                            f"felixjax.dask_runner.connect('tcp://host:port') connects to a scheduler")
         self.client = client
         self.builds = builds
         self.flags, self.build_timeout_s, self.build_workers = tuple(flags), float(build_timeout_s), build_workers

@@ -389,6 +389,13 @@ def test_no_scheduler_at_the_address_is_one_clear_error():
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("bad", [None, "tcp://127.0.0.1:8786", 8786])
+def test_a_runner_without_a_client_is_refused_at_once(bad):
+    # session 80's known gap: DaskRunner(None) was accepted and failed mid-run as a lost scheduler
+    with pytest.raises(TypeError, match="DaskRunner takes a distributed.Client"):
+        DaskRunner(bad)
+
+
 def test_tune_model_and_compare_take_a_dask_runner(client):
     runner = DaskRunner(client, builds="device", worker_runner=functools.partial(remote.replay_runner, 7))
     m = fj.load_onnx(fj.zoo.make_model("transformer_block", seq=8, dim=16, heads=2))
