@@ -57,6 +57,18 @@ def cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarr
     return (np.flip(c, axis) if reverse else c).astype(x.dtype)
 
 
+def arg_index(x: np.ndarray, largest: bool, axis: int, keepdims: bool, last: bool) -> np.ndarray:
+    """ONNX ArgMax (``largest``) / ArgMin as onnxruntime scans: the first element is the running best; a later
+    one replaces it when strictly better (or equal too with ``last``), so NaNs after the first are passed over.
+    The indices as float32 (``felixjax.onnx_logic``)."""
+    v = np.moveaxis(x, axis, 0)
+    best, index = v[0].copy(), np.zeros(v.shape[1:], np.float32)
+    for j in range(1, v.shape[0]):
+        better = (v[j] > best if largest else v[j] < best) | (last & (v[j] == best))
+        best, index = np.where(better, v[j], best), np.where(better, np.float32(j), index)
+    return np.expand_dims(index, axis) if keepdims else index
+
+
 def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = "constant") -> np.ndarray:
     """ONNX Pad in numpy (:func:`felixjax.op_table.pad`, written once for numpy and JAX)."""
     return op_table.pad(np, x, pads, value, mode)
@@ -103,6 +115,8 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_LOGIC[op](args[0] != 0, args[1] != 0).astype(np.float32)]
     if op == "Not":
         return [(x == 0).astype(np.float32)]
+    if op in ("ArgMax", "ArgMin"):
+        return [arg_index(x, op == "ArgMax", int(a["axis"]), bool(a["keepdims"]), bool(a["select_last_index"]))]
     if op == "CumSum":
         return [cumsum(x, int(a["axis"]), bool(a["exclusive"]), bool(a["reverse"]))]
     if op == "Gather":

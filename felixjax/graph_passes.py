@@ -435,6 +435,8 @@ def _absorb(graph: Graph, anchor: Node, uses: dict[str, list[Node]], constants: 
         nxt = uses[y][0]
         if nxt.op in ("Add", "Sub") and nxt.inputs.count(y) == 1 and shapes[nxt.outputs[0]] == shapes[y]:
             other = nxt.inputs[1] if nxt.inputs[0] == y else nxt.inputs[0]
+            if other in constants and not np.isfinite(constants[other]).all():
+                break  # a mask of -inf stays a node: the layer's weights would not be finite (refused)
             vec = _as_bias(constants[other], shapes[y], channel_axis) if other in constants else None
             if nxt.op == "Sub" and nxt.inputs[0] != y:
                 break  # c - y negates the anchor

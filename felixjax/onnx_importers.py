@@ -17,6 +17,7 @@ from felixjax.graph_passes import Node
 from felixjax.onnx_einsum import ATTRS as _EINSUM_ATTRS
 from felixjax.onnx_einsum import IMPORTERS as _EINSUM_IMPORTERS
 from felixjax.onnx_einsum import OPS as _EINSUM_OPS
+from felixjax.onnx_logic import ATTRS as _LOGIC_ATTRS
 from felixjax.onnx_logic import IMPORTERS as _LOGIC_IMPORTERS
 from felixjax.onnx_logic import OPS as _LOGIC_OPS
 from felixjax.onnx_ops import ATTRS as _NEW_ATTRS
@@ -45,7 +46,7 @@ _ATTRS: dict[str, set[str]] = {
     "Clip": {"min", "max"}, "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"},
     "ConstantOfShape": {"value"},
     **{op: {"broadcast", "axis"} for op in ("Add", "Sub", "Mul", "Div", "Pow")},
-    **_NEW_ATTRS, **_EINSUM_ATTRS,
+    **_NEW_ATTRS, **_EINSUM_ATTRS, **_LOGIC_ATTRS,
 }
 
 

@@ -1,4 +1,4 @@
-"""Stage ① importers for ONNX comparisons and boolean logic on data tensors.
+"""Stage ① importers for ONNX comparisons, boolean logic and arg-reductions on data tensors.
 
 felixjax runs float32 tensors only; a boolean tensor computed at run time (a mask: ``x > 0``, ``a == b``,
 ``Not``, ``And``, ``Or``, ``Xor``) is held as a float32 tensor of 0.0 / 1.0. Its consumers read it as ONNX
@@ -15,9 +15,16 @@ op                                                          inputs    output
 ``Greater Less GreaterOrEqual LessOrEqual Equal``           a, b      1.0 where the comparison holds
 ``And Or Xor``                                              a, b      of ``a != 0`` and ``b != 0``
 ``Not``                                                     x         1.0 where ``x == 0``
+
+``ArgMax ArgMin``                                            x         the index along ``axis`` (float32)
 ==========================================================  ========  ==================================
 
-(numpy broadcasting throughout.) A model whose *output* is such a mask returns it as float32 0 / 1.
+(numpy broadcasting throughout; ArgMax / ArgMin attrs: axis (>= 0), keepdims, select_last_index.) A model
+whose *output* is such a mask returns it as float32 0 / 1. The int64 indices of ArgMax / ArgMin are held as
+float32 too (exact below 2**24), and so come out of a model: a consumer reads them as numbers (``Equal`` to
+labels, ``Cast`` to float). They follow onnxruntime's scan: the first element is the running best, a later one
+replaces it when strictly greater (ArgMin: less), or equal too with ``select_last_index``, so a NaN is passed
+over, except a first one, which stays.
 
 Example:
     >>> import numpy as np
@@ -36,8 +43,8 @@ from felixjax.graph_passes import Node
 
 COMPARE = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
 LOGIC = ("And", "Or", "Xor")
-OPS = COMPARE + LOGIC + ("Not",)
-ATTRS: dict[str, set[str]] = {}
+OPS = COMPARE + LOGIC + ("Not", "ArgMax", "ArgMin")
+ATTRS: dict[str, set[str]] = {op: {"axis", "keepdims", "select_last_index"} for op in ("ArgMax", "ArgMin")}
 
 
 def _operand(ctx: Any, k: int) -> str:
@@ -54,7 +61,7 @@ def _operand(ctx: Any, k: int) -> str:
 
 
 def _mask_output(ctx: Any) -> None:
-    """The output is a bool tensor to ONNX: held as float32 0 / 1 here."""
+    """The output is a bool (or int64 index) tensor to ONNX: held as float32 here."""
     out = ctx.outputs[0]
     ctx.types[out] = (TensorProto.FLOAT, ctx.out_shape(out))
 
@@ -80,6 +87,17 @@ def cast_to_bool(ctx: Any) -> list[Node]:
     return [Node("Not", (x,), (mid,), {}, ctx.name), Node("Not", (mid,), (out,), {}, ctx.name)]
 
 
-IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not}
+def _arg(ctx: Any) -> list[Node]:
+    """ArgMax / ArgMin: the int64 index held as float32, as a mask's bool is."""
+    rank = len(ctx.shape(ctx.input(0)))
+    if rank == 0:
+        ctx.fail("needs an input of rank 1 or more")
+    attrs = {"axis": ctx.axis(int(ctx.attrs.get("axis", 0)), rank), "keepdims": int(ctx.attrs.get("keepdims", 1)),
+             "select_last_index": int(ctx.attrs.get("select_last_index", 0))}
+    _mask_output(ctx)
+    return [Node(ctx.op, (ctx.input(0),), (ctx.outputs[0],), attrs, ctx.name)]
+
+
+IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "ArgMax": _arg, "ArgMin": _arg}
 
 __all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]

@@ -302,7 +302,7 @@ def _gather_nd(ctx: Any) -> list[Node]:
         ctx.fail(f"indices of shape {idx.shape} with batch_dims={b} do not fit data of shape {xs}")
     dims = np.array(xs[b:b + k], np.int64)
     if ((idx < -dims) | (idx >= dims)).any():
-        ctx.fail(f"indices out of range for axes of sizes {tuple(dims)}")
+        ctx.fail(f"indices out of range for axes of sizes {tuple(int(d) for d in dims)}")
     idx = np.where(idx < 0, idx + dims, idx)
     strides = np.array([math.prod(xs[b + j + 1:b + k]) for j in range(k)], np.int64)
     nb, nd, rest = math.prod(xs[:b]), math.prod(xs[b:b + k]), tuple(xs[b + k:])

@@ -6,7 +6,8 @@ Sources, all offline and shipped with the ``onnx`` wheel:
   expected outputs) in memory in ~10 s;
 - ``pytorch-converted``, ``pytorch-operator``, ``simple``: folders of model.onnx + input/output protobufs.
 
-A case enters the manifest when every node is a supported op, its data tensors are float32, and its
+A case enters the manifest when every node is a supported op, its data tensors are float32 (or a bool / int
+output of a comparison, logic op or ArgMax / ArgMin, held as float32 and compared by value), and its
 convolutions / pools are 1-D or 2-D. Graph inputs that only feed *parameter* slots (:data:`PARAMETER_SLOTS`:
 Reshape's shape, Pad's pads and axes, reduction axes, Slice's starts / ends / axes / steps, Gather's
 indices, Resize's roi / scales / sizes, Where's condition, ...) are frozen into initializers with their
@@ -37,6 +38,9 @@ if str(ROOT) not in sys.path:
 
 from felixjax.errors import UnsupportedModelError  # noqa: E402
 from felixjax.onnx_import import MIN_OPSET, SUPPORTED_OPS, load_onnx  # noqa: E402
+from felixjax.onnx_logic import OPS as LOGIC_OPS
+
+HELD_AS_FLOAT = (TensorProto.BOOL, TensorProto.INT64, TensorProto.INT32)
 
 MANIFEST = ROOT / "tests" / "data" / "onnx_node_manifest.json"
 REPORT = ROOT / "docs" / "onnx_node_tests.md"
@@ -115,8 +119,10 @@ def classify(case: Case) -> tuple[str | None, list[str]]:
     for vi in list(g.input) + list(g.output):
         if not vi.type.HasField("tensor_type"):
             return f"non-tensor value {vi.name!r}", []
-    for vi in g.output:
-        if vi.type.tensor_type.elem_type != TensorProto.FLOAT:
+    producer = {o: n.op_type for n in g.node for o in n.output}
+    for vi in g.output:  # a mask or an index is held as float32 (felixjax.onnx_logic): compared by value
+        if vi.type.tensor_type.elem_type != TensorProto.FLOAT and not (
+                vi.type.tensor_type.elem_type in HELD_AS_FLOAT and producer.get(vi.name) in LOGIC_OPS):
             return f"non-float32 output {vi.name!r} ({TensorProto.DataType.Name(vi.type.tensor_type.elem_type)})", []
     frozen = []
     for vi in _runtime_inputs(case.model):
@@ -182,6 +188,8 @@ def output_mismatch(got: list, case) -> str | None:
         return f"{len(got)} outputs, expected {len(case.outputs)}"
     for k, (y, ref) in enumerate(zip(got, case.outputs)):
         ref = np.asarray(ref)
+        if ref.dtype != np.float32 and y.dtype == np.float32 and ref.dtype in (np.bool_, np.int64, np.int32):
+            ref = ref.astype(np.float32)  # a mask or an index, held as float32: its values compared exactly
         if y.shape != ref.shape or y.dtype != ref.dtype:
             return f"output {k}: {y.dtype}{y.shape}, expected {ref.dtype}{ref.shape}"
         try:

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import felixjax as fj
 from felixjax import zoo
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, optimize, run_graph
@@ -201,6 +202,29 @@ def test_fusion_stops_where_it_must(case):
         assert anchor.task.act == "relu" and rest[0].op == "Relu"
     else:
         assert anchor.task.act is None and not anchor.task.residual
+
+
+@pytest.mark.parametrize("anchor", ["MatMul", "Conv"])
+def test_a_minus_inf_mask_after_a_layer_stays_a_node(anchor):
+    # session 81 review: an additive logits mask of -inf was folded into the layer's bias, and the model refused
+    # as having non-finite weights (onnxruntime runs it; the README says such a mask runs)
+    rng = np.random.default_rng(0)
+    if anchor == "MatMul":
+        x_shape, y_shape, w = (3, 8), (3, 6), (0.3 * rng.standard_normal((8, 6))).astype(np.float32)
+        mask = np.where(np.arange(6) >= 4, -np.inf, 0).astype(np.float32)
+        first = helper.make_node("MatMul", ["x", "w"], ["l"])
+    else:
+        x_shape, y_shape, w = (1, 3, 5, 5), (1, 4, 5, 5), (0.3 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32)
+        mask = np.where(np.arange(4) == 2, -np.inf, 0).astype(np.float32).reshape(4, 1, 1)
+        first = helper.make_node("Conv", ["x", "w"], ["l"], pads=[1, 1, 1, 1])
+    nodes = [first, helper.make_node("Add", ["l", "mask"], ["lm"]), helper.make_node("Softmax", ["lm"], ["y"], axis=1)]
+    model = _model(nodes, [_vi("x", x_shape)], [_vi("y", y_shape)], [_init("w", w), _init("mask", mask)])
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    (ref,) = _ort(model, {"x": x})
+    m = load_onnx(model)
+    assert len(m.graph.anchors) == 1 and not m.graph.anchors[0].task.bias
+    for y in (m.run_numpy({"x": x}), fj.build_model(m, threads=1).run({"x": x})[0]):
+        _close(y, ref)
 
 
 def test_standalone_batchnorm_becomes_scale_shift():

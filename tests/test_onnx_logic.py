@@ -93,3 +93,21 @@ def test_a_mask_concatenated_with_a_bool_constant_stays_a_mask():
              helper.make_node("Concat", ["pad", "c"], ["c2"], axis=1),
              helper.make_node("Where", ["c2", "y0", "zero"], ["y"])]
     _check(_model(nodes, [("x", (2, 3)), ("y0", (2, 5))], [pad]), [("x", (2, 3)), ("y0", (2, 5))])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(1, 1, 0), (-1, 0, 1), (0, 0, 0)])
+def test_argmax_and_argmin_follow_onnxruntimes_scan_nan_included(op, axis, keepdims, last):
+    # ties and NaNs: onnxruntime keeps a first NaN and passes over later ones (indices come out as float32)
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 4, 5))],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = RNG.integers(-2, 3, (3, 4, 5)).astype(np.float32)
+    x.flat[RNG.choice(60, 12, replace=False)] = [np.nan] * 8 + [np.inf] * 4
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run({"x": x})
+    for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
+        assert y.dtype == np.float32 and y.shape == ref.shape
+        np.testing.assert_array_equal(y, ref)

@@ -311,6 +311,30 @@ def _r_cumsum(c: _Ctx, w: Any) -> None:
     w.close()
 
 
+def _r_arg(c: _Ctx, w: Any) -> None:
+    """ONNX ArgMax / ArgMin along ``axis`` as onnxruntime scans (see ``felixjax.graph_ops.arg_index``); the index
+    is written as a float."""
+    shape = c.need(0)
+    axis = int(c.step.attrs["axis"])
+    outer, cnt, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    cmp = ">" if c.step.op == "ArgMax" else "<"
+    if c.step.attrs.get("select_last_index"):
+        cmp += "="
+    if outer * inner >= 2 and outer * cnt * inner >= PARALLEL_MIN:
+        w("#pragma omp parallel for schedule(static) collapse(2)")
+    w.open(f"for (long o = 0; o < {outer}; ++o)")
+    w.open(f"for (long i = 0; i < {inner}; ++i)")
+    w(f"const float* xp = {c.x[0]} + o*{cnt * inner} + i;")
+    w("float best = xp[0]; long at = 0;")
+    w.open(f"for (long j = 1; j < {cnt}; ++j)")
+    w(f"const float v = xp[j*{inner}];")
+    w(f"if (v {cmp} best) {{ best = v; at = j; }}")
+    w.close()
+    w(f"{c.y[0]}[o*{inner} + i] = (float)at;")
+    w.close()
+    w.close()
+
+
 MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
     **{op: _r_unary for op in UNARY}, **{op: _r_binary for op in BINARY},
     "Where": _r_where, "Expand": _r_expand, "Slice": _r_slice, "Gather": _r_gather,
@@ -318,4 +342,5 @@ MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
                                 "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
     "LRN": _r_lrn, "Pad": _r_pad,
     "Resize": _r_resize, "LogSoftmax": _r_log_softmax, "CumSum": _r_cumsum,
+    "ArgMax": _r_arg, "ArgMin": _r_arg,
 }
