@@ -528,3 +528,40 @@ def test_cli_writes_the_points_plot_and_says_when_nothing_could_be_pruned(tmp_pa
     out = capsys.readouterr().out
     assert "note: only the float32 baseline" not in out and (tmp_path / "b" / "approx.png").exists()
     assert main(base + ["-o", str(tmp_path / "c"), "--multiple", "0"]) == 2
+
+
+def _two_heads() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w1 = (0.3 * rng.standard_normal((16, 3, 3, 3))).astype(np.float32)
+    wa, wb = (rng.standard_normal((n, 16)).astype(np.float32) for n in (5, 10))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "wa"], ["aux"], transB=1, name="head_a"),
+             helper.make_node("Gemm", ["f", "wb"], ["logits"], transB=1, name="head_b")]
+    g = helper.make_graph(nodes, "two_heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("aux", TensorProto.FLOAT, [1, 5]),
+                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+                          [numpy_helper.from_array(a, n) for a, n in [(w1, "w1"), (wa, "wa"), (wb, "wb")]])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_the_descent_and_the_finetune_score_the_chosen_output():
+    # session 81 review: both read the graph's first output whatever output= said: the fidelity descent crashed
+    # on the heads' shapes, the accuracy one was NaN, and the fine-tune trained the other head
+    from felixjax.approx.search import Approximator
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((16, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 16)
+    ax = Approximator(_two_heads().SerializeToString(), data=(x, y), metric="accuracy", output="logits",
+                      finetune_steps=2)
+    full = {g: ax.groups.size(g) for g in ax.groups.prunable()}
+    tuned, base = ax.final_model(full).graph.constants, ax.pruned_model(full).graph.constants
+    changed = {k.split("/")[0] for k in tuned if not np.array_equal(tuned[k], base[k])}
+    assert "head_b" in changed and "head_a" not in changed
+    graph = ax.pruned_model(full).graph
+    table = objective.LatencyTable(graph, ax.groups, fj.Target.cpu(cores=1), measured={}, kind="flops", multiple=4)
+    for metric, labels, ref in (("accuracy", y, None), ("fidelity", None, rng.standard_normal((16, 10)))):
+        _, info = objective.descend(graph, ax.groups, table, x, metric=metric, labels=labels, reference=ref,
+                                    lam=1.0, start=full, steps=1, output="logits")
+        assert np.isfinite(info["trace"][0]).all()

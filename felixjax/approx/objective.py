@@ -384,15 +384,16 @@ def round_precisions(shares: Mapping[str, float]) -> frozenset:
 
 
 def objective(graph: Graph, groups: Groups, table: LatencyTable, *, metric: str, lam: float, multiple: int = 8,
-              precision: RelaxedFormats | None = None) -> tuple[Callable, Relaxed, float]:
+              precision: RelaxedFormats | None = None, output: str | None = None
+              ) -> tuple[Callable, Relaxed, float]:
     """``(loss, channel relaxation, full latency)`` of :func:`descend`: ``loss(params, xb, yb, rb) ->
     (value, (latency, quality))`` over ``params = {"c": channel coordinates, "q": format logits}``
     (``"q"`` empty without ``precision``, :attr:`RelaxedFormats.size` long with it); the latency is relative
-    to the float32 full-size network's."""
+    to the float32 full-size network's. The quality is that of ``output`` (default: the first output)."""
     roots = tuple(groups.prunable())
     sizes = tuple(groups.size(g) for g in roots)
     relaxed = Relaxed(roots, sizes, tuple(min(n, multiple) for n in sizes))
-    name, outname = graph.inputs[0], graph.outputs[0]
+    name, outname = graph.inputs[0], output or graph.outputs[0]
     lat_full = float(table.total({g: float(n) for g, n in zip(roots, sizes)}))
 
     def outputs(params: Any, xb: Any) -> Any:
@@ -424,13 +425,14 @@ def objective(graph: Graph, groups: Groups, table: LatencyTable, *, metric: str,
 def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *, metric: str,
             labels: np.ndarray | None, reference: np.ndarray | None, lam: float, start: Mapping[int, float],
             steps: int = 60, lr: float = 0.25, batch: int = 64, seed: int = 0, multiple: int = 8,
-            precision: RelaxedFormats | None = None) -> tuple[dict[int, float], dict]:
+            precision: RelaxedFormats | None = None, output: str | None = None
+            ) -> tuple[dict[int, float], dict]:
     """Minimize ``latency / latency_full + lam * (quality surrogate - its value at full size)`` over the
     groups' relaxed channel counts (and, with ``precision``, the layers' format shares) with optax Adam;
     returns the relaxed counts and a trace (``"format_share"``: ``{layer: shares over its formats}``, round
     them with :func:`round_formats`; ``"int8_share"``: the int8 share of each int8-capable layer)."""
     loss, relaxed, lat_full = objective(graph, groups, table, metric=metric, lam=lam, multiple=multiple,
-                                        precision=precision)
+                                        precision=precision, output=output)
     grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
     opt = optax.adam(lr)
     params = {"c": jnp.asarray(relaxed.theta_of(start)),
@@ -457,12 +459,12 @@ def descend(graph: Graph, groups: Groups, table: LatencyTable, x: np.ndarray, *,
 
 def finetune(graph: Graph, x: np.ndarray, *, metric: str, labels: np.ndarray | None,
              reference: np.ndarray | None, steps: int = 30, lr: float = 1e-3, batch: int = 64,
-             seed: int = 0) -> Graph:
-    """A short fine-tune of the anchors' weights and biases (Adam on the quality surrogate, in JAX);
-    returns the graph with the new constants."""
+             seed: int = 0, output: str | None = None) -> Graph:
+    """A short fine-tune of the anchors' weights and biases (Adam on the quality surrogate of ``output``, default
+    the first output, in JAX); returns the graph with the new constants."""
     names = sorted({i for n in graph.nodes if n.is_anchor for i in n.inputs[1:3] if i in graph.constants})
     params = {k: jnp.asarray(graph.constants[k]) for k in names}
-    name, outname = graph.inputs[0], graph.outputs[0]
+    name, outname = graph.inputs[0], output or graph.outputs[0]
     dummy_y = np.zeros(len(x), np.int64) if labels is None else labels
     dummy_r = np.zeros((len(x), 1), np.float32) if reference is None else reference
 

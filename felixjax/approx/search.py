@@ -332,7 +332,7 @@ class Approximator:
         model = self.pruned_model(keep)
         if self.finetune_steps:
             graph = finetune(model.graph, self.x, metric=self.metric, labels=self.y, reference=self.reference,
-                             steps=self.finetune_steps, seed=self.seed)
+                             steps=self.finetune_steps, seed=self.seed, output=self.output)
             model = Model(name=model.name, graph=graph, source=graph, opset=model.opset)
         return with_formats(model, {**{n: INT8 for n in int8}, **dict(formats or {})}, self.x)
 
@@ -502,7 +502,8 @@ def approximate(model: Model | str | os.PathLike | bytes, target: Target | None 
                  if fmts is not None else None)
         kappa, info = descend(base_model.graph, ax.groups, table, ax.x, metric=metric, labels=ax.y,
                               reference=ax.reference, lam=lam, start=start, steps=steps, seed=seed + r,
-                              multiple=ax.multiple, batch=batch, precision=relax)        # the joint objective, relaxed
+                              multiple=ax.multiple, batch=batch, precision=relax,
+                              output=ax.output)                                     # the joint objective, relaxed
         keep = {g: round_channels(k, ax.groups.size(g), ax.multiple) for g, k in kappa.items()}  # round
         chosen = round_formats(relax.formats, info["format_share"]) if relax is not None else {}
         key = (tuple(sorted(keep.items())), fm.key(chosen))
@@ -717,8 +718,9 @@ def _formats_stage(ax: Approximator, formats: tuple, points: list, build: Callab
             continue
         tried.add(key(k))
         chosen = assign(k, floor, latency=flat, quality=qual)
-        if chosen and build(k, fm.summary(chosen), chosen) is not None:
-            done += 1
+        before = len(points)
+        if chosen and build(k, fm.summary(chosen), chosen) is not None and len(points) > before:
+            done += 1  # (a point measured before, by the descent, is neither counted nor measured again)
     ax.search_evals += qual.evals
     ax._say(f"approx: formats: {len(flat.formats)} layers may change format; {done} mixed points measured "
             f"by the greedy pass")
