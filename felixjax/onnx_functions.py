@@ -24,7 +24,8 @@ import itertools
 
 import onnx
 
-from felixjax.errors import UnsupportedModelError
+from felixjax.errors import ModelFormatError, UnsupportedModelError
+from felixjax.onnx_shapes import FoldedGraph, FoldedModel
 
 MAX_DEPTH = 32  # functions calling functions: deeper than this is taken as recursion
 
@@ -103,3 +104,110 @@ def _body(f: onnx.FunctionProto, call: onnx.NodeProto, n: int) -> list[onnx.Node
                 new.attribute.append(b)
         body.append(new)
     return body
+
+
+#: ONNX ops felixjax runs as the function body their schema defines (the spec's own definition, in ops felixjax
+#: runs): Attention (opset 23+: MHA / GQA / MQA, 3-D or 4-D, masks, causal, softcap, a KV cache, sliding
+#: windows), RotaryEmbedding, MeanVarianceNormalization, CenterCropPad, SwiGLU, CausalConvWithState.
+#: (LinearAttention's body is a Scan, AffineGrid's an If, which felixjax does not run.)
+SCHEMA_FUNCTIONS = ("Attention", "RotaryEmbedding", "MeanVarianceNormalization", "CenterCropPad", "SwiGLU",
+                    "CausalConvWithState")
+
+
+def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto | FoldedModel:
+    """``proto`` (a view of it, as ``fold_model(copy=False)`` returns) with every node of :data:`SCHEMA_FUNCTIONS` replaced by the body ONNX defines for it (a
+    context-dependent function: built for the node's attributes and its inputs' types, which shape inference
+    gives; ``proto`` has its inputs pinned). Itself when there is none.
+
+    Raises:
+        UnsupportedModelError: an input's type is unknown, or onnx builds no body for the node.
+    """
+    if not any(n.op_type in SCHEMA_FUNCTIONS and n.domain in ("", "ai.onnx") for n in proto.graph.node):
+        return proto
+    g = proto.graph
+    inputs = {vi.name for vi in g.input}
+    light = onnx.helper.make_graph(  # types only: weights as typed inputs (their data is not copied)
+        list(g.node), g.name or "graph", list(g.input) + [onnx.helper.make_tensor_value_info(
+            t.name, t.data_type, list(t.dims)) for t in g.initializer if t.name not in inputs], list(g.output))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(
+            light, opset_imports=list(proto.opset_import), ir_version=max(proto.ir_version, 4)))
+    except Exception as e:  # noqa: BLE001 (onnx.shape_inference.InferenceError and C++ errors)
+        raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    types = {vi.name: vi.type for vi in
+             list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    calls = itertools.count()
+    nodes = []
+    for index, node in enumerate(proto.graph.node):
+        if node.op_type not in SCHEMA_FUNCTIONS or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        name = node.name or f"{node.op_type}_{index}"
+        missing = [i for i in node.input if i and i not in types]
+        if missing:
+            raise UnsupportedModelError(f"node {name!r} (op {node.op_type}): the type of input {missing[0]!r} is "
+                                        f"unknown; felixjax expands {node.op_type} for its inputs' types")
+        if node.op_type == "Attention":
+            _check_attention(node, name, [_dims(types[i]) if i else None for i in node.input])
+        schema = onnx.defs.get_schema(node.op_type, opset)
+        dependent = schema.has_context_dependent_function
+        versions = [v for v in (schema.context_dependent_function_opset_versions if dependent
+                                else schema.function_opset_versions) if v <= opset]
+        if not versions:
+            raise UnsupportedModelError(f"node {name!r} (op {node.op_type}): onnx {onnx.__version__} defines no "
+                                        f"function body for opset {opset}")
+        full = onnx.NodeProto()
+        full.CopyFrom(node)
+        given = {a.name for a in node.attribute}  # the schema's defaults, as onnx's own expansion adds them
+        full.attribute.extend(a.default_value for k, a in schema.attributes.items()
+                              if k not in given and a.default_value.name)
+        empty = onnx.TypeProto()
+        try:
+            body = schema.get_context_dependent_function_with_opset_version(
+                max(versions), full.SerializeToString(),
+                [(types[i] if i else empty).SerializeToString() for i in node.input]) if dependent else \
+                schema.get_function_with_opset_version(max(versions))
+        except Exception as e:  # noqa: BLE001 (onnx.defs.SchemaError and friends: a malformed node)
+            raise UnsupportedModelError(f"node {name!r} (op {node.op_type}): onnx builds no function body for it "
+                                        f"({str(e).strip().splitlines()[0][:200]})") from None
+        f = onnx.FunctionProto()
+        f.ParseFromString(body)
+        nodes.extend(_body(f, full, next(calls)))
+    return FoldedModel(FoldedGraph(g.name, nodes, list(g.input), list(g.output), list(g.initializer)),
+                       list(proto.opset_import), proto.ir_version)  # (lists of the protos: no weight copied)
+
+
+def _dims(t: onnx.TypeProto) -> tuple | None:
+    """A tensor type's dims (an int, or None where unknown), or None without a shape."""
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim)
+
+
+def _check_attention(node: onnx.NodeProto, name: str, shapes: list) -> None:
+    """What onnx's function body takes for granted about an Attention node (its shape inference then fails
+    deep inside the body, or a Mod stays unfolded): one clear error instead."""
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    q, k, v = (shapes + [None] * 3)[:3]
+    ranks = {len(x) for x in (q, k, v) if x is not None}
+
+    def fail(message: str) -> None:
+        raise UnsupportedModelError(f"node {name!r} (op Attention): {message}")
+
+    if len(ranks) > 1 or not ranks <= {3, 4}:
+        fail(f"Q, K and V must all be 3-D or all 4-D (shapes {q}, {k}, {v})")
+    if ranks == {4}:
+        if "q_num_heads" in a or "kv_num_heads" in a:
+            fail("q_num_heads / kv_num_heads are for 3-D inputs; 4-D inputs carry their heads in dim 1")
+        hq, hkv = (q[1] if q else None), (k[1] if k else None)
+    else:
+        if "q_num_heads" not in a or "kv_num_heads" not in a:
+            fail("3-D inputs need both q_num_heads and kv_num_heads")
+        hq, hkv = int(a["q_num_heads"]), int(a["kv_num_heads"])
+        if min(hq, hkv) < 1:
+            fail(f"q_num_heads={hq} and kv_num_heads={hkv} must be positive")
+        for what, x, h in (("Q", q, hq), ("K", k, hkv), ("V", v, hkv)):
+            if x is not None and x[2] is not None and x[2] % h:
+                fail(f"{what}'s hidden size {x[2]} is not a multiple of its {h} heads")
+    if hq and hkv and hq % hkv:
+        fail(f"{hq} query heads do not split into groups over {hkv} key / value heads")

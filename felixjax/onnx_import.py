@@ -41,7 +41,7 @@ from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
 from felixjax.layout import LAYOUTS, resolve as resolve_layout
 from felixjax.onnx_einsum import check_model_equations
-from felixjax.onnx_functions import inline_local_functions
+from felixjax.onnx_functions import expand_schema_functions, inline_local_functions
 from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
 from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model, gather_nd_shapes
 
@@ -397,6 +397,7 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
     opset = _opset(proto)
     _check_inputs(proto, input_shapes, input_values)
     check_model_equations(proto.graph.node)  # before ONNX's shape inference, which can hang on them
+    proto = expand_schema_functions(proto, opset)  # Attention as the spec's own function body
     try:
         proto = fold_model(proto, input_shapes=input_shapes, input_values=input_values, copy=False)
     except (UnsupportedModelError, ModelFormatError):

@@ -17,6 +17,7 @@ from felixjax.graph_passes import Node
 from felixjax.onnx_einsum import ATTRS as _EINSUM_ATTRS
 from felixjax.onnx_einsum import IMPORTERS as _EINSUM_IMPORTERS
 from felixjax.onnx_einsum import OPS as _EINSUM_OPS
+from felixjax.onnx_functions import SCHEMA_FUNCTIONS
 from felixjax.onnx_logic import ATTRS as _LOGIC_ATTRS
 from felixjax.onnx_logic import IMPORTERS as _LOGIC_IMPORTERS
 from felixjax.onnx_logic import OPS as _LOGIC_OPS
@@ -30,7 +31,7 @@ SUPPORTED_OPS = (
     "Erf", "BatchNormalization", "LayerNormalization", "ReduceMean", "MaxPool", "AveragePool",
     "GlobalAveragePool", "Flatten", "Reshape", "Transpose", "Concat", "Softmax", "Pad", "Identity", "Dropout",
     "Constant", "ConstantOfShape",
-) + _NEW_OPS + _EINSUM_OPS + _LOGIC_OPS
+) + _NEW_OPS + _EINSUM_OPS + _LOGIC_OPS + SCHEMA_FUNCTIONS
 
 # Attributes each op may carry (any other one is refused, never ignored).
 _ATTRS: dict[str, set[str]] = {
