@@ -115,6 +115,14 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         return [_LOGIC[op](args[0] != 0, args[1] != 0).astype(np.float32)]
     if op == "Not":
         return [(x == 0).astype(np.float32)]
+    if op == "IsNaN":
+        return [np.isnan(x).astype(np.float32)]
+    if op == "IsInf":
+        return [((np.isposinf(x) & bool(a["positive"])) | (np.isneginf(x) & bool(a["negative"]))).astype(np.float32)]
+    if op in ("Mod", "FloorMod"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # (a zero divisor or an infinity: NaN, as ONNX says)
+            y = (np.fmod if op == "Mod" else np.mod)(args[0], args[1])
+        return [y.astype(np.result_type(args[0], args[1]))]
     if op in ("ArgMax", "ArgMin"):
         return [arg_index(x, op == "ArgMax", int(a["axis"]), bool(a["keepdims"]), bool(a["select_last_index"]))]
     if op == "CumSum":

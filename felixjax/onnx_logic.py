@@ -15,6 +15,7 @@ op                                                          inputs    output
 ``Greater Less GreaterOrEqual LessOrEqual Equal``           a, b      1.0 where the comparison holds
 ``And Or Xor``                                              a, b      of ``a != 0`` and ``b != 0``
 ``Not``                                                     x         1.0 where ``x == 0``
+``IsNaN``, ``IsInf`` (attrs positive, negative: 0 / 1)       x         1.0 where x is NaN / such an infinity
 
 ``ArgMax ArgMin``                                            x         the index along ``axis`` (float32)
 ==========================================================  ========  ==================================
@@ -43,8 +44,9 @@ from felixjax.graph_passes import Node
 
 COMPARE = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
 LOGIC = ("And", "Or", "Xor")
-OPS = COMPARE + LOGIC + ("Not", "ArgMax", "ArgMin")
-ATTRS: dict[str, set[str]] = {op: {"axis", "keepdims", "select_last_index"} for op in ("ArgMax", "ArgMin")}
+OPS = COMPARE + LOGIC + ("Not", "IsNaN", "IsInf", "ArgMax", "ArgMin")
+ATTRS: dict[str, set[str]] = {**{op: {"axis", "keepdims", "select_last_index"} for op in ("ArgMax", "ArgMin")},
+                              "IsInf": {"detect_negative", "detect_positive"}}
 
 
 def _operand(ctx: Any, k: int) -> str:
@@ -73,9 +75,11 @@ def _binary(ctx: Any) -> list[Node]:
 
 
 def _not(ctx: Any) -> list[Node]:
+    """Not, IsNaN, IsInf (``positive`` / ``negative``: which infinities count)."""
     x = _operand(ctx, 0)
     _mask_output(ctx)
-    return [Node("Not", (x,), (ctx.outputs[0],), {}, ctx.name)]
+    attrs = {"positive": int(ctx.attrs.get("detect_positive", 1)), "negative": int(ctx.attrs.get("detect_negative", 1))}
+    return [Node(ctx.op, (x,), (ctx.outputs[0],), attrs if ctx.op == "IsInf" else {}, ctx.name)]
 
 
 def cast_to_bool(ctx: Any) -> list[Node]:
@@ -98,6 +102,7 @@ def _arg(ctx: Any) -> list[Node]:
     return [Node(ctx.op, (ctx.input(0),), (ctx.outputs[0],), attrs, ctx.name)]
 
 
-IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "ArgMax": _arg, "ArgMin": _arg}
+IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "IsNaN": _not, "IsInf": _not, "ArgMax": _arg,
+             "ArgMin": _arg}
 
 __all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]

@@ -33,6 +33,7 @@ op                                     inputs              attrs
 ``Reciprocal HardSwish Softplus``      x
 ``Sin Cos Tan Atan Sinh Cosh Sign``    x
 ``Round Softsign Mish``                x
+``Asin Acos Asinh Acosh Atanh``        x
 ``HardSigmoid``                        x                   alpha, beta
 ``LeakyRelu Elu Celu ThresholdedRelu`` x                   alpha
 ``Selu``                               x                   alpha, gamma
@@ -41,6 +42,7 @@ op                                     inputs              attrs
 ``LogSoftmax``                         x                   axes (as Softmax)
 ``Gelu``                               x                   approximate ("none" | "tanh")
 ``Max Min PRelu``                      a, b                (numpy broadcasting; PRelu: b is the slope)
+``Mod FloorMod``                       a, b                (ONNX Mod fmod=1: C's fmod; fmod=0: numpy's mod)
 ``Where``                              cond, a, b          (cond: float 0/1, a constant or a mask)
 ``Slice``                              x                   slices: ((start, stop or None, step) per dim)
 ``Gather``                             x                   axis, indices (an int64 array, >= 0)
@@ -72,10 +74,10 @@ from felixjax.onnx_logic import cast_to_bool
 REDUCE = ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
           "ReduceLogSum", "ReduceLogSumExp")
 UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish", "Softplus", "Sin", "Cos", "Tan",
-         "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish")
+         "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish", "Asin", "Acos", "Asinh", "Acosh", "Atanh")
 PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu", "Shrink", "Swish")
 OPS = UNARY + PARAM_UNARY + (
-    "Max", "Min", "PRelu", "Sum", "Mean", "Where", "Slice", "Gather", "GatherND", "CumSum", "Expand", "Split",
+    "Max", "Min", "PRelu", "Mod", "Sum", "Mean", "Where", "Slice", "Gather", "GatherND", "CumSum", "Expand", "Split",
     "Squeeze", "Unsqueeze",
     "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
     "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax", "DepthToSpace", "SpaceToDepth",
@@ -89,7 +91,7 @@ ATTRS: dict[str, set[str]] = {
     "Shrink": {"bias", "lambd"}, "Swish": {"alpha"}, "DepthToSpace": {"blocksize", "mode"},
     "SpaceToDepth": {"blocksize", "mode"}, "GroupNormalization": {"num_groups", "epsilon", "stash_type"},
     "RMSNormalization": {"axis", "epsilon", "stash_type"}, "LpNormalization": {"axis", "p"},
-    "Trilu": {"upper"},
+    "Trilu": {"upper"}, "Mod": {"fmod"},
     "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "GatherND": {"batch_dims"},
     "CumSum": {"exclusive", "reverse"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
@@ -185,6 +187,14 @@ def _variadic(ctx: Any) -> list[Node]:
     total = _tmp(ctx, "sum", shape)
     return _chain(ctx, "Add", ctx.inputs, total) + [
         _node(ctx, "Mul", [total, ctx.new_const("inv_n", np.float32(1.0 / n))])]
+
+
+def _mod(ctx: Any) -> list[Node]:
+    """Mod of float data (integer constants fold at import): ``fmod=1`` C's fmod (the sign of a), ``fmod=0`` a
+    floored modulo (the sign of b, as numpy's mod)."""
+    a, b = (ctx.new_const(f"in{k}", ctx.consts[i].astype(np.float32)) if i in ctx.consts and
+            ctx.consts[i].dtype != np.float32 else i for k, i in enumerate(ctx.inputs[:2]))
+    return [_node(ctx, "Mod" if int(ctx.attrs.get("fmod", 0)) else "FloorMod", [a, b])]
 
 
 def _prelu(ctx: Any) -> list[Node]:
@@ -552,7 +562,7 @@ def _must_fold(ctx: Any) -> list[Node]:
 
 IMPORTERS = {
     **{op: _unary for op in UNARY}, **{op: _param_unary for op in PARAM_UNARY},
-    **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Where": _where,
+    **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Mod": _mod, "Where": _where,
     "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "CumSum": _cumsum, "Expand": _expand,
     "Split": _split, "Squeeze": _squeeze,
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,

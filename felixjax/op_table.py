@@ -28,7 +28,8 @@ import numpy as np
 #: ONNX unary op -> the name of the elementwise function in both numpy and jax.numpy.
 _UNARY = {"Sqrt": "sqrt", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Neg": "negative", "Abs": "abs",
           "Floor": "floor", "Ceil": "ceil", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Atan": "arctan",
-          "Sinh": "sinh", "Cosh": "cosh", "Sign": "sign", "Round": "round"}
+          "Sinh": "sinh", "Cosh": "cosh", "Sign": "sign", "Round": "round", "Asin": "arcsin", "Acos": "arccos",
+          "Asinh": "arcsinh", "Acosh": "arccosh", "Atanh": "arctanh"}
 
 
 def _unary(name: str) -> Callable[..., list]:

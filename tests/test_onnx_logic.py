@@ -111,3 +111,40 @@ def test_argmax_and_argmin_follow_onnxruntimes_scan_nan_included(op, axis, keepd
     for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
         assert y.dtype == np.float32 and y.shape == ref.shape
         np.testing.assert_array_equal(y, ref)
+
+
+EDGES = (np.array([0, -0., 0, -0., -3, 3, -1, 1, np.inf, -np.inf, 1, 1, np.nan, 1, 5.5, -5.5], np.float32),
+         np.array([-2, 2, 2, -2, np.inf, np.inf, -np.inf, -np.inf, 2, 2, 0, -0., 2, np.nan, 2, 2], np.float32))
+
+
+@pytest.mark.parametrize("fmod", [1, 0])
+def test_mod_of_float_data_signs_zeros_and_infinities(fmod):
+    # fmod=1 as onnxruntime; fmod=0 (which onnxruntime refuses on floats) as the ONNX spec: numpy's floored mod
+    g = helper.make_graph([helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)], "g",
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, [16]) for n in "ab"],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    feeds = dict(zip("ab", EDGES))
+    if fmod:
+        ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ref = np.mod(*EDGES)
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run(feeds)
+    for y in (m.run_numpy(feeds), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(y, ref)
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
+
+
+def test_isnan_and_isinf_masks_select_with_where():
+    nodes = [helper.make_node("IsNaN", ["x"], ["n"]), helper.make_node("IsInf", ["x"], ["p"], detect_negative=0),
+             helper.make_node("Or", ["n", "p"], ["bad"]), helper.make_node("Where", ["bad", "zero", "x"], ["y"])]
+    model = _model(nodes, [("x", (16,))])
+    x = np.array([1, np.nan, np.inf, -np.inf, -0.0, 3e38, -1, np.nan, 2, np.inf, 0, 5, -7, 1e-40, 8, -np.nan],
+                 np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run({"x": x})
+    for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(y, ref)

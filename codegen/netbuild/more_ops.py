@@ -21,6 +21,12 @@ static inline float fj_gelu_tanh(float x) {
     const double d = (double)x;
     return (float)(0.5 * d * (1.0 + tanh(0.79788456080286535588 * (d + 0.044715 * d * d * d))));
 }
+static inline float fj_mod(float a, float b) {  /* ONNX Mod fmod=0 (numpy's mod): the sign of b */
+    float m = fmodf(a, b);
+    if (m != 0.0f) { if ((b < 0.0f) != (m < 0.0f)) m += b; }
+    else m = copysignf(0.0f, b);
+    return m;
+}
 static inline float fj_softplus(float x) {
     const double d = (double)x;
     return (float)(d > 0.0 ? d + log1p(exp(-d)) : log1p(exp(d)));
@@ -56,8 +62,14 @@ UNARY: dict[str, Callable[[dict], str]] = {
                         f"({{0}} > (float){_flt(a['lambd'])} ? {{0}} - (float){_flt(a['bias'])} : 0.0f))",
     "Swish": lambda a: f"(float)((double){{0}} / (1.0 + exp(-{_flt(a['alpha'])} * (double){{0}})))",
     "Not": lambda a: "({0} == 0.0f ? 1.0f : 0.0f)",  # a mask's negation (felixjax.onnx_logic)
+    "IsNaN": lambda a: "({0} != {0} ? 1.0f : 0.0f)",
+    "IsInf": lambda a: "(({0} == INFINITY && %d) || ({0} == -INFINITY && %d) ? 1.0f : 0.0f)"
+                       % (bool(a["positive"]), bool(a["negative"])),
+    "Asin": lambda a: "asinf({0})", "Acos": lambda a: "acosf({0})", "Asinh": lambda a: "asinhf({0})",
+    "Acosh": lambda a: "acoshf({0})", "Atanh": lambda a: "atanhf({0})",
 }
 BINARY = {"Max": "fj_max({0}, {1})", "Min": "fj_min({0}, {1})", "PRelu": "({0} < 0.0f ? {0} * {1} : {0})",
+          "Mod": "fmodf({0}, {1})", "FloorMod": "fj_mod({0}, {1})",
           # masks as float 0 / 1 (felixjax.onnx_logic); a NaN compares false, as in IEEE
           **{op: f"({{0}} {c} {{1}} ? 1.0f : 0.0f)" for op, c in (("Greater", ">"), ("Less", "<"),
                                                                    ("GreaterOrEqual", ">="), ("LessOrEqual", "<="),
