@@ -253,3 +253,26 @@ def test_depthwise_default_thresholds_count_columns_not_avx512_lanes():
         t = depthwise_conv2d(1, 64, w, w, kernel=3, padding=1)
         assert default_sketch(t, AVX2).name == (DW_SKETCH if w == 56 else f"{DW_SKETCH}.pad_x32" if w == 28
                                                 else "conv_spatial_pack")
+
+
+@pytest.mark.cc
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_a_nan_input_gives_nan_where_numpy_does_in_every_column(act):
+    # a review: the vector columns' relu mask (v > 0) turned NaN into 0 while the scalar columns kept it
+    from codegen import blocked
+
+    tasks = [(depthwise_conv2d(1, 8, 6, 16, kernel=3, padding=1, act=act), DW_SKETCH),
+             (blocked.conv2d_nchwc(1, 16, 6, 12, out_channels=16, kernel=3, padding=1, groups=16, act=act),
+              blocked.DW_SKETCH)]
+    for task, sketch in tasks:
+        x, w = task.random_inputs(seed=0)[:2]
+        x.reshape(-1)[[5, 77, 200]] = np.nan
+        ref = task.reference(x, w)
+        space = Space(task, sketch, TARGET)
+        cfgs = [space.default()] + [space.with_knobs(space.default(), {"dw_stage": s}) for k in space.knobs
+                                    if k.name == "dw_stage" for s in k.values(space)]
+        for cfg in cfgs:
+            plan = lower(space, cfg)
+            y = Kernel(plan, build(render(plan)).lib_path)(x, w)
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+            np.testing.assert_allclose(np.nan_to_num(y), np.nan_to_num(ref), rtol=1e-4, atol=1e-4)

@@ -63,8 +63,8 @@ UNARY: dict[str, Callable[[dict], str]] = {
     "Swish": lambda a: f"(float)((double){{0}} / (1.0 + exp(-{_flt(a['alpha'])} * (double){{0}})))",
     "Not": lambda a: "({0} == 0.0f ? 1.0f : 0.0f)",  # a mask's negation (felixjax.onnx_logic)
     "IsNaN": lambda a: "({0} != {0} ? 1.0f : 0.0f)",
-    "IsInf": lambda a: "(({0} == INFINITY && %d) || ({0} == -INFINITY && %d) ? 1.0f : 0.0f)"
-                       % (bool(a["positive"]), bool(a["negative"])),
+    "IsInf": lambda a: f"(({{0}} == INFINITY && {int(bool(a['positive']))}) || "
+                       f"({{0}} == -INFINITY && {int(bool(a['negative']))}) ? 1.0f : 0.0f)",
     "Asin": lambda a: "asinf({0})", "Acos": lambda a: "acosf({0})", "Asinh": lambda a: "asinhf({0})",
     "Acosh": lambda a: "acoshf({0})", "Atanh": lambda a: "atanhf({0})",
 }

@@ -314,7 +314,7 @@ class _Gen:
         if self.act not in ("relu", "relu6"):
             return
         if vector:
-            w(f"{v} = ({self.vt})((({self.it}){v}) & ({v} > zv));")
+            w(f"{v} = ({self.vt})((({self.it}){v}) & ~({v} < zv));")  # a NaN kept, as in the scalar columns
             if self.act == "relu6":
                 w(f"{{ {self.it} big = {v} > six; {v} = ({self.vt})((({self.it}){v} & ~big) | "
                   f"(({self.it})six & big)); }}")

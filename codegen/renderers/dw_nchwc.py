@@ -64,8 +64,8 @@ class _Gen:
         w(f"typedef int {it} __attribute__((vector_size({4 * B})));")
         w(f"static inline {vt} {n}_ld(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}")
         w(f"static inline void {n}_st(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}")
-        if self.task.act in ("relu", "relu6"):
-            w(f"static inline {vt} {n}_relu({vt} a) {{ {vt} z = {{0}}; return ({vt})((({it})a) & (a > z)); }}")
+        if self.task.act in ("relu", "relu6"):  # (a NaN kept: numpy's maximum(x, 0) keeps it)
+            w(f"static inline {vt} {n}_relu({vt} a) {{ {vt} z = {{0}}; return ({vt})((({it})a) & ~(a < z)); }}")
         if self.task.act == "relu6":
             w(f"static inline {vt} {n}_min6({vt} a) {{ {vt} s = {{0}}; s += 6.0f; {it} big = a > s; "
               f"return ({vt})((({it})a & ~big) | (({it})s & big)); }}")
