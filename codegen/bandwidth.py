@@ -16,6 +16,7 @@ import numpy as np
 
 from .build import build
 from .measure import load_kernel_library
+from .runtime import use_threads
 
 __all__ = ["measure_bandwidth", "roofline"]
 
@@ -41,7 +42,7 @@ def measure_bandwidth(threads: int = 1, *, mib: int = 128, repeats: int = 5) -> 
     if res.status != "ok":
         raise RuntimeError(f"building the bandwidth probe failed: {res.error}")
     lib = load_kernel_library(res.lib_path)
-    lib.fj_set_threads(int(threads))
+    use_threads(lib.fj_set_threads, int(threads))
     n = mib * 2**20 // 4
     src = np.ones(n, np.float32)
     dst = np.zeros(n, np.float32)

@@ -76,8 +76,7 @@ class Kernel:
         self.plan = plan
         self.lib_path = lib_path
         self._lib = load_kernel_library(lib_path)
-        if threads:
-            self._lib.fj_set_threads(int(threads))
+        self._threads, self._set_threads = int(threads or 0), self._lib.fj_set_threads
         self._fn = self._lib.fj_kernel
         self._ws = np.zeros(max(plan.workspace_bytes, 64) + 64, dtype=np.uint8)  # bytes, aligned by _aligned
         self._ws_ptr = _aligned(self._ws).ctypes.data
@@ -159,6 +158,8 @@ class Kernel:
             raise _forked(self._name)
         _FORK[0] = True
         with self._lock:
+            if self._threads:  # (per OS thread, and another kernel may have set another count)
+                use_threads(self._set_threads, self._threads)
             return self._call(*arrays)
 
     def _call(self, *arrays: np.ndarray) -> np.ndarray:
@@ -231,6 +232,8 @@ class BoundKernel:
             raise _forked(k._name)
         _FORK[0] = True
         with k._lock:  # the kernel's workspace: its calls and its bound kernels' take turns
+            if k._threads:
+                use_threads(k._set_threads, k._threads)
             return self._call(data, *rest)
 
     def _call(self, data: np.ndarray, *rest: np.ndarray) -> np.ndarray:
@@ -278,6 +281,19 @@ class BoundKernel:
 _FORK = [False, False]
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _FORK.__setitem__(1, _FORK[1] or _FORK[0]))
+
+
+#: the OpenMP thread count each OS thread last set through :func:`use_threads`. omp_set_num_threads sets the
+#: calling thread's count (shared by every kernel library of the process): a kernel or network made with
+#: ``threads=N`` sets it on each call where it differs, so it runs at N from any thread, beside others at M
+_OMP = threading.local()
+
+
+def use_threads(setter, n: int) -> None:
+    """``setter(n)`` (a library's ``fj_set_threads``) unless this thread's count is ``n`` already."""
+    if getattr(_OMP, "n", 0) != n:
+        setter(n)
+        _OMP.n = n
 
 
 def _forked(name: str) -> RuntimeError:

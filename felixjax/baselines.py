@@ -48,6 +48,7 @@ import numpy as np
 
 from codegen.measure import check_output
 from codegen.ops import Task
+from codegen.runtime import use_threads
 
 from .cycles import ThreadCounters
 
@@ -550,14 +551,14 @@ class KernelContender(Contender):
         self._ptrs = (ctypes.c_void_p * len(self._bufs))(*[b.ctypes.data for b in self._bufs])
 
     def __call__(self) -> None:
-        self._lib.fj_set_threads(self.threads)  # libgomp is shared by every kernel library
+        use_threads(self._lib.fj_set_threads, self.threads)  # libgomp is shared by every kernel library
         self._lib.fj_kernel(self._ptrs)
 
     def output(self) -> np.ndarray:
         return self._out
 
     def timeit(self, number: int) -> float:
-        self._lib.fj_set_threads(self.threads)
+        use_threads(self._lib.fj_set_threads, self.threads)
         return float(self._lib.fj_time(self._ptrs, int(number)))
 
     def __repr__(self) -> str:

@@ -369,9 +369,8 @@ class CompiledModel:
         return self.library.timeit(ins, outs, number) / number
 
     def set_threads(self, n: int) -> None:
-        """OpenMP threads of later runs made from this Python thread (OpenMP keeps the count per calling
-        thread: runs from other threads keep ``OMP_NUM_THREADS`` or every core). Calls from several
-        threads run one at a time (one arena)."""
+        """OpenMP threads of later runs, from any Python thread (OpenMP keeps the count per calling thread: each
+        run sets it where it differs). Calls from several threads run one at a time (one arena)."""
         self.library.set_threads(n)
 
     def profile(self, x: Any = None, *, number: int = 10) -> list[dict]:

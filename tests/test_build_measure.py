@@ -575,6 +575,41 @@ def test_a_kernel_called_from_threads_gives_every_caller_its_own_result():
 
 
 @pytest.mark.cc
+def test_each_kernel_runs_at_its_own_thread_count_from_any_thread():
+    # a session-81 review: threads= was set once, for the constructing thread (OpenMP keeps the count per calling
+    # thread): from a worker thread a threads=1 kernel ran 2 threads, and a second kernel at 2 switched the first
+    import ctypes
+    import ctypes.util
+    import threading
+
+    from codegen.lower import lower
+    from codegen.ops import matmul
+    from codegen.render_c import render
+    from codegen.runtime import Kernel
+    from codegen.space import Space
+
+    gomp = ctypes.CDLL(ctypes.util.find_library("gomp"))
+    task = matmul(32, 32, 32)
+    space = Space(task, "gemm_packed", Target.cpu(cores=2))
+    plan = lower(space, space.default())
+    one, two = (Kernel(plan, build(render(plan)).lib_path, threads=n) for n in (1, 2))
+    x, w = task.random_inputs(seed=0)
+    seen = []
+
+    def work():
+        for k in (one, two, one.bind(w)):
+            k(x) if k.__class__.__name__ == "BoundKernel" else k(x, w)
+            seen.append(gomp.omp_get_max_threads())  # what the calling thread's next parallel region uses
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    two(x, w)
+    one(x, w)
+    assert seen == [1, 2, 1] and gomp.omp_get_max_threads() == 1
+
+
+@pytest.mark.cc
 def test_kernels_refuse_to_run_in_a_child_forked_after_kernels_ran():
     # session 78 (a concurrency review): the child's call hung in libgomp (its OpenMP pool does not survive a fork;
     # a kernel loaded in the child hangs too, a code review found)

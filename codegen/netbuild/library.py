@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import fastcall
 from ..build import DEFAULT_FLAGS, build
-from ..runtime import _FORK, _forked
+from ..runtime import _FORK, _forked, use_threads
 
 from .emission import NetSource
 from .memory import _aligned_zeros
@@ -63,9 +63,7 @@ class NetLibrary:
         else:
             self._weights = net.weights  # read only by the library: shared, not copied
         self._arena = _aligned_zeros(net.memory.arena_floats)
-        self.threads = threads
-        if threads:
-            lib.fj_model_set_threads(int(threads))
+        self.threads = int(threads or 0)  # set by each run where the calling thread's count differs
         # the per-call path (call_fast): shapes, pointer arrays and the weight / arena pointers made once
         self._in_shapes = tuple(tuple(int(d) for d in s) for s in net.input_shapes)
         self._out_shapes = tuple(tuple(int(d) for d in s) for s in net.output_shapes)
@@ -87,11 +85,13 @@ class NetLibrary:
         if _FORK[1]:
             raise _forked("this network")
         _FORK[0] = True
+        if self.threads:
+            use_threads(self._lib.fj_model_set_threads, self.threads)
 
     def set_threads(self, n: int) -> None:
-        """OpenMP threads of the calling thread's later runs."""
+        """OpenMP threads of later runs, from any thread."""
         self.threads = int(n)
-        self._lib.fj_model_set_threads(int(n))
+        use_threads(self._lib.fj_model_set_threads, self.threads)
 
     def _pointers(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]):
         if len(inputs) != len(self.net.input_shapes):
@@ -132,6 +132,8 @@ class NetLibrary:
         if self._lib is None or len(inputs) != len(shapes) or _FORK[1]:
             return self(inputs)
         _FORK[0] = True
+        if self.threads:
+            use_threads(self._lib.fj_model_set_threads, self.threads)
         for x, shape in zip(inputs, shapes):
             if type(x) is not _ndarray or x.shape != shape or x.dtype != _f32:
                 return self(inputs)
@@ -161,6 +163,8 @@ class NetLibrary:
         if type(x) is not _ndarray or x.shape != self._shape1 or x.dtype != _f32 or self._lib is None or _FORK[1]:
             return None
         _FORK[0] = True
+        if self.threads:
+            use_threads(self._lib.fj_model_set_threads, self.threads)
         if self._fast is not None:
             y = _empty(self._oshape1, _f32)
             try:
