@@ -4,10 +4,23 @@ enumerating, uniform sampling) and divisors. Re-exported by :mod:`codegen.space`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator
 from functools import lru_cache
 
 import numpy as np
+
+
+def whole(x: object) -> bool:
+    """Whether ``x`` is an integer (numpy's included; not a bool, not a float such as 2.0)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def as_whole(x: object, what: str = "value") -> int:
+    """``x`` as an int if it is a whole number (a JSON 2 or 2.0); a ValueError for 2.5, "2" or True."""
+    if whole(x) or isinstance(x, float) and x.is_integer():
+        return int(x)
+    raise ValueError(f"{what} {x!r} is not an integer")
 
 
 @lru_cache(maxsize=4096)

@@ -262,6 +262,8 @@ class BoundKernel:
             self._fn(ptrs)
             return out
         k = self.kernel
+        if len(rest) != self._n_rest:  # (the weights are bound: not counted)
+            raise ValueError(f"{k._name} bound to its weights takes {self._n_rest + 1} arrays, got {len(rest) + 1}")
         k._check((data, np.empty(k._shapes[1], np.uint8), *rest))
         dts = k._dts
         keep = [_exact(data, dts[0], k._name, 0)]
@@ -311,6 +313,8 @@ def _exact(a, dt: np.dtype, name: str, index: int) -> np.ndarray:
     or a value out of the type's range, is a ValueError (numpy's cast would truncate or wrap it silently, and an
     int8 kernel would compute on other numbers than the caller's)."""
     src = np.asarray(a)
+    if src.dtype.kind == "c":  # numpy's cast drops the imaginary part with only a warning
+        raise ValueError(f"{name}: input {index} is complex ({src.dtype}); the kernel takes real {dt} values")
     if dt.kind not in "iu" or src.dtype == dt:
         return np.ascontiguousarray(src, dtype=dt)
     with np.errstate(invalid="ignore"):  # NaN / inf into an integer type: caught just below

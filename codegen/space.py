@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import blocked as _blocked
+from . import factors as _fa
 from . import flat as _flat
 from . import gemm_default as _gemm
 from . import winograd as _wg
@@ -171,10 +172,10 @@ def get_sketch(task: Task, name: str | Sketch) -> Sketch:
     """The sketch named ``name`` (a padded variant's name spells its extents, so no target is needed)."""
     if isinstance(name, Sketch):
         return name
-    base, _, pads = name.partition(PAD_SEP)
+    base, sep, pads = name.partition(PAD_SEP)
     for s in sketches_for(task):
         if s.name == base:
-            if not pads:
+            if not sep:  # ("gemm_packed.pad_", no extents, is a malformed name: parse_pad says so)
                 return s
             pad = parse_pad(task, name, pads)
             if task.sparsity and set(pad) != {s.vector_axis}:
@@ -223,8 +224,9 @@ class Config:
     def from_json(d: dict | str) -> Config:
         if isinstance(d, str):
             d = json.loads(d)
-        return Config(str(d["sketch"]), tuple(tuple(int(x) for x in t) for t in d["tiles"]), int(d["parallel"]),
-                      int(d["vec"]), int(d["unroll"]), tuple((d.get("extra") or {}).items()))
+        return Config(str(d["sketch"]), tuple(tuple(_fa.as_whole(x, "a tile") for x in t) for t in d["tiles"]),
+                      *(_fa.as_whole(d[k], k) for k in ("parallel", "vec", "unroll")),
+                      tuple((d.get("extra") or {}).items()))
 
     def dumps(self) -> str:
         """Canonical JSON string (a database key)."""
@@ -304,15 +306,15 @@ class Space:
         if cfg.sketch != self.sketch.name:
             raise ValueError(f"config is for sketch {cfg.sketch!r}, space is {self.sketch.name!r}")
         check_tiles(self.axes, self.levels, cfg.tiles)
-        if not 0 <= cfg.parallel <= self.n_spatial:
+        if not _fa.whole(cfg.parallel) or not 0 <= cfg.parallel <= self.n_spatial:
             raise ValueError(f"parallel={cfg.parallel}: valid range is 0..{self.n_spatial} (fused outer loops)")
-        if cfg.vec not in self.vec_choices:
+        if not _fa.whole(cfg.vec) or cfg.vec not in self.vec_choices:
             raise ValueError(f"vec={cfg.vec}: valid values are {self.vec_choices}")
         inner = cfg.tiles[self.vector_index][-1]
         if inner % cfg.vec:
             raise ValueError(f"vec={cfg.vec} must divide the innermost tile of vector axis "
                              f"{self.sketch.vector_axis!r} ({inner})")
-        if cfg.unroll not in UNROLL_CHOICES:
+        if not _fa.whole(cfg.unroll) or cfg.unroll not in UNROLL_CHOICES:
             raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
         acc = self.accumulators(cfg)
         if acc > self.max_accumulators:
@@ -399,8 +401,8 @@ def check_tiles(axes, levels, tiles) -> None:
     for a, lv, t in zip(axes, levels, tiles):
         if len(t) != lv:
             raise ValueError(f"tiles[{a.name}]: expected {lv} levels, got {len(t)}")
-        if any(x < 1 for x in t) or math.prod(t) != a.extent:
-            raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive and multiply to the "
+        if any(not _fa.whole(x) or x < 1 for x in t) or math.prod(t) != a.extent:
+            raise ValueError(f"tiles[{a.name}]={list(t)}: tile sizes must be positive integers and multiply to the "
                              f"extent {a.extent}")
 
 

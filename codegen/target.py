@@ -84,6 +84,9 @@ class Target:
     def __post_init__(self) -> None:
         if self.cores < 1 or self.simd_lanes < 1 or self.vector_registers < 1:
             raise ValueError(f"cores, simd_lanes and vector_registers must be >= 1: {self}")
+        if self.kind == "cpu" and self.vector_registers <= 4:  # codegen.space.REGISTER_RESERVE: no register block
+            raise ValueError(f"vector_registers={self.vector_registers}: a CPU target needs more than 4 (4 are kept "
+                             f"for operand loads; x86-64 has 16, AVX-512 and NEON 32)")
         if min(self.l1d_bytes, self.l2_bytes, self.l3_bytes) <= 0:
             raise ValueError(f"cache sizes must be positive: {self}")
 

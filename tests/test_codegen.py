@@ -96,6 +96,21 @@ def test_invalid_configs_name_the_knob():
     for knob, cfg in cases.items():
         with pytest.raises(ValueError, match=knob):
             sp.validate(cfg)
+    # a session-81 review: floats (and bools) passed validate and crashed in the renderer; from_json truncated 2.5
+    floats = [Config(good.sketch, tuple(tuple(float(x) for x in t) for t in good.tiles), good.parallel, good.vec,
+                     good.unroll), Config(good.sketch, good.tiles, True, good.vec, good.unroll),
+              Config(good.sketch, good.tiles, good.parallel, float(good.vec), good.unroll)]
+    for cfg, knob in zip(floats, ("integers", "parallel", "vec")):
+        with pytest.raises(ValueError, match=knob):
+            sp.validate(cfg)
+    bad = dict(good.to_json(), tiles=[[2.5, *t[1:]] for t in good.to_json()["tiles"]])
+    with pytest.raises(ValueError, match="a tile 2.5 is not an integer"):
+        Config.from_json(bad)
+    assert Config.from_json(dict(good.to_json(), vec=float(good.vec))) == good  # a JSON 16.0 is 16
+    with pytest.raises(ValueError, match="bad padded extent"):
+        Space(sp.task, "gemm_packed.pad_", AVX512)
+    with pytest.raises(ValueError, match="needs more than 4"):
+        Target.cpu(vector_registers=4)
 
 
 def test_uniform_sampling_marginal():
