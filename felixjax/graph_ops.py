@@ -69,6 +69,18 @@ def arg_index(x: np.ndarray, largest: bool, axis: int, keepdims: bool, last: boo
     return np.expand_dims(index, axis) if keepdims else index
 
 
+def topk(x: np.ndarray, k: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """ONNX TopK as onnxruntime orders it: NaN above every number (first when ``largest``, after every number
+    when not), equal values by index; the indices as float32 (``felixjax.onnx_logic``)."""
+    v = np.moveaxis(x, axis, -1)
+    nan = np.isnan(v)
+    filled = np.where(nan, 0, v)
+    order = np.lexsort((np.broadcast_to(np.arange(v.shape[-1]), v.shape),
+                        -filled if largest else filled, ~nan if largest else nan), axis=-1)[..., :k]
+    values = np.take_along_axis(v, order, axis=-1)
+    return np.moveaxis(values, -1, axis), np.moveaxis(order.astype(np.float32), -1, axis)
+
+
 def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: Any, mode: str = "constant") -> np.ndarray:
     """ONNX Pad in numpy (:func:`felixjax.op_table.pad`, written once for numpy and JAX)."""
     return op_table.pad(np, x, pads, value, mode)
@@ -123,6 +135,8 @@ def evaluate_extra(op: str, a: Mapping[str, Any], args: Sequence[np.ndarray | No
         with np.errstate(divide="ignore", invalid="ignore"):  # (a zero divisor or an infinity: NaN, as ONNX says)
             y = (np.fmod if op == "Mod" else np.mod)(args[0], args[1])
         return [y.astype(np.result_type(args[0], args[1]))]
+    if op == "TopK":
+        return list(topk(x, int(a["k"]), int(a["axis"]), bool(a["largest"])))
     if op in ("ArgMax", "ArgMin"):
         return [arg_index(x, op == "ArgMax", int(a["axis"]), bool(a["keepdims"]), bool(a["select_last_index"]))]
     if op == "CumSum":

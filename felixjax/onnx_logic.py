@@ -18,6 +18,7 @@ op                                                          inputs    output
 ``IsNaN``, ``IsInf`` (attrs positive, negative: 0 / 1)       x         1.0 where x is NaN / such an infinity
 
 ``ArgMax ArgMin``                                            x         the index along ``axis`` (float32)
+``TopK`` (attrs axis, k, largest)                           x         values, indices (float32): sorted
 ==========================================================  ========  ==================================
 
 (numpy broadcasting throughout; ArgMax / ArgMin attrs: axis (>= 0), keepdims, select_last_index.) A model
@@ -25,7 +26,8 @@ whose *output* is such a mask returns it as float32 0 / 1. The int64 indices of 
 float32 too (exact below 2**24), and so come out of a model: a consumer reads them as numbers (``Equal`` to
 labels, ``Cast`` to float). They follow onnxruntime's scan: the first element is the running best, a later one
 replaces it when strictly greater (ArgMin: less), or equal too with ``select_last_index``, so a NaN is passed
-over, except a first one, which stays.
+over, except a first one, which stays. TopK orders as onnxruntime does: NaN above every number, equal values
+by index.
 
 Example:
     >>> import numpy as np
@@ -44,9 +46,10 @@ from felixjax.graph_passes import Node
 
 COMPARE = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
 LOGIC = ("And", "Or", "Xor")
-OPS = COMPARE + LOGIC + ("Not", "IsNaN", "IsInf", "ArgMax", "ArgMin")
+OPS = COMPARE + LOGIC + ("Not", "IsNaN", "IsInf", "ArgMax", "ArgMin", "TopK")
 ATTRS: dict[str, set[str]] = {**{op: {"axis", "keepdims", "select_last_index"} for op in ("ArgMax", "ArgMin")},
-                              "IsInf": {"detect_negative", "detect_positive"}}
+                              "IsInf": {"detect_negative", "detect_positive"},
+                              "TopK": {"axis", "largest", "sorted", "k"}}
 
 
 def _operand(ctx: Any, k: int) -> str:
@@ -62,9 +65,9 @@ def _operand(ctx: Any, k: int) -> str:
     return name
 
 
-def _mask_output(ctx: Any) -> None:
-    """The output is a bool (or int64 index) tensor to ONNX: held as float32 here."""
-    out = ctx.outputs[0]
+def _mask_output(ctx: Any, k: int = 0) -> None:
+    """Output ``k`` is a bool (or int64 index) tensor to ONNX: held as float32 here."""
+    out = ctx.outputs[k]
     ctx.types[out] = (TensorProto.FLOAT, ctx.out_shape(out))
 
 
@@ -102,7 +105,24 @@ def _arg(ctx: Any) -> list[Node]:
     return [Node(ctx.op, (ctx.input(0),), (ctx.outputs[0],), attrs, ctx.name)]
 
 
+def _topk(ctx: Any) -> list[Node]:
+    """TopK with a constant K: the values and their int64 indices (held as float32), sorted (``sorted=0``
+    leaves the order to the runtime: this one sorts too)."""
+    shape = ctx.shape(ctx.input(0))
+    if not shape:
+        ctx.fail("needs an input of rank 1 or more")
+    axis = ctx.axis(int(ctx.attrs.get("axis", -1)), len(shape))
+    k = ctx.const(ctx.input(1), "K").reshape(-1) if ctx.input(1) else np.array([ctx.attrs.get("k", -1)])
+    if k.size != 1 or not 1 <= int(k[0]) <= shape[axis]:
+        ctx.fail(f"K={k.tolist()} must be one integer in 1..{shape[axis]} (the size of axis {axis})")
+    values, indices = ctx.outputs[0], ctx.outputs[1] if len(ctx.outputs) > 1 and ctx.outputs[1] in ctx.used else ""
+    if indices:
+        _mask_output(ctx, 1)
+    attrs = {"axis": axis, "k": int(k[0]), "largest": int(ctx.attrs.get("largest", 1))}
+    return [Node("TopK", (ctx.input(0),), (values, indices), attrs, ctx.name)]
+
+
 IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "IsNaN": _not, "IsInf": _not, "ArgMax": _arg,
-             "ArgMin": _arg}
+             "ArgMin": _arg, "TopK": _topk}
 
 __all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]

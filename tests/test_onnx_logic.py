@@ -148,3 +148,24 @@ def test_isnan_and_isinf_masks_select_with_where():
     got = fj.build_model(m, threads=1).run({"x": x})
     for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
         np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("axis,outputs", [(1, ("v", "i")), (-1, ("i",)), (0, ("v",))])
+def test_topk_orders_nans_ties_and_signed_zeros_as_onnxruntime(largest, axis, outputs):
+    # values and indices (held as float32); an unused indices output goes to the C step's scratch
+    g = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 4, 5))],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT if o == "v" else TensorProto.INT64, None)
+                           for o in outputs], [numpy_helper.from_array(np.array([3], np.int64), "k")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
+    x = RNG.integers(-2, 3, (3, 4, 5)).astype(np.float32)
+    x.flat[RNG.choice(60, 14, replace=False)] = [np.nan] * 8 + [-0.0] * 3 + [np.inf, -np.inf, np.inf]
+    refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run({"x": x})
+    for ys in (m.run_numpy({"x": x}), got):
+        for y, ref in zip(ys if isinstance(ys, list) else [ys], refs):
+            assert y.dtype == np.float32 and y.shape == ref.shape
+            np.testing.assert_array_equal(y, ref.astype(np.float32))
+            np.testing.assert_array_equal(np.signbit(y), np.signbit(ref.astype(np.float32)))

@@ -66,6 +66,9 @@ def _scratch_floats(step: Step, values: Sequence[Value]) -> int:
     if step.op == "LayerNormalization":
         x = values[step.inputs[0]]
         return 4 * math.prod(x.shape[: step.attrs["axis"]])  # mean and 1/std per row, as doubles
+    if step.op == "TopK" and (len(step.outputs) < 2 or step.outputs[1] is None):  # the indices' k slots per row
+        x = values[step.inputs[0]].shape
+        return math.prod(x) // x[step.attrs["axis"]] * int(step.attrs["k"])
     return 0
 
 

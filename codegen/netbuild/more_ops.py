@@ -347,6 +347,36 @@ def _r_arg(c: _Ctx, w: Any) -> None:
     w.close()
 
 
+def _r_topk(c: _Ctx, w: Any) -> None:
+    """ONNX TopK (see ``felixjax.graph_ops.topk``): per row an insertion into the k slots of the outputs (unused
+    indices' slots in the scratch), O(n k)."""
+    shape = c.need(0)
+    a = c.step.attrs
+    axis, k = int(a["axis"]), int(a["k"])
+    outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    vals, idx = c.y[0], (c.y[1] if len(c.y) > 1 else None) or "((float*)ws)"
+    beats = ("(v > b || (v != v && b == b))" if a["largest"] else "(v < b || (v == v && b != b))")
+    if outer * inner >= 2 and outer * n * inner >= PARALLEL_MIN:
+        w("#pragma omp parallel for schedule(static) collapse(2)")
+    w.open(f"for (long o = 0; o < {outer}; ++o)")
+    w.open(f"for (long i = 0; i < {inner}; ++i)")
+    w(f"const float* xp = {c.x[0]} + o*{n * inner} + i;")
+    w(f"float* vp = {vals} + o*{k * inner} + i;")
+    w(f"float* ip = {idx} + o*{k * inner} + i;")
+    w("long cnt = 0;")
+    w.open(f"for (long j = 0; j < {n}; ++j)")
+    w(f"const float v = xp[j*{inner}];")
+    w(f"if (cnt == {k}) {{ const float b = vp[{(k - 1) * inner}]; if (!{beats}) continue; }}")
+    w(f"long p = cnt < {k} ? cnt : {k - 1};")
+    w(f"while (p > 0) {{ const float b = vp[(p - 1)*{inner}]; if (!{beats}) break; "
+      f"vp[p*{inner}] = b; ip[p*{inner}] = ip[(p - 1)*{inner}]; --p; }}")
+    w(f"vp[p*{inner}] = v; ip[p*{inner}] = (float)j;")
+    w(f"if (cnt < {k}) ++cnt;")
+    w.close()
+    w.close()
+    w.close()
+
+
 MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
     **{op: _r_unary for op in UNARY}, **{op: _r_binary for op in BINARY},
     "Where": _r_where, "Expand": _r_expand, "Slice": _r_slice, "Gather": _r_gather,
@@ -354,5 +384,5 @@ MORE_RENDERERS: dict[str, Callable[[_Ctx, Any], None]] = {
                                 "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
     "LRN": _r_lrn, "Pad": _r_pad,
     "Resize": _r_resize, "LogSoftmax": _r_log_softmax, "CumSum": _r_cumsum,
-    "ArgMax": _r_arg, "ArgMin": _r_arg,
+    "ArgMax": _r_arg, "ArgMin": _r_arg, "TopK": _r_topk,
 }
