@@ -13,6 +13,7 @@ rewritten into canonical ones the rest of the stack already runs:
     Trilu                               Where with a constant triangular mask
     Tile                                one Gather per repeated axis
     GatherND (constant indices)         Reshape (the indexed axes as one) -> one Gather of flat offsets
+    GatherElements (constant indices)   Reshape (flat) -> one Gather of each element's flat offset
     Sum / Mean / variadic Max, Min      chains of binary nodes (Mean: then Mul by 1/n)
     GlobalMaxPool                       ReduceMax over the spatial axes
     InstanceNormalization               Reshape -> LayerNormalization -> Reshape -> ScaleShift
@@ -77,7 +78,8 @@ UNARY = ("Exp", "Log", "Neg", "Floor", "Ceil", "Abs", "Reciprocal", "HardSwish",
          "Atan", "Sinh", "Cosh", "Sign", "Round", "Softsign", "Mish", "Asin", "Acos", "Asinh", "Acosh", "Atanh")
 PARAM_UNARY = ("HardSigmoid", "LeakyRelu", "Elu", "Gelu", "Selu", "Celu", "ThresholdedRelu", "Shrink", "Swish")
 OPS = UNARY + PARAM_UNARY + (
-    "Max", "Min", "PRelu", "Mod", "Sum", "Mean", "Where", "Slice", "Gather", "GatherND", "CumSum", "Expand", "Split",
+    "Max", "Min", "PRelu", "Mod", "Sum", "Mean", "Where", "Slice", "Gather", "GatherND", "GatherElements", "CumSum",
+    "Expand", "Split",
     "Squeeze", "Unsqueeze",
     "Cast", "CastLike", *REDUCE, "GlobalMaxPool", "InstanceNormalization", "LRN",
     "Resize", "Upsample", "ConvTranspose", "Tile", "LogSoftmax", "DepthToSpace", "SpaceToDepth",
@@ -92,7 +94,7 @@ ATTRS: dict[str, set[str]] = {
     "SpaceToDepth": {"blocksize", "mode"}, "GroupNormalization": {"num_groups", "epsilon", "stash_type"},
     "RMSNormalization": {"axis", "epsilon", "stash_type"}, "LpNormalization": {"axis", "p"},
     "Trilu": {"upper"}, "Mod": {"fmod"},
-    "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "GatherND": {"batch_dims"},
+    "Slice": {"starts", "ends", "axes"}, "Gather": {"axis"}, "GatherND": {"batch_dims"}, "GatherElements": {"axis"},
     "CumSum": {"exclusive", "reverse"}, "Split": {"axis", "split", "num_outputs"},
     "Squeeze": {"axes"}, "Unsqueeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"},
     "CastLike": {"saturate", "round_mode"},
@@ -320,6 +322,24 @@ def _gather_nd(ctx: Any) -> list[Node]:
     mid = _tmp(ctx, "flat", (nb * nd,) + rest)
     return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": (nb * nd,) + rest}, [mid]),
             _node(ctx, "Gather", [mid], {"axis": 0, "indices": flat})]
+
+
+def _gather_elements(ctx: Any) -> list[Node]:
+    """GatherElements with constant indices: the data flattened, then one Gather of each element's flat offset
+    (output: the indices' shape)."""
+    xs = ctx.shape(ctx.input(0))
+    idx = ctx.const(ctx.input(1), "the indices").astype(np.int64)
+    axis = ctx.axis(int(ctx.attrs.get("axis", 0)), len(xs))
+    if idx.ndim != len(xs) or any(i > x for k, (i, x) in enumerate(zip(idx.shape, xs)) if k != axis):
+        ctx.fail(f"indices of shape {idx.shape} do not fit data of shape {xs} on axis {axis}")
+    if idx.size and (idx.min() < -xs[axis] or idx.max() >= xs[axis]):
+        ctx.fail(f"indices out of range for axis {axis} of size {xs[axis]}")
+    pos = list(np.indices(idx.shape, dtype=np.int64))
+    pos[axis] = np.where(idx < 0, idx + xs[axis], idx)
+    flat = np.ravel_multi_index(tuple(pos), xs) if idx.size else np.zeros(idx.shape, np.int64)
+    mid = _tmp(ctx, "flat", (math.prod(xs),))
+    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": (math.prod(xs),)}, [mid]),
+            _node(ctx, "Gather", [mid], {"axis": 0, "indices": flat.astype(np.int64)})]
 
 
 def _cumsum(ctx: Any) -> list[Node]:
@@ -563,7 +583,7 @@ def _must_fold(ctx: Any) -> list[Node]:
 IMPORTERS = {
     **{op: _unary for op in UNARY}, **{op: _param_unary for op in PARAM_UNARY},
     **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Mod": _mod, "Where": _where,
-    "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "CumSum": _cumsum, "Expand": _expand,
+    "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "GatherElements": _gather_elements, "CumSum": _cumsum, "Expand": _expand,
     "Split": _split, "Squeeze": _squeeze,
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
     **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,

@@ -52,7 +52,8 @@ PARAMETER_SLOTS = {("Reshape", 1), ("Pad", 1), ("Pad", 3), ("ReduceMean", 1), ("
                    ("ReduceMax", 1), ("ReduceMin", 1), ("ReduceProd", 1), ("ReduceL1", 1), ("ReduceL2", 1),
                    ("ReduceSumSquare", 1), ("ReduceLogSum", 1), ("ReduceLogSumExp", 1), ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1),
                    ("Where", 0), ("Tile", 1), ("Trilu", 1), ("GatherND", 1), ("CumSum", 1),
-                   ("RotaryEmbedding", 3), ("CenterCropPad", 1), ("Attention", 6), ("TopK", 1)}
+                   ("RotaryEmbedding", 3), ("CenterCropPad", 1), ("Attention", 6), ("TopK", 1),
+                   ("GatherElements", 1)}
 SPATIAL_OPS = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ConvTranspose", "GlobalMaxPool")
 
 

@@ -68,6 +68,12 @@ def test_gather_nd_scalar_results_feed_other_nodes(batch_dims, x_shape, indices)
     _run(_model(nodes, x_shape, [_ints("i", indices), _ints("ax", [-1])]), x_shape, c_build=True)
 
 
+@pytest.mark.parametrize("axis,indices", [(0, [[1, 2, 0], [2, 0, -1]]), (1, [[0], [3], [-2]]), (-1, [[3, 0], [1, 1]])])
+def test_gather_elements_with_constant_indices_matches_onnxruntime(axis, indices):
+    node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)
+    _run(_model([node], (3, 4), [_ints("i", indices)], opset=13), (3, 4), c_build=True)
+
+
 def test_bad_indices_are_refused_clearly():
     node = helper.make_node("GatherND", ["x", "i"], ["y"])
     with pytest.raises(UnsupportedModelError, match="indices out of range"):
