@@ -583,7 +583,8 @@ def _must_fold(ctx: Any) -> list[Node]:
 IMPORTERS = {
     **{op: _unary for op in UNARY}, **{op: _param_unary for op in PARAM_UNARY},
     **{op: _variadic for op in ("Max", "Min", "Sum", "Mean")}, "PRelu": _prelu, "Mod": _mod, "Where": _where,
-    "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "GatherElements": _gather_elements, "CumSum": _cumsum, "Expand": _expand,
+    "Slice": _slice, "Gather": _gather, "GatherND": _gather_nd, "GatherElements": _gather_elements, "CumSum": _cumsum,
+    "Expand": _expand,
     "Split": _split, "Squeeze": _squeeze,
     "Unsqueeze": _squeeze, "Cast": _cast, "CastLike": _cast,
     **{op: _reduce for op in REDUCE}, "GlobalMaxPool": _global_max_pool,
