@@ -46,10 +46,10 @@ from felixjax.graph_passes import Node
 
 COMPARE = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
 LOGIC = ("And", "Or", "Xor")
-OPS = COMPARE + LOGIC + ("Not", "IsNaN", "IsInf", "ArgMax", "ArgMin", "TopK")
+OPS = COMPARE + LOGIC + ("Not", "IsNaN", "IsInf", "ArgMax", "ArgMin", "TopK", "Hardmax")
 ATTRS: dict[str, set[str]] = {**{op: {"axis", "keepdims", "select_last_index"} for op in ("ArgMax", "ArgMin")},
                               "IsInf": {"detect_negative", "detect_positive"},
-                              "TopK": {"axis", "largest", "sorted", "k"}}
+                              "TopK": {"axis", "largest", "sorted", "k"}, "Hardmax": {"axis"}}
 
 
 def _operand(ctx: Any, k: int) -> str:
@@ -105,6 +105,25 @@ def _arg(ctx: Any) -> list[Node]:
     return [Node(ctx.op, (ctx.input(0),), (ctx.outputs[0],), attrs, ctx.name)]
 
 
+def _hardmax(ctx: Any) -> list[Node]:
+    """Hardmax (opset 13: along ``axis``): 1.0 at the first largest element, a NaN counting as the largest (the
+    ONNX reference's ``np.argmax``; onnxruntime's vectorized max gives no consistent answer around NaNs), as
+    ``Equal(TopK(x, 1).indices, iota)``."""
+    shape = ctx.shape(ctx.input(0))
+    if not shape:
+        ctx.fail("needs an input of rank 1 or more")
+    if ctx.opset < 13:
+        ctx.fail("Hardmax before opset 13 (a flattened 2-D view) is not supported")
+    axis = ctx.axis(int(ctx.attrs.get("axis", -1)), len(shape))
+    top, at = ctx.fresh("max"), ctx.fresh("argmax")
+    for v in (top, at):
+        ctx.types[v] = (TensorProto.FLOAT, tuple(1 if d == axis else n for d, n in enumerate(shape)))
+    iota = ctx.new_const("iota", np.arange(shape[axis], dtype=np.float32).reshape(
+        tuple(-1 if d == axis else 1 for d in range(len(shape)))))
+    return [Node("TopK", (ctx.input(0),), (top, at), {"axis": axis, "k": 1, "largest": 1}, ctx.name),
+            Node("Equal", (at, iota), (ctx.outputs[0],), {}, ctx.name)]
+
+
 def _topk(ctx: Any) -> list[Node]:
     """TopK with a constant K: the values and their int64 indices (held as float32), sorted (``sorted=0``
     leaves the order to the runtime: this one sorts too)."""
@@ -123,6 +142,6 @@ def _topk(ctx: Any) -> list[Node]:
 
 
 IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "IsNaN": _not, "IsInf": _not, "ArgMax": _arg,
-             "ArgMin": _arg, "TopK": _topk}
+             "ArgMin": _arg, "TopK": _topk, "Hardmax": _hardmax}
 
 __all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]

@@ -169,3 +169,27 @@ def test_topk_orders_nans_ties_and_signed_zeros_as_onnxruntime(largest, axis, ou
             assert y.dtype == np.float32 and y.shape == ref.shape
             np.testing.assert_array_equal(y, ref.astype(np.float32))
             np.testing.assert_array_equal(np.signbit(y), np.signbit(ref.astype(np.float32)))
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_hardmax_marks_the_first_largest_a_nan_included(axis):
+    # ties: the first (as onnxruntime); a NaN is the largest, as the ONNX reference's np.argmax has it
+    # (onnxruntime's vectorized max marks [3, nan, 1, 4] at 3 and [nan, 0, 5, 5] nowhere)
+    from onnx.reference import ReferenceEvaluator
+
+    g = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], axis=axis)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 4, 5))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = RNG.integers(-2, 3, (3, 4, 5)).astype(np.float32)  # ties: the first
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    x2 = x.copy()
+    x2.flat[RNG.choice(60, 6, replace=False)] = np.nan
+    ref2 = ReferenceEvaluator(model).run(None, {"x": x2})[0]
+    m = fj.load_onnx(model)
+    got = fj.build_model(m, threads=1).run({"x": x2})
+    for y in (m.run_numpy({"x": x2}), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(y, ref2)
+    got = fj.build_model(m, threads=1).run({"x": x})
+    for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
+        np.testing.assert_array_equal(y, ref)
