@@ -721,7 +721,7 @@ class TuningSession:
             self.measurer(task).measure(configs, keep)
         info = {"replayed": True} if getattr(self.measurer(task), "replayed", False) else {}
         for tr in runs:
-            rows = []
+            rows, meta = [], dict(info, of=len(picks[tr.run]))  # "of": a batch cut short is told apart (kept_retime)
             for i, cfg in enumerate(picks[tr.run]):
                 # ok from most of its timings only: one undisturbed timing among noisy ones (15.7 ms where tuning
                 # had measured 18.7 us, session 78's concurrency review) is no median; the failure says why
@@ -729,14 +729,13 @@ class TuningSession:
                        failed.get(cfg, MeasureResult("runtime_error", error=f"re-timing: {len(lat[cfg])} of {repeats} "
                                                                             f"timings ok")))
                 rows.append(self.db.add(TuningRecord(task, self.target_key, RETIME_PREFIX + tr.run, i, cfg, res,
-                                                     tr.clock, self._target_json, info=dict(info))))
+                                                     tr.clock, self._target_json, info=dict(meta))))
             out[tr.run] = sorted(rows, key=lambda r: r.latency_s)
         return out
 
     def kept_retime(self, tr: TaskRun) -> list[TuningRecord]:
-        """The run's last end-of-run re-timing (best first) when this call measured nothing new for it, else [].
-        A finished command run again then keeps it: re-timing it each time and keeping the fastest of all
-        drifted the reported best downward (a minimum over ever more samples)."""
+        """The run's last end-of-run re-timing (best first) when this call measured nothing new for it, else []. A
+        finished command run again keeps it: re-timing each time drifted the best down (a minimum over more samples)."""
         if len(tr.history) != tr.resumed:
             return []
         rows = self.db.records(tr.task, self.target_key, run=RETIME_PREFIX + tr.run)
@@ -748,7 +747,8 @@ class TuningSession:
         # config of trials 17-32 was never re-timed and the 16-trial run's re-timing came back as the best)
         newest = max((r.id or 0 for r in tr.history), default=0)
         last = rows[starts[-1]:]
-        return sorted(last, key=lambda r: r.latency_s) if (last[0].id or 0) > newest else []
+        whole = len(last) >= int((last[0].info or {}).get("of", 0))  # a batch cut short (kill -9) is redone
+        return sorted(last, key=lambda r: r.latency_s) if (last[0].id or 0) > newest and whole else []
 
     # ---- progress ------------------------------------------------------------------------------
     def _event(self, tr: TaskRun, kind: str, **info) -> None:

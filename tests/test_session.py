@@ -195,6 +195,33 @@ def test_a_noisy_re_timing_below_the_clean_ones_leaves_the_best_while_tuning(tmp
     assert fj.Database(db).best(T1, zen4.key, retimed=True).config == best  # what builds take
 
 
+def test_a_re_timing_cut_short_is_redone_on_resume(tmp_path, monkeypatch):
+    # a session-81 review: each re-timing row is its own commit; a kill -9 after the first left a batch of 1 of 3
+    # rows, and the same call again kept it (the runners-up never timed again, res.best from one row)
+    from felixjax.database import Database
+
+    class Killed(BaseException):
+        pass
+
+    add = Database.add
+
+    def add_then_die(self, rec, **kw):
+        out = add(self, rec, **kw)
+        if rec.run.startswith("retime:") and rec.trial == 0:
+            raise Killed
+        return out
+
+    db = str(tmp_path / "cut.db")
+    kw = {"strategy": "random", "trials": 12, "db": db, "measurer": replay, "progress": False, "retime": 3}
+    monkeypatch.setattr(Database, "add", add_then_die)
+    with pytest.raises(Killed):
+        fj.tune(T1, **kw)
+    monkeypatch.setattr(Database, "add", add)
+    res = fj.tune(T1, **kw)
+    assert len(res.retimed) == 3
+    assert res.best.config == min(res.retimed, key=lambda r: r.latency_s).config
+
+
 def test_the_fastest_of_clean_and_disturbed_re_timings_wins(tmp_path):
     # session 79 (a code review of the fix above): any noisy row below the clean best fell back to the best while
     # tuning, a config whose own re-timing was slower (or crashed); an excluded sketch's noisy row voided the rest
