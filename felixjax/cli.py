@@ -13,7 +13,6 @@ import math
 import os
 import signal
 import sys
-import textwrap
 import threading
 import warnings
 from typing import Any
@@ -620,24 +619,27 @@ def _ctrl_c():
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``felixjax`` command."""
-    try:
-        args = _parser().parse_args(argv)  # the parser loads the suites (codegen): a moment to be interrupted in
-    except KeyboardInterrupt:
-        print("felixjax: interrupted", file=sys.stderr)
-        return 130
-    db = getattr(args, "db", None)  # a quoted "~/runs.db" (the shell leaves ~ alone inside quotes)
-    if isinstance(db, str):
-        args.db = os.path.expanduser(db)
-    elif isinstance(db, list):
-        args.db = [os.path.expanduser(d) for d in db]
-    from . import session
-
-    said, session.SAY_KEPT[0] = session.SAY_KEPT[0], False  # its own line says what an interrupt kept
-    try:
-        with _ctrl_c():
+    with _ctrl_c():
+        try:
+            args = _parser().parse_args(argv)  # the parser loads the suites (codegen): a moment to be interrupted in
+            db = getattr(args, "db", None)  # a quoted "~/runs.db" (the shell leaves ~ alone inside quotes)
+            if isinstance(db, str):
+                args.db = os.path.expanduser(db)
+            elif isinstance(db, list):
+                args.db = [os.path.expanduser(d) for d in db]
+            # (jax loads here, a second or more: a session-81 review's Ctrl-C in it was a traceback, or was lost)
+            from . import session
+        except KeyboardInterrupt:
+            print("felixjax: interrupted", file=sys.stderr)
+            return 130
+        said, session.SAY_KEPT[0] = session.SAY_KEPT[0], False  # its own line says what an interrupt kept
+        try:
             return _run(args)
-    finally:
-        session.SAY_KEPT[0] = said
+        except BrokenPipeError:  # `felixjax report runs.db | head -1`: the reader is gone (no traceback)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would raise again)
+            return 141
+        finally:
+            session.SAY_KEPT[0] = said
 
 
 def _import_plugins(modules: list[str]) -> None:
@@ -670,7 +672,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
             FileExistsError) as e:
-        msg = textwrap.shorten(_printable(str(e)), 400)
+        msg = " ".join(_printable(str(e)).split())
+        msg = msg if len(msg) <= 400 else msg[:180] + " [...] " + msg[-180:]  # (shorten() dropped a long path)
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -195,7 +195,7 @@ class Database:
     """
 
     def __init__(self, path: str | os.PathLike, readonly: bool = False, *, timeout_s: float = 60.0):
-        self.path = os.path.expanduser(os.fspath(path))  # "~/runs.db" is the home folder's, not ./~/
+        self.path = db_files.checked_path(path)  # ("~" expanded; "" refused: SQLite's throwaway database)
         self.readonly = bool(readonly)
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
@@ -223,7 +223,7 @@ class Database:
         try:
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy)
         except sqlite3.Error as e:
-            raise DatabaseError(f"{self.path}: cannot open the database ({e})") from None
+            raise db_files.open_error(self.path, e) from None
 
         def setup(c: sqlite3.Connection) -> None:
             c.execute("PRAGMA journal_mode=WAL")

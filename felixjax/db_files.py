@@ -20,8 +20,24 @@ COLUMNS = ("task_key", "target_key", "run", "trial", "sketch", "config", "status
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 KNOWN_TABLES = {"records", "meta", "claims", "record_info", "sqlite_sequence"}
-CORRUPT_HINTS = ("malformed", "not a database", "corrupt", "disk image")
+CORRUPT_HINTS = ("malformed", "not a database", "corrupt", "disk image", "could not decode")  # (a text column's bytes)
 BUSY_HINTS = ("locked", "busy")
+
+
+def checked_path(path: str | os.PathLike) -> str:
+    """A database path, ``~`` expanded ("~/runs.db" is the home folder's, not ./~/). An empty one (an unset
+    ``$DB``) is an error: SQLite would open a private temporary database, deleted with every measurement."""
+    path = os.path.expanduser(os.fspath(path))
+    if not path.strip():
+        raise DatabaseError("the database path is empty (an unset variable?); give a file name, e.g. runs.db")
+    return path
+
+
+def open_error(path: str, e: Exception) -> DatabaseError:
+    """SQLite could not open ``path``; a path longer than SQLite takes (512 bytes in its default build) says so."""
+    long = f"; the path is {len(os.fsencode(path))} bytes, longer than SQLite opens" if len(os.fsencode(
+        os.path.abspath(path))) > 512 else ""
+    return DatabaseError(f"{path}: cannot open the database ({e}{long})")
 
 
 def writable(path: str) -> bool:

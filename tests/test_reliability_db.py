@@ -214,6 +214,48 @@ def test_commands_give_one_line_on_a_corrupted_database(command, tmp_path, capsy
     assert snapshot(path) == before
 
 
+def test_a_record_with_invalid_utf8_text_is_one_line(tmp_path, capsys):
+    # a session-81 review: one flipped byte in a text column passes PRAGMA quick_check, and sqlite3 raised a bare
+    # OperationalError ("Could not decode to UTF-8 column 'config'"): a 40-line traceback
+    from felixjax.cli import main as cli
+
+    path = tmp_path / "utf8.db"
+    filled(path, 6)
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE records SET config = CAST(X'7B22FF22' AS TEXT) WHERE id = (SELECT MIN(id) FROM records)")
+    assert cli(["pretrain", str(path), "-o", str(tmp_path / "cm.npz")]) == 2  # (reads every record)
+    err = capsys.readouterr().err.strip()
+    assert "corrupted felixjax database" in err and len(err.splitlines()) == 1
+
+
+def test_an_empty_or_overlong_database_path_is_one_clear_error(tmp_path, capsys):
+    # a session-81 review: db="" (an unset $DB) tuned into SQLite's private temporary database, deleted at exit with
+    # every measurement; a path over SQLite's 512 bytes said only "unable to open", and the CLI's message was cut
+    # to "error: [...]" (textwrap.shorten drops a first word over 400 characters)
+    from felixjax.cli import main as cli
+
+    with pytest.raises(DatabaseError, match="the database path is empty"):
+        fj.tune(TASK, TARGET, "random", trials=1, db="", progress=False)
+    assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "1", "--no-compare", "--db", ""]) == 2
+    assert "the database path is empty" in capsys.readouterr().err
+    deep = tmp_path.joinpath(*["d" * 200] * 3)
+    deep.mkdir(parents=True)
+    assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "1", "--no-compare", "--db", str(deep / "x.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "longer than SQLite opens" in err and "x.db" in err
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    # a session-81 review: `felixjax report runs.db | head -1` died with a BrokenPipeError traceback
+    path = tmp_path / "r.db"
+    filled(path, 6)
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from felixjax.cli import main; sys.exit(main(sys.argv[1:]))",
+                          "report", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader leaves before the report is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err and not err.strip()
+
+
 # ---- read-only files -----------------------------------------------------------------------------------
 def test_readonly_open_reads_and_refuses_writes(tmp_path):
     path = tmp_path / "ro.db"
