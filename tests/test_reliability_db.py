@@ -249,8 +249,9 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
     # a session-81 review: `felixjax report runs.db | head -1` died with a BrokenPipeError traceback
     path = tmp_path / "r.db"
     filled(path, 6)
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from felixjax.cli import main; sys.exit(main(sys.argv[1:]))",
-                          "report", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    code = "import sys; from felixjax.cli import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.Popen([sys.executable, "-c", code, "report", str(path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
     p.stdout.close()  # the reader leaves before the report is written
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and "Traceback" not in err and not err.strip()
