@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import sys
@@ -37,7 +38,7 @@ from codegen.winograd import VARIANTS as WINOGRAD_SKETCHES
 
 from . import jaxcache
 from .cost_aware import CostAware
-from .database import Database
+from .database import Database, settings_key
 from .errors import UnsupportedModelError
 from .network_build import CompiledModel, _as_model, choose_schedules, default_config_for, graph_to_spec
 from .network_select import select_in_network
@@ -234,9 +235,13 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     _check_retime(retime)
     if trials < 0 or (trials == 0 and retime < 1):
         raise ValueError(f"trials must be >= 1, or 0 with retime >= 1 to re-time only (got {trials}, retime {retime})")
+    _check_network_args(in_network, seconds, trials_per_round)
     strategy = strategy if strategy is not None else _default_strategy()
     _check_cost_model(strategy, strategy_options, cost_model)
     model = _as_model(model)                                                  # ① import, ② fuse + dedupe
+    if not model.tasks:
+        raise ValueError(f"{model.name}: no op maps to a tunable task (Conv, and Gemm / MatMul with constant weights "
+                         f"in the forms the importer fuses): nothing to tune; build_model builds it as it is")
     sname = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
     run = run or f"{sname}:{seed}"
     pairs = model.tasks
@@ -249,6 +254,8 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
                        cost_model=cost_model, seed=seed, seconds=seconds,
                        progress=InRoundProgress() if show is _round_progress else False, defaults=include_defaults,
                        cost_aware=CostAware.of(filter_p, early_stop, cost_aware)) as session:  # ⑥ one model
+        if trials_per_round is None:  # a resumed run keeps the round size its first call derived from its trials
+            per_round = _stored_round(session, [t for t, _ in pairs], run) or per_round
         skip = () if winograd else tuple(WINOGRAD_SKETCHES)
         builder = build_model if winograd else functools.partial(build_model, winograd=False)
         runs = [session.add(t, strategy, seed=seed, run=run, strategy_options=strategy_options, exclude_sketches=skip,
@@ -260,6 +267,11 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
             warnings.warn(f"{session.trials} trials for {new_tasks} tasks not measured yet at {per_round} a first "
                           f"round: {new_tasks - covered} of them (the smallest weight x FLOPs) keep their default "
                           "schedules unmeasured", stacklevel=2)
+        elif new_tasks and not session.trials:  # a session-81 review: another model's shared layers spent it
+            warnings.warn(f"the budget of {trials} trials is spent by the {sum(r.resumed for r in runs)} records "
+                          f"run {run!r} holds (another model's records of a shared layer count too), so {new_tasks} "
+                          f"of this model's tasks, never measured, keep their default schedules: give a larger "
+                          f"budget, or run=... to tune this model in a run of its own", stacklevel=2)
         if show is _round_progress and any(r.resumed for r in runs):  # say so: only the trial counter showed it
             held = sum(r.resumed for r in runs)
             print(f"[felixjax] resuming run {runs[0].run}: {held} records of {len(runs)} tasks in the database; "
@@ -295,6 +307,30 @@ def tune_model(model: Model | str | os.PathLike | bytes, target: Target | None =
     if progress is True:
         print(result.table(), file=sys.stderr, flush=True)
     return result
+
+
+def _check_network_args(in_network: Any, seconds: Any, trials_per_round: Any) -> None:
+    """What ``felixjax tune model.onnx`` refuses, refused alike (a session-81 review: -1 or 1.5 turned the
+    in-network choice off, ``seconds=0`` ran nothing, ``trials_per_round=0`` became the default, silently)."""
+    if not whole_number(in_network) or in_network < 0:
+        raise ValueError(f"in_network must be a whole number >= 0 (got {in_network!r}; 0 or 1: off)")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"seconds must be a positive number of seconds (got {seconds!r})")
+    if trials_per_round is not None and (not whole_number(trials_per_round) or trials_per_round < 1):
+        raise ValueError(f"trials_per_round must be a whole number >= 1 (got {trials_per_round!r})")
+
+
+def _stored_round(session: TuningSession, tasks: Sequence[Task], run: str) -> int | None:
+    """The round size (``batch``) a run's settings hold for any of ``tasks``, if it has any."""
+    for task in tasks:
+        raw = session.db.get_meta(settings_key(session.target_key, task.key, run))
+        try:
+            batch = json.loads(raw).get("batch") if raw else None
+        except (ValueError, AttributeError):
+            continue
+        if whole_number(batch) and batch >= 1:
+            return int(batch)
+    return None
 
 
 def build_model(model: Model | str | os.PathLike | bytes, target: Target | None = None, *,

@@ -1113,3 +1113,38 @@ def test_build_without_winograd_for_inputs_with_outliers(tmp_path):
     onnx.save(_two_convs(), str(tmp_path / "m.onnx"))
     assert cli.main(["build", str(tmp_path / "m.onnx"), "--db", "none", "--no-winograd", "-o", str(tmp_path / "o")]) == 0
     assert "winograd" not in (tmp_path / "o" / "model.c").read_text().lower()
+
+
+def test_tune_model_refuses_what_the_cli_refuses_and_keeps_a_runs_round_size(tmp_path):
+    # a session-81 review: in_network=-1 / 1.5, seconds=0 and trials_per_round=0 were taken silently; a model with
+    # no tunable layer failed inside the scheduler; a resumed run with a bigger budget derived another round size
+    # and warned of mixed searches for every task; a second model whose shared layer filled the run's budget left
+    # its other layers unmeasured without a word
+    import warnings
+
+    from test_network_select import _two_convs
+
+    model = load_onnx(_two_convs())
+    replay = {"measurer": lambda t, tg: ReplayRunner.from_oracle(t, tg), "progress": False, "retime": 0,
+              "strategy": "random"}
+    for bad, match in (({"in_network": -1}, "in_network"), ({"in_network": 1.5}, "in_network"),
+                       ({"seconds": 0}, "seconds"), ({"trials_per_round": 0}, "trials_per_round")):
+        with pytest.raises(ValueError, match=match):
+            tune_model(model, trials=4, **replay, **bad)
+    relu = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu", [helper.make_tensor_value_info("x", 1, [1, 4])],
+        [helper.make_tensor_value_info("y", 1, [1, 4])]), opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(ValueError, match="no op maps to a tunable task"):
+        tune_model(load_onnx(relu), trials=4, **replay)
+    db = str(tmp_path / "b.db")
+    tune_model(model, trials=16, db=db, in_network=0, **replay)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "started with batch=2; this call continues it with batch=4"
+        tune_model(model, trials=32, db=db, in_network=0, **replay)
+    first = load_onnx(_two_convs()).tasks[0][0]
+    one = fj.tune(first, strategy="random", trials=8, db=str(tmp_path / "s.db"), retime=0, progress=False,
+                  measurer=replay["measurer"])
+    assert len(one.history) == 8
+    with pytest.warns(UserWarning, match="another model's records of a shared layer count too"):
+        res = tune_model(model, trials=8, db=str(tmp_path / "s.db"), in_network=0, **replay)
+    assert [t.trials for t in res.tasks] == [8, 0]
