@@ -100,7 +100,8 @@ class TuneResult:
         b = self.best
         le = "<= " if b and b.result.error == UPPER_BOUND else ""  # timed only disturbed: an upper bound
         s = f"{'>= ' if le else ''}{b.gflops:.1f} GFLOP/s, {le}{b.latency_s * 1e3:.4g} ms" if b else "no correct kernel"
-        return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s})"
+        sim = f", simulated on {self.target.name}" if self.target.is_gpu else ""  # (no GPU ran: the CLI says so too)
+        return f"TuneResult({self.task.name}, run={self.run!r}, {len(self.history)} trials, best {s}{sim})"
 
 
 def noisy_contender(history: list[TuningRecord], clean_best_s: float, sketches: Collection[str]) -> Config | None:

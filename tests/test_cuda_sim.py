@@ -69,3 +69,7 @@ def test_simulator_sees_the_knobs():
     orin = CudaSpace(matmul(1024, 1024, 1024), Target.cuda_sim("orin"))
     assert simulate_config(orin, tiled).seconds > 3 * t_tiled
     assert set(CALIBRATION) >= {"launch_s", "l_gmem", "overlap"}
+    # a session-81 review: a config the GPU cannot launch (2048 threads per block) was given a time
+    wide = sp.default().__class__("cuda_tiled", (one, (16, 1, 64, 1), (32, 1, 32, 1), (1024, 1)), 0, 1, 4)
+    with pytest.raises(ValueError, match="threads per block"):
+        simulate_config(sp, wide)

@@ -34,7 +34,8 @@ load-use paths (``chain_warp``) with its work; too few blocks expose them. An SM
 ``ceil(ceil(blocks / SMs) / cr)`` waves.
 
 **Memory.** Coalescing: the 32-B sectors a warp's global access touches are counted from the
-addresses of its 32 threads (``sectors / ideal`` inflates L1 and L2 traffic). L2 traffic: every
+addresses of its 32 threads (``sectors / ideal`` inflates the load/store work, and the L2 traffic of staged
+kernels; an unstaged kernel's L2 traffic is its footprint times ``L1_MISS``). L2 traffic: every
 block reads its staged boxes (or, unstaged, its operand footprints times ``L1_MISS``) per step.
 DRAM traffic from tile reuse: inputs that fit in ``L2_FIT`` of the L2 are read once; otherwise the
 blocks of one wave (consecutive block ids) share tiles through the L2 and each wave reads the
@@ -339,7 +340,9 @@ def occupancy_blocks(space: CudaSpace, cfg: Config, regs: int) -> int:
 
 
 def simulate_config(space: CudaSpace, cfg: Config, registers: int | None = None) -> SimResult:
-    """Simulated launch of ``cfg`` on the space's GPU."""
+    """Simulated launch of ``cfg`` on the space's GPU; a config the GPU cannot launch (threads per block, shared
+    memory, ...: :meth:`CudaSpace.validate`) is a ValueError, not a time."""
+    space.validate(cfg)
     return simulate(profile(space, cfg, registers), space.spec)
 
 
