@@ -91,7 +91,8 @@ def tune_model_cli(args: Any, target: Target) -> int:
     print(res.table())
     if res.selection is not None:
         print("\nschedules chosen inside the network:\n" + res.selection.table())
-    print(f"\n{res.trials} trials in {res.wall_s:.0f} s; records in {args.db}")
+    print(f"\n{res.trials} trials in the run (earlier calls' included), {res.wall_s:.0f} s in this call; "
+          f"records in {args.db}")
     if target.is_gpu:  # a simulated GPU has no network build to run: the tuned records are the result
         return 0
     exe = res.build(threads=args.threads)
