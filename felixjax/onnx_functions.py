@@ -211,3 +211,6 @@ def _check_attention(node: onnx.NodeProto, name: str, shapes: list) -> None:
                 fail(f"{what}'s hidden size {x[2]} is not a multiple of its {h} heads")
     if hq and hkv and hq % hkv:
         fail(f"{hq} query heads do not split into groups over {hkv} key / value heads")
+    if q and k and ranks == {3} and q[2] and k[2] and q[2] // hq != k[2] // hkv or \
+            q and k and ranks == {4} and q[3] and k[3] and q[3] != k[3]:
+        fail(f"the query and key head sizes differ (Q {q}, K {k}, {hq} / {hkv} heads)")

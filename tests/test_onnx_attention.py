@@ -71,6 +71,7 @@ def test_the_projections_of_an_attention_block_stay_tunable_matmuls():
 
 @pytest.mark.parametrize("case,match", [("no_heads", "3-D inputs need both q_num_heads and kv_num_heads"),
                                         ("not_divisible", "hidden size 16 is not a multiple of its 3 heads"),
+                                        ("head_sizes", "the query and key head sizes differ"),
                                         ("linear_attention", "LinearAttention")])
 def test_what_cannot_be_expanded_is_a_clear_error(case, match):
     # a malformed Attention failed deep inside onnx's function body ("Incompatible dimensions" in an Expand, an
@@ -81,7 +82,8 @@ def test_what_cannot_be_expanded_is_a_clear_error(case, match):
             fj.load_onnx(_model([node], [("q", (1, 2, 4, 8)), ("k", (1, 2, 4, 8)), ("v", (1, 2, 4, 8))], ["y"],
                                 opset=27))
         return
-    attrs = {} if case == "no_heads" else {"q_num_heads": 3, "kv_num_heads": 3}
+    attrs = {"no_heads": {}, "not_divisible": {"q_num_heads": 3, "kv_num_heads": 3},
+             "head_sizes": {"q_num_heads": 4, "kv_num_heads": 2}}[case]
     node = helper.make_node("Attention", ["q", "k", "v"], ["y"], **attrs)  # 3-D needs heads; 16 is not 3 heads
     with pytest.raises(UnsupportedModelError, match=match):
         fj.load_onnx(_model([node], [("q", (1, 4, 16)), ("k", (1, 4, 16)), ("v", (1, 4, 16))], ["y"]))
