@@ -17,8 +17,9 @@ def whole(x: object) -> bool:
 
 
 def as_whole(x: object, what: str = "value") -> int:
-    """``x`` as an int if it is a whole number (a JSON 2 or 2.0); a ValueError for 2.5, "2" or True."""
-    if whole(x) or isinstance(x, float) and x.is_integer():
+    """``x`` as an int if it is a whole number (a JSON 2 or 2.0; a stored ``true`` as 1: a record an older version
+    wrote stays readable); a ValueError for 2.5 or "2"."""
+    if isinstance(x, numbers.Integral) or isinstance(x, float) and x.is_integer():
         return int(x)
     raise ValueError(f"{what} {x!r} is not an integer")
 

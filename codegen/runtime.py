@@ -287,13 +287,15 @@ if hasattr(os, "register_at_fork"):
 
 #: the OpenMP thread count each OS thread last set through :func:`use_threads`. omp_set_num_threads sets the
 #: calling thread's count (shared by every kernel library of the process): a kernel or network made with
-#: ``threads=N`` sets it on each call where it differs, so it runs at N from any thread, beside others at M
+#: ``threads=N`` sets it on each call where it differs, so it runs at N from any thread, beside others made with
+#: ``threads=M``. (One made without ``threads=`` runs at whatever the calling thread's count is; a direct
+#: ``fj_set_threads`` call bypasses this record: use :func:`use_threads`.)
 _OMP = threading.local()
 
 
 def use_threads(setter, n: int) -> None:
     """``setter(n)`` (a library's ``fj_set_threads``) unless this thread's count is ``n`` already."""
-    if getattr(_OMP, "n", 0) != n:
+    if getattr(_OMP, "n", None) != n:
         setter(n)
         _OMP.n = n
 

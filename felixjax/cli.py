@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -636,10 +637,22 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(args)
         except BrokenPipeError:  # `felixjax report runs.db | head -1`: the reader is gone (no traceback)
+            if not _stdout_gone():  # another pipe's (a measuring child's): a real error
+                raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would raise again)
             return 141
         finally:
             session.SAY_KEPT[0] = said
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has left (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll (Windows), stdout replaced or closed
+        return False
 
 
 def _import_plugins(modules: list[str]) -> None:

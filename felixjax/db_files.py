@@ -35,8 +35,8 @@ def checked_path(path: str | os.PathLike) -> str:
 
 def open_error(path: str, e: Exception) -> DatabaseError:
     """SQLite could not open ``path``; a path longer than SQLite takes (512 bytes in its default build) says so."""
-    long = f"; the path is {len(os.fsencode(path))} bytes, longer than SQLite opens" if len(os.fsencode(
-        os.path.abspath(path))) > 512 else ""
+    size = len(os.fsencode(os.path.abspath(path)))
+    long = f"; its absolute path is {size} bytes, longer than SQLite opens" if size > 512 else ""
     return DatabaseError(f"{path}: cannot open the database ({e}{long})")
 
 

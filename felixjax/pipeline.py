@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -314,14 +315,19 @@ def _check_network_args(in_network: Any, seconds: Any, trials_per_round: Any) ->
     in-network choice off, ``seconds=0`` ran nothing, ``trials_per_round=0`` became the default, silently)."""
     if not whole_number(in_network) or in_network < 0:
         raise ValueError(f"in_network must be a whole number >= 0 (got {in_network!r}; 0 or 1: off)")
-    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+                                or not (seconds > 0 and math.isfinite(seconds))):
         raise ValueError(f"seconds must be a positive number of seconds (got {seconds!r})")
     if trials_per_round is not None and (not whole_number(trials_per_round) or trials_per_round < 1):
         raise ValueError(f"trials_per_round must be a whole number >= 1 (got {trials_per_round!r})")
 
 
 def _stored_round(session: TuningSession, tasks: Sequence[Task], run: str) -> int | None:
-    """The round size (``batch``) a run's settings hold for any of ``tasks``, if it has any."""
+    """The round size (``batch``) the run's settings hold for the first of ``tasks`` it measured, if any. The run
+    resumed for every task only if all of them have records (another model's run of a shared layer, or a call
+    that measured nothing, sets no round size here)."""
+    if not tasks or not all(session.db.count(t, session.target_key, run=run) for t in tasks):
+        return None
     for task in tasks:
         raw = session.db.get_meta(settings_key(session.target_key, task.key, run))
         try:

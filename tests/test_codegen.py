@@ -107,6 +107,7 @@ def test_invalid_configs_name_the_knob():
     with pytest.raises(ValueError, match="a tile 2.5 is not an integer"):
         Config.from_json(bad)
     assert Config.from_json(dict(good.to_json(), vec=float(good.vec))) == good  # a JSON 16.0 is 16
+    assert Config.from_json(dict(good.to_json(), parallel=True)).parallel == 1  # an older record stays readable
     with pytest.raises(ValueError, match="bad padded extent"):
         Space(sp.task, "gemm_packed.pad_", AVX512)
     with pytest.raises(ValueError, match="needs more than 4"):

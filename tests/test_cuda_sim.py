@@ -4,6 +4,8 @@ Boehm's A6000 worklog; vendor SGEMM at 2048^3 on A100/H100 assumed at 85% of the
 No real GPU was available to compare against measured timings."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -73,3 +75,6 @@ def test_simulator_sees_the_knobs():
     wide = sp.default().__class__("cuda_tiled", (one, (16, 1, 64, 1), (32, 1, 32, 1), (1024, 1)), 0, 1, 4)
     with pytest.raises(ValueError, match="threads per block"):
         simulate_config(sp, wide)
+    for knobs in ({"parallel": True}, {"vec": 1.0}, {"unroll": 8.0}):  # stored, they made the database unreadable
+        with pytest.raises(ValueError, match=next(iter(knobs))):
+            sp.validate(dataclasses.replace(tiled, **knobs))

@@ -43,6 +43,7 @@ import numpy as np
 from ..ops import Access, Task
 from ..space import (REDUCE_LEVELS, SPATIAL_LEVELS, UNROLL_CHOICES, Config, Sketch, Space, check_tiles,
                      _largest_divisor_leq, count_factorizations, random_factorization)
+from ..factors import whole
 from ..target import Target
 
 SKETCH = "cuda_tiled"
@@ -170,11 +171,11 @@ class CudaSpace(Space):
         check_tiles(self.axes, self.levels, cfg.tiles)
         if cfg.extra:
             raise ValueError(f"knobs {[k for k, _ in cfg.extra]} do not apply to sketch {SKETCH!r}")
-        if cfg.parallel not in STAGING_CHOICES:
+        if not whole(cfg.parallel) or cfg.parallel not in STAGING_CHOICES:  # (True / 1.0: refused, as on CPUs)
             raise ValueError(f"parallel={cfg.parallel}: the GPU sketch reads it as shared-memory staging, 0 or 1")
-        if cfg.vec != 1:
+        if not whole(cfg.vec) or cfg.vec != 1:
             raise ValueError(f"vec={cfg.vec}: the GPU sketch uses scalar fp32 loads (vec=1)")
-        if cfg.unroll not in UNROLL_CHOICES:
+        if not whole(cfg.unroll) or cfg.unroll not in UNROLL_CHOICES:
             raise ValueError(f"unroll={cfg.unroll}: valid values are 1, 2, 4, ..., 512")
         g = self.geometry(cfg)
         s = self.spec
