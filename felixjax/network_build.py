@@ -312,6 +312,8 @@ class CompiledModel:
             raise ValueError(f"the model takes {len(names)} inputs {list(names)}, got {len(x)}")
         out = []
         for name, a, shape in zip(names, x, self.net.input_shapes):
+            if np.iscomplexobj(a):  # numpy's cast drops the imaginary part with only a warning
+                raise ValueError(f"input {name!r} is complex ({np.asarray(a).dtype}); the model takes real values")
             a = np.require(np.asarray(a, dtype=np.float32), requirements="C")  # keeps 0-d arrays 0-d
             if a.shape != tuple(shape):
                 raise ValueError(f"input {name!r} has shape {a.shape}, the model expects {tuple(shape)}")

@@ -1148,3 +1148,14 @@ def test_tune_model_refuses_what_the_cli_refuses_and_keeps_a_runs_round_size(tmp
     with pytest.warns(UserWarning, match="another model's records of a shared layer count too"):
         res = tune_model(model, trials=8, db=str(tmp_path / "s.db"), in_network=0, **replay)
     assert [t.trials for t in res.tasks] == [8, 0]
+
+
+def test_complex_inputs_are_refused_by_a_built_network():
+    # a session-81 code review: numpy's cast dropped the imaginary part with only a ComplexWarning
+    from test_network_select import _two_convs
+
+    exe = build_model(load_onnx(_two_convs()), threads=1)
+    x = np.zeros(exe.net.input_shapes[0], np.complex64)
+    for call in (exe, exe.run):
+        with pytest.raises(ValueError, match="is complex"):
+            call(x)
