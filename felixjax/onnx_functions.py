@@ -20,7 +20,7 @@ Example:
 """
 from __future__ import annotations
 
-import itertools
+from typing import Any
 
 import onnx
 
@@ -52,7 +52,7 @@ def inline_local_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
                 raise UnsupportedModelError(f"model-local function {f.domain}.{f.name} imports ONNX opset "
                                             f"{o.version}, the model {default}: felixjax inlines functions of the "
                                             f"model's opset only")
-    calls = itertools.count()
+    fresh = _Fresh(proto.graph)
 
     def expand(nodes, depth: int) -> list[onnx.NodeProto]:
         out = []
@@ -64,7 +64,7 @@ def inline_local_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
             if depth >= MAX_DEPTH:
                 raise UnsupportedModelError(f"model-local function {f.domain}.{f.name} calls functions more than "
                                             f"{MAX_DEPTH} deep (recursion?)")
-            out.extend(expand(_body(f, node, next(calls)), depth + 1))
+            out.extend(expand(_body(f, node, fresh(node.name or f.name)), depth + 1))
         return out
 
     inlined = onnx.ModelProto()
@@ -75,9 +75,26 @@ def inline_local_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
     return inlined
 
 
-def _body(f: onnx.FunctionProto, call: onnx.NodeProto, n: int) -> list[onnx.NodeProto]:
-    """The nodes of ``f`` for one ``call``: names bound, intermediates prefixed, attributes resolved."""
-    prefix = f"{call.name or f.name}__fn{n}/"
+class _Fresh:
+    """Prefixes ``<base>__fn<n>/`` for the intermediates of inlined bodies that no name of ``graph`` starts with
+    (a session-81 review: a local function and an ONNX op of one name, or a user's value named like an
+    intermediate, gave two nodes one output)."""
+
+    def __init__(self, graph: Any):
+        self.taken = {v.name for v in list(graph.input) + list(graph.output) + list(graph.initializer)}
+        for node in graph.node:
+            self.taken.update([node.name, *node.input, *node.output])
+        self.n = 0
+
+    def __call__(self, base: str) -> str:
+        while True:
+            prefix, self.n = f"{base}__fn{self.n}/", self.n + 1
+            if not any(name.startswith(prefix) for name in self.taken):
+                return prefix
+
+
+def _body(f: onnx.FunctionProto, call: onnx.NodeProto, prefix: str) -> list[onnx.NodeProto]:
+    """The nodes of ``f`` for one ``call``: names bound, intermediates under ``prefix``, attributes resolved."""
     names = {formal: actual for formal, actual in zip(f.input, call.input)}
     names.update({formal: "" for formal in f.input[len(call.input):]})  # optional inputs not given
     # an output the call omits ("") stays an intermediate: the body may still read it
@@ -117,7 +134,7 @@ SCHEMA_FUNCTIONS = ("Attention", "RotaryEmbedding", "MeanVarianceNormalization",
 def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto | FoldedModel:
     """``proto`` (a view of it, as ``fold_model(copy=False)`` returns) with every node of :data:`SCHEMA_FUNCTIONS` replaced by the body ONNX defines for it (a
     context-dependent function: built for the node's attributes and its inputs' types, which shape inference
-    gives; ``proto`` has its inputs pinned). Itself when there is none.
+    gives, symbolic dims and all: inputs are pinned afterwards, when the model folds). Itself when there is none.
 
     Raises:
         UnsupportedModelError: an input's type is unknown, or onnx builds no body for the node.
@@ -136,7 +153,7 @@ def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelPro
         raise ModelFormatError(f"ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
     types = {vi.name: vi.type for vi in
              list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
-    calls = itertools.count()
+    fresh = _Fresh(g)
     nodes = []
     for index, node in enumerate(proto.graph.node):
         if node.op_type not in SCHEMA_FUNCTIONS or node.domain not in ("", "ai.onnx"):
@@ -149,7 +166,16 @@ def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelPro
                                         f"unknown; felixjax expands {node.op_type} for its inputs' types")
         if node.op_type == "Attention":
             _check_attention(node, name, [_dims(types[i]) if i else None for i in node.input])
-        schema = onnx.defs.get_schema(node.op_type, opset)
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset)
+        except onnx.defs.SchemaError:
+            since = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                        if s.name == node.op_type and s.domain in ("", "ai.onnx"))
+            raise UnsupportedModelError(f"node {name!r}: {node.op_type} does not exist at opset {opset} (ONNX added it "
+                                        f"at opset {since})") from None
+        if len([i for i in node.input if i]) < schema.min_input:
+            raise UnsupportedModelError(f"node {name!r} (op {node.op_type}): takes at least {schema.min_input} "
+                                        f"inputs, got {len([i for i in node.input if i])}")
         dependent = schema.has_context_dependent_function
         versions = [v for v in (schema.context_dependent_function_opset_versions if dependent
                                 else schema.function_opset_versions) if v <= opset]
@@ -172,7 +198,7 @@ def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelPro
                                         f"({str(e).strip().splitlines()[0][:200]})") from None
         f = onnx.FunctionProto()
         f.ParseFromString(body)
-        nodes.extend(_body(f, full, next(calls)))
+        nodes.extend(_body(f, full, fresh(node.name or node.op_type)))
     return FoldedModel(FoldedGraph(g.name, nodes, list(g.input), list(g.output), list(g.initializer)),
                        list(proto.opset_import), proto.ir_version)  # (lists of the protos: no weight copied)
 
@@ -211,6 +237,10 @@ def _check_attention(node: onnx.NodeProto, name: str, shapes: list) -> None:
                 fail(f"{what}'s hidden size {x[2]} is not a multiple of its {h} heads")
     if hq and hkv and hq % hkv:
         fail(f"{hq} query heads do not split into groups over {hkv} key / value heads")
+    batch = {x[0] for x in (q, k, v) if x is not None and x[0]}
+    seq = {x[-2] if ranks == {4} else x[1] for x in (k, v) if x is not None}
+    if len(batch) > 1 or len(seq - {None}) > 1:
+        fail(f"Q, K and V must have one batch size, and K and V one sequence length (shapes {q}, {k}, {v})")
     if q and k and ranks == {3} and q[2] and k[2] and q[2] // hq != k[2] // hkv or \
             q and k and ranks == {4} and q[3] and k[3] and q[3] != k[3]:
         fail(f"the query and key head sizes differ (Q {q}, K {k}, {hq} / {hkv} heads)")

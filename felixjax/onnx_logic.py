@@ -94,11 +94,20 @@ def cast_to_bool(ctx: Any) -> list[Node]:
     return [Node("Not", (x,), (mid,), {}, ctx.name), Node("Not", (mid,), (out,), {}, ctx.name)]
 
 
+def _exact_indices(ctx: Any, size: int) -> None:
+    """Indices along an axis of ``size`` are held as float32: exact up to 2**24 only."""
+    if size > 2**24:
+        ctx.fail(f"its indices along an axis of {size} elements would not be exact in float32, where felixjax "
+                 f"holds them (2**24 at most)")
+
+
 def _arg(ctx: Any) -> list[Node]:
     """ArgMax / ArgMin: the int64 index held as float32, as a mask's bool is."""
-    rank = len(ctx.shape(ctx.input(0)))
-    if rank == 0:
+    shape = ctx.shape(ctx.input(0))
+    if not shape:
         ctx.fail("needs an input of rank 1 or more")
+    rank = len(shape)
+    _exact_indices(ctx, shape[ctx.axis(int(ctx.attrs.get("axis", 0)), rank)])
     attrs = {"axis": ctx.axis(int(ctx.attrs.get("axis", 0)), rank), "keepdims": int(ctx.attrs.get("keepdims", 1)),
              "select_last_index": int(ctx.attrs.get("select_last_index", 0))}
     _mask_output(ctx)
@@ -115,6 +124,7 @@ def _hardmax(ctx: Any) -> list[Node]:
     if ctx.opset < 13:
         ctx.fail("Hardmax before opset 13 (a flattened 2-D view) is not supported")
     axis = ctx.axis(int(ctx.attrs.get("axis", -1)), len(shape))
+    _exact_indices(ctx, shape[axis])
     top, at = ctx.fresh("max"), ctx.fresh("argmax")
     for v in (top, at):
         ctx.types[v] = (TensorProto.FLOAT, tuple(1 if d == axis else n for d, n in enumerate(shape)))
@@ -131,6 +141,7 @@ def _topk(ctx: Any) -> list[Node]:
     if not shape:
         ctx.fail("needs an input of rank 1 or more")
     axis = ctx.axis(int(ctx.attrs.get("axis", -1)), len(shape))
+    _exact_indices(ctx, shape[axis])
     k = ctx.const(ctx.input(1), "K").reshape(-1) if ctx.input(1) else np.array([ctx.attrs.get("k", -1)])
     if k.size != 1 or not 1 <= int(k[0]) <= shape[axis]:
         ctx.fail(f"K={k.tolist()} must be one integer in 1..{shape[axis]} (the size of axis {axis})")

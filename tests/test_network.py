@@ -603,12 +603,12 @@ def _bad_models(tmp_path):
     good = zoo.make_model("transformer_block", seq=8, dim=16, heads=2).SerializeToString()
     (tmp_path / "trunc.onnx").write_bytes(good[: len(good) // 2])
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07\x12\xffnot a protobuf")
-    g = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm1")], "t",  # (LRN is supported now)
+    g = helper.make_graph([helper.make_node("Bernoulli", ["x"], ["y"], name="hm1")], "t",  # (Hardmax is supported now)
                           [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 5, 5])],
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 5, 5])])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
               str(tmp_path / "hardmax.onnx"))
-    return {"trunc.onnx": "not a valid ONNX", "junk.onnx": "not a valid ONNX", "hardmax.onnx": "op Hardmax",
+    return {"trunc.onnx": "not a valid ONNX", "junk.onnx": "not a valid ONNX", "hardmax.onnx": "op Bernoulli",
             "missing.onnx": "no such file"}
 
 

@@ -87,3 +87,26 @@ def test_what_cannot_be_expanded_is_a_clear_error(case, match):
     node = helper.make_node("Attention", ["q", "k", "v"], ["y"], **attrs)  # 3-D needs heads; 16 is not 3 heads
     with pytest.raises(UnsupportedModelError, match=match):
         fj.load_onnx(_model([node], [("q", (1, 4, 16)), ("k", (1, 4, 16)), ("v", (1, 4, 16))], ["y"]))
+
+
+def test_inlined_names_never_collide_and_a_missing_opset_is_named():
+    # a session-81 code review: a local function called "Attention" and ONNX's Attention, both unnamed, gave their
+    # intermediates one prefix ("invalid ONNX model: ... not in SSA form"), as did a user's value named like one;
+    # Attention at opset 22 fell through to "malformed in a way felixjax does not check yet"
+    local = helper.make_function("local", "Attention", ["a"], ["o"],
+                                 [helper.make_node("Mul", ["a", "a"], ["ScaleFactor"]),
+                                  helper.make_node("Add", ["ScaleFactor", "a"], ["o"])],
+                                 [helper.make_opsetid("", 23)])
+    nodes = [helper.make_node("Attention", ["q"], ["q2"], domain="local"),
+             helper.make_node("Relu", ["q2"], ["Attention__fn0/QReshaped"]),
+             helper.make_node("Attention", ["Attention__fn0/QReshaped", "k", "v"], ["y"])]
+    inputs = [("q", (1, 2, 3, 8)), ("k", (1, 2, 5, 8)), ("v", (1, 2, 5, 8))]
+    model = _model(nodes, inputs, ["y"])
+    model.functions.append(local)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    _check(model, inputs)
+    with pytest.raises(UnsupportedModelError, match="Attention does not exist at opset 22 .ONNX added it at opset 23"):
+        fj.load_onnx(_model([helper.make_node("Attention", ["q", "k", "v"], ["y"])], inputs, ["y"], opset=22))
+    bad = [("q", (1, 2, 3, 8)), ("k", (2, 2, 5, 8)), ("v", (2, 2, 5, 8))]
+    with pytest.raises(UnsupportedModelError, match="one batch size"):
+        fj.load_onnx(_model([helper.make_node("Attention", ["q", "k", "v"], ["y"])], bad, ["y"]))

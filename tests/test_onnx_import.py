@@ -394,9 +394,9 @@ def test_truncated_file(tmp_path):
 
 def test_unsupported_op_names_node_and_op():
     model = _model([helper.make_node("Relu", ["x"], ["r"], name="r0"),
-                    helper.make_node("Hardmax", ["r"], ["y"], name="hm1")],
+                    helper.make_node("Bernoulli", ["r"], ["y"], name="b1")],
                    [_vi("x", [1, 4, 5, 5])], [_vi("y", [1, 4, 5, 5])])
-    with pytest.raises(UnsupportedModelError, match=r"node 'hm1' \(op Hardmax\) is not supported.*supported ops: Conv"):
+    with pytest.raises(UnsupportedModelError, match=r"node 'b1' \(op Bernoulli\) is not supported.*supported ops: Conv"):
         load_onnx(model)
 
 

@@ -193,3 +193,12 @@ def test_hardmax_marks_the_first_largest_a_nan_included(axis):
     got = fj.build_model(m, threads=1).run({"x": x})
     for y in (m.run_numpy({"x": x}), got[0] if isinstance(got, list) else got):
         np.testing.assert_array_equal(y, ref)
+
+
+def test_indices_past_2_to_the_24_are_refused_not_rounded():
+    # a session-81 code review: ArgMax over 2**24 + 3 elements gave index 16777216 for 16777217 (float32)
+    g = helper.make_graph([helper.make_node("ArgMax", ["x"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2**24 + 3,))],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    with pytest.raises(UnsupportedModelError, match="not be exact in float32"):
+        fj.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
