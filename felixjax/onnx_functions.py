@@ -132,9 +132,10 @@ SCHEMA_FUNCTIONS = ("Attention", "RotaryEmbedding", "MeanVarianceNormalization",
 
 
 def expand_schema_functions(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto | FoldedModel:
-    """``proto`` (a view of it, as ``fold_model(copy=False)`` returns) with every node of :data:`SCHEMA_FUNCTIONS` replaced by the body ONNX defines for it (a
-    context-dependent function: built for the node's attributes and its inputs' types, which shape inference
-    gives, symbolic dims and all: inputs are pinned afterwards, when the model folds). Itself when there is none.
+    """``proto`` (a view of it, as ``fold_model(copy=False)`` returns) with every node of
+    :data:`SCHEMA_FUNCTIONS` replaced by the body ONNX defines for it (a context-dependent function: built for
+    the node's attributes and its inputs' types, which shape inference gives, symbolic dims and all: inputs
+    are pinned afterwards, when the model folds). Itself when there is none.
 
     Raises:
         UnsupportedModelError: an input's type is unknown, or onnx builds no body for the node.
@@ -220,6 +221,8 @@ def _check_attention(node: onnx.NodeProto, name: str, shapes: list) -> None:
     def fail(message: str) -> None:
         raise UnsupportedModelError(f"node {name!r} (op Attention): {message}")
 
+    if not ranks:  # no shapes known: onnx's body says what is wrong, if anything
+        return
     if len(ranks) > 1 or not ranks <= {3, 4}:
         fail(f"Q, K and V must all be 3-D or all 4-D (shapes {q}, {k}, {v})")
     if ranks == {4}:

@@ -15,13 +15,13 @@ op                                                          inputs    output
 ``Greater Less GreaterOrEqual LessOrEqual Equal``           a, b      1.0 where the comparison holds
 ``And Or Xor``                                              a, b      of ``a != 0`` and ``b != 0``
 ``Not``                                                     x         1.0 where ``x == 0``
-``IsNaN``, ``IsInf`` (attrs positive, negative: 0 / 1)       x         1.0 where x is NaN / such an infinity
-
-``ArgMax ArgMin``                                            x         the index along ``axis`` (float32)
+``IsNaN``, ``IsInf`` (attrs positive, negative: 0 / 1)      x         1.0 where x is NaN / such an infinity
+``ArgMax ArgMin``                                           x         the index along ``axis`` (float32)
 ``TopK`` (attrs axis, k, largest)                           x         values, indices (float32): sorted
 ==========================================================  ========  ==================================
 
-(numpy broadcasting throughout; ArgMax / ArgMin attrs: axis (>= 0), keepdims, select_last_index.) A model
+Hardmax is imported as ``Equal(TopK(x, 1).indices, iota)``. (numpy broadcasting throughout; ArgMax / ArgMin
+attrs: axis (>= 0), keepdims, select_last_index.) A model
 whose *output* is such a mask returns it as float32 0 / 1. The int64 indices of ArgMax / ArgMin are held as
 float32 too (exact below 2**24), and so come out of a model: a consumer reads them as numbers (``Equal`` to
 labels, ``Cast`` to float). They follow onnxruntime's scan: the first element is the running best, a later one
@@ -81,7 +81,8 @@ def _not(ctx: Any) -> list[Node]:
     """Not, IsNaN, IsInf (``positive`` / ``negative``: which infinities count)."""
     x = _operand(ctx, 0)
     _mask_output(ctx)
-    attrs = {"positive": int(ctx.attrs.get("detect_positive", 1)), "negative": int(ctx.attrs.get("detect_negative", 1))}
+    attrs = {"positive": int(ctx.attrs.get("detect_positive", 1)),
+             "negative": int(ctx.attrs.get("detect_negative", 1))}
     return [Node(ctx.op, (x,), (ctx.outputs[0],), attrs if ctx.op == "IsInf" else {}, ctx.name)]
 
 

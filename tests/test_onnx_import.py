@@ -396,7 +396,8 @@ def test_unsupported_op_names_node_and_op():
     model = _model([helper.make_node("Relu", ["x"], ["r"], name="r0"),
                     helper.make_node("Bernoulli", ["r"], ["y"], name="b1")],
                    [_vi("x", [1, 4, 5, 5])], [_vi("y", [1, 4, 5, 5])])
-    with pytest.raises(UnsupportedModelError, match=r"node 'b1' \(op Bernoulli\) is not supported.*supported ops: Conv"):
+    with pytest.raises(UnsupportedModelError, match=r"node 'b1' \(op Bernoulli\) is not supported.*supported ops: "
+                                                    r"Conv"):
         load_onnx(model)
 
 
