@@ -195,6 +195,8 @@ def drift_report(*, seed: int = 0) -> list[str]:
         "Softmax": ({"axes": (1,)}, [x4], [x4.shape]), "LogSoftmax": ({"axes": (1,)}, [x4], [x4.shape]),
         "Pad": ({"pads": ((0, 0), (0, 0), (1, -1), (2, 0))}, [x4, np.float32(0.5)], [(1, 4, 6, 8)]),
         "Slice": ({"slices": ((0, 1, 1), (1, 3, 1), (0, 6, 2), (0, None, 1))}, [x4], [(1, 2, 3, 6)]),
+        **{op: ({}, [(0.9 * np.tanh(x4)).astype(np.float32)], [x4.shape]) for op in ("Asin", "Acos", "Atanh")},
+        "Acosh": ({}, [pos + np.float32(1)], [x4.shape]),  # (their domains: NaN outside compares unequal)
     }
     nodes, arglists, shapelists = [], [], []
     for op in JAX_OPS:
