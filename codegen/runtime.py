@@ -158,8 +158,8 @@ class Kernel:
             raise _forked(self._name)
         _FORK[0] = True
         with self._lock:
-            if self._threads:  # (per OS thread, and another kernel may have set another count)
-                use_threads(self._set_threads, self._threads)
+            if self._threads and _OMP.__dict__.get("n") != self._threads:  # (per OS thread: another kernel may
+                use_threads(self._set_threads, self._threads)               # have set another count)
             return self._call(*arrays)
 
     def _call(self, *arrays: np.ndarray) -> np.ndarray:
@@ -232,7 +232,7 @@ class BoundKernel:
             raise _forked(k._name)
         _FORK[0] = True
         with k._lock:  # the kernel's workspace: its calls and its bound kernels' take turns
-            if k._threads:
+            if k._threads and _OMP.__dict__.get("n") != k._threads:
                 use_threads(k._set_threads, k._threads)
             return self._call(data, *rest)
 
