@@ -537,6 +537,9 @@ def _check_budgets(args: argparse.Namespace) -> None:
             continue  # a model's re-timing only: tune_model(trials=0); approx on the default schedules
         if v is not None and v < 1:
             raise UserError(f"--{name} must be >= {0 if model else 1} (got {v})")
+    dbs = getattr(args, "db", None)
+    if any(isinstance(d, str) and not d.strip() for d in (dbs if isinstance(dbs, list) else [dbs])):
+        raise UserError("the database path is empty (an unset variable?); give a file name, e.g. runs.db")
     if getattr(args, "in_network", 0) < 0:
         raise UserError(f"--in-network must be >= 0 (got {args.in_network}; 0: off)")
     v = getattr(args, "seconds", None)

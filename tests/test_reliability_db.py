@@ -238,6 +238,7 @@ def test_an_empty_or_overlong_database_path_is_one_clear_error(tmp_path, capsys)
         fj.tune(TASK, TARGET, "random", trials=1, db="", progress=False)
     assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "1", "--no-compare", "--db", ""]) == 2
     assert "the database path is empty" in capsys.readouterr().err
+    assert cli(["report", " "]) == 2 and "the database path is empty" in capsys.readouterr().err
     deep = tmp_path.joinpath(*["d" * 200] * 3)
     deep.mkdir(parents=True)
     assert cli(["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "1", "--no-compare", "--db", str(deep / "x.db")]) == 2
