@@ -537,9 +537,12 @@ def _check_budgets(args: argparse.Namespace) -> None:
             continue  # a model's re-timing only: tune_model(trials=0); approx on the default schedules
         if v is not None and v < 1:
             raise UserError(f"--{name} must be >= {0 if model else 1} (got {v})")
+    from . import db_files
+
     dbs = getattr(args, "db", None)
-    if any(isinstance(d, str) and not d.strip() for d in (dbs if isinstance(dbs, list) else [dbs])):
-        raise UserError("the database path is empty (an unset variable?); give a file name, e.g. runs.db")
+    for d in dbs if isinstance(dbs, list) else [dbs]:
+        if isinstance(d, str):
+            db_files.checked_path(d)  # (an empty one: an unset variable; every command, before it reads the path)
     if getattr(args, "in_network", 0) < 0:
         raise UserError(f"--in-network must be >= 0 (got {args.in_network}; 0: off)")
     v = getattr(args, "seconds", None)

@@ -52,7 +52,7 @@ ATTRS: dict[str, set[str]] = {**{op: {"axis", "keepdims", "select_last_index"} f
                               "TopK": {"axis", "largest", "sorted", "k"}, "Hardmax": {"axis"}}
 
 
-def _operand(ctx: Any, k: int) -> str:
+def float_operand(ctx: Any, k: int) -> str:
     """Input ``k``: a constant as float32 (a bool or integer constant's 0 / 1 or values), else the value."""
     name = ctx.input(k)
     if name in ctx.consts and ctx.consts[name].dtype != np.float32:
@@ -72,14 +72,14 @@ def _mask_output(ctx: Any, k: int = 0) -> None:
 
 
 def _binary(ctx: Any) -> list[Node]:
-    a, b = _operand(ctx, 0), _operand(ctx, 1)
+    a, b = float_operand(ctx, 0), float_operand(ctx, 1)
     _mask_output(ctx)
     return [Node(ctx.op, (a, b), (ctx.outputs[0],), {}, ctx.name)]
 
 
 def _not(ctx: Any) -> list[Node]:
     """Not, IsNaN, IsInf (``positive`` / ``negative``: which infinities count)."""
-    x = _operand(ctx, 0)
+    x = float_operand(ctx, 0)
     _mask_output(ctx)
     attrs = {"positive": int(ctx.attrs.get("detect_positive", 1)),
              "negative": int(ctx.attrs.get("detect_negative", 1))}
@@ -88,7 +88,7 @@ def _not(ctx: Any) -> list[Node]:
 
 def cast_to_bool(ctx: Any) -> list[Node]:
     """``Cast(x, to=BOOL)`` of float data: ``x != 0`` as ``Not(Not(x))`` (0 / 1)."""
-    x, out = _operand(ctx, 0), ctx.outputs[0]
+    x, out = float_operand(ctx, 0), ctx.outputs[0]
     _mask_output(ctx)
     mid = ctx.fresh("is_zero")
     ctx.types[mid] = (TensorProto.FLOAT, ctx.out_shape(out))
@@ -156,4 +156,4 @@ def _topk(ctx: Any) -> list[Node]:
 IMPORTERS = {**{op: _binary for op in COMPARE + LOGIC}, "Not": _not, "IsNaN": _not, "IsInf": _not, "ArgMax": _arg,
              "ArgMin": _arg, "TopK": _topk, "Hardmax": _hardmax}
 
-__all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool"]
+__all__ = ["ATTRS", "COMPARE", "IMPORTERS", "LOGIC", "OPS", "cast_to_bool", "float_operand"]

@@ -70,7 +70,7 @@ import numpy as np
 from onnx import TensorProto
 
 from felixjax.graph_passes import Node
-from felixjax.onnx_logic import cast_to_bool
+from felixjax.onnx_logic import cast_to_bool, float_operand
 
 REDUCE = ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
           "ReduceLogSum", "ReduceLogSumExp")
@@ -194,8 +194,7 @@ def _variadic(ctx: Any) -> list[Node]:
 def _mod(ctx: Any) -> list[Node]:
     """Mod of float data (integer constants fold at import): ``fmod=1`` C's fmod (the sign of a), ``fmod=0`` a
     floored modulo (the sign of b, as numpy's mod)."""
-    a, b = (ctx.new_const(f"in{k}", ctx.consts[i].astype(np.float32)) if i in ctx.consts and
-            ctx.consts[i].dtype != np.float32 else i for k, i in enumerate(ctx.inputs[:2]))
+    a, b = float_operand(ctx, 0), float_operand(ctx, 1)
     return [_node(ctx, "Mod" if int(ctx.attrs.get("fmod", 0)) else "FloorMod", [a, b])]
 
 
@@ -319,9 +318,7 @@ def _gather_nd(ctx: Any) -> list[Node]:
     strides = np.array([math.prod(xs[b + j + 1:b + k]) for j in range(k)], np.int64)
     nb, nd, rest = math.prod(xs[:b]), math.prod(xs[b:b + k]), tuple(xs[b + k:])
     flat = (idx * strides).sum(-1) + np.arange(nb, dtype=np.int64).reshape(xs[:b] + (1,) * (idx.ndim - 1 - b)) * nd
-    mid = _tmp(ctx, "flat", (nb * nd,) + rest)
-    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": (nb * nd,) + rest}, [mid]),
-            _node(ctx, "Gather", [mid], {"axis": 0, "indices": flat})]
+    return _flat_gather(ctx, (nb * nd,) + rest, flat)
 
 
 def _gather_elements(ctx: Any) -> list[Node]:
@@ -337,9 +334,15 @@ def _gather_elements(ctx: Any) -> list[Node]:
     pos = list(np.indices(idx.shape, dtype=np.int64))
     pos[axis] = np.where(idx < 0, idx + xs[axis], idx)
     flat = np.ravel_multi_index(tuple(pos), xs) if idx.size else np.zeros(idx.shape, np.int64)
-    mid = _tmp(ctx, "flat", (math.prod(xs),))
-    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": (math.prod(xs),)}, [mid]),
-            _node(ctx, "Gather", [mid], {"axis": 0, "indices": flat.astype(np.int64)})]
+    return _flat_gather(ctx, (math.prod(xs),), flat.astype(np.int64))
+
+
+def _flat_gather(ctx: Any, shape: tuple[int, ...], indices: np.ndarray) -> list[Node]:
+    """GatherND / GatherElements: the input reshaped to ``shape`` (the indexed axes as one, first), then one
+    Gather of ``indices`` along it."""
+    mid = _tmp(ctx, "flat", shape)
+    return [_node(ctx, "Reshape", ctx.inputs[:1], {"shape": shape}, [mid]),
+            _node(ctx, "Gather", [mid], {"axis": 0, "indices": indices})]
 
 
 def _cumsum(ctx: Any) -> list[Node]:

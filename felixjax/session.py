@@ -33,20 +33,20 @@ import hashlib
 import itertools
 import json
 import math
-import numbers
 import os
 import re
 import socket
 import sys
 import time
 import warnings
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Callable, Hashable
 
 import numpy as np
 
+from codegen.factors import whole as whole_number
 from codegen.lower import Plan
 from codegen.measure import LocalRunner, MeasureResult, TimingProtocol
 from codegen.ops import Task
@@ -155,11 +155,6 @@ def _warn_claimed(db: Any, tr: TaskRun, target_key: str) -> None:
                   f"claim lasts until its record is stored, its process on the same host is gone, or "
                   f"{CLAIM_TTL_S:g} s have passed (another host's dead tuner keeps its claims that long). If that "
                   f"tuner is gone, release its claims and rerun: {clear}", RuntimeWarning, stacklevel=3)
-
-
-def whole_number(v: Any) -> bool:
-    """Whether ``v`` is an integer (numpy's too), not a bool or a float."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def seeds_of(seeds: Any) -> list[int]:
