@@ -220,9 +220,11 @@ def evaluate(node: Node, args: Sequence[np.ndarray | None],
     raise ValueError(f"node {node.name!r}: no numpy semantics for op {op!r}")
 
 
-def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray], *,
+              node_eval: Callable[[Node, list, list], list] | None = None) -> dict[str, np.ndarray]:
     """Execute ``graph`` in numpy; returns ``{output name: array}``. Intermediates are freed after
-    their last use, so large networks run in bounded memory.
+    their last use, so large networks run in bounded memory. ``node_eval(node, args, out_shapes)``
+    replaces :func:`evaluate` (e.g. ``felixjax.fake_quant``'s, for low-precision layers).
 
     Example:
         >>> import numpy as np
@@ -239,7 +241,7 @@ def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.nda
     keep = set(graph.outputs) | set(graph.constants) | set(graph.inputs)
     for k, node in enumerate(graph.nodes):
         args = [env[i] if i else None for i in node.inputs]
-        outs = evaluate(node, args, [graph.shapes.get(o) for o in node.outputs])
+        outs = (node_eval or evaluate)(node, args, [graph.shapes.get(o) for o in node.outputs])
         for name, value in zip(node.outputs, outs):
             if not name:
                 continue

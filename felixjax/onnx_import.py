@@ -38,6 +38,7 @@ from codegen.limits import SizeLimitError, check_buffers
 from codegen.limits import override as size_limits
 from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
+from felixjax.fake_quant import fake_quant_run, precision_of
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
 from felixjax.layout import LAYOUTS, resolve as resolve_layout
 from felixjax.onnx_einsum import check_model_equations
@@ -94,7 +95,9 @@ class Model:
 
     def run_numpy(self, inputs: Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray] = (), *,
                   fused: bool = True) -> np.ndarray | list[np.ndarray]:
-        """Run the network in numpy: anchors through ``Task.reference``, cheap ops in numpy.
+        """Run the network in numpy: anchors through ``Task.reference``, cheap ops in numpy; an int8 or
+        float16 layer (:func:`felixjax.quantize.with_precisions`) as the C build computes it
+        (:func:`felixjax.fake_quant.fake_quant_run`).
 
         ``inputs`` is a dict by input name, one array (single-input models) or a sequence in input order
         (none for a model whose inputs are all pinned values).
@@ -127,7 +130,8 @@ class Model:
             if arr.shape != graph.shapes[name]:
                 raise ValueError(f"input {name!r} has shape {arr.shape}, the model expects {graph.shapes[name]}")
             feeds[name] = arr
-        out = run_graph(graph, feeds)
+        lowp = any(n.is_anchor and precision_of(n.task) != "float32" for n in graph.nodes)
+        out = (fake_quant_run if lowp else run_graph)(graph, feeds)
         outs = [out[o] for o in graph.outputs]
         return outs[0] if len(outs) == 1 else outs
 

@@ -285,3 +285,25 @@ def test_check_compares_a_build_with_the_numpy_reference(half, monkeypatch):
     monkeypatch.setattr(exe, "run", lambda ins: [y + 0.5 * np.abs(y).max() for y in run(ins)])
     with pytest.raises(RuntimeError, match=r"output 0 \(.*\) of the build differs from the numpy reference"):
         exe.check()
+
+
+def test_check_holds_where_float16_rounding_of_the_outputs_cancels():
+    """``Model.run_numpy`` of a model with float16 layers is ``fake_quant_run``: the layers' outputs rounded to
+    float16 as the kernels store them (session 82, a review: ``run_numpy`` rounded only their inputs, and
+    ``check()`` refused a correct build of two nearly equal float16 layers and their difference, 0.7 of its
+    largest value)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (0.3 * np.random.default_rng(0).standard_normal((16, 16))).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "wa"], ["a"], transB=1),
+             helper.make_node("Gemm", ["x", "wb"], ["b"], transB=1), helper.make_node("Sub", ["a", "b"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+                          [numpy_helper.from_array(w, "wa"), numpy_helper.from_array(w * np.float32(1.001), "wb")])
+    model = fj.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    q = with_precisions(model, {n.name: "float16" for n in model.graph.nodes if n.is_anchor})
+    x = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
+    ref = fake_quant_run(q.graph, {"x": x})["y"]
+    np.testing.assert_array_equal(q.run_numpy(x), ref)
+    exe = build_model(q, fj.Target.cpu(cores=1))
+    assert exe.check(x, rtol=REF_TOL) <= REF_TOL
