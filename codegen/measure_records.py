@@ -128,8 +128,10 @@ class MeasureResult:
 
     @property
     def ok(self) -> bool:
-        """True when the kernel ran correctly and was timed."""
-        return self.status == "ok" and bool(self.latencies)
+        """True when the kernel ran correctly and was timed: status ``ok`` and every latency finite and
+        positive (a record written by hand or imported with a NaN, infinite or zero time is no measurement;
+        the tuner stores such a timer's answer as a ``runtime_error``)."""
+        return self.status == "ok" and bool(self.latencies) and all(0.0 < t < math.inf for t in self.latencies)
 
     @property
     def latency_s(self) -> float:

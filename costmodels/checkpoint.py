@@ -81,8 +81,15 @@ def save_npz(path: str | os.PathLike, params: Any, meta: dict[str, Any]) -> None
         raise ValueError(f"parameter name {_META_KEY!r} is reserved")
     meta = {"format_version": FORMAT_VERSION, **meta}
     arrays[_META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
-    with open(path, "wb") as fh:  # a file handle, so numpy does not append a second ".npz"
-        np.savez(fh, **arrays)
+    # written beside `path`, then renamed over it: a failed save never leaves half a checkpoint where a good one was
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:  # a file handle, so numpy does not append a second ".npz"
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -111,5 +118,6 @@ def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, 
                "not an .npz file" if "pickle" in str(e) or isinstance(e, (TypeError, AttributeError)) else e)
         raise ValueError(f"{path}: not a cost-model checkpoint ({why})") from None
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"unsupported checkpoint format {meta.get('format_version')!r}")
+        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format_version')!r} (this version reads "
+                         f"format {FORMAT_VERSION})")
     return flat, meta

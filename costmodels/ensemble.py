@@ -20,7 +20,7 @@ from flax import nnx
 
 from costmodels.base import Features, check_measurements, neg_log_latency, predict_in_chunks, ranking_metrics, take
 from costmodels.checkpoint import load_npz, save_npz, unflatten_params
-from costmodels.mlp import MLPCostModel, TrainConfig, _score, split_indices
+from costmodels.mlp import MLPCostModel, TrainConfig, _score, check_dims, split_indices
 
 
 def _member_scores(graphdef: nnx.GraphDef, params: Any, features: Features) -> jax.Array:
@@ -287,6 +287,7 @@ class EnsembleCostModel:
         if meta.get("kind") != cls.KIND:
             raise ValueError(f"{path} holds a {meta.get('kind')!r}, not a {cls.KIND!r}")
         first = meta["members"][0]["config"]
+        check_dims(first, flat)
         ensemble = cls(
             first["n_access_features"],
             first["n_glob_features"],

@@ -254,6 +254,16 @@ def split_indices(features: Features, *, val_fraction: float, min_val_size: int)
     return np.flatnonzero(~held_out), np.flatnonzero(held_out)
 
 
+def check_dims(config: dict[str, Any], flat: dict[str, np.ndarray]) -> None:
+    """A ValueError unless the sizes a checkpoint's metadata names are those of its input layers' arrays
+    (checked before a model of those sizes is made: a damaged ``hidden`` asked for terabytes)."""
+    for key, rows in (("net/access_in/kernel", "n_access_features"), ("net/glob_in/kernel", "n_glob_features")):
+        shape = np.shape(flat[key])[-2:]
+        if shape != (config[rows], config["hidden"]):
+            raise ValueError(f"{key} has shape {shape}; the metadata says {rows}={config[rows]}, "
+                             f"hidden={config['hidden']}")
+
+
 class MLPCostModel:
     """The learned cost model: a ``SegmentSumMLP`` plus its training loop and checkpoints.
 
@@ -621,6 +631,7 @@ class MLPCostModel:
         if meta.get("kind") != cls.KIND:
             raise ValueError(f"{path} holds a {meta.get('kind')!r}, not a {cls.KIND!r}")
         try:
+            check_dims(meta["config"], flat)
             model = cls._from_config(meta["config"], meta["state"])
             model.params = unflatten_params(model.params, flat)
         except (KeyError, TypeError, ValueError) as e:

@@ -141,8 +141,9 @@ class OnlineCostModel:
             if (self.mlp.n_access_features, self.mlp.n_glob_features) != (n_access, n_glob):
                 raise ValueError(f"the cost model {pretrained} takes {self.mlp.n_access_features} / "
                                  f"{self.mlp.n_glob_features} access / global features; a {target.kind} target's "
-                                 f"are {n_access} / {n_glob} (a CPU checkpoint on a GPU, or the reverse): pretrain "
-                                 f"on records of this kind of target, or use cost_model='none'")
+                                 f"are {n_access} / {n_glob} (a CPU checkpoint on a GPU, or the reverse): give "
+                                 f"cost_model=None (`--cost-model none`) to start from the roofline prior "
+                                 f"(`felixjax pretrain` learns CPU records only)")
             self.mlp.config = cfg  # online fine-tuning, from the pretrained weights and standardization
             self.mlp._rng = np.random.default_rng(seed)
             self.pretrained = str(pretrained) if isinstance(pretrained, (str, os.PathLike)) else "object"
@@ -647,8 +648,10 @@ def load_pretrained(path: str | os.PathLike, *, widths: tuple[int, int] | None =
     n_access, n_glob = widths or (N_ACCESS_FEATURES, N_GLOBAL_FEATURES)
     if (model.n_access_features, model.n_glob_features) != (n_access, n_glob):
         raise ValueError(f"{path} was trained on {model.n_access_features} access / {model.n_glob_features} global "
-                         f"features; this felixjax computes {n_access} / {n_glob} for this target: pretrain again "
-                         f"(on records of this kind of target)")
+                         f"features; this felixjax computes {n_access} / {n_glob} for this target: "
+                         + ("pretrain again (`felixjax pretrain`)" if (n_access, n_glob) == (N_ACCESS_FEATURES,
+                            N_GLOBAL_FEATURES) else "give cost_model=None (`--cost-model none`) to start from the "
+                            "roofline prior (`felixjax pretrain` learns CPU records only)"))
     if not model.fitted:
         raise ValueError(f"{path} holds an untrained model")
     _finite_weights(model, path)
@@ -658,11 +661,15 @@ def load_pretrained(path: str | os.PathLike, *, widths: tuple[int, int] | None =
 def _finite_weights(model: MLPCostModel, what) -> None:
     """A ValueError for a model holding NaN / Inf weights or standardization (it ranked every candidate as
     NaN, silently, until its first fine-tuning)."""
-    leaves = jax.tree_util.tree_leaves(model.params)  # the standardization statistics are params too
-    bad = sum(int((~np.isfinite(np.asarray(a, np.float64))).sum()) for a in leaves
+    leaves = jax.tree_util.tree_leaves_with_path(model.params)  # the standardization statistics are params too
+    bad = sum(int((~np.isfinite(np.asarray(a, np.float64))).sum()) for _, a in leaves
               if np.asarray(a).dtype.kind in "fc")
     if bad:
         raise ValueError(f"the cost model {what} holds {bad} NaN/Inf weight(s)")
+    scales = [jax.tree_util.keystr(path) for path, a in leaves  # divided by: a zero one makes every score NaN
+              if jax.tree_util.keystr(path).endswith("_std']") and not (np.asarray(a) > 0).all()]
+    if scales:
+        raise ValueError(f"the cost model {what} holds a standardization scale that is not positive ({scales[0]})")
 
 
 def ranker_rows(paths: str | os.PathLike | tuple, *, per_task: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -115,9 +116,12 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)
     unmatched = sorted(excluded - seen_names)
-    if unmatched and progress:  # a mistyped name leaves the task it meant in the training data
-        print(f"[pretrain] warning: --exclude names no task in the databases: {', '.join(unmatched)}", file=sys.stderr,
-              flush=True)
+    if unmatched:  # a mistyped name leaves the task it meant in the training data
+        msg = f"exclude names no task in the databases: {', '.join(unmatched)}"
+        if progress:
+            print(f"[pretrain] warning: --{msg}", file=sys.stderr, flush=True)
+        else:
+            warnings.warn(msg, UserWarning, stacklevel=2)
     feats, lats, groups, priors, names, skipped = [], [], [], [], [], []
     for key in sorted(per_task, key=lambda k: (meta[k][0].name, k)):
         recs = list(per_task[key].values())
@@ -152,6 +156,9 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
         names.append(name)
         if progress:
             print(f"[pretrain] {name}: {len(recs)} configs", file=sys.stderr, flush=True)
+    if skipped and all(n.endswith("pretraining learns CPU records only)") for n, _ in skipped) and not names:
+        raise ValueError(f"{', '.join(map(str, dbs))}: GPU records only; pretraining learns CPU records (a GPU "
+                         "target's cost model starts from its roofline prior)")
     if not names:
         raise ValueError(f"no task with >= {min_records} correctly measured configs in {list(map(str, dbs))}"
                          + (f" (excluded: {sorted(excluded)})" if excluded else "")
@@ -163,6 +170,17 @@ def load_dataset(dbs: Sequence[str | os.PathLike], *, exclude: Iterable[str] = (
 def _take(data: PretrainData, rows: np.ndarray) -> tuple[Features, np.ndarray, np.ndarray]:
     f = data.features
     return Features(f.access[rows], f.mask[rows], f.glob[rows]), data.latencies[rows], data.groups[rows]
+
+
+def _check_output(out: str | os.PathLike, dbs: Sequence[str | os.PathLike]) -> None:
+    """Before any training: ``out`` (and its ``.json`` report) must be a file path that is none of the inputs
+    (``pretrain db -o db`` replaced the database with the checkpoint); its folder is made."""
+    for path in (Path(out), Path(str(out) + ".json")):
+        if path.is_dir():
+            raise ValueError(f"{path}: a folder is there; give the checkpoint a file name, e.g. model.npz")
+        if path.exists() and any(Path(db).exists() and os.path.samefile(path, db) for db in dbs):
+            raise ValueError(f"{path} is one of the databases to learn from; give the checkpoint another name")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
 
 
 def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclude: Iterable[str] = (),
@@ -197,6 +215,7 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
     from .features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 
     t0 = time.perf_counter()
+    _check_output(out, dbs)
     data = load_dataset(dbs, exclude=exclude, min_records=min_records, progress=progress)
     train_tasks, held_tasks = split_tasks(list(dict.fromkeys(data.tasks)), holdout=holdout, seed=seed)
     cfg = TrainConfig(sample_budget=sample_budget, max_epochs=max_epochs)
@@ -229,7 +248,6 @@ def pretrain(dbs: Sequence[str | os.PathLike], out: str | os.PathLike, *, exclud
               "fit": {k: float(v) for k, v in fit.items()},
               "heldout_mlp_pairwise": mean("mlp_pairwise"), "heldout_prior_pairwise": mean("prior_pairwise"),
               "heldout": per_task, "seconds": time.perf_counter() - t0}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
     # strict JSON: a mean over no held-out task is NaN in the returned report, null in the file
     Path(str(out) + ".json").write_text(json.dumps(finite_json(report), indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -1,6 +1,7 @@
 """Cross-task pretraining of the cost model: whole tasks held out, exclusions honoured, the checkpoint
 starts the scorer of both learned strategies, and bad input is one clear error."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -188,3 +189,80 @@ def test_dataset_keeps_padded_variants_and_lists_the_tasks_it_skips(tmp_path, ca
             f"{small.name} (3 configs)") in out
     assert json.loads((tmp_path / "m.npz.json").read_text())["skipped"] == [{"task": small.name, "configs": 3}]
     assert cli(["pretrain", str(path), "-o", str(tmp_path / "m.npz"), "--min-records", "0"]) == 2
+
+
+def test_pretrain_never_writes_over_its_inputs_or_into_a_folder(oracle_db, tmp_path):
+    """Session 82, a review: ``felixjax pretrain runs.db -o runs.db`` trained, then replaced the database with
+    the checkpoint (exit 0); ``-o a_folder`` trained, then failed on the folder. Both are refused first."""
+    import shutil
+
+    db = tmp_path / "runs.db"
+    shutil.copy(oracle_db, db)
+    before = db.read_bytes()
+    (tmp_path / "link.db").symlink_to(db)
+    for out in (db, tmp_path / "link.db"):  # the same file by another name too
+        with pytest.raises(ValueError, match="one of the databases to learn from"):
+            pretrain([db], out, holdout=0)
+    assert db.read_bytes() == before
+    (tmp_path / "dir.npz").mkdir()
+    with pytest.raises(ValueError, match="a folder is there"):
+        pretrain([db], tmp_path / "dir.npz", holdout=0)
+
+
+def test_records_without_a_usable_time_are_no_measurement(oracle_db, tmp_path):
+    """An ``ok`` record with a NaN, infinite, zero or negative time (written by hand or imported: the tuner
+    stores such a timer's answer as a runtime error) is not ok: pretraining and the tree ranker's rows leave
+    it out, and it no longer hides a real measurement of the same config (session 82, a review: NaN rows were
+    trained on, a NaN record shadowed the config's good one, and ranker="gbdt" stopped in scikit-learn)."""
+    import shutil
+
+    from felixjax.model import ranker_rows
+
+    for bad in (math.nan, math.inf, 0.0, -1e-6):
+        assert not MeasureResult("ok", (bad,)).ok and MeasureResult("ok", (bad,)).latency_s == math.inf
+    db = tmp_path / "bad.db"
+    shutil.copy(oracle_db, db)
+    good = load_dataset([oracle_db])
+    with fj.Database(db) as d:
+        task = TASKS[0]
+        recs = d.records(task=task, target=TARGET.key)
+        for k, bad in enumerate((math.nan, math.inf, 0.0, -1e-6)):
+            # the NaN one first: it used to hide the config's real measurement
+            d.add(TuningRecord(task, TARGET.key, "import:0", k, recs[k].config, MeasureResult("ok", (bad,)), 0))
+    data = load_dataset([db])
+    assert np.isfinite(data.latencies).all() and (data.latencies > 0).all()
+    np.testing.assert_array_equal(data.latencies, good.latencies)
+    _, y = ranker_rows(str(db), per_task=64)
+    assert len(y) and np.isfinite(y).all()
+
+
+def test_exclude_naming_no_task_warns_in_python_too(oracle_db):
+    with pytest.warns(UserWarning, match="exclude names no task in the databases: matmul_64x48x3$"):
+        load_dataset([oracle_db], exclude=["matmul_64x48x3"])
+
+
+def test_damaged_checkpoint_metadata_is_a_clear_error(tmp_path):
+    """A zero standardization scale (every score NaN), a ``hidden`` that asks for terabytes, another format
+    version: each a ValueError naming the file (session 82, a review)."""
+    from costmodels.checkpoint import load_npz
+
+    src = tmp_path / "m.npz"
+    pretrained = MLPCostModel(3, 2, hidden=8)
+    pretrained.fitted = True
+    pretrained.save(src)
+    flat, meta = load_npz(src)
+
+    def write(name, arrays, meta):
+        with open(tmp_path / name, "wb") as fh:
+            np.savez(fh, **arrays, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        return tmp_path / name
+
+    zero = write("zero.npz", {**flat, "norm/glob_std": np.zeros(2, np.float32)}, meta)
+    with pytest.raises(ValueError, match="zero.npz holds a standardization scale that is not positive"):
+        load_pretrained(zero, widths=(3, 2))
+    huge = write("huge.npz", flat, {**meta, "config": {**meta["config"], "hidden": 10**6}})
+    with pytest.raises(ValueError, match=r"huge.npz: a damaged 'mlp' checkpoint .*hidden=1000000"):
+        MLPCostModel.load(huge)
+    other = write("v2.npz", flat, {**meta, "format_version": 99})
+    with pytest.raises(ValueError, match="v2.npz: unsupported checkpoint format 99"):
+        MLPCostModel.load(other)
