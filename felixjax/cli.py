@@ -509,6 +509,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
         options = {n: _cost_model_options(n, args.cost_model)
                    for n in {split_name(n)[0] for n in names or fj.strategies()} if n in COST_MODEL_STRATEGIES}
+        if not options:  # as `tune` says it: the flag would be ignored
+            raise UserError(f"--cost-model needs a strategy with a cost model ({', '.join(COST_MODEL_STRATEGIES)}) "
+                            "among --strategies")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out}: is a file, not a folder (compare writes several files into it)")
     os.makedirs(args.out, exist_ok=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import numbers
 import os
 import sys
 import time
@@ -582,10 +583,16 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError("seeds must be >= 1")
     if len(set(seed_list)) < len(seed_list):  # one run counted twice ("reached 2/2")
         raise ValueError(f"seeds are listed twice: {seed_list}")
-    if trials < 1:
-        raise ValueError(f"trials must be >= 1 (got {trials})")
+    if not isinstance(trials, numbers.Integral) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"trials must be an integer >= 1 (got {trials!r})")
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0 (got {seconds})")
+    if not isinstance(remeasure, numbers.Integral) or remeasure < 0:
+        raise ValueError(f"remeasure must be an integer >= 0 (got {remeasure!r})")
+    if threads is not None and not (isinstance(threads, numbers.Integral) and threads >= 1):
+        raise ValueError(f"threads must be an integer >= 1 (got {threads!r})")
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):  # found now, not after hours of tuning
+        raise ValueError(f"out={os.fspath(out)!r}: is a file, not a folder (compare writes several files into it)")
     target = Target.parse(target)
     warmup = (WARMUP_TRIALS if replay is None and not target.is_gpu else 0) if warmup is None else int(warmup)
     if warmup < 0:
@@ -612,6 +619,15 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             raise ValueError(f"the database holds {len(r.history)} trials of run {r.run!r} on {r.task.name}, more than "
                              f"this comparison's budget of {r.trials} ({len(over)} run(s) like it): compare into a new "
                              f"database / --out, or with the budget it was run with")
+        # a run stops with the trial that spends its seconds: any earlier trial past them was a longer budget's
+        longer = [r for r in runs + ref_runs if r.seconds is not None
+                  and any(rec.elapsed_s >= r.seconds for rec in r.history[:-1])]
+        if longer:
+            r = longer[0]
+            raise ValueError(f"the database holds run {r.run!r} on {r.task.name} measured for "
+                             f"{r.history[-1].elapsed_s:.3g} s, past this comparison's budget of {r.seconds:g} s "
+                             f"({len(longer)} run(s) like it): compare into a new database / --out, or with the "
+                             f"budget it was run with")
         openings = _openings(task_list, target) if defaults else {}
         runs_all = runs + ref_runs
         settled = {(r.task.key, r.run) for r in runs_all if r.done}  # finished in an earlier, resumed call

@@ -85,6 +85,13 @@ def test_compare_out_naming_an_existing_file(tmp_path, capsys):
     assert out.read_text() == "keep me\n"
 
 
+def test_compare_cost_model_without_a_learned_strategy(tmp_path, capsys):
+    """Session 82, a review: the flag was ignored (exit 0), a missing checkpoint never looked at."""
+    one_line_exit_2(["compare", "--op", "matmul:m=8,n=8,k=8", "--replay", "--trials", "2", "--seeds", "1",
+                     "--strategies", "random", "--cost-model", str(tmp_path / "none.npz"),
+                     "--out", str(tmp_path / "o")], capsys, "--cost-model needs a strategy with a cost model")
+
+
 def bad_checkpoints(tmp_path) -> dict:
     text = tmp_path / "notes.txt"
     text.write_text("this is not a checkpoint\n")

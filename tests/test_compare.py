@@ -585,3 +585,33 @@ def test_a_strategy_without_a_kernel_where_the_reference_had_one_is_said_under_t
     hist[(a.name, "random", 0)] = run(a, "random", [2.0, 2.0])
     both = Comparison([a, b], ["gradient", "genetic", "random"], [0], 2, None, hist)
     assert both.ratios()["genetic"]["nokernel"] == 0 and "genetic: no correct kernel" not in both.table()
+
+
+def test_a_resume_with_a_smaller_seconds_budget_is_refused_and_the_same_budget_resumes(tmp_path):
+    """Session 82, a review: the trials check had no seconds twin; a comparison resumed with ``seconds=3`` over
+    runs of 12 s returned them, its table saying '3 s'. A run stops with the trial that spends its seconds, so
+    the same budget resumes with nothing new."""
+    kw = {"strategies": ["random"], "seeds": 1, "db": str(tmp_path / "cmp.db"), "replay": True, "progress": False,
+          "warmup": 0, "trials": 64, "remeasure": 0}
+    first = fj.compare(TASKS[:1], seconds=4, **kw)
+    hist = first.histories[(TASKS[0].name, "random", 0)]
+    assert 1 < len(hist) < 64 and hist[-1].elapsed_s >= 4 > hist[-2].elapsed_s  # stopped by the seconds
+    again = fj.compare(TASKS[:1], seconds=4, **kw)
+    assert len(again.histories[(TASKS[0].name, "random", 0)]) == len(hist)
+    with pytest.raises(ValueError, match="past this comparison's budget of 1 s"):
+        fj.compare(TASKS[:1], seconds=1, **kw)
+
+
+@pytest.mark.parametrize("bad, match", [({"trials": "8"}, "trials must be an integer"),
+                                        ({"remeasure": -1}, "remeasure must be an integer >= 0"),
+                                        ({"threads": 0}, "threads must be an integer >= 1"),
+                                        ({"out": "FILE"}, "is a file, not a folder")])
+def test_bad_arguments_are_refused_before_any_tuning(bad, match, tmp_path):
+    """Session 82, a review: ``out=`` naming a file failed after the whole comparison (its result lost with
+    db=None); ``trials="8"`` was a TypeError; ``remeasure=-1`` and ``threads=0`` passed."""
+    if bad.get("out") == "FILE":
+        (tmp_path / "f").write_text("")
+        bad = {"out": str(tmp_path / "f")}
+    with pytest.raises(ValueError, match=match):
+        fj.compare(TASKS[:1], ["random"], **{"trials": 8, "seeds": 1, "db": None, "replay": True, "progress": False,
+                                             "warmup": 0, **bad})
