@@ -2,7 +2,8 @@
 
 The build cache (compiled kernels, ``codegen.build.default_cache_dir()``) grows by a ``.so`` and its ``.c``
 per trial and is never trimmed by tuning; ``--prune SIZE`` / ``--older-than DAYS`` remove the least recently
-used kernels (``codegen.build.prune_cache``), ``--clear`` empties it and JAX's compilation cache.
+used kernels (``codegen.build.prune_cache``), ``--clear`` empties it (but for kernels used in the last 10
+minutes: a running tuner's) and JAX's compilation cache.
 
 Example:
     felixjax cache --prune 2G
@@ -21,7 +22,7 @@ EXAMPLE = """examples:
   felixjax cache --prune 2G               # least recently used kernels go until the kernel cache is <= 2 GiB
   felixjax cache --older-than 30          # kernels not used for 30 days go
   felixjax cache --prune 500M --dry-run   # what would go; nothing is removed
-  felixjax cache --clear                  # every kernel, JAX's compilations and the GPU-simulation caches
+  felixjax cache --clear                  # every kernel unused for 10 min, JAX's and the GPU-simulation caches
 (sizes: K, M, G, T are powers of 1024; kernels used in the last 10 minutes and the files of builds running
 now are always kept, so pruning is safe beside running tuners)"""
 
@@ -77,7 +78,8 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     c.add_argument("--older-than", default=None, metavar="DAYS",
                    help="remove the kernels not used (built or served from the cache) for DAYS days")
     c.add_argument("--clear", action="store_true",
-                   help="remove every kernel, JAX's compilation cache and the GPU-simulation caches")
+                   help="remove every kernel not used in the last 10 minutes (a running tuner's stay), JAX's "
+                        "compilation cache and the GPU-simulation caches")
     c.add_argument("--dry-run", action="store_true", help="say what --prune / --older-than / --clear would remove, "
                                                           "removing nothing")
 
