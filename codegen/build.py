@@ -51,6 +51,7 @@ from codegen.target import compiler_version, cpu_identity
 __all__ = [
     "BuildError",
     "BuildResult",
+    "CacheWriteError",
     "CC",
     "DEFAULT_FLAGS",
     "assemble",
@@ -90,6 +91,21 @@ _cleaned_lock = threading.Lock()
 
 class BuildError(RuntimeError):
     """Raised by `assemble` when the compiler fails (`build` reports failures in its result)."""
+
+
+class CacheWriteError(OSError):
+    """The build cache cannot take a build (a full disk, a read-only folder, ``FELIXJAX_CACHE`` naming a file):
+    a fault of the machine, not of the source, so `build` raises it rather than report a ``compile_error``
+    that a tuner would store against the config for good."""
+
+
+# what gcc / ld say when the disk, not the source, is at fault
+_ENVIRONMENT_HINTS = ("No space left on device", "Disk quota exceeded", "Read-only file system")
+
+
+def _cache_write_error(cache: Path, why: object) -> CacheWriteError:
+    return CacheWriteError(f"the build cache {cache} cannot take a build ({why}): set FELIXJAX_CACHE to a writable "
+                           "folder with free space")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +181,10 @@ def build(
     Returns:
         A `BuildResult`.
 
+    Raises:
+        CacheWriteError: the cache cannot take the build (a full disk, a read-only folder, a file in its
+            place): the machine's fault, never stored as the source's ``compile_error``.
+
     Example:
         >>> build("int broken(").status
         'compile_error'
@@ -172,7 +192,12 @@ def build(
     start = time.perf_counter()
     flags = tuple(flags)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise _cache_write_error(cache, "a file is there, not a folder") from None
+    except OSError as e:
+        raise _cache_write_error(cache, e.strerror or e) from None
     key = build_key(source, flags)
     lib = cache / f"{key}.so"
 
@@ -187,12 +212,21 @@ def build(
             with contextlib.suppress(OSError):
                 lib.unlink()
     _clean_once(cache)
-    fd, tmp_c = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{key[:16]}-", suffix=".c", dir=cache)
+    try:
+        fd, tmp_c = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{key[:16]}-", suffix=".c", dir=cache)
+    except OSError as e:
+        raise _cache_write_error(cache, e.strerror or e) from None
     tmp_so = tmp_c[:-2] + ".so"
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+        except OSError as e:
+            raise _cache_write_error(cache, e.strerror or e) from None
         status, error = _run_compiler([CC, *flags, "-o", tmp_so, tmp_c, *_LIBS], timeout_s, pid_dir=cache)
+        if status == "compile_error" and any(h in error for h in _ENVIRONMENT_HINTS):
+            hint = next(h for h in _ENVIRONMENT_HINTS if h in error)
+            raise _cache_write_error(cache, f"the compiler: {hint.lower()}")
         if status != "ok":
             return result(status, _trim(error.replace(tmp_c, _SOURCE_NAME)))
         os.replace(tmp_c, cache / f"{key}.c")  # kept next to the library, for reading
@@ -666,10 +700,12 @@ def prune_cache(
         >>> prune_cache(max_bytes=0, cache_dir=tempfile.mkdtemp())
         (0, 0)
     """
-    if max_bytes is not None and max_bytes < 0:
+    if max_bytes is not None and not max_bytes >= 0:  # (NaN too)
         raise ValueError(f"max_bytes must be >= 0 (got {max_bytes})")
-    if older_than_s is not None and older_than_s < 0:
+    if older_than_s is not None and not older_than_s >= 0:
         raise ValueError(f"older_than_s must be >= 0 (got {older_than_s})")
+    if older_than_s is not None and older_than_s > 1e12:  # past any file's age (inf too): nothing is that old
+        older_than_s = 1e12
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     groups, tmp, _, _ = _scan(cache)
     now_ns = time.time_ns()

@@ -77,7 +77,11 @@ from codegen.renderers.harness import TIMING_HARNESS_C
 from codegen.measure_lock import MeasureLock, lock_path  # noqa: F401
 
 
+#: how a result whose kernel killed the measuring process (a signal) begins its error
+CRASHED = "kernel crashed the measuring process"
+
 __all__ = [
+    "CRASHED",
     "STATUSES",
     "TIMING_HARNESS_C",
     "LocalRunner",
@@ -242,7 +246,7 @@ class LocalRunner:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_child_main,
-            args=(child_conn, self.lib_cache),
+            args=(child_conn, self.lib_cache, os.getpid()),  # (it ends when this process is gone)
             name="felixjax-measure",
             daemon=True,
         )
@@ -339,7 +343,7 @@ class LocalRunner:
         else:
             how = f"exited with code {code}"
         self._restart()
-        return {"status": "runtime_error", "error": f"kernel crashed the measuring process: {how}"}
+        return {"status": "runtime_error", "error": f"{CRASHED}: {how}"}
 
 
 def _wall_cpu_ratio() -> float | None:

@@ -9,6 +9,7 @@ import ctypes.util
 import math
 import os
 import signal
+import threading
 import time
 import traceback
 from typing import Any
@@ -117,9 +118,28 @@ class _LibCache:
             _dlclose(lib._handle)
 
 
-def _child_main(conn, lib_cache_size: int) -> None:
-    """Entry point of the measuring process: serve requests until told to stop."""
+PARENT_CHECK_S = 0.5  # how often the measuring process looks whether its parent is still there
+
+
+def _end_with_parent(parent: int) -> None:
+    """Exit this process once ``parent`` is gone (SIGKILL, SIGTERM: no ``stop`` was sent), even in the middle
+    of a kernel that never returns (a daemon thread; kernel calls release the GIL). A session-82 review left an
+    orphan spinning a core, disturbing every later timing on the machine."""
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_S)
+            if os.getppid() != parent:  # re-parented (to init or a subreaper)
+                os._exit(0)
+
+    threading.Thread(target=watch, name="felixjax-parent-watch", daemon=True).start()
+
+
+def _child_main(conn, lib_cache_size: int, parent: int | None = None) -> None:
+    """Entry point of the measuring process: serve requests until told to stop (or the ``parent`` process
+    is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    if parent is not None:
+        _end_with_parent(parent)
     libs = _LibCache(lib_cache_size)
     flush: dict[int, np.ndarray] = {}
     conn.send(("ready", os.getpid()))

@@ -48,7 +48,12 @@ class MeasureLock:
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        return os.open(self.path, flags, 0o600)
+        try:
+            return os.open(self.path, flags, 0o600)
+        except FileNotFoundError:  # its folder (FELIXJAX_LOCK_DIR) is not there: say which setting
+            raise FileNotFoundError(f"measuring lock {self.path}: no folder {os.path.dirname(self.path)} "
+                                    "(FELIXJAX_LOCK_DIR names the folder of the machine-wide lock file; unset, the "
+                                    "temporary folder)") from None
 
     def acquire(self, timeout_s: float | None = None) -> bool:
         """Takes the lock; False when it stayed held by another process for `timeout_s`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import _ctypes
 import dataclasses
 import math
+import numbers
 import os
 import statistics
 import time
@@ -61,8 +62,19 @@ class TimingProtocol:
     flush_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.warmup < 0 or self.repeats < 1 or self.max_number < 1 or self.min_repeat_ms < 0:
-            raise ValueError(f"invalid timing protocol: {self}")
+        counts = {"warmup": 0, "repeats": 1, "max_number": 1, "flush_bytes": 0}  # whole numbers, at least these
+        for name, least in counts.items():
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, (bool, np.bool_)) or v < least:
+                raise ValueError(f"invalid timing protocol: {name}={v!r} (a whole number >= {least})")
+            object.__setattr__(self, name, int(v))  # (a numpy integer: plain, for JSON and ctypes)
+        ms = self.min_repeat_ms
+        if not isinstance(ms, numbers.Real) or isinstance(ms, (bool, np.bool_)) or not 0 <= ms < math.inf:
+            raise ValueError(f"invalid timing protocol: min_repeat_ms={ms!r} (a finite number of ms >= 0)")
+        if not isinstance(self.flush_cache, (bool, np.bool_)):
+            raise ValueError(f"invalid timing protocol: flush_cache={self.flush_cache!r} (True or False)")  # noqa: TRY004
+        object.__setattr__(self, "min_repeat_ms", float(ms))
+        object.__setattr__(self, "flush_cache", bool(self.flush_cache))
 
     @classmethod
     def quick(cls) -> TimingProtocol:

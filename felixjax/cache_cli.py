@@ -90,6 +90,9 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
 
     cb = importlib.import_module("codegen.build")  # the module (`codegen.build` the name is the function)
 
+    kernels = cb.default_cache_dir()
+    if kernels.exists() and not kernels.is_dir():  # it said "0B in 0 files"
+        raise user_error(f"the build cache {kernels} is a file, not a folder: set FELIXJAX_CACHE to a folder")
     max_bytes = older_s = None
     if args.prune is not None:
         try:

@@ -692,8 +692,9 @@ def _run(args: argparse.Namespace) -> int:
     except UserError as e:
         print(f"felixjax {args.cmd}: error: {_printable(str(e))}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-            FileExistsError) as e:
+    except BrokenPipeError:  # main's: stdout's reader is gone
+        raise
+    except (ValueError, OSError) as e:  # OSError: a file refused, a full disk, a read-only cache (not a traceback)
         msg = " ".join(_printable(str(e)).split())
         msg = msg if len(msg) <= 400 else msg[:180] + " [...] " + msg[-180:]  # (shorten() dropped a long path)
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)

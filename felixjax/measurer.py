@@ -20,7 +20,13 @@ import numpy as np
 
 from codegen.build import build_many
 from codegen.lower import Plan, lower
-from codegen.measure import LocalRunner, MeasureResult, RunRequest, TimingProtocol
+from codegen.measure import (
+    CRASHED,
+    LocalRunner,
+    MeasureResult,
+    RunRequest,
+    TimingProtocol,
+)
 from codegen.ops import Task
 from codegen.render_c import render
 from codegen.run import Runner
@@ -102,11 +108,28 @@ class Measurer:
         for lo in range(0, len(sources), step):
             # a runner of the codegen.run.Runner protocol decides where builds happen; a bare LocalRunner builds here
             part = sources[lo:lo + step]
-            builds = (self.runner.build(part) if isinstance(self.runner, Runner)
-                      else build_many(part, workers=self.build_workers, cache_dir=self.cache_dir))
-            for cfg, plan, b in zip(configs[lo:lo + step], plans[lo:lo + step], builds):
-                if not on_result(cfg, self.runner.run(self._request(plan), build=b)):
+            builds = self._build(part)
+            for cfg, plan, b, src in zip(configs[lo:lo + step], plans[lo:lo + step], builds, part):
+                if not on_result(cfg, self._run(plan, b, src)):
                     return
+
+    def _build(self, sources: list[str]) -> list:
+        return (self.runner.build(sources) if isinstance(self.runner, Runner)
+                else build_many(sources, workers=self.build_workers, cache_dir=self.cache_dir))
+
+    def _run(self, plan: Plan, b, source: str) -> MeasureResult:
+        """Measure one build. A library of this machine's cache deleted since its build (a cleared cache) is
+        built again, and a cached one that crashed the measuring process is dropped and built afresh once
+        (a damaged file the ELF check passes): neither is stored as the config's failure."""
+        local = b.status == "ok" and b.lib_path is not None and os.path.isabs(b.lib_path)
+        if local and not os.path.exists(b.lib_path):
+            b = self._build([source])[0]
+        res = self.runner.run(self._request(plan), build=b)
+        if local and b.cached and res.status == "runtime_error" and res.error.startswith(CRASHED):
+            with contextlib.suppress(OSError):
+                os.unlink(b.lib_path)
+            res = self.runner.run(self._request(plan), build=self._build([source])[0])
+        return res
 
     def _request(self, plan: Plan) -> RunRequest:
         rtol, atol = self.task.tolerance(self.expected)  # per dtype (codegen.ops.Task.tolerance)

@@ -258,3 +258,17 @@ def test_a_cache_hit_does_not_reload_the_library_in_the_measuring_process(cache)
     os.unlink(first.lib_path)  # pruned meanwhile: the next build is a new file, loaded afresh
     rebuilt = cb.build(src)
     assert not rebuilt.cached and libs.get(rebuilt.lib_path) is not loaded
+
+
+def test_a_cache_path_naming_a_file_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    """Session 82, a review: ``felixjax cache`` reported '0B in 0 files' (exit 0) for FELIXJAX_CACHE naming a
+    file, and a tune failed with only '[Errno 17] File exists'."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("FELIXJAX_CACHE", str(afile))
+    for argv in (["cache"], ["tune", "--op", "matmul:m=8,n=8,k=8", "--trials", "1", "--strategy", "random",
+                             "--no-compare", "--db", str(tmp_path / "t.db")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("is a file, not a folder" in err or "a file is there" in err), err
+    assert afile.read_text() == ""

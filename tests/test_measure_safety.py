@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -403,3 +404,130 @@ def test_the_measuring_child_of_a_killed_parent_ends_quietly(capfd):
         signal.signal(signal.SIGINT, previous)
     out, err = capfd.readouterr()
     assert "Traceback" not in err + out and "BrokenPipe" not in err + out  # quiet: nothing printed
+
+
+# ---- the machine, not the kernel (session 82, a review) ------------------------------------------
+
+@pytest.mark.parametrize("bad", [{"repeats": 2.5}, {"warmup": 1.5}, {"max_number": 2.5}, {"repeats": "3"},
+                                 {"repeats": True}, {"min_repeat_ms": math.nan}, {"min_repeat_ms": math.inf},
+                                 {"flush_cache": 1}])
+def test_a_timing_protocol_the_harness_cannot_run_is_refused_when_made(bad):
+    # each was accepted, then failed in the measuring process: every candidate stored as a runtime_error
+    with pytest.raises(ValueError, match="invalid timing protocol"):
+        TimingProtocol(**bad)
+    assert TimingProtocol(repeats=np.int64(3), min_repeat_ms=1).to_json()["repeats"] == 3  # numpy ints: plain
+
+
+def test_a_cache_that_cannot_take_a_build_raises_instead_of_a_compile_error(tmp_path, monkeypatch):
+    """A full disk gave every candidate a ``compile_error`` ('No space left on device'), stored for good:
+    those configs were never tried again. The machine's fault is an exception, no record."""
+    build_module = sys.modules["codegen.build"]  # (the package exports the function under the same name)
+    from codegen.build import CacheWriteError
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(CacheWriteError, match="a file is there, not a folder"):
+        build(VADD_BODY, cache_dir=afile)
+    monkeypatch.setattr(build_module, "_run_compiler", lambda *a, **k: (
+        "compile_error", "/usr/bin/ld: final link failed: No space left on device\ncollect2: error"))
+    with pytest.raises(CacheWriteError, match="no space left on device"):
+        build(VADD_BODY, cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(build_module, "_run_compiler", lambda *a, **k: ("compile_error", "error: expected ';'"))
+    assert build(VADD_BODY, cache_dir=tmp_path / "cache").status == "compile_error"  # the source's: a result
+
+
+def test_prune_cache_takes_any_age_and_refuses_nan(tmp_path):
+    from codegen.build import prune_cache
+
+    assert prune_cache(older_than_s=math.inf, cache_dir=tmp_path) == (0, 0)  # an OverflowError
+    assert prune_cache(older_than_s=1e300, cache_dir=tmp_path) == (0, 0)
+    for kw in ({"older_than_s": math.nan}, {"max_bytes": math.nan}):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            prune_cache(cache_dir=tmp_path, **kw)
+
+
+def test_a_missing_lock_folder_names_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("FELIXJAX_LOCK_DIR", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="FELIXJAX_LOCK_DIR names the folder"):
+        MeasureLock(lock_path()).acquire(timeout_s=1)
+
+
+@pytest.mark.cc
+def test_a_deleted_or_damaged_cached_library_is_built_again_not_stored_as_a_failure(tmp_path, monkeypatch):
+    """A cache cleared while a batch was measured gave the rest 'cannot load kernel library'; a cached library
+    whose code was damaged (its ELF headers intact) crashed every measurement, for good. Both are built again."""
+    import shutil
+
+    from codegen.ops import matmul
+    from codegen.target import Target
+    from felixjax.measurer import Measurer
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FELIXJAX_CACHE", str(cache))
+    monkeypatch.setenv("FELIXJAX_MAX_WALL_CPU_RATIO", "off")
+    with LocalRunner(protocol=QUICK) as runner:
+        m = Measurer(matmul(16, 16, 16), Target.cpu(), runner, threads=1)
+        space = next(iter(m.spaces.values()))
+        rng = np.random.default_rng(0)
+        cfgs = list(dict.fromkeys([space.default()] + [space.sample(rng) for _ in range(3)]))
+        got = []
+
+        def clear_after_each(cfg, res):
+            got.append(res)
+            shutil.rmtree(cache, ignore_errors=True)
+            return True
+
+        m.measure(cfgs, clear_after_each)
+        assert [r.status for r in got] == ["ok"] * len(cfgs), [r.error for r in got]
+        lib = build(m.renderer(m.plan(cfgs[0]))).lib_path
+        data = bytearray(Path(lib).read_bytes())
+        data[len(data) // 4: len(data) // 2] = bytes(len(data) // 2 - len(data) // 4)  # code gone, headers kept
+        Path(lib).write_bytes(bytes(data))
+        got.clear()
+        m.measure(cfgs[:1], lambda cfg, res: got.append(res) or True)
+        assert got[0].status == "ok", got[0].error
+
+
+_ORPHAN = """
+import sys
+from codegen.build import build
+from codegen.measure import LocalRunner, RunRequest, TIMING_HARNESS_C
+import numpy as np
+src = "void fj_kernel(void* const* b) {{ for (;;) {{ __asm__ volatile(\\"\\"); }} }}\\n" + TIMING_HARNESS_C
+b = build(src, cache_dir={cache!r})
+with LocalRunner(timeout_s=600) as r:
+    x = np.zeros(8, np.float32)
+    r._ensure_child()
+    open({pid!r}, "w").write(str(r.pid))
+    r.run(RunRequest(None, [x], (8,), 0, x), build=b)  # never returns
+"""
+
+
+@pytest.mark.cc
+def test_the_measuring_process_ends_with_its_parent(tmp_path, private_lock_dir):
+    """SIGKILL (or SIGTERM) of a tuner during a kernel that never returns left the measuring process spinning
+    a core, an orphan, disturbing every later timing on the machine (session 82, a review)."""
+    import signal
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN.format(cache=str(tmp_path / "build"), pid=str(pid_file)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": root})
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert parent.poll() is None and time.monotonic() < deadline, "the parent never started its child"
+        time.sleep(0.2)
+    child = int(pid_file.read_text())
+    time.sleep(1.0)  # inside the endless kernel
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the measuring process outlived its parent by 10 s")

@@ -21,7 +21,8 @@ class Runner(Protocol):
     """Builds sources and measures requests.
 
     ``build(sources)`` returns one :class:`~codegen.build.BuildResult` per source, in order (failed builds
-    are results, never exceptions); ``run(request, build=b)`` measures ``request`` against build ``b``
+    are results, never exceptions; a cache that cannot take a build raises ``codegen.build.CacheWriteError``);
+    ``run(request, build=b)`` measures ``request`` against build ``b``
     (a failed ``b`` comes back as its ``compile_error`` / ``timeout`` status without running; without
     ``b``, ``request.lib_path`` names the library); ``close()`` releases processes and connections.
     """
