@@ -72,7 +72,7 @@ class TimingProtocol:
         if not isinstance(ms, numbers.Real) or isinstance(ms, (bool, np.bool_)) or not 0 <= ms < math.inf:
             raise ValueError(f"invalid timing protocol: min_repeat_ms={ms!r} (a finite number of ms >= 0)")
         if not isinstance(self.flush_cache, (bool, np.bool_)):
-            raise ValueError(f"invalid timing protocol: flush_cache={self.flush_cache!r} (True or False)")  # noqa: TRY004
+            raise ValueError(f"invalid timing protocol: flush_cache={self.flush_cache!r} (a bool)")  # noqa: TRY004
         object.__setattr__(self, "min_repeat_ms", float(ms))
         object.__setattr__(self, "flush_cache", bool(self.flush_cache))
 
