@@ -351,10 +351,12 @@ def test_strategy_options_are_checked():
 
     with pytest.raises(ValueError, match="has no option 'bogus'"):
         get_strategy("gradient", bogus=1)
-    with pytest.raises(ValueError, match="has no option"):
-        get_strategy("random", batch_size=8)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        get_strategy("genetic", batch_size=-3)
+    assert get_strategy("random", batch_size=8).batch_size == 8  # its class attribute, as random@8 sets it
+    with pytest.raises(ValueError, match="has no option 'bogus'; its options: batch_size"):
+        get_strategy("random", bogus=8)
+    for bad in (-3, 2.5, "8", True):  # 2.5 ran at 2
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            get_strategy("genetic", batch_size=bad)
     with pytest.raises(ValueError, match="set them on the GradientSearch instance"):
         get_strategy(GradientSearch(), batch_size=4)
     assert get_strategy("gradient", batch_size=8).batch_size == 8
@@ -403,3 +405,69 @@ def test_a_user_strategys_mistakes_are_named():
         with pytest.raises(err, match=msg):
             fj.tune(TASKS[0], strategy=Broken(out), trials=8, progress=False, retime=0, defaults=False,
                     measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("genetic", {"eps_greedy": 1.5}, "eps_greedy must be in \\[0, 1\\]"),  # 96 of 64 proposed, none random
+    ("genetic", {"eps_greedy": -0.5}, "eps_greedy must be in"),
+    ("genetic", {"measured_ratio": -1.0}, "measured_ratio must be in"),  # seeded 192 measured configs, not 12
+    ("genetic", {"max_fail": -1}, "max_fail must be an integer >= 0"),  # a crash in numpy's concatenate
+    ("genetic", {"population": "64"}, "population must be an integer >= 1"),  # a TypeError
+    ("genetic", {"population": 64.7}, "population must be an integer >= 1"),  # truncated to 64
+    ("genetic", {"min_unmeasured": -5}, "min_unmeasured must be an integer >= 0"),
+    ("gradient", {"trust_radius": -1.0}, "trust_radius must be > 0"),
+    ("gradient", {"local_of": -3}, "local_of >= 0"),
+])
+def test_options_outside_their_range_are_refused(name, options, message):
+    """Session 82, a review of the baselines: each was accepted and ran as something else, or crashed later."""
+    with pytest.raises(ValueError, match=message):
+        get_strategy(name, **options)
+
+
+def test_gradient_harvest_every_past_the_steps_keeps_the_last_step():
+    # session 82: steps=1 (harvest_every 2) was an IndexError in the first round
+    from felixjax.testing import ReplayRunner
+
+    res = fj.tune(fj.ops.matmul(16, 16, 16), strategy="gradient", trials=8, progress=False, retime=0,
+                  strategy_options={"steps": 1, "starts": 4}, measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
+    assert len(res.history) == 8 and len({r.config for r in res.history}) == 8
+
+
+def test_random_search_measures_every_config_of_a_small_space_before_it_says_exhausted():
+    """Session 82: with 3 of matmul(2, 2, 2)'s 896 configs left, 50 rounds of rejection sampling missed them
+    about 7% of the time and the run ended 'exhausted' short of the space."""
+    from felixjax.testing import ReplayRunner
+
+    task = fj.ops.matmul(2, 2, 2)
+    size = len({c for sk in sketches_for(task) for c in Space(task, sk, TARGET).enumerate()})
+    res = fj.tune(task, strategy="random", trials=size + 100, seed=1, progress=False, retime=0,
+                  measurer=lambda t, tg: ReplayRunner.from_oracle(t, tg))
+    assert len(res.history) == len({r.config for r in res.history}) == size
+
+
+def test_a_user_strategy_registered_before_the_built_ins_load_is_kept(tmp_path):
+    """Session 82: `import felixjax` loads the built-in 'random' lazily; a user's register("random") before that
+    was accepted without replace=True, then overwritten (even with replace=True) when the built-in loaded."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import felixjax as fj
+from felixjax.strategies import get_strategy, register
+class Mine:
+    name, batch_size = "random", 4
+    def propose(self, ctx, n): return []
+    def update(self, ctx, records): pass
+try:
+    register("random")(Mine)
+    print("accepted")
+except ValueError as e:
+    print("refused:", e)
+register("random", replace=True)(Mine)
+print(type(get_strategy("random")).__module__)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHONPATH": root}).stdout.split("\n")
+    assert out[0].startswith("refused: 'random' is a built-in strategy") and out[1] == "__main__", out

@@ -44,6 +44,8 @@ def register(name: str, *, replace: bool = False) -> Callable:
         raise ValueError(f"strategy name {name!r}: a non-empty string without ':' or '@'")
 
     def deco(factory: Callable[..., Strategy]) -> Callable[..., Strategy]:
+        if not getattr(factory, "__module__", "").startswith(f"{__package__}."):
+            _load_builtins()  # first: a built-in imported later would overwrite the user's (a review, session 82)
         own = getattr(factory, "name", name) if isinstance(factory, type) else name
         if isinstance(own, str) and own != name:
             raise ValueError(f"register({name!r}) on {factory.__name__}, whose name is {own!r}: its runs would be "
@@ -62,17 +64,23 @@ def register(name: str, *, replace: bool = False) -> Callable:
 BUILTIN = ("random", "genetic", "gradient")  # modules of this package that register a strategy on import
 
 
-def registered() -> list[str]:
-    """Names of the registered strategies (a built-in module that is missing or registers nothing is
-    skipped, so a strategy under construction never breaks the others)."""
+def _load_builtins() -> None:
+    """Import the built-in strategy modules (their registration side effect); a missing one is skipped, so a
+    strategy under construction never breaks the others."""
     import importlib
 
     for mod in BUILTIN:
         try:
-            importlib.import_module(f"{__package__}.{mod}")  # registration side effect
+            importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:
             if e.name != f"{__package__}.{mod}":
                 raise
+
+
+def registered() -> list[str]:
+    """Names of the registered strategies (a built-in module that is missing or registers nothing is
+    skipped, so a strategy under construction never breaks the others)."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -91,13 +99,20 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
     cls = _REGISTRY[strategy]
     params = inspect.signature(cls).parameters.values()
     known = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    unknown = sorted(set(kwargs) - set(known))
+    # a class attribute batch_size (random's) is an option too, as ``random@32`` sets it
+    set_batch = "batch_size" not in known and isinstance(getattr(cls, "batch_size", None), int)
+    unknown = sorted(set(kwargs) - set(known) - ({"batch_size"} if set_batch else set()))
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
         raise ValueError(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
-                         f"{', '.join(known) or 'none'}")
-    if "batch_size" in kwargs and not int(kwargs["batch_size"]) >= 1:
-        raise ValueError(f"batch_size must be >= 1 (got {kwargs['batch_size']})")
+                         f"{', '.join(known + ['batch_size'] * set_batch) or 'none'}")
+    if "batch_size" in kwargs:
+        b = kwargs["batch_size"]
+        if not (isinstance(b, (int, float, np.integer)) and not isinstance(b, bool) and b == int(b) >= 1):
+            raise ValueError(f"batch_size must be an integer >= 1 (got {b!r})")  # 2.5 ran at 2
+    batch = kwargs.pop("batch_size") if set_batch and "batch_size" in kwargs else None
     made = cls(**kwargs)
+    if batch is not None:
+        made.batch_size = int(batch)
     if not isinstance(getattr(made, "name", None), str):  # runs are stored as <name>:<seed>
         raise TypeError(f"strategy {strategy!r} ({getattr(cls, '__name__', cls)}) has no name: give the class "
                         f"name = {strategy!r}")

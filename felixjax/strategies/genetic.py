@@ -50,12 +50,14 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import warnings
 from typing import Callable
 
 import numpy as np
 
+from codegen.factors import whole
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
@@ -468,8 +470,16 @@ class GeneticSearch:
                                  "every task)")
             return dict(zip(self.kinds, (w / w.sum()).tolist()))
 
-        if population < 1 or generations < 0 or not 0 <= mutation_prob <= 1:
-            raise ValueError("population >= 1, generations >= 0 and 0 <= mutation_prob <= 1 are required")
+        for what, value, least in (("population", population, 1), ("generations", generations, 0),
+                                   ("batch_size", batch_size, 1), ("min_unmeasured", min_unmeasured, 0),
+                                   ("max_fail", max_fail, 0)):
+            if not (whole(value) or isinstance(value, float) and value.is_integer()) or value < least:
+                # (64.7 was truncated, '64' a TypeError, max_fail=-1 a crash)
+                raise ValueError(f"{what} must be an integer >= {least} (got {value!r})")
+        for what, value in (("mutation_prob", mutation_prob), ("measured_ratio", measured_ratio),
+                            ("eps_greedy", eps_greedy)):  # shares: outside [0, 1] a slice took the wrong rows
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
+                raise ValueError(f"{what} must be in [0, 1] (got {value!r})")
         self.population, self.generations = int(population), int(generations)
         self.mutation_prob, self.measured_ratio, self.eps_greedy = mutation_prob, measured_ratio, eps_greedy
         #: the kinds' weights on a CPU target (and on every target when ``mutation_weights`` is given)

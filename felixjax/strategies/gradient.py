@@ -253,6 +253,8 @@ class GradientSearch:
                 raise ValueError(f"{name} must be > 0 (got {value!r})")
         if not trust_weight >= 0 or neighbours_of < 0:
             raise ValueError(f"trust_weight and neighbours_of must be >= 0 (got {trust_weight!r}, {neighbours_of!r})")
+        if not trust_radius > 0 or local_of < 0:
+            raise ValueError(f"trust_radius must be > 0 and local_of >= 0 (got {trust_radius!r}, {local_of!r})")
         self.starts, self.steps, self.lr, self.temperature = starts, steps, lr, temperature
         self.harvest_every, self.neighbours_of, self.eps_greedy = harvest_every, neighbours_of, eps_greedy
         self.batch_size, self.perturbed_share, self.warmup_passes = batch_size, perturbed_share, warmup_passes
@@ -413,7 +415,7 @@ class GradientSearch:
         """Every harvested iterate ``[H, N_X]`` of one sketch's descents (their starts, then every
         ``harvest_every``-th step and the last)."""
         keep = list(range(self.harvest_every - 1, self.steps, self.harvest_every))
-        if keep[-1] != self.steps - 1:
+        if not keep or keep[-1] != self.steps - 1:  # (none: harvest_every > steps keeps the last alone)
             keep.append(self.steps - 1)
         return np.concatenate([np.concatenate([x0[None], traj[keep]]).reshape(-1, traj.shape[-1])
                                for (_, x0, _), traj in zip(descents, trajs)])
