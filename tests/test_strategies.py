@@ -417,6 +417,7 @@ def test_a_user_strategys_mistakes_are_named():
     ("genetic", {"min_unmeasured": -5}, "min_unmeasured must be an integer >= 0"),
     ("gradient", {"trust_radius": -1.0}, "trust_radius must be > 0"),
     ("gradient", {"local_of": -3}, "local_of >= 0"),
+    ("gradient", {"ensemble_members": 0}, "ensemble_members must be an integer >= 1"),  # failed at its first fit
 ])
 def test_options_outside_their_range_are_refused(name, options, message):
     """Session 82, a review of the baselines: each was accepted and ran as something else, or crashed later."""

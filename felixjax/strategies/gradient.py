@@ -242,7 +242,8 @@ class GradientSearch:
         if not 0.0 <= local_share <= 1.0:
             raise ValueError(f"local_share must be in [0, 1] (got {local_share})")
         for name, value in (("starts", starts), ("steps", steps), ("harvest_every", harvest_every),
-                            ("batch_size", batch_size), ("warmup_passes", warmup_passes)):
+                            ("batch_size", batch_size), ("warmup_passes", warmup_passes),
+                            ("ensemble_members", ensemble_members), ("ensemble_hidden", ensemble_hidden)):
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         for name, value in (("eps_greedy", eps_greedy), ("perturbed_share", perturbed_share)):
