@@ -225,8 +225,9 @@ def build(
             raise _cache_write_error(cache, e.strerror or e) from None
         status, error = _run_compiler([CC, *flags, "-o", tmp_so, tmp_c, *_LIBS], timeout_s, pid_dir=cache)
         if status == "compile_error" and any(h in error for h in _ENVIRONMENT_HINTS):
-            hint = next(h for h in _ENVIRONMENT_HINTS if h in error)
-            raise _cache_write_error(cache, f"the compiler: {hint.lower()}")
+            hint = next(h for h in _ENVIRONMENT_HINTS if h in error)  # (gcc's own temporary files go to TMPDIR)
+            raise _cache_write_error(cache, f"the compiler: {hint.lower()}; or the temporary folder "
+                                            f"{tempfile.gettempdir()}")
         if status != "ok":
             return result(status, _trim(error.replace(tmp_c, _SOURCE_NAME)))
         os.replace(tmp_c, cache / f"{key}.c")  # kept next to the library, for reading

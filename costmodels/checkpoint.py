@@ -82,7 +82,8 @@ def save_npz(path: str | os.PathLike, params: Any, meta: dict[str, Any]) -> None
     meta = {"format_version": FORMAT_VERSION, **meta}
     arrays[_META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
     # written beside `path`, then renamed over it: a failed save never leaves half a checkpoint where a good one was
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    path = os.path.realpath(path)  # through a symlink to its file (and the temporary file on that file system)
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as fh:  # a file handle, so numpy does not append a second ".npz"
             np.savez(fh, **arrays)

@@ -286,18 +286,22 @@ class EnsembleCostModel:
         flat, meta = load_npz(path)
         if meta.get("kind") != cls.KIND:
             raise ValueError(f"{path} holds a {meta.get('kind')!r}, not a {cls.KIND!r}")
-        first = meta["members"][0]["config"]
-        check_dims(first, flat)
-        ensemble = cls(
-            first["n_access_features"],
-            first["n_glob_features"],
-            num_members=len(meta["members"]),
-            hidden=first["hidden"],
-            seed=meta["seed"],
-            bootstrap=meta["bootstrap"],
-            max_accesses=first["max_accesses"],
-            config=TrainConfig(**first["train"]),
-        )
-        ensemble.members = [MLPCostModel._from_config(m["config"], m["state"]) for m in meta["members"]]
-        ensemble.params = unflatten_params(ensemble.params, flat)
+        try:
+            first = meta["members"][0]["config"]
+            for m in meta["members"]:  # every member is made below: each one's sizes are the arrays'
+                check_dims(m["config"], flat)
+            ensemble = cls(
+                first["n_access_features"],
+                first["n_glob_features"],
+                num_members=len(meta["members"]),
+                hidden=first["hidden"],
+                seed=meta["seed"],
+                bootstrap=meta["bootstrap"],
+                max_accesses=first["max_accesses"],
+                config=TrainConfig(**first["train"]),
+            )
+            ensemble.members = [MLPCostModel._from_config(m["config"], m["state"]) for m in meta["members"]]
+            ensemble.params = unflatten_params(ensemble.params, flat)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: a damaged {cls.KIND!r} checkpoint ({e!s:.200})") from None
         return ensemble

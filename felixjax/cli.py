@@ -695,7 +695,7 @@ def _run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # main's: stdout's reader is gone
         raise
     except (ValueError, OSError) as e:  # OSError: a file refused, a full disk, a read-only cache (not a traceback)
-        msg = " ".join(_printable(str(e)).split())
+        msg = " ".join(_printable(str(e) or type(e).__name__).split())  # (a bare TimeoutError() has no text)
         msg = msg if len(msg) <= 400 else msg[:180] + " [...] " + msg[-180:]  # (shorten() dropped a long path)
         print(f"felixjax {args.cmd}: error: {msg}", file=sys.stderr)
         return 2

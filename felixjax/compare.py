@@ -490,6 +490,11 @@ def _replay_measurer(replay, task: Task, target: Target):
     raise TypeError(f"replay={replay!r}: expected True, a database path, a measurer or a factory (task, target)")
 
 
+#: records at or past a resumed run's seconds budget that still mean "run with this budget": the trial that spent
+#: it, of each of two tuners sharing the run (the README's "Two tuners on the same database")
+SECONDS_PAST_OK = 2
+
+
 def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, seconds: float | None = None,
             seeds: int | Iterable[int] = 3, target: Target | None = None, db: str | Database | None = "cmp.db",
             threads: int | None = None, out: str | os.PathLike | None = None, replay=None, *,
@@ -587,9 +592,10 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
         raise ValueError(f"trials must be an integer >= 1 (got {trials!r})")
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0 (got {seconds})")
-    if not isinstance(remeasure, numbers.Integral) or remeasure < 0:
+    if not isinstance(remeasure, numbers.Integral) or isinstance(remeasure, bool) or remeasure < 0:
         raise ValueError(f"remeasure must be an integer >= 0 (got {remeasure!r})")
-    if threads is not None and not (isinstance(threads, numbers.Integral) and threads >= 1):
+    if threads is not None and not (isinstance(threads, numbers.Integral) and not isinstance(threads, bool)
+                                    and threads >= 1):
         raise ValueError(f"threads must be an integer >= 1 (got {threads!r})")
     if out is not None and os.path.exists(out) and not os.path.isdir(out):  # found now, not after hours of tuning
         raise ValueError(f"out={os.fspath(out)!r}: is a file, not a folder (compare writes several files into it)")
@@ -619,9 +625,10 @@ def compare(tasks, strategies: Iterable | str | None = None, trials: int = 512, 
             raise ValueError(f"the database holds {len(r.history)} trials of run {r.run!r} on {r.task.name}, more than "
                              f"this comparison's budget of {r.trials} ({len(over)} run(s) like it): compare into a new "
                              f"database / --out, or with the budget it was run with")
-        # a run stops with the trial that spends its seconds: any earlier trial past them was a longer budget's
+        # a run stops with the trial that spends its seconds, one such trial per tuner sharing the run (two
+        # processes comparing into one database: each keeps its own clock): more past them were a longer budget's
         longer = [r for r in runs + ref_runs if r.seconds is not None
-                  and any(rec.elapsed_s >= r.seconds for rec in r.history[:-1])]
+                  and sum(rec.elapsed_s >= r.seconds for rec in r.history) > SECONDS_PAST_OK]
         if longer:
             r = longer[0]
             raise ValueError(f"the database holds run {r.run!r} on {r.task.name} measured for "

@@ -63,7 +63,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from codegen.build import DEFAULT_FLAGS, BuildResult, build_many
+from codegen.build import DEFAULT_FLAGS, BuildResult, CacheWriteError, build_many
 from codegen.measure import MeasureResult, RunRequest, TimingProtocol
 from codegen.run import remote
 from codegen.run.subproc import SubprocessRunner
@@ -415,6 +415,8 @@ class DaskRunner:
             exc = f.exception()
         except Exception as e:  # noqa: BLE001
             exc = e
+        if isinstance(exc, CacheWriteError):  # a worker's disk, not the candidate nor a lost worker: the run stops
+            raise exc
         return f"{type(exc).__name__}: {exc}"
 
     def _lost_message(self, measured: int, total: int) -> str:

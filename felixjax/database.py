@@ -480,8 +480,8 @@ class Database:
         if run is not None:
             conds.append("run = ?")
             args.append(run)
-        if ok_only:
-            conds.append("status = 'ok'")
+        if ok_only:  # (an 'ok' row without a usable time, written by hand or by an older version, is no result)
+            conds.append("status = 'ok' AND latency IS NOT NULL")
         if since is not None:
             conds.append("id > ?")
             args.append(int(since))
@@ -783,9 +783,8 @@ def _parse_jsonl(path) -> Iterator[TuningRecord]:
                 continue
             try:
                 rec = TuningRecord.from_json(json.loads(line))
-                lat = rec.result.latencies
-                if rec.result.status == "ok" and not (lat and all(math.isfinite(t) and t > 0 for t in lat)):
-                    raise ValueError(f"a correct result with the time(s) {list(lat)}")
+                if rec.result.status == "ok" and not rec.result.ok:  # (ok: every time finite and positive)
+                    raise ValueError(f"a correct result with the time(s) {list(rec.result.latencies)}")
             except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
                 raise DatabaseError(f"{path}, line {i}: not a tuning record ({type(e).__name__}: {e}); nothing of "
                                     f"the file was imported") from None

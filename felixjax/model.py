@@ -601,6 +601,7 @@ def load_ensemble(path: str | os.PathLike):
         first = ens.members[0]
         if (first.n_access_features, first.n_glob_features) != (N_ACCESS_FEATURES, N_GLOBAL_FEATURES):
             raise ValueError(f"{path} was trained on another feature set: pretrain again")
+        _finite_weights(ens, path)  # (its parameters hold every member's, stacked)
         _ENSEMBLES[key] = ens
     return _ENSEMBLES[key]
 

@@ -102,7 +102,8 @@ class Model:
         ``inputs`` is a dict by input name, one array (single-input models) or a sequence in input order
         (none for a model whose inputs are all pinned values).
         Returns the output array, or a list in output order when the model has several outputs.
-        ``fused=False`` runs the imported graph before stage ② (to check the passes).
+        ``fused=False`` runs the imported graph before stage ② (to check the passes; float32 throughout,
+        whatever precisions ``with_precisions`` gave the fused graph's layers).
 
         Example:
             >>> import numpy as np

@@ -87,7 +87,7 @@ def stream(*parts: Any) -> np.random.Generator:
 
 def _finite_result(res: MeasureResult) -> MeasureResult:
     """A timer that returned NaN, inf or a non-positive time is a failed measurement, not a result."""
-    if res.status == "ok" and not (res.latencies and all(math.isfinite(t) and t > 0 for t in res.latencies)):
+    if res.status == "ok" and not res.ok:  # (MeasureResult.ok: every time finite and positive)
         return MeasureResult("runtime_error", error=f"the timer returned {list(res.latencies)}",
                              build_s=res.build_s, run_s=res.run_s, timestamp=res.timestamp)
     return res

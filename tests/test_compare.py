@@ -1,6 +1,7 @@
 """Comparisons: one call gives the CSV, table and plots; budgets, interleaving, re-measurement,
 censoring; the replay runner and the synthetic oracle; the CLI; one tiny real run."""
 import csv
+import dataclasses
 import math
 import os
 
@@ -598,6 +599,13 @@ def test_a_resume_with_a_smaller_seconds_budget_is_refused_and_the_same_budget_r
     assert 1 < len(hist) < 64 and hist[-1].elapsed_s >= 4 > hist[-2].elapsed_s  # stopped by the seconds
     again = fj.compare(TASKS[:1], seconds=4, **kw)
     assert len(again.histories[(TASKS[0].name, "random", 0)]) == len(hist)
+    # a second tuner sharing the run stops with its own trial past the seconds (a code review: refused)
+    last = hist[-1]
+    other = next(c for c in (Space(TASKS[0], sk, TARGET).sample(np.random.default_rng(9)) for sk in
+                             sketches_for(TASKS[0])) if c not in {r.config for r in hist})
+    with fj.Database(kw["db"]) as db:
+        db.add(dataclasses.replace(last, id=None, config=other, elapsed_s=last.elapsed_s + 0.01), number=True)
+    assert len(fj.compare(TASKS[:1], seconds=4, **kw).histories[(TASKS[0].name, "random", 0)]) == len(hist) + 1
     with pytest.raises(ValueError, match="past this comparison's budget of 1 s"):
         fj.compare(TASKS[:1], seconds=1, **kw)
 
@@ -605,6 +613,8 @@ def test_a_resume_with_a_smaller_seconds_budget_is_refused_and_the_same_budget_r
 @pytest.mark.parametrize("bad, match", [({"trials": "8"}, "trials must be an integer"),
                                         ({"remeasure": -1}, "remeasure must be an integer >= 0"),
                                         ({"threads": 0}, "threads must be an integer >= 1"),
+                                        ({"threads": True}, "threads must be an integer >= 1"),
+                                        ({"remeasure": True}, "remeasure must be an integer >= 0"),
                                         ({"out": "FILE"}, "is a file, not a folder")])
 def test_bad_arguments_are_refused_before_any_tuning(bad, match, tmp_path):
     """Session 82, a review: ``out=`` naming a file failed after the whole comparison (its result lost with

@@ -492,10 +492,11 @@ _ORPHAN = """
 import sys
 from codegen.build import build
 from codegen.measure import LocalRunner, RunRequest, TIMING_HARNESS_C
+from codegen.run.subproc import SubprocessRunner
 import numpy as np
 src = "void fj_kernel(void* const* b) {{ for (;;) {{ __asm__ volatile(\\"\\"); }} }}\\n" + TIMING_HARNESS_C
 b = build(src, cache_dir={cache!r})
-with LocalRunner(timeout_s=600) as r:
+with {runner}(timeout_s=600) as r:
     x = np.zeros(8, np.float32)
     r._ensure_child()
     open({pid!r}, "w").write(str(r.pid))
@@ -503,15 +504,25 @@ with LocalRunner(timeout_s=600) as r:
 """
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, exited but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 @pytest.mark.cc
-def test_the_measuring_process_ends_with_its_parent(tmp_path, private_lock_dir):
+@pytest.mark.parametrize("runner", ["LocalRunner", "SubprocessRunner"])  # (a Dask worker's is the second)
+def test_the_measuring_process_ends_with_its_parent(tmp_path, private_lock_dir, runner):
     """SIGKILL (or SIGTERM) of a tuner during a kernel that never returns left the measuring process spinning
     a core, an orphan, disturbing every later timing on the machine (session 82, a review)."""
     import signal
 
     pid_file = tmp_path / "child.pid"
     script = tmp_path / "orphan.py"
-    script.write_text(_ORPHAN.format(cache=str(tmp_path / "build"), pid=str(pid_file)))
+    script.write_text(_ORPHAN.format(cache=str(tmp_path / "build"), pid=str(pid_file), runner=runner))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parent = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": root})
     deadline = time.monotonic() + 120
@@ -524,10 +535,24 @@ def test_the_measuring_process_ends_with_its_parent(tmp_path, private_lock_dir):
     parent.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+        if not _running(child):
             return
         time.sleep(0.2)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the measuring process outlived its parent by 10 s")
+
+
+def test_a_dask_workers_cache_that_cannot_take_a_build_is_raised_not_stored(tmp_path, monkeypatch):
+    """The worker's job caught every exception into a runtime_error, stored against the candidate (a code
+    review of the CacheWriteError change)."""
+    from codegen.build import CacheWriteError
+    from codegen.run import remote
+    from codegen.run.local import LocalProcessRunner
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("FELIXJAX_CACHE", str(afile))
+    x = np.zeros(8, np.float32)
+    with pytest.raises(CacheWriteError):
+        remote.measure_job(LocalProcessRunner, RunRequest(None, [x], (8,), 0, x),
+                           source="void fj_kernel(void* const* b) { }\n" + TIMING_HARNESS_C)

@@ -12,6 +12,7 @@ from codegen.space import Space, sketches_for
 from costmodels import MLPCostModel, pairwise_accuracy
 from felixjax.cli import main as cli
 from felixjax.database import TuningRecord
+from felixjax.features import N_ACCESS_FEATURES, N_GLOBAL_FEATURES
 from felixjax.model import CostModelScorer
 from felixjax.pretrain import load_dataset, load_pretrained, pretrain, split_tasks
 from felixjax.testing import SyntheticOracle
@@ -229,6 +230,8 @@ def test_records_without_a_usable_time_are_no_measurement(oracle_db, tmp_path):
         for k, bad in enumerate((math.nan, math.inf, 0.0, -1e-6)):
             # the NaN one first: it used to hide the config's real measurement
             d.add(TuningRecord(task, TARGET.key, "import:0", k, recs[k].config, MeasureResult("ok", (bad,)), 0))
+        best = d.best(task, TARGET.key)  # (the zero-time row sorted first: its latency is NULL)
+        assert best.ok and best.latency_s == min(r.latency_s for r in recs if r.ok)
     data = load_dataset([db])
     assert np.isfinite(data.latencies).all() and (data.latencies > 0).all()
     np.testing.assert_array_equal(data.latencies, good.latencies)
@@ -266,3 +269,34 @@ def test_damaged_checkpoint_metadata_is_a_clear_error(tmp_path):
     other = write("v2.npz", flat, {**meta, "format_version": 99})
     with pytest.raises(ValueError, match="v2.npz: unsupported checkpoint format 99"):
         MLPCostModel.load(other)
+
+
+def test_damaged_ensemble_checkpoints_are_clear_errors(tmp_path):
+    """A code review: only the first member's sizes were checked (member 1's damaged hidden: a 298 GiB
+    allocation), a missing array was a bare KeyError, and a zero standardization scale loaded."""
+    from costmodels import EnsembleCostModel
+    from costmodels.checkpoint import load_npz
+    from felixjax.model import load_ensemble
+
+    src = tmp_path / "e.npz"
+    EnsembleCostModel(3, 2, num_members=2, hidden=8).save(src)
+    flat, meta = load_npz(src)
+
+    def write(name, arrays, meta):
+        with open(tmp_path / name, "wb") as fh:
+            np.savez(fh, **arrays, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        return tmp_path / name
+
+    members = [dict(m) for m in meta["members"]]
+    members[1] = {**members[1], "config": {**members[1]["config"], "hidden": 10**6}}
+    with pytest.raises(ValueError, match="huge.npz: a damaged 'ensemble' checkpoint .*hidden=1000000"):
+        EnsembleCostModel.load(write("huge.npz", flat, {**meta, "members": members}))
+    with pytest.raises(ValueError, match="missing.npz: a damaged 'ensemble' checkpoint"):
+        EnsembleCostModel.load(write("missing.npz", {k: v for k, v in flat.items() if k != "net/glob_in/kernel"},
+                                     meta))
+    trained = EnsembleCostModel(N_ACCESS_FEATURES, N_GLOBAL_FEATURES, num_members=2, hidden=8)
+    trained.save(tmp_path / "z.npz")
+    flat, meta = load_npz(tmp_path / "z.npz")
+    zero = write("zero.npz", {**flat, "norm/glob_std": np.zeros_like(flat["norm/glob_std"])}, meta)
+    with pytest.raises(ValueError, match="zero.npz holds a standardization scale that is not positive"):
+        load_ensemble(zero)

@@ -472,3 +472,34 @@ print(type(get_strategy("random")).__module__)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True,
                          env={**os.environ, "PYTHONPATH": root}).stdout.split("\n")
     assert out[0].startswith("refused: 'random' is a built-in strategy") and out[1] == "__main__", out
+
+
+def test_whole_number_floats_are_ints_and_options_reach_a_constructor_taking_them_all():
+    """A code review: gradient kept steps=4.0 a float (a TypeError mid-run); batch_size=inf an OverflowError; a
+    user strategy with **options no longer saw batch_size in its constructor."""
+    from felixjax.strategies import register
+    from felixjax.strategies.base import _REGISTRY
+
+    g = get_strategy("gradient", steps=4.0, batch_size=8.0)
+    assert (g.steps, g.batch_size) == (4, 8) and isinstance(g.steps, int) and isinstance(g.batch_size, int)
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            get_strategy("genetic", batch_size=bad)
+
+    @register("kwuser_s82")
+    class KwUser:
+        name, batch_size = "kwuser_s82", 16
+
+        def __init__(self, **opts):
+            self.seen = dict(opts)
+
+        def propose(self, ctx, n):
+            return []
+
+        def update(self, ctx, records):
+            pass
+
+    try:
+        assert get_strategy("kwuser_s82", batch_size=8, other=1).seen == {"batch_size": 8, "other": 1}
+    finally:
+        _REGISTRY.pop("kwuser_s82", None)

@@ -13,6 +13,8 @@ import os
 import sys
 from multiprocessing.connection import Connection
 
+PARENT_ENV = "FELIXJAX_MEASURE_PARENT"  # the pid of the process that started this one
+
 
 def main(argv: list[str]) -> None:
     fd, lib_cache = int(argv[0]), int(argv[1])
@@ -20,7 +22,8 @@ def main(argv: list[str]) -> None:
         os.sched_setaffinity(0, {int(c) for c in argv[2].split(",")})
     from codegen.measure import _child_main  # after pinning: numpy's threads start pinned too
 
-    _child_main(Connection(fd), lib_cache)
+    parent = os.environ.get(PARENT_ENV)
+    _child_main(Connection(fd), lib_cache, int(parent) if parent and parent.isdigit() else None)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..build import BuildResult, build, default_cache_dir
+from ..build import BuildResult, CacheWriteError, build, default_cache_dir
 from ..measure import MeasureResult, RunRequest
 
 _runners: dict[bytes, Any] = {}
@@ -180,6 +180,8 @@ def measure_job(factory: Callable[[], Any], request: RunRequest, inputs: list | 
             with pinned(build_cpus):
                 [b] = runner.build([source])
         return _named(runner.run(request, build=b))
+    except CacheWriteError:  # the worker's disk: never stored as the candidate's failure (the run stops)
+        raise
     except Exception:
         return MeasureResult("runtime_error", error="measuring worker failed: " + traceback.format_exc(limit=4))
 

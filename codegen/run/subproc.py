@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .local import LocalProcessRunner
+from .measure_child import PARENT_ENV
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds codegen/
 
@@ -102,6 +103,7 @@ class SubprocessRunner(LocalProcessRunner):
         if self.cpus is not None:
             cmd.append(",".join(map(str, self.cpus)))
         env = dict(os.environ)
+        env[PARENT_ENV] = str(os.getpid())  # the child ends when this process is gone (a SIGKILL left it spinning)
         # no empty entry (":/x" from an unset PYTHONPATH extended in a shell): it means the working folder again
         env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         try:

@@ -100,14 +100,16 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
     params = inspect.signature(cls).parameters.values()
     known = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     # a class attribute batch_size (random's) is an option too, as ``random@32`` sets it
-    set_batch = "batch_size" not in known and isinstance(getattr(cls, "batch_size", None), int)
+    set_batch = ("batch_size" not in known and isinstance(getattr(cls, "batch_size", None), int)
+                 and not any(p.kind is p.VAR_KEYWORD for p in params))  # (**options: the constructor takes it)
     unknown = sorted(set(kwargs) - set(known) - ({"batch_size"} if set_batch else set()))
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
         raise ValueError(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
                          f"{', '.join(known + ['batch_size'] * set_batch) or 'none'}")
     if "batch_size" in kwargs:
         b = kwargs["batch_size"]
-        if not (isinstance(b, (int, float, np.integer)) and not isinstance(b, bool) and b == int(b) >= 1):
+        if not (isinstance(b, (int, float, np.integer)) and not isinstance(b, bool) and np.isfinite(b)
+                and b == int(b) >= 1):
             raise ValueError(f"batch_size must be an integer >= 1 (got {b!r})")  # 2.5 ran at 2
     batch = kwargs.pop("batch_size") if set_batch and "batch_size" in kwargs else None
     made = cls(**kwargs)

@@ -244,8 +244,11 @@ class GradientSearch:
         for name, value in (("starts", starts), ("steps", steps), ("harvest_every", harvest_every),
                             ("batch_size", batch_size), ("warmup_passes", warmup_passes),
                             ("ensemble_members", ensemble_members), ("ensemble_hidden", ensemble_hidden)):
-            if int(value) != value or value < 1:
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or not np.isfinite(value) \
+                    or int(value) != value or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        starts, steps, harvest_every, batch_size, warmup_passes = (  # 4.0 (JSON): an int, or range() fails later
+            int(starts), int(steps), int(harvest_every), int(batch_size), int(warmup_passes))
         for name, value in (("eps_greedy", eps_greedy), ("perturbed_share", perturbed_share)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1] (got {value!r})")
