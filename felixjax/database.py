@@ -33,7 +33,6 @@ import time
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Iterator
 
 from codegen.measure import MeasureResult
@@ -660,15 +659,10 @@ class Database:
 
     # ---- sharing -------------------------------------------------------------------------------
     def export_jsonl(self, path: str | os.PathLike) -> int:
-        """Write every record (re-timings included) as one JSON object per line; returns the count.
-        Missing folders of ``path`` are created, as for the database itself."""
-        n = 0
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            for rec in self._rows("", ()):
-                f.write(json.dumps(rec.to_json(), sort_keys=True) + "\n")
-                n += 1
-        return n
+        """Write every record (re-timings included) as one JSON object per line, gzipped when ``path`` ends in
+        ``.gz`` (what `import_jsonl` reads); returns the count. Missing folders of ``path`` are created, as for
+        the database itself; the database's own path is refused (:func:`felixjax.db_files.write_jsonl`)."""
+        return db_files.write_jsonl(path, (rec.to_json() for rec in self._rows("", ())), self.path)
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
         """Append the records of a JSONL export (gzipped when the name ends in ``.gz``); returns how many were

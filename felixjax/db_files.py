@@ -3,10 +3,14 @@ application's file, a newer schema, a damaged header, read-only files and journa
 errors for each (:class:`felixjax.errors.DatabaseError`). Used by :class:`felixjax.database.Database`."""
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import os
 import sqlite3
 import urllib.parse
+from collections.abc import Iterable
+from pathlib import Path
 
 from .errors import DatabaseError
 
@@ -179,3 +183,26 @@ def finite_json(v):
     if isinstance(v, (list, tuple)):
         return [finite_json(x) for x in v]
     return v
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict], db_path: str) -> int:
+    """Write ``rows`` to ``path`` as JSON lines (gzipped when the name ends in ``.gz``, as the import reads it),
+    through a temporary file renamed into place; returns the count. ``path`` naming the database ``db_path``
+    (or one of its journal files) is an error: opening it for writing emptied the database."""
+    path = Path(path)
+    for own in (db_path, db_path + "-wal", db_path + "-shm", db_path + "-journal"):
+        if path.exists() and os.path.exists(own) and os.path.samefile(path, own):
+            raise DatabaseError(f"{path}: is the database's own file; export to another path, e.g. runs.jsonl.gz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    n = 0
+    try:
+        with gzip.open(tmp, "wt") if path.name.endswith(".gz") else open(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return n

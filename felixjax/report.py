@@ -44,7 +44,8 @@ def summary_rows(db: Database) -> list[dict]:
                    sketch=r["sketch"], seconds=max(r["seconds"], 0.0),
                    failures=", ".join(f"{k}={v}" for k, v in sorted(r["statuses"].items())) or "-")
         if replayed:  # synthetic latencies of a replay measurer, filed under this CPU's key: said
-            row["latencies"] = "replayed" if (r["task"].key, r["target_key"], r["run"]) in replayed else "measured"
+            row["latencies"] = ("replayed" if (r["task"].key, r["target_key"], r["run"]) in replayed else
+                                "simulated" if (r["target"] or {}).get("kind") == "cuda-sim" else "measured")
         if several:
             row = {"task": row["task"], "target": target_label(r["target_key"], r["target"]), **row}
         out.append(row)
@@ -87,7 +88,7 @@ def plot_curves(db: Database, path: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     series: dict[tuple[str, str], dict[str, list[float]]] = {}
     names: dict[tuple[str, str], str] = {}
@@ -116,7 +117,6 @@ def plot_curves(db: Database, path: str) -> str:
     finite = sorted(s[-1] for k in keys for s in series[k].values() if math.isfinite(s[-1]))
     mid = finite[len(finite) // 2] if finite else 1e-3
     unit, scale = latency_unit(mid)
-    plain = FuncFormatter(lambda v, _: f"{v:.4g}")
 
     n = max(1, len(keys))
     cols = min(PLOT_MAX_COLUMNS, n)
@@ -136,6 +136,7 @@ def plot_curves(db: Database, path: str) -> str:
             ax.plot(range(1, len(vs) + 1), vs, drawstyle="steps-post", color=colors[run], linestyle=styles[run],
                     linewidth=1.3, label=run,
                     marker="o" if len(vs) <= 3 else None, ms=4)  # one trial: a dot, not nothing
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted: no 1.25, 1.5
         if not any(math.isfinite(y) for ys in series[key].values() for y in ys):  # failures only: say so
             ax.text(0.5, 0.5, "no correct kernel measured", ha="center", va="center", fontsize=8,
                     transform=ax.transAxes)
@@ -148,8 +149,12 @@ def plot_curves(db: Database, path: str) -> str:
         title = names[key] + (f" @ {target_label(key[1], labels.get(key[1]))}" if several_targets else "")
         ax.set_title("\n".join(textwrap.wrap(title, 42)[:2]), fontsize=8)
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
         seen = [v for ys in series[key].values() for v in ys if math.isfinite(v)]
+        # enough digits that neighbouring ticks of a narrow range differ (".4g" printed 1.748 five times)
+        digits = 4 if not seen or max(seen) == min(seen) else min(8, max(4, 2 + math.ceil(
+            -math.log10((max(seen) - min(seen)) / max(seen)))))
+        plain = FuncFormatter(lambda v, _, d=digits: f"{v:.{d}g}")
+        ax.yaxis.set_major_formatter(plain)
         if seen and max(seen) == min(seen):  # one flat line: a narrow axis around it (not a decade of ticks)
             ax.set_ylim(min(seen) * scale / 1.3, min(seen) * scale * 1.3)
         if seen and max(seen) < 10 * min(seen):  # within a decade the minor ticks carry the only labels: 2, 3, 5
@@ -173,11 +178,14 @@ def plot_curves(db: Database, path: str) -> str:
     fig.suptitle(textwrap.fill(heading, int(12 * 3.6 * cols)), fontsize=10)
     handles = [plt.Line2D([], [], color=colors[r], linestyle=styles[r]) for r in run_names]
     drawn = {r for k in keys for r, ys in series[k].items() if any(math.isfinite(y) for y in ys)}
-    if handles:  # a run without one correct kernel draws no line: its legend entry says so
-        shown = [(f"{r} (replayed)" if r in replayed_names else r) + ("" if r in drawn else " (no correct kernel)")
-                 for r in run_names]
-        fig.legend(handles, shown, loc="lower center", ncol=min(len(run_names), cols * 2), fontsize=7, frameon=False)
-    legend_rows = math.ceil(len(run_names) / max(1, min(len(run_names), cols * 2)))
+    # a run without one correct kernel draws no line: its legend entry says so
+    shown = [(f"{r} (replayed)" if r in replayed_names else r) + ("" if r in drawn else " (no correct kernel)")
+             for r in run_names]
+    # legend columns that fit the figure's width (7-point text: ~0.06 inch a character, a 0.5 inch handle)
+    ncol = max(1, min(len(run_names), cols * 2, int(3.6 * cols / (0.5 + 0.06 * max(map(len, shown or [""]))))))
+    if handles:
+        fig.legend(handles, shown, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    legend_rows = math.ceil(len(run_names) / ncol)
     height = 2.6 * rows + 0.5
     fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.2 * legend_rows) / height) if handles else 0, 1, 1))
     if not Path(path).suffix:  # matplotlib appends its default format's suffix: say where the file really is
@@ -206,6 +214,8 @@ def _fmt_cell(v) -> str:
 
 def report(path: str, *, plot: str | None = None) -> str:
     """The ``felixjax report`` text (and optionally a PNG of the tuning curves)."""
+    if plot is not None and not str(plot).strip():  # `--plot ""` (an unset variable): it wrote nothing, silently
+        raise ValueError("the plot path is empty; give a file name, e.g. curves.png")
     with Database(path, readonly=True) as db:
         rows = summary_rows(db)
         if not rows:

@@ -581,3 +581,25 @@ def test_a_cut_off_gzip_export_is_one_clear_error(tmp_path):
         with pytest.raises(DatabaseError, match="x.jsonl.gz: cannot be read to the end.*nothing of the file"):
             db.import_jsonl(tmp_path / "x.jsonl.gz")
         assert len(db) == 0
+
+
+def test_export_refuses_the_database_itself_and_gzips_a_gz_name(tmp_path):
+    """Session 82, a review: ``export_jsonl`` onto the database's own path emptied it (opened for writing before
+    a row was read: 7 records, then 0); a ``.jsonl.gz`` export was plain text that ``import_jsonl`` refused."""
+    import gzip
+
+    path = tmp_path / "r.db"
+    filled(path, 5)
+    before = path.read_bytes()
+    with Database(path) as db:
+        for own in (path, tmp_path / "r.db-wal"):
+            if own.exists():
+                with pytest.raises(DatabaseError, match="is the database's own file"):
+                    db.export_jsonl(own)
+        assert len(db) == 5
+        assert db.export_jsonl(tmp_path / "out" / "r.jsonl.gz") == 5
+    with gzip.open(tmp_path / "out" / "r.jsonl.gz", "rt") as f:
+        assert len(f.read().splitlines()) == 5
+    with Database(tmp_path / "copy.db") as copy:
+        assert copy.import_jsonl(tmp_path / "out" / "r.jsonl.gz") == 5
+    assert path.read_bytes()[:16] == before[:16] and not list(tmp_path.glob("out/.*tmp*"))

@@ -2,6 +2,7 @@
 in a figure of bounded size, never one long strip."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import felixjax as fj
@@ -267,3 +268,63 @@ def test_a_report_reads_one_state_of_a_database_being_written(tmp_path):
             db._conn = conn
         assert len(selects) >= 2 and [r["task"] for r in rows] == [a.name]  # the state before b, whole
         assert [r["task"] for r in report_mod.summary_rows(db)] == [a.name, b.name]
+
+
+def test_narrow_ranges_whole_trials_and_long_legends_are_readable(tmp_path, monkeypatch):
+    """Session 82, a review (looked at the PNGs): a narrow latency range printed 1.749, 1.749, 1.748, 1.748 (".4g"),
+    the trial axis 1.25, 1.5, ..., and two long legend entries in one panel's width were cut off at both sides."""
+    import matplotlib.pyplot as plt
+
+    from codegen.measure import MeasureResult
+    from codegen.space import Space, default_sketch
+    from felixjax.database import TuningRecord
+
+    task, target = fj.ops.matmul(32, 8, 8), fj.Target.cpu()
+    space = Space(task, default_sketch(task, target), target)
+    configs = list(dict.fromkeys(space.sample(np.random.default_rng(s)) for s in range(40)))[:5]
+    path = str(tmp_path / "narrow.db")
+    with fj.Database(path) as db:
+        for run in ("random:0-with-a-long-name-of-its-own", "random:1-with-a-long-name-of-its-own"):
+            for i, (cfg, lat) in enumerate(zip(configs, (1.7490e-6, 1.7476e-6, 1.7476e-6, 1.7476e-6, 1.7476e-6))):
+                db.add(TuningRecord(task, target.key, run, i, cfg, MeasureResult("ok", (lat,)), float(i),
+                                    target.to_json()))
+    seen = []
+    real_close = plt.close
+
+    def close(fig=None):
+        if fig is not None and hasattr(fig, "axes"):
+            renderer = fig.canvas.get_renderer()
+            seen.append((fig.axes[0], [leg.get_window_extent(renderer) for leg in fig.legends], fig.bbox))
+        return real_close(fig)
+
+    monkeypatch.setattr(plt, "close", close)
+    with fj.Database(path, readonly=True) as db:
+        report_mod.plot_curves(db, str(tmp_path / "narrow.png"))
+    ax, legends, box = seen[0]
+    lo, hi = ax.get_ylim()
+    labels = [t.get_text() for t in ax.get_yticklabels(which="both")
+              if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert len(labels) >= 2 and len(set(labels)) == len(labels), labels
+    assert all(float(x).is_integer() for x in ax.get_xticks()), ax.get_xticks()
+    assert legends and all(0 <= e.x0 and e.x1 <= box.x1 for e in legends), (legends, box)
+
+
+def test_simulated_latencies_are_not_called_measured_and_an_empty_plot_path_is_refused(tmp_path):
+    """Session 82, a review: beside a replayed run, a cuda-sim run's latencies read 'measured'; ``--plot ''``
+    (an unset variable) wrote no plot and said nothing."""
+    from codegen.measure import MeasureResult
+    from codegen.space import Config
+    from felixjax.database import TuningRecord
+
+    path = str(tmp_path / "mixed.db")
+    _tune(path, SPECS[:1])  # replayed
+    gpu = fj.Target.cuda_sim("a100")
+    task = fj.ops.matmul(8, 8, 8)
+    cfg = Config("cuda_tiled", ((1, 1, 8, 1), (1, 1, 8, 1), (8, 1)), 0, 1, 1)
+    with fj.Database(path) as db:
+        db.add(TuningRecord(task, gpu.key, "random:0", 0, cfg, MeasureResult("ok", (4e-6,)), 0.1, gpu.to_json()))
+        rows = report_mod.summary_rows(db)
+    assert sorted(r["latencies"] for r in rows) == ["replayed", "simulated"]
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="the plot path is empty"):
+            report_mod.report(path, plot=empty)

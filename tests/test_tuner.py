@@ -37,6 +37,9 @@ def test_short_random_tuning_run_checks_every_kernel(tmp_path, runner):
     assert "fj_kernel" in res.source
     db = fj.Database(tmp_path / "r.db")
     assert db.best(t, fj.Target.cpu().at_threads(1), run="random:1").latency_s == res.best_while_tuning.latency_s
+    # session 82, a review: tuned at 1 thread, res.kernel() ran on every core and res.target keyed no record
+    assert res.target.cores == 1 and res.kernel()._threads == 1 and res.target.key == res.best.target_key
+    assert db.best(t, res.target, run="random:1").latency_s == res.best_while_tuning.latency_s
     assert len(db.records(task=t)) == 6 and len(db.records(task=t, retimes=True)) == 6 + 3
 
 
