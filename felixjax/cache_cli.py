@@ -126,6 +126,9 @@ def run(args: argparse.Namespace, user_error: type[Exception]) -> int:
         live = f" and {_n(before.live_tmp, 'file')} of builds running now" if before.live_tmp else ""
         print(f"  still over {human(max_bytes)}: kept {_n(before.recent, 'kernel')} used in the last "
               f"{cb.KEEP_RECENT_S / 60:.0f} min (a running tuner may load them){live}")
+    elif older_s is not None and older_s < cb.KEEP_RECENT_S and before.recent:  # (--older-than 0 removed none)
+        print(f"  kept {_n(before.recent, 'kernel')} used in the last {cb.KEEP_RECENT_S / 60:.0f} min (a running "
+              "tuner may load them)")
     return 0
 
 

@@ -272,3 +272,12 @@ def test_a_cache_path_naming_a_file_is_one_clear_error(tmp_path, monkeypatch, ca
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and ("is a file, not a folder" in err or "a file is there" in err), err
     assert afile.read_text() == ""
+
+
+def test_older_than_zero_says_which_recent_kernels_it_kept(cache, capsys):
+    """Session 82, a review: ``--older-than 0`` over kernels used in the last 10 minutes said 'would remove 0
+    files' and nothing of the rule that kept them (``--prune`` says it)."""
+    kernel(cache, "a", days=0)
+    assert main(["cache", "--older-than", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove 0 files" in out and "kept 1 kernel used in the last 10 min" in out
