@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Mapping
 
 from codegen import blocked
@@ -60,19 +61,36 @@ def resolve(graph: Graph, layout: str | Mapping[str, str]) -> Graph:
     Raises:
         ValueError: an unknown layout, or a mapping naming a node that is not a convolution of ``graph``.
     """
+    check_layout(layout)
+    convs = {n.name: n for n in graph.nodes if n.is_anchor and n.task.op == "conv2d"}
     if isinstance(layout, str):
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or a mapping of conv names to them, "
-                             f"got {layout!r}")
+        if layout == "nchwc" and convs and not any(eligible(n, graph) for n in convs.values()):
+            warnings.warn(f"layout='nchwc': none of the {len(convs)} convolution(s) can be blocked ({WHY_NOT}); "
+                          "the build is NCHW", UserWarning, stacklevel=3)
         return block_channels(graph) if layout == "nchwc" else graph
-    convs = {n.name for n in graph.nodes if n.is_anchor and n.task.op == "conv2d"}
     bad = {k: v for k, v in layout.items() if k not in convs or v not in LAYOUTS}
     if bad:
         k, v = next(iter(bad.items()))
         why = f"{k!r} is not a convolution of this model" if k not in convs else f"unknown layout {v!r}"
         raise ValueError(f"mixed layout: {why} ({len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}; "
                          f"conv names: {', '.join(sorted(convs)[:6])}{', ...' if len(convs) > 6 else ''})")
+    stay = sorted(k for k, v in layout.items() if v == "nchwc" and not eligible(convs[k], graph))
+    if stay:  # they were accepted and stayed NCHW, silently
+        warnings.warn(f"mixed layout: {', '.join(map(repr, stay))} cannot be blocked ({WHY_NOT}): NCHW",
+                      UserWarning, stacklevel=3)
     return block_channels(graph, keep={k for k, v in layout.items() if v == "nchw"})
+
+
+WHY_NOT = ("a blocked conv needs groups 1 or depthwise, output channels a multiple of 8, at most 8 loop axes (batch 1 "
+           "for a 3x3 conv) and an output that is not the graph's")
+
+
+def check_layout(layout: object) -> None:
+    """A ValueError unless ``layout`` is ``"nchw"``, ``"nchwc"`` or a mapping (its entries: :func:`resolve`)."""
+    if isinstance(layout, str) and layout in LAYOUTS or isinstance(layout, Mapping) and not isinstance(layout, str):
+        return
+    raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or a mapping of conv names to them, "
+                     f"got {layout!r}")
 
 
 def reblocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:

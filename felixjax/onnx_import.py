@@ -40,10 +40,10 @@ from codegen.ops import Task
 from felixjax.errors import ModelFormatError, UnsupportedModelError
 from felixjax.fake_quant import fake_quant_run, precision_of
 from felixjax.graph_passes import Graph, Node, evaluate, extract_tasks, optimize, run_graph
-from felixjax.layout import LAYOUTS, resolve as resolve_layout
+from felixjax.layout import check_layout, resolve as resolve_layout
 from felixjax.onnx_einsum import check_model_equations
 from felixjax.onnx_functions import expand_schema_functions, inline_local_functions
-from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape
+from felixjax.onnx_importers import _IMPORTERS, SUPPORTED_OPS, _Ctx, _dtype_name, _show_shape, node_names
 from felixjax.onnx_shapes import ceil_pool_pads, data_prop_safe, fix_hint, fold_model, gather_nd_shapes
 
 MIN_OPSET = 6
@@ -164,9 +164,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         >>> m.tasks[0][0].name, m.input_shapes
         ('conv2d_1x3x32x32_k32_3x3_s1_p1_bias_relu6', {'input': (1, 3, 32, 32)})
     """
-    if isinstance(layout, str) and layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or a mapping of conv names to them, "
-                         f"got {layout!r}")
+    check_layout(layout)  # before the import: None or a list failed after it, in the mapping's check
     with size_limits(limits):
         proto, name = _read(model)
         try:
@@ -440,8 +438,8 @@ def import_graph(proto: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[
     nodes: list[Node] = []
     taken = set(types) | set(consts) | {o for n in graph.node for o in n.output}
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    for index, onode in enumerate(graph.node):
-        ctx = _Ctx(onode, index, opset, consts, types, shapes, taken, read)
+    for index, (onode, name) in enumerate(zip(graph.node, node_names(list(graph.node)))):
+        ctx = _Ctx(onode, index, opset, consts, types, shapes, taken, read, name)
         for o in ctx.outputs:  # inferred sizes, before the importer or folding allocates anything
             if o and (s := ctx.static_shape(o)) is not None and not (ctx.op == "Conv" and min(s, default=0) < 0):
                 _check_size(f"node {ctx.name!r} (op {ctx.op})", o, s)  # (a Conv's importer says why it is empty)

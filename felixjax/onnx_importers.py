@@ -67,11 +67,11 @@ class _Ctx:
     """What an op importer sees of one ONNX node: its inputs, attributes, shapes and known constants."""
 
     def __init__(self, onode: onnx.NodeProto, index: int, opset: int, consts: dict, types: dict, shapes: dict,
-                 taken: set[str], used: set[str]) -> None:
+                 taken: set[str], used: set[str], name: str | None = None) -> None:
         self.onode, self.opset, self.consts, self.types, self.shapes, self.taken, self.used = (
             onode, opset, consts, types, shapes, taken, used)
         self.op = onode.op_type
-        self.name = onode.name or f"{onode.op_type}_{index}"
+        self.name = name or onode.name or f"{onode.op_type}_{index}"
         self.attrs = {a.name: helper.get_attribute_value(a) for a in onode.attribute}
         try:
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in self.attrs.items()}
@@ -430,3 +430,21 @@ _IMPORTERS = {
 }
 for _op in ("Conv", "MaxPool", "AveragePool"):  # 1-D (N, C, L) inputs run as 2-D with a unit height
     _IMPORTERS[_op] = lift_1d(_IMPORTERS[_op])
+
+
+def node_names(nodes: list[onnx.NodeProto]) -> list[str]:
+    """A distinct name per node: its own, else ``<OpType>_<index>``; one taken already (an unnamed node's
+    ``Conv_0`` beside a node named so, or two nodes of one name, which onnxruntime refuses) gets ``_2``,
+    ``_3``, ... A layout mapping or a per-layer timing names one layer alone (a session-82 review: two convs
+    answered to ``Conv_0`` and ``mixed_layout`` gave both the second one's times)."""
+    explicit = {n.name for n in nodes if n.name}
+    out: list[str] = []
+    given: set[str] = set()
+    for index, n in enumerate(nodes):
+        name = base = n.name or f"{n.op_type}_{index}"
+        k = 2
+        while name in given or (not n.name and name in explicit):
+            name, k = f"{base}_{k}", k + 1
+        given.add(name)
+        out.append(name)
+    return out

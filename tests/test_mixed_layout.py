@@ -173,3 +173,52 @@ def test_choose_layout_without_winograd_builds_no_contender_with_it(monkeypatch)
     built.clear()
     fj.choose_layout(_two_convs(), rounds=1, number=1, mixed=False)
     assert any(is_winograd(s) for b in built for s in b), built  # these 3x3 convs' default is Winograd
+
+
+def _convs(names, batch=1, shapes=((16, 3, 3, 3), (16, 1, 3, 3), (16, 16, 1, 1), (16, 16, 3, 3))):
+    """A 3 -> 16 conv, a depthwise, a 1x1 and a 3x3 conv (``shapes``: their weights'; a second one of 1 input
+    channel is depthwise), then GlobalAveragePool; node names as given."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((0.2 * rng.standard_normal(s)).astype(np.float32), f"w{i}")
+             for i, s in enumerate(shapes)]
+    nodes, x = [], "x"
+    for i, (s, name) in enumerate(zip(shapes, names)):
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"y{i}"], name=name, pads=[s[2] // 2] * 4,
+                                      group=16 if i and s[1] == 1 else 1))
+        x = f"y{i}"
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["out"], name="gap"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [batch, shapes[0][1], 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, 16, 1, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_generated_node_name_never_takes_a_real_ones_and_a_mapping_names_one_conv():
+    """Session 82, a review: an unnamed node became 'Conv_0' beside a node named 'Conv_0'; {'Conv_0': 'nchw'}
+    kept both NCHW, and mixed_layout timed both as the second."""
+    import felixjax as fj
+
+    model = _convs(["", "dw", "pw", "Conv_0"])
+    names = [n.name for n in fj.load_onnx(model).graph.nodes]
+    assert len(set(names)) == len(names) and "Conv_0" in names, names
+    mixed = fj.load_onnx(model, layout={"Conv_0": "nchw"})
+    ops = {n.name: n.task.op for n in mixed.graph.nodes if n.is_anchor}
+    assert ops["Conv_0"] == "conv2d" and sum(op == "conv2d" for op in ops.values()) == 1, ops
+
+
+def test_layouts_it_cannot_use_are_said():
+    """Session 82, a review: layout=None failed after the whole import with an AttributeError; a conv mapped to
+    'nchwc' that cannot be blocked, and layout='nchwc' at batch 2 (no 3x3 conv fits the 8 axes), stayed NCHW
+    silently."""
+    import felixjax as fj
+
+    for bad in (None, ["nchwc"], 3):
+        with pytest.raises(ValueError, match="layout must be one of"):
+            fj.load_onnx(b"never read", layout=bad)
+    with pytest.warns(UserWarning, match="'Conv_3' cannot be blocked"):
+        fj.load_onnx(_convs(["Conv_0", "dw", "pw", "Conv_3"], batch=2), layout={"Conv_3": "nchwc"})
+    with pytest.warns(UserWarning, match="none of the 2 convolution.s. can be blocked"):
+        m = fj.load_onnx(_convs(["a", "b"], batch=2, shapes=((16, 16, 3, 3), (16, 16, 3, 3))), layout="nchwc")
+    assert not any(n.is_anchor and n.task.op != "conv2d" for n in m.graph.nodes)
