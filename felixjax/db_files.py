@@ -190,9 +190,12 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict], db_path: str) -> 
     through a temporary file renamed into place; returns the count. ``path`` naming the database ``db_path``
     (or one of its journal files) is an error: opening it for writing emptied the database."""
     path = Path(path)
-    for own in (db_path, db_path + "-wal", db_path + "-shm", db_path + "-journal"):
-        if path.exists() and os.path.exists(own) and os.path.samefile(path, own):
+    for own in (db_path, db_path + "-wal", db_path + "-shm", db_path + "-journal"):  # by any name (links, "..")
+        if os.path.realpath(path) == os.path.realpath(own) or (
+                path.exists() and os.path.exists(own) and os.path.samefile(path, own)):
             raise DatabaseError(f"{path}: is the database's own file; export to another path, e.g. runs.jsonl.gz")
+    if path.is_dir():
+        raise DatabaseError(f"{path}: is a folder; give the export a file name, e.g. runs.jsonl.gz")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     n = 0

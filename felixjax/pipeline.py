@@ -146,8 +146,7 @@ def tune_task(task: Task | str, target: Target | None = None, strategy: str | St
         stats = dict(tr.stats, resumed=tr.resumed, wall_s=tr.clock, retime_s=(time.perf_counter() - t) if retime else 0.0)
     stats.update(call_s=time.perf_counter() - t_call, jax_compile_s=jaxcache.compile_seconds() - compiled)
     # the machine as its kernels were timed (threads=1: one core): res.kernel() runs so, res.target keys the records
-    at = session.target if session.target.is_gpu else session.target.at_threads(threads)
-    res = TuneResult(task, at, tr.run, tr.history, stats, retimed, tr.stop_reason)
+    res = TuneResult(task, session.target.at_threads(threads), tr.run, tr.history, stats, retimed, tr.stop_reason)
     if res.best is None and res.history:  # res.best is None: say why rather than leave a None to trip on
         counts = res.status_counts()
         why = (f"; {counts['noisy']} noisy: another process used the CPU while they were timed (their figures are "

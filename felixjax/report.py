@@ -29,6 +29,7 @@ def summary_rows(db: Database) -> list[dict]:
     (:meth:`Database.run_summaries`): a database of a million records is not decoded record by record."""
     runs = db.run_summaries()
     replayed = db.replayed_runs()
+    simulated = any((r["target"] or {}).get("kind") == "cuda-sim" for r in runs)  # a GPU simulator's times
     several = len({r["target_key"] for r in runs}) > 1  # one task tuned at 1 and 2 threads (or replayed): tell them apart
     retimed = any(r["retimed_s"] is not None for r in runs)
     out = []
@@ -43,7 +44,7 @@ def summary_rows(db: Database) -> list[dict]:
         row.update(gflops=r["task"].flops / fig / 1e9 if math.isfinite(fig) and fig > 0 else 0.0,
                    sketch=r["sketch"], seconds=max(r["seconds"], 0.0),
                    failures=", ".join(f"{k}={v}" for k, v in sorted(r["statuses"].items())) or "-")
-        if replayed:  # synthetic latencies of a replay measurer, filed under this CPU's key: said
+        if replayed or simulated:  # a replay measurer's synthetic latencies (under this CPU's key), or simulated
             row["latencies"] = ("replayed" if (r["task"].key, r["target_key"], r["run"]) in replayed else
                                 "simulated" if (r["target"] or {}).get("kind") == "cuda-sim" else "measured")
         if several:

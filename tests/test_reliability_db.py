@@ -592,10 +592,12 @@ def test_export_refuses_the_database_itself_and_gzips_a_gz_name(tmp_path):
     filled(path, 5)
     before = path.read_bytes()
     with Database(path) as db:
-        for own in (path, tmp_path / "r.db-wal"):
-            if own.exists():
+        for own in (path, tmp_path / "r.db-wal", tmp_path / "newdir" / ".." / "r.db"):  # (a verification: the
+            if own.exists() or "newdir" in str(own):  # last one passed, made newdir and overwrote the database)
                 with pytest.raises(DatabaseError, match="is the database's own file"):
                     db.export_jsonl(own)
+        with pytest.raises(DatabaseError, match="is a folder"):
+            db.export_jsonl(tmp_path)
         assert len(db) == 5
         assert db.export_jsonl(tmp_path / "out" / "r.jsonl.gz") == 5
     with gzip.open(tmp_path / "out" / "r.jsonl.gz", "rt") as f:

@@ -325,6 +325,10 @@ def test_simulated_latencies_are_not_called_measured_and_an_empty_plot_path_is_r
         db.add(TuningRecord(task, gpu.key, "random:0", 0, cfg, MeasureResult("ok", (4e-6,)), 0.1, gpu.to_json()))
         rows = report_mod.summary_rows(db)
     assert sorted(r["latencies"] for r in rows) == ["replayed", "simulated"]
+    alone = str(tmp_path / "gpu.db")  # (a verification: without a replayed run there was no column to say it)
+    with fj.Database(alone) as db:
+        db.add(TuningRecord(task, gpu.key, "random:0", 0, cfg, MeasureResult("ok", (4e-6,)), 0.1, gpu.to_json()))
+        assert [r["latencies"] for r in report_mod.summary_rows(db)] == ["simulated"]
     for empty in ("", "  "):
         with pytest.raises(ValueError, match="the plot path is empty"):
             report_mod.report(path, plot=empty)
