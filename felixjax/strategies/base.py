@@ -107,10 +107,7 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
         raise ValueError(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
                          f"{', '.join(known + ['batch_size'] * set_batch) or 'none'}")
     if "batch_size" in kwargs:
-        b = kwargs["batch_size"]
-        if not (isinstance(b, (int, float, np.integer)) and not isinstance(b, bool) and np.isfinite(b)
-                and b == int(b) >= 1):
-            raise ValueError(f"batch_size must be an integer >= 1 (got {b!r})")  # 2.5 ran at 2
+        count_option("batch_size", kwargs["batch_size"])  # (2.5 ran at 2)
     batch = kwargs.pop("batch_size") if set_batch and "batch_size" in kwargs else None
     made = cls(**kwargs)
     if batch is not None:
@@ -119,6 +116,15 @@ def get_strategy(strategy: str | Strategy, **kwargs) -> Strategy:
         raise TypeError(f"strategy {strategy!r} ({getattr(cls, '__name__', cls)}) has no name: give the class "
                         f"name = {strategy!r}")
     return made
+
+
+def count_option(name: str, value: object, least: int = 1) -> int:
+    """A strategy's count option as an int: a whole number >= ``least`` (a JSON ``4.0`` too); a ValueError
+    naming it for 2.5, '8', True, inf or NaN (each ran as something else, or failed mid-run)."""
+    integral = isinstance(value, (int, np.integer)) or isinstance(value, float) and value.is_integer()
+    if isinstance(value, (bool, np.bool_)) or not integral or value < least:
+        raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
+    return int(value)
 
 
 def fresh(ctx: SearchContext, configs, limit: int) -> list[Config]:

@@ -57,12 +57,11 @@ from typing import Callable
 
 import numpy as np
 
-from codegen.factors import whole
 from codegen.knobs import registered
 from codegen.space import Config, Space, factorizations, divisors
 
 from ..context import PessimisticScorer, check_opening, check_pessimism, check_judge, check_ranker, judge_for
-from .base import SearchContext, interleave, register, spread_picks
+from .base import SearchContext, count_option, interleave, register, spread_picks
 
 MUTATIONS = ("tile", "unroll", "parallel", "vec")
 CPU_MUTATION_WEIGHTS = {"tile": 0.90, "unroll": 0.04, "parallel": 0.05, "vec": 0.01}
@@ -473,9 +472,7 @@ class GeneticSearch:
         for what, value, least in (("population", population, 1), ("generations", generations, 0),
                                    ("batch_size", batch_size, 1), ("min_unmeasured", min_unmeasured, 0),
                                    ("max_fail", max_fail, 0)):
-            if not (whole(value) or isinstance(value, float) and value.is_integer()) or value < least:
-                # (64.7 was truncated, '64' a TypeError, max_fail=-1 a crash)
-                raise ValueError(f"{what} must be an integer >= {least} (got {value!r})")
+            count_option(what, value, least)  # (64.7 was truncated, '64' a TypeError, max_fail=-1 a crash)
         for what, value in (("mutation_prob", mutation_prob), ("measured_ratio", measured_ratio),
                             ("eps_greedy", eps_greedy)):  # shares: outside [0, 1] a slice took the wrong rows
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:

@@ -45,7 +45,7 @@ from costmodels.ensemble import ACQUISITIONS, EnsembleCostModel, acquire
 from ..context import (check_opening, check_pessimism, check_judge, check_ranker, first_appearance, in_threads,
                        judge_for, pessimistic, usable_cores)
 from .descent import _descent_for, trust_penalty  # noqa: F401 (trust_penalty: read from here by tests)
-from .base import SearchContext, fresh, interleave, register, spread_picks
+from .base import SearchContext, count_option, fresh, interleave, register, spread_picks
 from .genetic import GeneticSearch
 from .residual import MIN_POINTS, calibrate, empty_arrays, fit_residual
 
@@ -241,14 +241,12 @@ class GradientSearch:
             raise ValueError(f"unknown acquisition {acquisition!r}; valid: {', '.join(ACQUISITIONS)}")
         if not 0.0 <= local_share <= 1.0:
             raise ValueError(f"local_share must be in [0, 1] (got {local_share})")
-        for name, value in (("starts", starts), ("steps", steps), ("harvest_every", harvest_every),
-                            ("batch_size", batch_size), ("warmup_passes", warmup_passes),
-                            ("ensemble_members", ensemble_members), ("ensemble_hidden", ensemble_hidden)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or not np.isfinite(value) \
-                    or int(value) != value or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
-        starts, steps, harvest_every, batch_size, warmup_passes = (  # 4.0 (JSON): an int, or range() fails later
-            int(starts), int(steps), int(harvest_every), int(batch_size), int(warmup_passes))
+        # (4.0, as JSON may give it: an int, or range() fails later)
+        starts, steps, harvest_every, batch_size, warmup_passes, ensemble_members, ensemble_hidden = (
+            count_option(name, value) for name, value in (
+                ("starts", starts), ("steps", steps), ("harvest_every", harvest_every), ("batch_size", batch_size),
+                ("warmup_passes", warmup_passes), ("ensemble_members", ensemble_members),
+                ("ensemble_hidden", ensemble_hidden)))
         for name, value in (("eps_greedy", eps_greedy), ("perturbed_share", perturbed_share)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1] (got {value!r})")
